@@ -1,0 +1,118 @@
+#include "tiers/frame_allocator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace kvtier {
+namespace {
+
+std::unique_ptr<FrameAllocator> make(uint32_t n) {
+  auto r = FrameAllocator::create(n);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+TEST(FrameAllocator, AllocatesEveryFrameOnceThenExhausts) {
+  auto a = make(100);
+  std::set<uint32_t> seen;
+  for (int i = 0; i < 100; ++i) {
+    auto f = a->allocate();
+    ASSERT_TRUE(f.ok());
+    EXPECT_LT(*f, 100u);
+    EXPECT_TRUE(seen.insert(*f).second) << "frame handed out twice: " << *f;
+  }
+  auto none = a->allocate();
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(a->used(), 100u);
+  EXPECT_EQ(a->free_count(), 0u);
+  ASSERT_TRUE(a->audit().ok());
+}
+
+TEST(FrameAllocator, DoubleFreeAndOutOfRangeAreErrors) {
+  auto a = make(8);
+  auto f = a->allocate();
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(a->free(*f).ok());
+  Status twice = a->free(*f);
+  EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(twice.message().find("double free"), std::string::npos);
+  EXPECT_EQ(a->free(8).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(a->free(3).code(), StatusCode::kFailedPrecondition);  // never allocated
+  EXPECT_EQ(a->used(), 0u);
+  ASSERT_TRUE(a->audit().ok());
+}
+
+TEST(FrameAllocator, ZeroCapacityIsEmpty) {
+  auto a = make(0);
+  EXPECT_EQ(a->allocate().status().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(a->audit().ok());
+}
+
+TEST(FrameAllocator, RandomOpsMatchModel) {
+  auto a = make(257);
+  std::set<uint32_t> model;
+  std::mt19937 rng(7);
+  for (int step = 0; step < 20000; ++step) {
+    if (rng() % 2 == 0) {
+      auto f = a->allocate();
+      if (model.size() == 257) {
+        EXPECT_FALSE(f.ok());
+      } else {
+        ASSERT_TRUE(f.ok());
+        EXPECT_TRUE(model.insert(*f).second);
+      }
+    } else if (!model.empty()) {
+      auto it = model.begin();
+      std::advance(it, rng() % model.size());
+      ASSERT_TRUE(a->free(*it).ok());
+      model.erase(it);
+    }
+    ASSERT_EQ(a->used(), model.size());
+  }
+  for (uint32_t f = 0; f < 257; ++f) EXPECT_EQ(a->is_allocated(f), model.count(f) == 1);
+  ASSERT_TRUE(a->audit().ok());
+}
+
+TEST(FrameAllocator, ConcurrentAllocFreeKeepsAccountingExact) {
+  constexpr uint32_t kFrames = 1024;
+  auto a = make(kFrames);
+  constexpr int kThreads = 4;
+  std::vector<std::thread> threads;
+  std::vector<std::vector<uint32_t>> kept(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<uint32_t> mine;
+      for (int i = 0; i < 50000; ++i) {
+        if (mine.size() < 64 && rng() % 3 != 0) {
+          auto f = a->allocate();
+          if (f.ok()) mine.push_back(*f);
+        } else if (!mine.empty()) {
+          Status s = a->free(mine.back());
+          ASSERT_TRUE(s.ok()) << s.to_string();
+          mine.pop_back();
+        }
+      }
+      kept[t] = mine;
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<uint32_t> all;
+  std::size_t total = 0;
+  for (auto& v : kept) {
+    total += v.size();
+    all.insert(v.begin(), v.end());
+  }
+  EXPECT_EQ(all.size(), total) << "a frame was owned by two threads";
+  EXPECT_EQ(a->used(), total);
+  ASSERT_TRUE(a->audit().ok());
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,63 @@
+#include "tiers/extent_allocator.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace kvtier {
+
+Result<std::unique_ptr<ExtentAllocator>> ExtentAllocator::create(
+    std::vector<uint32_t> extents_per_file, uint64_t extent_bytes, uint64_t first_offset) {
+  if (extent_bytes == 0) return invalid_argument("extent size must be > 0 bytes");
+  uint64_t total = 0;
+  for (uint32_t n : extents_per_file) total += n;
+  if (total > FrameAllocator::kMaxFrames) {
+    return invalid_argument("NVMe store of " + std::to_string(total) + " extents exceeds the " +
+                            std::to_string(FrameAllocator::kMaxFrames) + "-extent limit");
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto frames, FrameAllocator::create(static_cast<uint32_t>(total)));
+  return std::unique_ptr<ExtentAllocator>(new ExtentAllocator(
+      std::move(extents_per_file), extent_bytes, first_offset, std::move(frames)));
+}
+
+ExtentAllocator::ExtentAllocator(std::vector<uint32_t> extents_per_file, uint64_t extent_bytes,
+                                 uint64_t first_offset, std::unique_ptr<FrameAllocator> frames)
+    : extents_per_file_(std::move(extents_per_file)),
+      extent_bytes_(extent_bytes),
+      first_offset_(first_offset),
+      frames_(std::move(frames)) {
+  uint32_t start = 0;
+  for (uint32_t n : extents_per_file_) {
+    file_start_.push_back(start);
+    start += n;
+  }
+}
+
+Result<ExtentLocation> ExtentAllocator::locate(uint32_t extent) const {
+  if (extent >= capacity()) {
+    return out_of_range("extent " + std::to_string(extent) + " is past the store's " +
+                        std::to_string(capacity()) + " extents");
+  }
+  // The last file whose first index is <= extent.
+  auto it = std::upper_bound(file_start_.begin(), file_start_.end(), extent);
+  const auto file = static_cast<uint32_t>(std::distance(file_start_.begin(), it) - 1);
+  return ExtentLocation{file, first_offset_ + (extent - file_start_[file]) * extent_bytes_};
+}
+
+Result<uint32_t> ExtentAllocator::extent_at(uint32_t file, uint64_t offset) const {
+  if (file >= file_count()) {
+    return not_found("no file " + std::to_string(file) + " in a store of " +
+                     std::to_string(file_count()) + " files");
+  }
+  if (offset < first_offset_ || (offset - first_offset_) % extent_bytes_ != 0) {
+    return not_found("no extent starts at offset " + std::to_string(offset) + " of file " +
+                     std::to_string(file));
+  }
+  const uint64_t slot = (offset - first_offset_) / extent_bytes_;
+  if (slot >= extents_per_file_[file]) {
+    return not_found("offset " + std::to_string(offset) + " is past the extents of file " +
+                     std::to_string(file));
+  }
+  return file_start_[file] + static_cast<uint32_t>(slot);
+}
+
+}  // namespace kvtier

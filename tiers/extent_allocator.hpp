@@ -1,0 +1,64 @@
+// ExtentAllocator: fixed-size NVMe extents (one per block) over one or more files or devices.
+//
+// Every extent has the same size (a block's header plus its `layers` pages, rounded up to the I/O
+// alignment), so allocation is a FrameAllocator over the global extent index; this class adds the
+// mapping index <-> (file, byte offset). Files are laid out one after another in the index space:
+// file 0 holds extents [0, n0), file 1 [n0, n0 + n1), and so on. Thread-safe like FrameAllocator,
+// except `reserve_all`, which claims given extents while nothing else runs (rebuilding a store's
+// index after a restart).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvtier/status.hpp"
+#include "tiers/frame_allocator.hpp"
+
+namespace kvtier {
+
+struct ExtentLocation {
+  uint32_t file = 0;    // index into the store's paths
+  uint64_t offset = 0;  // byte offset of the extent within that file
+};
+
+class ExtentAllocator {
+ public:
+  // `extents_per_file[i]` extents of `extent_bytes` each in file i, starting at byte
+  // `first_offset` (room for a superblock). extent_bytes must be > 0.
+  static Result<std::unique_ptr<ExtentAllocator>> create(std::vector<uint32_t> extents_per_file,
+                                                         uint64_t extent_bytes,
+                                                         uint64_t first_offset);
+
+  Result<uint32_t> allocate() { return frames_->allocate(); }
+  Status free(uint32_t extent) { return frames_->free(extent); }
+  // Claims exactly these extents (see FrameAllocator::reserve_all). Quiescent use only.
+  Status reserve_all(std::span<const uint32_t> extents) { return frames_->reserve_all(extents); }
+
+  Result<ExtentLocation> locate(uint32_t extent) const;
+  // Inverse of locate: the extent at (file, offset), or kNotFound when none starts there.
+  Result<uint32_t> extent_at(uint32_t file, uint64_t offset) const;
+
+  uint32_t capacity() const { return frames_->capacity(); }
+  uint32_t used() const { return frames_->used(); }
+  uint32_t free_count() const { return frames_->free_count(); }
+  bool is_allocated(uint32_t extent) const { return frames_->is_allocated(extent); }
+  uint64_t extent_bytes() const { return extent_bytes_; }
+  uint64_t first_offset() const { return first_offset_; }
+  uint32_t file_count() const { return static_cast<uint32_t>(extents_per_file_.size()); }
+  uint32_t extents_in_file(uint32_t file) const { return extents_per_file_.at(file); }
+  Status audit() const { return frames_->audit(); }
+
+ private:
+  ExtentAllocator(std::vector<uint32_t> extents_per_file, uint64_t extent_bytes,
+                  uint64_t first_offset, std::unique_ptr<FrameAllocator> frames);
+
+  std::vector<uint32_t> extents_per_file_;
+  std::vector<uint32_t> file_start_;  // first global extent index of each file
+  uint64_t extent_bytes_;
+  uint64_t first_offset_;
+  std::unique_ptr<FrameAllocator> frames_;
+};
+
+}  // namespace kvtier
