@@ -1,0 +1,151 @@
+// EntryView: the checked, mutable view of ONE page-table entry that every transition goes through.
+//
+// A view exists only while the entry's shard mutex is held: PageTable builds one inside its
+// targeted methods and hands one to the callback of PageTable::update/visit. It never outlives that
+// call and must not be stored. Each transition checks legality first (copy-state diagram in
+// scheduler/copy_state.hpp) and returns a Status that names the block key, layer, tier and states
+// when it is illegal; an illegal transition changes nothing. Frames are allocated from and returned
+// to the tiers' allocators inside the transitions (absent->filling allocates; filling->absent,
+// draining->absent and ready->absent free), so a frame is owned by exactly one copy or is free.
+//
+// Inside PageTable::update the view runs in transactional mode: frees are deferred until the
+// callback returns OK, and on an error the entry's bytes are restored and the frames it allocated
+// are returned, so a compound update is all-or-nothing. The allocators are lock-free and may be
+// called under the shard lock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvtier/block_key.hpp"
+#include "kvtier/status.hpp"
+#include "kvtier/types.hpp"
+#include "scheduler/block_entry.hpp"
+#include "scheduler/copy_state.hpp"
+#include "tiers/extent_allocator.hpp"
+#include "tiers/frame_allocator.hpp"
+
+namespace kvtier {
+
+// The allocators the page table takes frames from. Not owned; they must outlive the table, and the
+// table must be their only user (audit() checks that every allocated frame belongs to one copy).
+// A null allocator is a tier that is not configured: filling a copy there fails with kUnavailable.
+struct TierAllocators {
+  FrameAllocator* hbm = nullptr;
+  FrameAllocator* host = nullptr;
+  ExtentAllocator* nvme = nullptr;
+};
+
+// What the eviction policies read about a block. Ticks come from the table's logical clock.
+struct AccessStats {
+  uint64_t last_access = 0;  // tick of the latest hit (match) or touch
+  uint64_t inserted = 0;     // tick of creation
+  uint32_t hits = 0;         // times match() counted this block in a prefix (saturates)
+  friend bool operator==(const AccessStats&, const AccessStats&) = default;
+};
+
+class EntryView {
+ public:
+  EntryView(const EntryView&) = delete;
+  EntryView& operator=(const EntryView&) = delete;
+
+  // ---- Reads. An invalid CopyId reads as an absent copy without a frame. ----
+  const BlockKey& key() const { return entry_.header().key; }
+  const BlockKey& parent() const { return entry_.header().parent; }
+  uint32_t layers() const { return entry_.layers(); }
+  CopyState state(const CopyId& copy) const;
+  // The frame (HBM, host) or extent (NVMe) of a copy that is not absent; FrameAllocator::kNoFrame
+  // otherwise.
+  uint32_t frame(const CopyId& copy) const;
+  uint32_t pins(uint32_t layer) const;
+  uint64_t nvme_generation() const { return entry_.header().nvme_generation; }
+  uint32_t refcount() const { return entry_.header().refcount; }
+  uint32_t cached_children() const { return entry_.header().cached_children; }
+  // True when the block is counted in its parent's cached_children (its parent was in the table
+  // when it was created).
+  bool linked() const { return (entry_.header().flags & BlockHeader::kLinked) != 0; }
+  std::optional<uint64_t> checksum() const;
+  AccessStats stats() const;
+  uint32_t pinned_pages() const { return entry_.header().pinned_pages; }
+  // Pages whose copy in `tier` is not absent (for NVMe: 0 or `layers`, the extent holds them all).
+  uint32_t copies(Tier tier) const;
+  uint32_t hbm_ready_pages() const { return entry_.header().hbm_ready; }
+  // Pages with a ready copy in HBM or host memory.
+  uint32_t memory_ready_pages() const { return entry_.header().mem_ready; }
+  // Cached: every page has a ready copy in some tier, or the NVMe extent is ready.
+  bool cached() const { return match_tier().has_value(); }
+  // The slowest tier a cached block must be loaded from: hbm when every page is ready in HBM, host
+  // when every page is ready in HBM or host, else nvme; nullopt when not cached.
+  std::optional<Tier> match_tier() const;
+  // Dirty: the NVMe copy is not ready while some page holds valid data (ready or draining) in HBM
+  // or host memory, i.e. losing the memory tiers would lose the block.
+  bool dirty() const;
+
+  // ---- Transitions (see the diagram in copy_state.hpp). ----
+  // absent -> filling. Allocates a frame (an extent for NVMe) and returns it; for NVMe also stamps
+  // a new generation (read it with nvme_generation()).
+  Result<uint32_t> begin_fill(const CopyId& copy);
+  Status complete_fill(const CopyId& copy);   // filling -> ready
+  Status abort_fill(const CopyId& copy);      // filling -> absent, frees; not while pinned
+  Status begin_drain(const CopyId& copy);     // ready -> draining; not while pinned
+  Status complete_drain(const CopyId& copy);  // draining -> absent, frees
+  Status cancel_drain(const CopyId& copy);    // draining -> ready
+  Status drop(const CopyId& copy);            // ready -> absent, frees; not while pinned
+  // Pins the HBM copy of `layer` (filling or ready) and returns its frame.
+  Result<uint32_t> pin(uint32_t layer);
+  Status unpin(uint32_t layer);
+  // Drops every ready, unpinned copy in `tier` and returns how many were dropped; copies in
+  // flight (filling, draining) and pinned pages are left alone.
+  Result<uint32_t> drop_all(Tier tier);
+
+  Status acquire();            // refcount + 1
+  Result<uint32_t> release();  // refcount - 1, returns what is left; below zero is an error
+  void set_checksum(uint64_t checksum);
+  void clear_checksum();
+  // Records an access for the eviction policies (last_access = a new tick of the table's clock).
+  void touch();
+
+ private:
+  friend class PageTable;
+
+  struct TierFrame {
+    Tier tier;
+    uint32_t frame;
+  };
+  // Transactional mode (PageTable::update): frames to free on commit, frames to return on abort.
+  struct Undo {
+    std::vector<TierFrame> frees;
+    std::vector<TierFrame> allocations;
+  };
+
+  EntryView(EntryRef entry, const TierAllocators& allocators,
+            std::atomic<uint64_t>* nvme_generations, std::atomic<uint64_t>* clock, Undo* undo)
+      : entry_(entry),
+        allocators_(allocators),
+        nvme_generations_(nvme_generations),
+        clock_(clock),
+        undo_(undo) {}
+
+  std::string describe(const CopyId& copy) const;
+  Status check_copy(const CopyId& copy, const char* op) const;
+  Status expect_state(const CopyId& copy, const char* op, CopyState expected) const;
+  Status check_unpinned(const CopyId& copy, const char* op) const;
+  void set_state(const CopyId& copy, CopyState next, uint32_t frame);
+  Result<uint32_t> allocate_frame(const CopyId& copy);
+  Status release_frame(Tier tier, uint32_t frame);
+
+  EntryRef entry_;
+  const TierAllocators& allocators_;
+  std::atomic<uint64_t>* nvme_generations_;
+  std::atomic<uint64_t>* clock_;
+  Undo* undo_;
+};
+
+// Returns one frame to its tier's allocator; an error here means the table's ownership records
+// are broken (the frame was not allocated), reported as kInternal.
+Status free_tier_frame(const TierAllocators& allocators, Tier tier, uint32_t frame);
+
+}  // namespace kvtier

@@ -1,0 +1,834 @@
+#include "scheduler/page_table.hpp"
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+namespace kvtier {
+
+// Locks the shards of two keys in ascending index order (the same shard once). Shards live in one
+// array, so ascending index is ascending address.
+class KVTIER_SCOPED_CAPABILITY PageTable::ShardPairLock {
+ public:
+  ShardPairLock(Shard& a, Shard& b) KVTIER_ACQUIRE(a.mu, b.mu) KVTIER_NO_THREAD_SAFETY_ANALYSIS
+      : first_(&a < &b ? &a : &b),
+        second_(&a < &b ? &b : &a) {
+    first_->mu.lock();
+    if (second_ != first_) second_->mu.lock();
+  }
+  ~ShardPairLock() KVTIER_RELEASE() KVTIER_NO_THREAD_SAFETY_ANALYSIS {
+    if (second_ != first_) second_->mu.unlock();
+    first_->mu.unlock();
+  }
+  ShardPairLock(const ShardPairLock&) = delete;
+  ShardPairLock& operator=(const ShardPairLock&) = delete;
+
+ private:
+  Shard* first_;
+  Shard* second_;
+};
+
+// Every shard, in ascending order (snapshot, audit). The analysis cannot name a dynamic set of
+// capabilities, so the functions that use it opt out of it.
+class PageTable::AllShardsLock {
+ public:
+  AllShardsLock(Shard* shards, uint32_t count) KVTIER_NO_THREAD_SAFETY_ANALYSIS : shards_(shards),
+                                                                                  count_(count) {
+    for (uint32_t i = 0; i < count_; ++i) shards_[i].mu.lock();
+  }
+  ~AllShardsLock() KVTIER_NO_THREAD_SAFETY_ANALYSIS {
+    for (uint32_t i = count_; i-- > 0;) shards_[i].mu.unlock();
+  }
+  AllShardsLock(const AllShardsLock&) = delete;
+  AllShardsLock& operator=(const AllShardsLock&) = delete;
+
+ private:
+  Shard* shards_;
+  uint32_t count_;
+};
+
+namespace {
+
+constexpr uint32_t kScanSlotsPerLock = 256;
+constexpr std::size_t kStackBackupBytes = 2048;
+
+bool is_live(const BlockHeader& h) { return (h.flags & BlockHeader::kLive) != 0; }
+
+std::optional<Tier> header_match_tier(const BlockHeader& h, uint32_t layers) {
+  if (h.hbm_ready == layers) return Tier::kHbm;
+  if (h.mem_ready == layers) return Tier::kHost;
+  if (static_cast<CopyState>(h.nvme_state) == CopyState::kReady) return Tier::kNvme;
+  return std::nullopt;
+}
+
+bool in_flight(CopyState s) { return s == CopyState::kFilling || s == CopyState::kDraining; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+// ---------------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<PageTable>> PageTable::create(const PageTableOptions& options,
+                                                     const TierAllocators& allocators) {
+  if (options.layers == 0 || options.layers > PageTableOptions::kMaxLayers) {
+    return invalid_argument("page table layers must be in 1.." +
+                            std::to_string(PageTableOptions::kMaxLayers) + " (got " +
+                            std::to_string(options.layers) + ")");
+  }
+  if (options.shards == 0 || options.shards > PageTableOptions::kMaxShards ||
+      (options.shards & (options.shards - 1)) != 0) {
+    return invalid_argument("page table shards must be a power of two in 1.." +
+                            std::to_string(PageTableOptions::kMaxShards) + " (got " +
+                            std::to_string(options.shards) + ")");
+  }
+  return std::unique_ptr<PageTable>(new PageTable(options, allocators));
+}
+
+PageTable::PageTable(const PageTableOptions& options, const TierAllocators& allocators)
+    : layout_(EntryLayout::for_layers(options.layers)),
+      allocators_(allocators),
+      shard_mask_(options.shards - 1),
+      shards_(new Shard[options.shards]) {
+  const uint64_t per_shard = options.expected_blocks / options.shards;
+  for (uint32_t i = 0; i < options.shards; ++i) {
+    MutexLock lock(shards_[i].mu);
+    shards_[i].slab = EntrySlab(layout_.stride);
+    if (per_shard > 0) shards_[i].map = FlatKeyMap(per_shard);
+  }
+}
+
+PageTable::~PageTable() {
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    Shard& s = shards_[i];
+    MutexLock lock(s.mu);
+    for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
+      const EntryRef e = entry_at(s, slot);
+      if (!is_live(e.header())) continue;
+      for (uint32_t l = 0; l < layers(); ++l) {
+        if (e.hbm_frame(l) != FrameAllocator::kNoFrame) {
+          free_tier_frame(allocators_, Tier::kHbm, e.hbm_frame(l)).ignore();
+        }
+        if (e.host_frame(l) != FrameAllocator::kNoFrame) {
+          free_tier_frame(allocators_, Tier::kHost, e.host_frame(l)).ignore();
+        }
+      }
+      if (e.header().nvme_extent != FrameAllocator::kNoFrame) {
+        free_tier_frame(allocators_, Tier::kNvme, e.header().nvme_extent).ignore();
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+uint64_t PageTable::hash_key(const BlockKey& key) {
+  // Content keys are already uniform, private keys are (sequence, index) counters: mix both halves
+  // (murmur3's finaliser) so shards and home buckets spread either way.
+  uint64_t x = key.lo ^ (key.hi * 0x9E3779B97F4A7C15ull);
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  x *= 0xC4CEB9FE1A85EC53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+uint32_t PageTable::find_slot(const Shard& shard, uint64_t hash, const BlockKey& key) const {
+  // The probe callback runs inside this call, under the same lock; lambdas are analysed on their
+  // own, so it reaches the slab through a pointer taken here.
+  const EntrySlab* slab = &shard.slab;
+  return shard.map.find(hash, [slab, &key](uint32_t slot) {
+    BlockKey stored;
+    std::memcpy(&stored, slab->at(slot), sizeof(stored));
+    return stored == key;
+  });
+}
+
+Status PageTable::not_found_error(const BlockKey& key) const {
+  return not_found("block " + to_string(key) + " is not in the page table");
+}
+
+BlockInfo PageTable::info_of(EntryRef entry) const {
+  const EntryView v = make_view(entry, nullptr);
+  BlockInfo info;
+  info.key = v.key();
+  info.parent = v.parent();
+  info.refcount = v.refcount();
+  info.cached_children = v.cached_children();
+  info.linked = v.linked();
+  info.checksum = v.checksum();
+  info.stats = v.stats();
+  info.nvme = v.state(CopyId::nvme());
+  info.nvme_extent = v.frame(CopyId::nvme());
+  info.nvme_generation = v.nvme_generation();
+  info.dirty = v.dirty();
+  info.match_tier = v.match_tier();
+  info.pages.resize(layers());
+  for (uint32_t l = 0; l < layers(); ++l) {
+    PageInfo& p = info.pages[l];
+    p.hbm = v.state(CopyId::hbm(l));
+    p.host = v.state(CopyId::host(l));
+    p.hbm_frame = v.frame(CopyId::hbm(l));
+    p.host_frame = v.frame(CopyId::host(l));
+    p.pins = v.pins(l);
+  }
+  return info;
+}
+
+template <typename Op>
+auto PageTable::with_entry(const BlockKey& key, Op&& op)
+    -> decltype(op(std::declval<EntryView&>())) {
+  const uint64_t h = hash_key(key);
+  Shard& s = shard_for(h);
+  MutexLock lock(s.mu);
+  const uint32_t slot = find_slot(s, h, key);
+  if (slot == FlatKeyMap::kNotFound) return not_found_error(key);
+  EntryView view = make_view(entry_at(s, slot), nullptr);
+  return op(view);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks
+// ---------------------------------------------------------------------------------------------
+
+Status PageTable::create_block(const BlockKey& key, const BlockKey& parent, uint32_t initial_refs) {
+  if (key.is_null()) return invalid_argument("cannot create a block with the null key");
+  if (key == parent) {
+    return invalid_argument("cannot create block " + to_string(key) + " as its own parent");
+  }
+  const uint64_t h = hash_key(key);
+  const uint64_t ph = hash_key(parent);
+  Shard& ks = shard_for(h);
+  Shard& ps = parent.is_null() ? ks : shard_for(ph);
+  ShardPairLock lock(ks, ps);
+  if (find_slot(ks, h, key) != FlatKeyMap::kNotFound) {
+    return already_exists("block " + to_string(key) + " is already in the page table");
+  }
+  const uint32_t slot = ks.slab.allocate();
+  if (slot == EntrySlab::kNoSlot) {
+    return resource_exhausted("cannot create block " + to_string(key) +
+                              ": no memory for another page-table entry");
+  }
+  if (!ks.map.insert(h, slot)) {
+    ks.slab.release(slot);
+    return resource_exhausted("cannot create block " + to_string(key) +
+                              ": no memory to grow the page-table index");
+  }
+  const EntryRef e = entry_at(ks, slot);
+  e.initialize(key, parent, tick());
+  e.header().refcount = initial_refs;
+  if (!parent.is_null()) {
+    const uint32_t pslot = find_slot(ps, ph, parent);
+    if (pslot != FlatKeyMap::kNotFound) {
+      ++entry_at(ps, pslot).header().cached_children;
+      e.header().flags |= BlockHeader::kLinked;
+    }
+  }
+  return ok_status();
+}
+
+bool PageTable::contains(const BlockKey& key) const {
+  const uint64_t h = hash_key(key);
+  const Shard& s = shard_for(h);
+  MutexLock lock(s.mu);
+  return find_slot(s, h, key) != FlatKeyMap::kNotFound;
+}
+
+Result<BlockInfo> PageTable::lookup(const BlockKey& key) const {
+  const uint64_t h = hash_key(key);
+  const Shard& s = shard_for(h);
+  MutexLock lock(s.mu);
+  const uint32_t slot = find_slot(s, h, key);
+  if (slot == FlatKeyMap::kNotFound) return not_found_error(key);
+  return info_of(entry_at(s, slot));
+}
+
+Status PageTable::erase(const BlockKey& key) {
+  const uint64_t h = hash_key(key);
+  Shard& ks = shard_for(h);
+  // The parent's shard is known only after reading the entry; lock the pair and re-check that the
+  // entry is the one read (it could have been erased and re-created with another parent).
+  while (true) {
+    BlockKey parent;
+    bool linked = false;
+    {
+      MutexLock lock(ks.mu);
+      const uint32_t slot = find_slot(ks, h, key);
+      if (slot == FlatKeyMap::kNotFound) return not_found_error(key);
+      const BlockHeader& hd = entry_at(ks, slot).header();
+      parent = hd.parent;
+      linked = (hd.flags & BlockHeader::kLinked) != 0;
+    }
+    const uint64_t ph = hash_key(parent);
+    Shard& ps = linked ? shard_for(ph) : ks;
+    ShardPairLock lock(ks, ps);
+    const uint32_t slot = find_slot(ks, h, key);
+    if (slot == FlatKeyMap::kNotFound) return not_found_error(key);
+    const EntryRef e = entry_at(ks, slot);
+    BlockHeader& hd = e.header();
+    if (hd.parent != parent || ((hd.flags & BlockHeader::kLinked) != 0) != linked) continue;
+
+    const std::string what = "cannot erase block " + to_string(key) + ": ";
+    if (hd.refcount != 0) {
+      return failed_precondition(what + "it has " + std::to_string(hd.refcount) + " references");
+    }
+    if (hd.pinned_pages != 0) {
+      return failed_precondition(what + std::to_string(hd.pinned_pages) + " pages are pinned");
+    }
+    if (hd.cached_children != 0) {
+      return failed_precondition(what + "it has " + std::to_string(hd.cached_children) +
+                                 " cached children (erase them first)");
+    }
+    if (in_flight(static_cast<CopyState>(hd.nvme_state))) {
+      return failed_precondition(
+          what + "its nvme copy is " +
+          std::string(copy_state_name(static_cast<CopyState>(hd.nvme_state))));
+    }
+    for (uint32_t l = 0; l < layers(); ++l) {
+      const uint16_t m = e.meta(l);
+      if (in_flight(meta_hbm_state(m)) || in_flight(meta_host_state(m))) {
+        const bool hbm = in_flight(meta_hbm_state(m));
+        return failed_precondition(
+            what + "the " + (hbm ? "hbm" : "host") + " copy of layer " + std::to_string(l) +
+            " is " + std::string(copy_state_name(hbm ? meta_hbm_state(m) : meta_host_state(m))));
+      }
+    }
+    uint32_t pslot = FlatKeyMap::kNotFound;
+    if (linked) {
+      pslot = find_slot(ps, ph, parent);
+      if (pslot == FlatKeyMap::kNotFound) {
+        return internal_error(what + "its parent " + to_string(parent) +
+                              " is gone although the block is counted as its child");
+      }
+    }
+
+    // Legal: free the ready copies, uncount from the parent, remove.
+    Status first_error;
+    const auto free_one = [&](Tier t, uint32_t f) {
+      if (f == FrameAllocator::kNoFrame) return;
+      Status fs = free_tier_frame(allocators_, t, f);
+      if (!fs.ok() && first_error.ok()) first_error = std::move(fs);
+    };
+    for (uint32_t l = 0; l < layers(); ++l) {
+      free_one(Tier::kHbm, e.hbm_frame(l));
+      free_one(Tier::kHost, e.host_frame(l));
+    }
+    free_one(Tier::kNvme, hd.nvme_extent);
+    if (linked) --entry_at(ps, pslot).header().cached_children;
+    ks.map.erase(h, [&](uint32_t s) { return s == slot; });
+    hd.flags = 0;
+    ks.slab.release(slot);
+    return first_error;
+  }
+}
+
+Result<PublishOutcome> PageTable::publish(const BlockKey& private_key,
+                                          const BlockKey& content_key) {
+  if (!private_key.is_private()) {
+    return invalid_argument("cannot publish block " + to_string(private_key) +
+                            ": it is not a private key (namespace tag 0)");
+  }
+  if (content_key.is_private() || content_key.is_null()) {
+    return invalid_argument("cannot publish block " + to_string(private_key) + " as " +
+                            to_string(content_key) + ": that is not a content key");
+  }
+  const uint64_t ph = hash_key(private_key);
+  const uint64_t ch = hash_key(content_key);
+  Shard& from = shard_for(ph);
+  Shard& to = shard_for(ch);
+  ShardPairLock lock(from, to);
+  const uint32_t slot = find_slot(from, ph, private_key);
+  if (slot == FlatKeyMap::kNotFound) return not_found_error(private_key);
+  if (find_slot(to, ch, content_key) != FlatKeyMap::kNotFound) {
+    return PublishOutcome::kAlreadyCached;
+  }
+  const EntryRef e = entry_at(from, slot);
+  if (e.header().cached_children != 0) {
+    return failed_precondition("cannot publish block " + to_string(private_key) + ": it has " +
+                               std::to_string(e.header().cached_children) +
+                               " cached children, whose parent key would change");
+  }
+  const auto is_slot = [&](uint32_t s) { return s == slot; };
+  if (&from == &to) {
+    // Same shard: the entry stays in place and only the index changes. Insert first, so an
+    // allocation failure leaves everything as it was.
+    if (!to.map.insert(ch, slot)) {
+      return resource_exhausted("cannot publish block " + to_string(private_key) +
+                                ": no memory to grow the page-table index");
+    }
+    from.map.erase(ph, is_slot);
+    e.header().key = content_key;
+    return PublishOutcome::kPublished;
+  }
+  const uint32_t dest = to.slab.allocate();
+  if (dest == EntrySlab::kNoSlot) {
+    return resource_exhausted("cannot publish block " + to_string(private_key) +
+                              ": no memory for another page-table entry");
+  }
+  if (!to.map.insert(ch, dest)) {
+    to.slab.release(dest);
+    return resource_exhausted("cannot publish block " + to_string(private_key) +
+                              ": no memory to grow the page-table index");
+  }
+  const EntryRef moved = entry_at(to, dest);
+  std::memcpy(moved.bytes(), e.bytes(), layout_.stride);
+  moved.header().key = content_key;
+  from.map.erase(ph, is_slot);
+  e.header().flags = 0;
+  from.slab.release(slot);
+  return PublishOutcome::kPublished;
+}
+
+std::size_t PageTable::size() const {
+  std::size_t n = 0;
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    const Shard& s = shards_[i];
+    MutexLock lock(s.mu);
+    n += s.map.size();
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Match
+// ---------------------------------------------------------------------------------------------
+
+MatchResult PageTable::match(std::span<const BlockKey> keys, const MatchOptions& options) {
+  MatchResult result;
+  const uint64_t now = options.record_hits ? tick() : 0;
+  const uint32_t n_layers = layers();
+  for (const BlockKey& key : keys) {
+    const uint64_t h = hash_key(key);
+    Shard& s = shard_for(h);
+    MutexLock lock(s.mu);
+    const uint32_t slot = find_slot(s, h, key);
+    if (slot == FlatKeyMap::kNotFound) break;
+    BlockHeader& hd = entry_at(s, slot).header();
+    const std::optional<Tier> tier = header_match_tier(hd, n_layers);
+    if (!tier) break;
+    if (options.acquire) {
+      if (hd.refcount == std::numeric_limits<uint32_t>::max()) break;
+      ++hd.refcount;
+    }
+    if (options.record_hits) {
+      hd.last_access = now;
+      if (hd.hits != std::numeric_limits<uint32_t>::max()) ++hd.hits;
+    }
+    ++result.blocks;
+    ++result.by_tier[static_cast<std::size_t>(tier_index(*tier))];
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Single-entry operations
+// ---------------------------------------------------------------------------------------------
+
+Status PageTable::acquire(const BlockKey& key) {
+  return with_entry(key, [](EntryView& v) { return v.acquire(); });
+}
+Result<uint32_t> PageTable::release(const BlockKey& key) {
+  return with_entry(key, [](EntryView& v) { return v.release(); });
+}
+Status PageTable::touch(const BlockKey& key) {
+  return with_entry(key, [](EntryView& v) {
+    v.touch();
+    return ok_status();
+  });
+}
+Status PageTable::set_checksum(const BlockKey& key, uint64_t checksum) {
+  return with_entry(key, [checksum](EntryView& v) {
+    v.set_checksum(checksum);
+    return ok_status();
+  });
+}
+Result<uint32_t> PageTable::begin_fill(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) { return v.begin_fill(copy); });
+}
+Status PageTable::complete_fill(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) { return v.complete_fill(copy); });
+}
+Status PageTable::abort_fill(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) { return v.abort_fill(copy); });
+}
+Status PageTable::begin_drain(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) { return v.begin_drain(copy); });
+}
+Status PageTable::complete_drain(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) { return v.complete_drain(copy); });
+}
+Status PageTable::cancel_drain(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) { return v.cancel_drain(copy); });
+}
+Status PageTable::drop(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) { return v.drop(copy); });
+}
+Result<uint32_t> PageTable::drop_all(const BlockKey& key, Tier tier) {
+  return with_entry(key, [&](EntryView& v) { return v.drop_all(tier); });
+}
+Result<uint32_t> PageTable::pin(const BlockKey& key, uint32_t layer) {
+  return with_entry(key, [&](EntryView& v) { return v.pin(layer); });
+}
+Status PageTable::unpin(const BlockKey& key, uint32_t layer) {
+  return with_entry(key, [&](EntryView& v) { return v.unpin(layer); });
+}
+
+Status PageTable::pin_layer(std::span<const BlockKey> keys, uint32_t layer,
+                            std::span<uint32_t> frames) {
+  if (frames.size() != keys.size()) {
+    return invalid_argument("pin_layer of layer " + std::to_string(layer) + ": " +
+                            std::to_string(keys.size()) + " keys but room for " +
+                            std::to_string(frames.size()) + " frames");
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    Result<uint32_t> r = pin(keys[i], layer);
+    if (!r.ok()) {
+      for (std::size_t j = i; j-- > 0;) unpin(keys[j], layer).ignore();
+      return r.status().with_context("pin_layer of layer " + std::to_string(layer) + " (block " +
+                                     std::to_string(i) + " of " + std::to_string(keys.size()) +
+                                     ", pins taken were released)");
+    }
+    frames[i] = *r;
+  }
+  return ok_status();
+}
+
+Status PageTable::unpin_layer(std::span<const BlockKey> keys, uint32_t layer) {
+  Status first_error;
+  for (const BlockKey& key : keys) {
+    Status s = unpin(key, layer);
+    if (!s.ok() && first_error.ok()) first_error = std::move(s);
+  }
+  return first_error;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compound updates
+// ---------------------------------------------------------------------------------------------
+
+Status PageTable::update_erased(const BlockKey& key, Status (*call)(void*, EntryView&), void* fn) {
+  const uint64_t h = hash_key(key);
+  Shard& s = shard_for(h);
+  MutexLock lock(s.mu);
+  const uint32_t slot = find_slot(s, h, key);
+  if (slot == FlatKeyMap::kNotFound) return not_found_error(key);
+  const EntryRef e = entry_at(s, slot);
+  std::byte stack_backup[kStackBackupBytes];
+  std::unique_ptr<std::byte[]> heap_backup;
+  std::byte* backup = stack_backup;
+  if (layout_.stride > kStackBackupBytes) {
+    heap_backup.reset(new std::byte[layout_.stride]);
+    backup = heap_backup.get();
+  }
+  std::memcpy(backup, e.bytes(), layout_.stride);
+  EntryView::Undo undo;
+  Status result = [&] {
+    EntryView view = make_view(e, &undo);
+    return call(fn, view);
+  }();
+  if (!result.ok()) {
+    std::memcpy(e.bytes(), backup, layout_.stride);
+    for (const auto& a : undo.allocations) {
+      Status fs = free_tier_frame(allocators_, a.tier, a.frame);
+      if (!fs.ok()) return fs.with_context("rolling back an update of block " + to_string(key));
+    }
+    return result;
+  }
+  Status first_error;
+  for (const auto& f : undo.frees) {
+    Status fs = free_tier_frame(allocators_, f.tier, f.frame);
+    if (!fs.ok() && first_error.ok()) first_error = std::move(fs);
+  }
+  return first_error;
+}
+
+Status PageTable::visit_erased(const BlockKey& key, void (*call)(void*, const EntryView&),
+                               void* fn) const {
+  const uint64_t h = hash_key(key);
+  const Shard& s = shard_for(h);
+  MutexLock lock(s.mu);
+  const uint32_t slot = find_slot(s, h, key);
+  if (slot == FlatKeyMap::kNotFound) return not_found_error(key);
+  const EntryView view = make_view(entry_at(s, slot), nullptr);
+  call(fn, view);
+  return ok_status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Eviction scans
+// ---------------------------------------------------------------------------------------------
+
+bool PageTable::scan_candidates(Tier tier, ScanCursor& cursor, std::size_t max,
+                                std::vector<EvictionCandidate>& out) const {
+  std::size_t added = 0;
+  while (added < max) {
+    if (cursor.shard >= shard_count()) {
+      cursor = ScanCursor{};
+      return true;
+    }
+    const Shard& s = shards_[cursor.shard];
+    MutexLock lock(s.mu);
+    const uint32_t end = s.slab.high_water();
+    uint32_t budget = kScanSlotsPerLock;
+    while (cursor.slot < end && budget > 0 && added < max) {
+      const EntryRef e = entry_at(s, cursor.slot++);
+      --budget;
+      const BlockHeader& hd = e.header();
+      if (!is_live(hd)) continue;
+      uint32_t evictable = 0;
+      switch (tier) {
+        case Tier::kHbm:
+          if (hd.hbm_ready == 0) break;
+          for (uint32_t l = 0; l < layers(); ++l) {
+            const uint16_t m = e.meta(l);
+            evictable += meta_hbm_state(m) == CopyState::kReady && meta_pins(m) == 0;
+          }
+          break;
+        case Tier::kHost:
+          if (hd.host_copies == 0) break;
+          for (uint32_t l = 0; l < layers(); ++l) {
+            evictable += meta_host_state(e.meta(l)) == CopyState::kReady;
+          }
+          break;
+        case Tier::kNvme:
+          evictable = static_cast<CopyState>(hd.nvme_state) == CopyState::kReady ? 1 : 0;
+          break;
+      }
+      if (evictable == 0) continue;
+      EvictionCandidate c;
+      c.key = hd.key;
+      c.parent = hd.parent;
+      c.stats = AccessStats{hd.last_access, hd.inserted, hd.hits};
+      c.refcount = hd.refcount;
+      c.cached_children = hd.cached_children;
+      c.pinned_pages = hd.pinned_pages;
+      c.evictable = evictable;
+      c.dirty = make_view(e, nullptr).dirty();
+      out.push_back(c);
+      ++added;
+    }
+    if (cursor.slot >= end) {
+      ++cursor.shard;
+      cursor.slot = 0;
+    }
+  }
+  return false;
+}
+
+std::vector<EvictionCandidate> PageTable::eviction_candidates(Tier tier) const {
+  std::vector<EvictionCandidate> out;
+  ScanCursor cursor;
+  while (!scan_candidates(tier, cursor, std::numeric_limits<std::size_t>::max(), out)) {
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checking
+// ---------------------------------------------------------------------------------------------
+
+std::map<BlockKey, BlockInfo> PageTable::snapshot() const {
+  std::map<BlockKey, BlockInfo> out;
+  AllShardsLock lock(shards_.get(), shard_count());
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    const Shard& s = shards_[i];
+    for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
+      const EntryRef e = entry_at(s, slot);
+      if (is_live(e.header())) out.emplace(e.header().key, info_of(e));
+    }
+  }
+  return out;
+}
+
+Status PageTable::audit() const {
+  AllShardsLock lock(shards_.get(), shard_count());
+  if (allocators_.hbm != nullptr) {
+    KVTIER_RETURN_IF_ERROR(allocators_.hbm->audit().with_context("hbm allocator"));
+  }
+  if (allocators_.host != nullptr) {
+    KVTIER_RETURN_IF_ERROR(allocators_.host->audit().with_context("host allocator"));
+  }
+  if (allocators_.nvme != nullptr) {
+    KVTIER_RETURN_IF_ERROR(allocators_.nvme->audit().with_context("nvme allocator"));
+  }
+
+  struct Ownership {
+    std::vector<bool> owned;
+    uint64_t count = 0;
+  };
+  std::array<Ownership, kNumTiers> own;
+  const auto capacity = [&](Tier t) -> uint32_t {
+    switch (t) {
+      case Tier::kHbm:
+        return allocators_.hbm ? allocators_.hbm->capacity() : 0;
+      case Tier::kHost:
+        return allocators_.host ? allocators_.host->capacity() : 0;
+      case Tier::kNvme:
+        return allocators_.nvme ? allocators_.nvme->capacity() : 0;
+    }
+    return 0;
+  };
+  const auto allocated = [&](Tier t, uint32_t f) -> bool {
+    switch (t) {
+      case Tier::kHbm:
+        return allocators_.hbm->is_allocated(f);
+      case Tier::kHost:
+        return allocators_.host->is_allocated(f);
+      case Tier::kNvme:
+        return allocators_.nvme->is_allocated(f);
+    }
+    return false;
+  };
+  for (Tier t : kAllTiers) own[tier_index(t)].owned.assign(capacity(t), false);
+
+  // Checks one copy's state/frame pair and claims its frame.
+  const auto claim = [&](const BlockKey& key, Tier t, const std::string& where, CopyState st,
+                         uint32_t f) -> Status {
+    const std::string what =
+        "block " + to_string(key) + " " + where + " " + std::string(tier_name(t)) + " copy (" +
+        std::string(copy_state_name(st)) + ", frame " + std::to_string(f) + "): ";
+    if (st == CopyState::kAbsent) {
+      if (f != FrameAllocator::kNoFrame) return internal_error(what + "absent but has a frame");
+      return ok_status();
+    }
+    Ownership& o = own[tier_index(t)];
+    if (f >= o.owned.size()) return internal_error(what + "frame past the tier's capacity");
+    if (!allocated(t, f)) return internal_error(what + "frame is not allocated");
+    if (o.owned[f]) return internal_error(what + "frame is owned by another copy too");
+    o.owned[f] = true;
+    ++o.count;
+    return ok_status();
+  };
+
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> children;
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    const Shard& s = shards_[i];
+    uint32_t live = 0;
+    for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
+      const EntryRef e = entry_at(s, slot);
+      const BlockHeader& hd = e.header();
+      if (!is_live(hd)) continue;
+      ++live;
+      const std::string block = "block " + to_string(hd.key);
+      const uint64_t h = hash_key(hd.key);
+      if (shard_index(h) != i) return internal_error(block + " is stored in the wrong shard");
+      if (find_slot(s, h, hd.key) != slot) {
+        return internal_error(block + " is not indexed at its slot");
+      }
+      if ((hd.flags & ~(BlockHeader::kLive | BlockHeader::kLinked | BlockHeader::kHasChecksum)) !=
+          0) {
+        return internal_error(block + " has unknown flags");
+      }
+      uint32_t hbm_copies = 0, host_copies = 0, hbm_ready = 0, mem_ready = 0, pinned = 0;
+      for (uint32_t l = 0; l < layers(); ++l) {
+        const uint16_t m = e.meta(l);
+        const CopyState hs = meta_hbm_state(m);
+        const CopyState ms = meta_host_state(m);
+        const std::string where = "layer " + std::to_string(l);
+        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHbm, where, hs, e.hbm_frame(l)));
+        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHost, where, ms, e.host_frame(l)));
+        const uint32_t p = meta_pins(m);
+        if (p > 0 && hs != CopyState::kFilling && hs != CopyState::kReady) {
+          return internal_error(block + " layer " + std::to_string(l) + " has " +
+                                std::to_string(p) + " pins on a " +
+                                std::string(copy_state_name(hs)) + " hbm copy");
+        }
+        hbm_copies += hs != CopyState::kAbsent;
+        host_copies += ms != CopyState::kAbsent;
+        hbm_ready += hs == CopyState::kReady;
+        mem_ready += hs == CopyState::kReady || ms == CopyState::kReady;
+        pinned += p > 0;
+      }
+      KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kNvme, "whole-block",
+                                   static_cast<CopyState>(hd.nvme_state), hd.nvme_extent));
+      if (hbm_copies != hd.hbm_copies || host_copies != hd.host_copies ||
+          hbm_ready != hd.hbm_ready || mem_ready != hd.mem_ready || pinned != hd.pinned_pages) {
+        return internal_error(
+            block + " page counters disagree with its pages (hbm copies " +
+            std::to_string(hd.hbm_copies) + "/" + std::to_string(hbm_copies) + ", host copies " +
+            std::to_string(hd.host_copies) + "/" + std::to_string(host_copies) + ", hbm ready " +
+            std::to_string(hd.hbm_ready) + "/" + std::to_string(hbm_ready) + ", memory ready " +
+            std::to_string(hd.mem_ready) + "/" + std::to_string(mem_ready) + ", pinned " +
+            std::to_string(hd.pinned_pages) + "/" + std::to_string(pinned) + ")");
+      }
+      if ((hd.flags & BlockHeader::kLinked) != 0) {
+        const uint64_t ph = hash_key(hd.parent);
+        if (find_slot(shard_for(ph), ph, hd.parent) == FlatKeyMap::kNotFound) {
+          return internal_error(block + " is counted as a child of " + to_string(hd.parent) +
+                                ", which is not in the table");
+        }
+        ++children[hd.parent];
+      }
+    }
+    if (live != s.slab.live() || live != s.map.size()) {
+      return internal_error("shard " + std::to_string(i) + " holds " + std::to_string(live) +
+                            " live entries but its slab counts " + std::to_string(s.slab.live()) +
+                            " and its index " + std::to_string(s.map.size()));
+    }
+    Status index_status;
+    index_status.ignore();
+    const EntrySlab* slab = &s.slab;
+    s.map.for_each([&](uint32_t, uint32_t slot) {
+      if (!index_status.ok()) return;
+      if (slot >= slab->high_water() || !is_live(EntryRef(slab->at(slot), layout_).header())) {
+        index_status = internal_error("shard " + std::to_string(i) + " indexes slot " +
+                                      std::to_string(slot) + ", which holds no block");
+      }
+    });
+    KVTIER_RETURN_IF_ERROR(std::move(index_status));
+  }
+
+  // cached_children of every block equals the number of its linked children.
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    const Shard& s = shards_[i];
+    for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
+      const BlockHeader& hd = entry_at(s, slot).header();
+      if (!is_live(hd)) continue;
+      const auto it = children.find(hd.key);
+      const uint32_t expected = it == children.end() ? 0 : it->second;
+      if (hd.cached_children != expected) {
+        return internal_error("block " + to_string(hd.key) + " counts " +
+                              std::to_string(hd.cached_children) + " cached children but " +
+                              std::to_string(expected) + " are in the table");
+      }
+    }
+  }
+
+  // Exact accounting: every allocated frame belongs to exactly one copy.
+  for (Tier t : kAllTiers) {
+    const uint64_t used = [&]() -> uint64_t {
+      switch (t) {
+        case Tier::kHbm:
+          return allocators_.hbm ? allocators_.hbm->used() : 0;
+        case Tier::kHost:
+          return allocators_.host ? allocators_.host->used() : 0;
+        case Tier::kNvme:
+          return allocators_.nvme ? allocators_.nvme->used() : 0;
+      }
+      return 0;
+    }();
+    if (used != own[tier_index(t)].count) {
+      return internal_error(std::string(tier_name(t)) + " allocator has " + std::to_string(used) +
+                            " frames in use but the table's copies own " +
+                            std::to_string(own[tier_index(t)].count));
+    }
+  }
+  return ok_status();
+}
+
+std::size_t PageTable::memory_bytes() const {
+  std::size_t bytes = sizeof(*this) + sizeof(Shard) * shard_count();
+  for (uint32_t i = 0; i < shard_count(); ++i) {
+    const Shard& s = shards_[i];
+    MutexLock lock(s.mu);
+    bytes += s.map.memory_bytes() + s.slab.memory_bytes();
+  }
+  return bytes;
+}
+
+}  // namespace kvtier

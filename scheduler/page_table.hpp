@@ -1,0 +1,286 @@
+// PageTable: the concurrent map from block key to where each page of that block lives, in which
+// state, and who is using it. Everything the scheduler and its policies decide is read from here.
+//
+// What it owns. One entry per block (scheduler/block_entry.hpp): per layer page, the HBM and host
+// frame and the state of each copy; per block, the NVMe extent with its state and generation, a
+// reference count (sequences sharing the block), per-page pin counts (steps reading it), a checksum
+// slot, the parent key with a cached-children count, and access statistics. The table allocates and
+// frees frames itself inside the transitions (copy-state diagram in scheduler/copy_state.hpp), from
+// the tiers' allocators given at creation, so used + free = capacity holds by construction and
+// audit() proves every allocated frame belongs to exactly one copy.
+//
+// Sharding and lock order. Entries are spread over a power of two of shards by the low bits of a
+// mixed 64-bit hash of the key (mixed, because private keys are small sequence numbers). Each shard
+// is a mutex guarding a flat open-addressing index (FlatKeyMap) and a slab of fixed-stride entries
+// (EntrySlab). Lock order:
+//   1. shard mutexes, in ascending shard index when two are needed (create_block and erase take
+//      the block's and its parent's shard; publish takes the private and the content key's shard);
+//      snapshot() and audit() take all of them in ascending order;
+//   2. the allocators are lock-free and are called under a shard lock;
+//   3. nothing else: no I/O, no waiting, no call into other kvtier components under a shard lock.
+// The callbacks of update() and visit() run under the entry's shard lock. They must be short, must
+// not block and must not call back into the table (the shard mutex is not recursive). No other user
+// code runs under a lock: scans copy candidates out first.
+//
+// What invalidates what. Nothing the table returns points into it: lookups, snapshots and scans
+// return copies. A frame index stays owned by its copy until the transition that frees it
+// (abort_fill, complete_drain, drop, drop_all, erase); the caller must have finished every transfer
+// into or out of the frame before that transition. A pinned HBM page cannot be freed, drained or
+// erased. A block with references, pins, copies in flight (filling or draining) or cached children
+// cannot be erased; evict leaves first (a child is useless without its parent, and keeping parents
+// while children exist is what keeps cached_children exact).
+//
+// Private blocks. The still-growing last block of a sequence lives under a private key (tag 0,
+// private_block_key). When it is full, publish() moves it under its content key; if that key is
+// already cached (another sequence computed the same block), publish changes nothing and says so,
+// and the caller shares the existing block and erases the private one: a shared block is never
+// duplicated.
+//
+// Rejected: one global lock (2 threads would already serialise on match), a lock-free table (no
+// benchmark says the shard mutexes are the bottleneck, and a lock-free design would need a
+// hand-verified state word per page), std::unordered_map per shard (a heap node per block and
+// ~2x the metadata), and per-page heap records (a pointer chase per page in match).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "kvtier/block_key.hpp"
+#include "kvtier/status.hpp"
+#include "kvtier/types.hpp"
+#include "scheduler/block_entry.hpp"
+#include "scheduler/copy_state.hpp"
+#include "scheduler/entry_slab.hpp"
+#include "scheduler/entry_view.hpp"
+#include "scheduler/flat_key_map.hpp"
+#include "scheduler/thread_annotations.hpp"
+
+namespace kvtier {
+
+struct PageTableOptions {
+  static constexpr uint32_t kMaxLayers = 4096;
+  static constexpr uint32_t kMaxShards = 1u << 16;
+
+  uint32_t layers = 32;          // pages per block, 1..kMaxLayers
+  uint32_t shards = 64;          // a power of two, 1..kMaxShards
+  uint64_t expected_blocks = 0;  // presizes the indexes (0: grow on demand)
+};
+
+struct MatchOptions {
+  bool record_hits = true;  // update last_access and hits of every matched block
+  bool acquire = false;     // take a reference on every matched block, under the same lock
+};
+
+struct MatchResult {
+  uint32_t blocks = 0;                        // length of the cached prefix
+  std::array<uint32_t, kNumTiers> by_tier{};  // matched blocks per slowest tier (tier_index)
+  friend bool operator==(const MatchResult&, const MatchResult&) = default;
+};
+
+enum class PublishOutcome : uint8_t {
+  kPublished = 0,      // the private block now lives under its content key
+  kAlreadyCached = 1,  // the content key exists; nothing changed, share it and drop the private one
+};
+
+// A copy of one page's record.
+struct PageInfo {
+  CopyState hbm = CopyState::kAbsent;
+  CopyState host = CopyState::kAbsent;
+  uint32_t hbm_frame = FrameAllocator::kNoFrame;
+  uint32_t host_frame = FrameAllocator::kNoFrame;
+  uint32_t pins = 0;
+  friend bool operator==(const PageInfo&, const PageInfo&) = default;
+};
+
+// A copy of one block's entry.
+struct BlockInfo {
+  BlockKey key;
+  BlockKey parent;
+  uint32_t refcount = 0;
+  uint32_t cached_children = 0;
+  bool linked = false;  // counted in the parent's cached_children
+  std::optional<uint64_t> checksum;
+  AccessStats stats;
+  CopyState nvme = CopyState::kAbsent;
+  uint32_t nvme_extent = FrameAllocator::kNoFrame;
+  uint64_t nvme_generation = 0;
+  bool dirty = false;
+  std::optional<Tier> match_tier;  // nullopt: not cached
+  std::vector<PageInfo> pages;
+  friend bool operator==(const BlockInfo&, const BlockInfo&) = default;
+};
+
+// What an eviction policy needs to rank a block for one tier.
+struct EvictionCandidate {
+  BlockKey key;
+  BlockKey parent;
+  AccessStats stats;
+  uint32_t refcount = 0;
+  uint32_t cached_children = 0;
+  uint32_t pinned_pages = 0;
+  // Copies in the scanned tier that could be dropped or drained now: ready and (HBM) unpinned
+  // pages, or 1 for a ready NVMe extent.
+  uint32_t evictable = 0;
+  bool dirty = false;
+};
+
+// Position of an incremental scan (scan_candidates); default = start of a pass.
+struct ScanCursor {
+  uint32_t shard = 0;
+  uint32_t slot = 0;
+};
+
+class PageTable {
+ public:
+  static Result<std::unique_ptr<PageTable>> create(const PageTableOptions& options,
+                                                   const TierAllocators& allocators);
+  // Returns every frame the table still owns to its allocator. No other thread may use the table.
+  ~PageTable();
+  PageTable(const PageTable&) = delete;
+  PageTable& operator=(const PageTable&) = delete;
+
+  uint32_t layers() const { return layout_.layers; }
+  uint32_t shard_count() const { return shard_mask_ + 1; }
+  // The logical clock behind AccessStats: advanced by every match, create_block and touch.
+  uint64_t now() const { return clock_.load(std::memory_order_relaxed); }
+
+  // ---- Blocks ----
+  // A new block, absent in every tier, with `initial_refs` references. When `parent` is in the
+  // table the block is counted in its cached_children. kAlreadyExists when `key` is present.
+  Status create_block(const BlockKey& key, const BlockKey& parent, uint32_t initial_refs = 0);
+  bool contains(const BlockKey& key) const;
+  Result<BlockInfo> lookup(const BlockKey& key) const;
+  // Removes a block with no references, pins, copies in flight or cached children; frees its ready
+  // copies and uncounts it from its parent.
+  Status erase(const BlockKey& key);
+  // Moves a private block under its content key (see the header comment).
+  Result<PublishOutcome> publish(const BlockKey& private_key, const BlockKey& content_key);
+  // Number of blocks.
+  std::size_t size() const;
+
+  // The longest prefix of `keys` whose blocks are all cached, counted by the slowest tier each must
+  // be loaded from. Each block is checked (and, per options, hit-recorded and acquired) under its
+  // own shard lock; the prefix as a whole is not one atomic snapshot.
+  MatchResult match(std::span<const BlockKey> keys, const MatchOptions& options = {});
+
+  // ---- References and statistics ----
+  Status acquire(const BlockKey& key);
+  Result<uint32_t> release(const BlockKey& key);  // returns the references left
+  Status touch(const BlockKey& key);
+  Status set_checksum(const BlockKey& key, uint64_t checksum);
+
+  // ---- Copy transitions (copy_state.hpp); each checks legality and changes nothing when illegal
+  // ----
+  Result<uint32_t> begin_fill(const BlockKey& key, const CopyId& copy);  // returns the frame
+  Status complete_fill(const BlockKey& key, const CopyId& copy);
+  Status abort_fill(const BlockKey& key, const CopyId& copy);
+  Status begin_drain(const BlockKey& key, const CopyId& copy);
+  Status complete_drain(const BlockKey& key, const CopyId& copy);
+  Status cancel_drain(const BlockKey& key, const CopyId& copy);
+  Status drop(const BlockKey& key, const CopyId& copy);
+  // Drops every ready, unpinned copy of the block in `tier`; returns how many.
+  Result<uint32_t> drop_all(const BlockKey& key, Tier tier);
+
+  // ---- Pins (HBM pages) ----
+  Result<uint32_t> pin(const BlockKey& key, uint32_t layer);  // returns the HBM frame
+  Status unpin(const BlockKey& key, uint32_t layer);
+  // Pins page `layer` of every block in `keys` and writes their HBM frames to `frames`, which must
+  // be as long as `keys` (a step's block table for one layer). All or nothing: on an error the pins
+  // taken so far are released.
+  Status pin_layer(std::span<const BlockKey> keys, uint32_t layer, std::span<uint32_t> frames);
+  // Unpins page `layer` of every block in `keys`; keeps going past errors and returns the first.
+  Status unpin_layer(std::span<const BlockKey> keys, uint32_t layer);
+
+  // ---- Compound updates ----
+  // Runs fn(EntryView&) -> Status under the block's shard lock. All or nothing: when fn returns an
+  // error the entry is restored and frames it allocated are returned; frees take effect only when
+  // fn succeeds. fn must not block or call into the table.
+  template <typename Fn>
+  Status update(const BlockKey& key, Fn&& fn) {
+    using F = std::remove_reference_t<Fn>;
+    return update_erased(
+        key, [](void* f, EntryView& view) -> Status { return (*static_cast<F*>(f))(view); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+  // Runs fn(const EntryView&) under the block's shard lock (a consistent read of one entry).
+  template <typename Fn>
+  Status visit(const BlockKey& key, Fn&& fn) const {
+    using F = std::remove_reference_t<Fn>;
+    return visit_erased(
+        key, [](void* f, const EntryView& view) { (*static_cast<F*>(f))(view); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+
+  // ---- Eviction scans ----
+  // Appends up to `max` candidates for evicting from `tier` (blocks with at least one evictable
+  // copy there), continuing from `cursor`, which it advances. Returns true when the pass reached
+  // the end (the cursor is then back at the start). Locks one shard at a time, for a bounded
+  // number of slots, and copies candidates out before the next lock.
+  bool scan_candidates(Tier tier, ScanCursor& cursor, std::size_t max,
+                       std::vector<EvictionCandidate>& out) const;
+  // One whole pass.
+  std::vector<EvictionCandidate> eviction_candidates(Tier tier) const;
+
+  // ---- Checking ----
+  // Every block, read under all shard locks at once (a consistent cut).
+  std::map<BlockKey, BlockInfo> snapshot() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
+  // Checks every invariant; call at a quiescent point (no transfers in flight that the caller has
+  // not recorded). Allocators' own audits; used == frames owned by copies, per tier; each frame
+  // owned once and allocated; frames present exactly when a copy is not absent; no pinned page that
+  // is absent or draining; per-block counters equal to a recount; cached_children equal to the
+  // linked children present, and every linked child's parent present; index and slabs agree.
+  Status audit() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
+  // Heap bytes held by the table's metadata (indexes, slabs, shard array, the table itself).
+  std::size_t memory_bytes() const;
+
+ private:
+  struct alignas(64) Shard {
+    mutable Mutex mu;
+    FlatKeyMap map KVTIER_GUARDED_BY(mu);
+    EntrySlab slab KVTIER_GUARDED_BY(mu);
+  };
+  class ShardPairLock;
+  class AllShardsLock;
+
+  PageTable(const PageTableOptions& options, const TierAllocators& allocators);
+
+  static uint64_t hash_key(const BlockKey& key);
+  Shard& shard_for(uint64_t hash) const { return shards_[hash & shard_mask_]; }
+  uint32_t shard_index(uint64_t hash) const { return static_cast<uint32_t>(hash & shard_mask_); }
+  uint64_t tick() { return clock_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+  uint32_t find_slot(const Shard& shard, uint64_t hash, const BlockKey& key) const
+      KVTIER_REQUIRES(shard.mu);
+  EntryRef entry_at(const Shard& shard, uint32_t slot) const KVTIER_REQUIRES(shard.mu) {
+    return EntryRef(shard.slab.at(slot), layout_);
+  }
+  EntryView make_view(EntryRef entry, EntryView::Undo* undo) const {
+    return EntryView(entry, allocators_, &nvme_generations_, &clock_, undo);
+  }
+  BlockInfo info_of(EntryRef entry) const;
+  Status not_found_error(const BlockKey& key) const;
+
+  // Runs op(EntryView&) on one entry under its shard lock, frees immediately (single transitions).
+  template <typename Op>
+  auto with_entry(const BlockKey& key, Op&& op) -> decltype(op(std::declval<EntryView&>()));
+
+  Status update_erased(const BlockKey& key, Status (*call)(void*, EntryView&), void* fn);
+  Status visit_erased(const BlockKey& key, void (*call)(void*, const EntryView&), void* fn) const;
+
+  const EntryLayout layout_;
+  const TierAllocators allocators_;
+  const uint32_t shard_mask_;
+  std::unique_ptr<Shard[]> shards_;
+  mutable std::atomic<uint64_t> clock_{0};
+  mutable std::atomic<uint64_t> nvme_generations_{0};
+};
+
+}  // namespace kvtier
