@@ -1,0 +1,250 @@
+#include "tiers/fault_injection.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <unordered_map>
+
+#include "tiers/sys_error.hpp"
+
+namespace kvtier {
+namespace {
+
+// Flips one byte of the file behind `fd` at `offset` through a second, buffered descriptor.
+Status flip_via_fd(int fd, uint64_t offset) {
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  return FaultInjectingIoBackend::flip_byte_on_disk(proc, offset);
+}
+
+class FaultQueue final : public IoQueue {
+ public:
+  FaultQueue(FaultInjectingIoBackend& backend, std::unique_ptr<IoQueue> inner)
+      : backend_(backend), inner_(std::move(inner)) {}
+
+  std::string_view kind() const override { return inner_->kind(); }
+  uint32_t depth() const override { return inner_->depth(); }
+  Status register_buffers(std::span<const iovec> buffers) override {
+    return inner_->register_buffers(buffers);
+  }
+  void wake() noexcept override { inner_->wake(); }
+
+  Result<std::size_t> submit(std::span<const IoRequest> requests) override {
+    std::size_t accepted = 0;
+    for (const IoRequest& r : requests) {
+      if (in_flight_ >= inner_->depth()) break;
+      const auto d = backend_.decide(r.opcode);
+      if (d.fire && (d.rule.kind == FaultKind::kError || d.rule.kind == FaultKind::kAgain)) {
+        synthetic_.push_back(
+            IoCompletion{r.tag, d.rule.kind == FaultKind::kError ? -d.rule.error : -EAGAIN});
+        backend_.fired();
+        ++accepted;
+        ++in_flight_;
+        continue;
+      }
+      IoRequest forward = r;
+      Tracked t;
+      if (d.fire && d.rule.kind == FaultKind::kShort) {
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < r.iovcnt; ++i) total += r.iov[i].iov_len;
+        uint64_t keep = std::max<uint64_t>(512, total / 2 / 512 * 512);
+        if (keep < total) {
+          for (uint32_t i = 0; i < r.iovcnt && keep > 0; ++i) {
+            const uint64_t n = std::min<uint64_t>(keep, r.iov[i].iov_len);
+            t.iov.push_back(iovec{r.iov[i].iov_base, static_cast<std::size_t>(n)});
+            keep -= n;
+          }
+        }
+      }
+      if (d.fire && d.rule.kind == FaultKind::kCorrupt) {
+        t.corrupt = true;
+        t.corrupt_at = d.rule.corrupt_at;
+      }
+      if (!t.iov.empty()) {
+        auto it = tracked_.insert_or_assign(r.tag, std::move(t)).first;
+        forward.iov = it->second.iov.data();
+        forward.iovcnt = static_cast<uint32_t>(it->second.iov.size());
+      } else if (t.corrupt) {
+        tracked_.insert_or_assign(r.tag, std::move(t));
+      }
+      auto n = inner_->submit(std::span<const IoRequest>(&forward, 1));
+      if (!n.ok() || *n == 0) {
+        backend_.undo(r.opcode);
+        tracked_.erase(r.tag);
+        if (!n.ok()) return n;
+        break;
+      }
+      if (d.fire) backend_.fired();
+      originals_[r.tag] = r;
+      ++accepted;
+      ++in_flight_;
+    }
+    return accepted;
+  }
+
+  Status wait(std::vector<IoCompletion>& out, int timeout_ms) override {
+    const std::size_t before = out.size();
+    if (!synthetic_.empty()) {
+      out.insert(out.end(), synthetic_.begin(), synthetic_.end());
+      in_flight_ -= static_cast<uint32_t>(synthetic_.size());
+      synthetic_.clear();
+      timeout_ms = 0;  // also collect whatever is ready, without blocking
+    }
+    const std::size_t real_from = out.size();
+    KVTIER_RETURN_IF_ERROR(inner_->wait(out, timeout_ms));
+    for (std::size_t i = real_from; i < out.size(); ++i) {
+      --in_flight_;
+      const IoCompletion& c = out[i];
+      auto orig = originals_.find(c.tag);
+      auto t = tracked_.find(c.tag);
+      if (t != tracked_.end()) {
+        if (t->second.corrupt && c.result > 0 && orig != originals_.end() &&
+            t->second.corrupt_at < static_cast<uint64_t>(c.result)) {
+          corrupt(orig->second, t->second.corrupt_at);
+        }
+        tracked_.erase(t);
+      }
+      if (orig != originals_.end()) originals_.erase(orig);
+    }
+    (void)before;
+    return Status();
+  }
+
+ private:
+  struct Tracked {
+    std::vector<iovec> iov;  // the shortened list, when shortened
+    bool corrupt = false;
+    uint64_t corrupt_at = 0;
+  };
+
+  static void corrupt(const IoRequest& r, uint64_t at) {
+    if (r.opcode == IoOpcode::kWrite) {
+      flip_via_fd(r.fd, r.offset + at).ignore();
+      return;
+    }
+    for (uint32_t i = 0; i < r.iovcnt; ++i) {
+      if (at < r.iov[i].iov_len) {
+        static_cast<unsigned char*>(r.iov[i].iov_base)[at] ^= 0xFF;
+        return;
+      }
+      at -= r.iov[i].iov_len;
+    }
+  }
+
+  FaultInjectingIoBackend& backend_;
+  std::unique_ptr<IoQueue> inner_;
+  uint32_t in_flight_ = 0;
+  std::vector<IoCompletion> synthetic_;
+  std::unordered_map<uint64_t, Tracked> tracked_;
+  std::unordered_map<uint64_t, IoRequest> originals_;
+};
+
+}  // namespace
+
+FaultInjectingIoBackend::FaultInjectingIoBackend(std::shared_ptr<IoBackend> inner)
+    : inner_(std::move(inner)) {}
+
+void FaultInjectingIoBackend::add_rule(const FaultRule& rule) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t base = seen_[static_cast<int>(rule.opcode)];
+  rules_.push_back(Armed{rule, base + std::max<uint64_t>(rule.nth, 1)});
+}
+
+void FaultInjectingIoBackend::fail_open(std::string path_part, int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_part_ = std::move(path_part);
+  open_error_ = error;
+}
+
+void FaultInjectingIoBackend::fail_allocate(int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  allocate_error_ = error;
+}
+
+void FaultInjectingIoBackend::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  rules_.clear();
+  open_part_.clear();
+  open_error_ = 0;
+  allocate_error_ = 0;
+}
+
+uint64_t FaultInjectingIoBackend::injected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return injected_;
+}
+
+uint64_t FaultInjectingIoBackend::requests(IoOpcode op) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seen_[static_cast<int>(op)];
+}
+
+FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(IoOpcode op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t index = ++seen_[static_cast<int>(op)];
+  for (const Armed& a : rules_) {
+    if (a.rule.opcode == op && index >= a.first && index < a.first + a.rule.count) {
+      return Decision{true, a.rule};
+    }
+  }
+  return Decision{};
+}
+
+void FaultInjectingIoBackend::undo(IoOpcode op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --seen_[static_cast<int>(op)];
+}
+
+void FaultInjectingIoBackend::fired() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++injected_;
+}
+
+Status FaultInjectingIoBackend::flip_byte_on_disk(const std::string& path, uint64_t offset) {
+  ScopedFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd) return errno_status(StatusCode::kIoError, "open " + path + " to corrupt it", errno);
+  unsigned char b = 0;
+  if (::pread(fd.get(), &b, 1, static_cast<off_t>(offset)) != 1) {
+    return errno_status(StatusCode::kIoError, "pread " + path + " at " + std::to_string(offset),
+                        errno);
+  }
+  b ^= 0xFF;
+  if (::pwrite(fd.get(), &b, 1, static_cast<off_t>(offset)) != 1) {
+    return errno_status(StatusCode::kIoError, "pwrite " + path + " at " + std::to_string(offset),
+                        errno);
+  }
+  return Status();
+}
+
+Result<ScopedFd> FaultInjectingIoBackend::open(const std::string& path, int flags, mode_t mode) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_error_ != 0 && path.find(open_part_) != std::string::npos) {
+      const int err = std::exchange(open_error_, 0);
+      ++injected_;
+      return errno_status(io_errno_code(err), "open " + path, err);
+    }
+  }
+  return inner_->open(path, flags, mode);
+}
+
+Status FaultInjectingIoBackend::allocate(int fd, const std::string& path, uint64_t size) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (allocate_error_ != 0) {
+      const int err = std::exchange(allocate_error_, 0);
+      ++injected_;
+      return errno_status(io_errno_code(err),
+                          "fallocate " + path + " to " + std::to_string(size) + " bytes", err);
+    }
+  }
+  return inner_->allocate(fd, path, size);
+}
+
+Result<std::unique_ptr<IoQueue>> FaultInjectingIoBackend::make_queue(const QueueOptions& options) {
+  KVTIER_ASSIGN_OR_RETURN(auto inner, inner_->make_queue(options));
+  return std::unique_ptr<IoQueue>(std::make_unique<FaultQueue>(*this, std::move(inner)));
+}
+
+}  // namespace kvtier

@@ -1,0 +1,101 @@
+// FaultInjectingIoBackend: an IoBackend (and IoQueue) wrapper that breaks I/O on purpose.
+//
+// Used by the tests (and available to fault drills) to prove that every failure of the NVMe path
+// becomes a Status and a miss: the k-th read or write fails with EIO, ENOSPC or any errno; returns
+// a short count (the store must requeue the rest); returns -EAGAIN (requeue); lands with one byte
+// flipped on disk (a write) or in memory (a read) so checksums must catch it; opening or
+// allocating a file fails. Faults are armed as rules counted per opcode over every request the
+// wrapped queues see, from the moment the rule is added: `nth = 1` hits the next matching request.
+//
+// Threading: rules and counters are shared by all queues under one mutex (held for bookkeeping
+// only); each wrapped queue is used by its I/O thread like any IoQueue. Requests the fault replaces
+// (errors, -EAGAIN) never reach the kernel and complete on the next wait().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tiers/io_backend.hpp"
+
+namespace kvtier {
+
+enum class FaultKind : uint8_t {
+  kError = 0,  // complete with -error, no I/O
+  kShort = 1,  // submit only the first half (aligned down to 512 bytes, at least 512)
+  kAgain = 2,  // complete with -EAGAIN, no I/O
+  kCorrupt =
+      3,  // do the I/O, then flip byte `corrupt_at` of it: on disk (write) or in memory (read)
+};
+
+struct FaultRule {
+  IoOpcode opcode = IoOpcode::kRead;
+  FaultKind kind = FaultKind::kError;
+  uint64_t nth = 1;         // the nth matching request from now (1 = the next one)
+  uint32_t count = 1;       // how many consecutive matching requests from there
+  int error = 5;            // errno for kError (EIO)
+  uint64_t corrupt_at = 0;  // kCorrupt: byte offset within the request
+};
+
+class FaultInjectingIoBackend final : public IoBackend {
+ public:
+  explicit FaultInjectingIoBackend(std::shared_ptr<IoBackend> inner = posix_io_backend());
+
+  void add_rule(const FaultRule& rule);
+  // The next open of a path containing `path_part` fails with `error` (e.g. EACCES, ENOSPC).
+  void fail_open(std::string path_part, int error);
+  // The next allocate() (fallocate) fails with `error` (e.g. ENOSPC).
+  void fail_allocate(int error);
+  void clear();
+
+  uint64_t injected() const;             // faults that fired
+  uint64_t requests(IoOpcode op) const;  // requests seen
+
+  // Flips (xor 0xFF) the byte at `offset` of `path` through the page cache; a later O_DIRECT read
+  // sees it (the kernel writes the dirty page back before a direct read of that range).
+  static Status flip_byte_on_disk(const std::string& path, uint64_t offset);
+
+  // IoBackend
+  Result<ScopedFd> open(const std::string& path, int flags, mode_t mode) override;
+  Status make_dirs(const std::string& dir) override { return inner_->make_dirs(dir); }
+  Result<FileInfo> stat(int fd, const std::string& path) override { return inner_->stat(fd, path); }
+  Status allocate(int fd, const std::string& path, uint64_t size) override;
+  Status read_at(int fd, const std::string& path, void* buf, std::size_t len,
+                 uint64_t offset) override {
+    return inner_->read_at(fd, path, buf, len, offset);
+  }
+  Status write_at(int fd, const std::string& path, const void* buf, std::size_t len,
+                  uint64_t offset) override {
+    return inner_->write_at(fd, path, buf, len, offset);
+  }
+  Status sync(int fd, const std::string& path) override { return inner_->sync(fd, path); }
+  Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& options) override;
+
+  // Shared by the wrapped queues: decides the fate of one request.
+  struct Decision {
+    bool fire = false;
+    FaultRule rule;
+  };
+  Decision decide(IoOpcode op);
+  void undo(IoOpcode op);  // the request was not accepted after all: uncount it
+  void fired();
+
+ private:
+  struct Armed {
+    FaultRule rule;
+    uint64_t first;  // absolute index (1-based) of the first request it hits
+  };
+
+  std::shared_ptr<IoBackend> inner_;
+  mutable std::mutex mu_;
+  std::vector<Armed> rules_;   // guarded by mu_
+  uint64_t seen_[2] = {0, 0};  // guarded by mu_
+  uint64_t injected_ = 0;      // guarded by mu_
+  std::string open_part_;      // guarded by mu_
+  int open_error_ = 0;         // guarded by mu_
+  int allocate_error_ = 0;     // guarded by mu_
+};
+
+}  // namespace kvtier

@@ -1,0 +1,127 @@
+// HostCopyEngine: the copy engine of the emulated HBM tier (see copy_engine.hpp for the contract).
+//
+// One worker thread per direction plays the part of a CUDA stream: it takes jobs in seq order,
+// waits for the other direction when a job depends on it, copies each segment with memcpy and
+// completes the job. With link_gbps > 0 each direction is paced like a full-duplex link of that
+// bandwidth: a segment of n bytes may finish no earlier than n / rate after the previous one
+// (a token bucket with no burst), which is what PCIe transfers look like from the host.
+// Lock: mu_ guards both queues and both watermarks; it is never held while copying or sleeping.
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "tiers/copy_engine.hpp"
+
+namespace kvtier {
+namespace {
+
+class HostCopyEngine final : public CopyEngine {
+ public:
+  HostCopyEngine(const HostCopyOptions& options, std::shared_ptr<TransferStats> stats)
+      : bytes_per_ns_(options.link_gbps > 0 ? options.link_gbps : 0.0), stats_(std::move(stats)) {
+    for (int d = 0; d < 2; ++d) {
+      workers_[d] = std::thread([this, d] { run(static_cast<CopyDirection>(d)); });
+    }
+  }
+
+  ~HostCopyEngine() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  std::string_view name() const override {
+    return bytes_per_ns_ > 0 ? "host-memcpy (throttled)" : "host-memcpy";
+  }
+
+  Status submit(CopyJob job) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return cancelled("copy engine is shutting down");
+      queues_[static_cast<int>(job.direction)].push_back(std::move(job));
+    }
+    cv_.notify_all();
+    return Status();
+  }
+
+  uint64_t completed(CopyDirection d) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_[static_cast<int>(d)];
+  }
+
+ private:
+  void run(CopyDirection dir) {
+    const int d = static_cast<int>(dir);
+    const int o = 1 - d;
+    std::chrono::steady_clock::time_point link_free = std::chrono::steady_clock::now();
+    while (true) {
+      CopyJob job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        // Wait for a job whose dependency (if any) has completed. On shutdown the queues still
+        // drain — the other worker finishes the dependency — so no handle waits forever.
+        cv_.wait(lock, [&] {
+          if (queues_[d].empty()) return stopping_;
+          return queues_[d].front().after_other_seq <= completed_[o];
+        });
+        if (queues_[d].empty()) return;
+        job = std::move(queues_[d].front());
+        queues_[d].pop_front();
+      }
+      Status result;
+      if (job.state->cancel_requested()) {
+        result = cancelled("copy " + std::string(link_name(copy_link(dir))) +
+                           " cancelled before it started");
+      } else {
+        for (const CopySegment& s : job.segments) {
+          std::memcpy(s.dst, s.src, s.bytes);
+          if (bytes_per_ns_ > 0) {
+            const auto now = std::chrono::steady_clock::now();
+            if (link_free < now) link_free = now;
+            link_free += std::chrono::nanoseconds(
+                static_cast<int64_t>(static_cast<double>(s.bytes) / bytes_per_ns_));
+            std::this_thread::sleep_until(link_free);
+          }
+        }
+        if (stats_) {
+          stats_->copy_segments.fetch_add(job.segments.size(), std::memory_order_relaxed);
+          stats_->copy_pages.fetch_add(job.pages, std::memory_order_relaxed);
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        completed_[d] = job.seq;
+      }
+      cv_.notify_all();
+      job.state->complete(result);
+      result.ignore();
+    }
+  }
+
+  const double bytes_per_ns_;  // GB/s == bytes per ns
+  const std::shared_ptr<TransferStats> stats_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<CopyJob> queues_[2];   // guarded by mu_
+  uint64_t completed_[2] = {0, 0};  // guarded by mu_
+  bool stopping_ = false;           // guarded by mu_
+  std::thread workers_[2];
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CopyEngine>> make_host_copy_engine(const HostCopyOptions& options,
+                                                          std::shared_ptr<TransferStats> stats) {
+  if (options.link_gbps < 0) {
+    return invalid_argument("tiers.hbm.link_gbps must be >= 0 (got " +
+                            std::to_string(options.link_gbps) + ")");
+  }
+  return std::unique_ptr<CopyEngine>(std::make_unique<HostCopyEngine>(options, std::move(stats)));
+}
+
+}  // namespace kvtier

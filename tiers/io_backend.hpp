@@ -1,0 +1,116 @@
+// The NVMe store's I/O seam: IoBackend (files) and IoQueue (asynchronous reads and writes).
+//
+// The store never calls open/pread/io_uring directly; it goes through these two interfaces so a
+// wrapper (tiers/fault_injection.hpp) can fail the k-th read or write with EIO or ENOSPC, return a
+// short count, return -EAGAIN, refuse to create a path, or flip a byte on disk — and the tests can
+// prove that every such fault becomes a Status and a miss, never a crash or wrong data served.
+//
+// IoQueue is a submission/completion queue in io_uring's shape: requests carry a caller-chosen
+// 64-bit tag (never 0, which is reserved), `submit` accepts a prefix of what it is given (the rest
+// stays with the caller — nothing is dropped when the queue is full), and `wait` returns
+// completions as (tag, bytes or -errno), exactly one per accepted request. A queue is used by one
+// thread (its I/O thread); only wake() may be called from others, to interrupt a blocking wait().
+// Buffers and iovec arrays named by a request must stay valid until its completion is returned.
+//
+// Implementations: io_uring (one ring per queue, optional SQPOLL, fixed buffers when registration
+// is allowed) and a synchronous fallback (preadv/pwritev on the I/O thread) used when io_uring is
+// refused (seccomp, io_uring_disabled), chosen by make_queue with one log line.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/status.hpp"
+#include "tiers/scoped_fd.hpp"
+
+namespace kvtier {
+
+enum class IoOpcode : uint8_t { kRead = 0, kWrite = 1 };
+
+struct IoRequest {
+  uint64_t tag = 0;  // != 0
+  IoOpcode opcode = IoOpcode::kRead;
+  int fd = -1;
+  uint64_t offset = 0;
+  const iovec* iov = nullptr;
+  uint32_t iovcnt = 0;
+  // Index of a registered buffer that holds the single iovec (fixed I/O), or -1.
+  int buffer_index = -1;
+};
+
+struct IoCompletion {
+  uint64_t tag = 0;
+  int32_t result = 0;  // bytes transferred, or -errno
+};
+
+class IoQueue {
+ public:
+  virtual ~IoQueue() = default;
+
+  virtual std::string_view kind() const = 0;  // "io_uring", "io_uring+sqpoll", "sync"
+  // Most requests in flight at once.
+  virtual uint32_t depth() const = 0;
+
+  // Registers buffers for fixed I/O (buffer_index refers to this list). kUnavailable when the
+  // kernel refuses (memlock limit, old kernel); the caller then submits plain requests.
+  virtual Status register_buffers(std::span<const iovec> buffers) = 0;
+
+  // Queues and submits a prefix of `requests`; returns how many were accepted (0 when full).
+  virtual Result<std::size_t> submit(std::span<const IoRequest> requests) = 0;
+
+  // Appends completions to `out`. Blocks up to `timeout_ms` (-1: no limit) when none is ready;
+  // returns early, possibly with none, after wake().
+  virtual Status wait(std::vector<IoCompletion>& out, int timeout_ms) = 0;
+
+  // Thread-safe: interrupts a blocking wait().
+  virtual void wake() noexcept = 0;
+};
+
+struct FileInfo {
+  uint64_t size = 0;  // bytes (file length, or the size of a block device)
+  bool block_device = false;
+  uint32_t logical_block = 512;  // O_DIRECT offset/length granularity
+};
+
+struct QueueOptions {
+  uint32_t depth = 64;
+  bool sqpoll = false;
+  bool allow_io_uring = true;  // false: the synchronous queue (tests, fallback)
+};
+
+class IoBackend {
+ public:
+  virtual ~IoBackend() = default;
+
+  // open(2) with `flags` and `mode`; errors name the path and errno.
+  virtual Result<ScopedFd> open(const std::string& path, int flags, mode_t mode) = 0;
+  // mkdir -p with mode 0700 for missing components.
+  virtual Status make_dirs(const std::string& dir) = 0;
+  virtual Result<FileInfo> stat(int fd, const std::string& path) = 0;
+  // Reserves `size` bytes (fallocate, or ftruncate where unsupported).
+  virtual Status allocate(int fd, const std::string& path, uint64_t size) = 0;
+  // Whole-buffer synchronous I/O for superblocks; short transfers are retried, EOF is an error.
+  virtual Status read_at(int fd, const std::string& path, void* buf, std::size_t len,
+                         uint64_t offset) = 0;
+  virtual Status write_at(int fd, const std::string& path, const void* buf, std::size_t len,
+                          uint64_t offset) = 0;
+  virtual Status sync(int fd, const std::string& path) = 0;
+
+  virtual Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& options) = 0;
+};
+
+// The real thing: POSIX files and io_uring (falling back to the synchronous queue).
+std::shared_ptr<IoBackend> posix_io_backend();
+
+// Direct constructors, for tests and for the fault-injection wrapper.
+Result<std::unique_ptr<IoQueue>> make_uring_queue(const QueueOptions& options);
+Result<std::unique_ptr<IoQueue>> make_sync_queue(const QueueOptions& options);
+
+}  // namespace kvtier

@@ -1,0 +1,163 @@
+// NvmeStore: the NVMe tier — blocks in fixed-size extents over one or more files or block devices,
+// read and written with O_DIRECT through io_uring.
+//
+// Layout and format: tiers/nvme_format.hpp (superblock per file, one extent per block: a header
+// with key, geometry fingerprint, generation and per-page checksums, then the block's pages
+// contiguously, each at an aligned stride — one I/O moves a block, one aligned sub-range a page).
+//
+// Threads: `io_threads` I/O threads, each owning one IoQueue (one io_uring ring) and a slab of
+// header buffers. A submit call validates, updates the index, computes the page checksums of a
+// write on the caller's thread, and posts the operation to a thread (round robin). The thread keeps
+// at most `queue_depth` operations in flight, turns each into as few requests as the buffers allow
+// (one registered-buffer request per contiguous run when the buffers lie in the registered host
+// pool, else one vectored request), submits in batches, requeues short transfers and -EAGAIN,
+// accounts for every completion, and never drops a request the queue cannot take yet (it waits in
+// order). Reads verify the header and every page checksum on the I/O thread before completing.
+// Completions (callbacks, eventfd) run on the I/O thread.
+//
+// Index: key -> {extent, generation, state, page checksums}, one mutex (index_mu_) held only for
+// map and counter updates — never across I/O, checksums or callbacks. Lock order: index_mu_, then
+// a worker's inbox mutex (never the reverse). An extent being read is not reused: erase and
+// checksum failures unlink the key at once and free the extent when its last reader finishes.
+//
+// Restart: the index is rebuilt by scanning every extent header at open (batched reads at queue
+// depth), not from a manifest. Rejected: a manifest, because it must be rewritten on every block
+// write to stay exact (doubling small writes) or else it goes stale after a crash and needs the
+// scan anyway; the scan costs one 4 KiB read per extent once per start. Headers whose checksum,
+// geometry or store id do not match are dropped; for a key found twice the higher generation wins.
+// Page data is verified on every read, so a torn write is found when read and dropped, never
+// served. Writes are not fsync'ed: this is a cache, and losing the last writes in a crash only
+// loses hits. A store written with another geometry is refused with a message naming both.
+//
+// Erase is in memory only: an erased block may reappear after a restart, which is harmless — its
+// key still names exactly those bytes, and the scan verifies the header as for any other block.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/config.hpp"
+#include "kvtier/transfer_stats.hpp"
+#include "tiers/block_store.hpp"
+#include "tiers/extent_allocator.hpp"
+#include "tiers/io_backend.hpp"
+#include "tiers/nvme_format.hpp"
+
+namespace kvtier {
+
+struct NvmeStoreOptions {
+  NvmeTierConfig config;
+  // The I/O seam; the fault-injection wrapper goes here in tests.
+  std::shared_ptr<IoBackend> backend = posix_io_backend();
+  std::shared_ptr<TransferStats> stats;          // null: the store keeps its own
+  std::shared_ptr<CompletionNotifier> notifier;  // null: no eventfd signal
+  // Host memory to register as io_uring fixed buffers (the host pool's region).
+  std::vector<iovec> fixed_buffers;
+  // False: plain (non-fixed) requests even when registration would succeed.
+  bool use_fixed_buffers = true;
+};
+
+// Where a block lives on disk (diagnostics and fault-injection tests).
+struct ExtentPlace {
+  std::string path;
+  uint64_t offset = 0;  // byte offset of the extent (its header) in that file
+  uint32_t extent = 0;
+};
+
+class NvmeStore final : public BlockStore {
+ public:
+  // Opens or creates the store files of `options.config.paths` (created 0600, parents 0700),
+  // recovers the index of existing ones, and starts the I/O threads.
+  static Result<std::unique_ptr<NvmeStore>> create(const Geometry& geometry,
+                                                   NvmeStoreOptions options);
+  // Cancels queued operations, waits for those in flight, stops the threads, closes the files.
+  ~NvmeStore() override;
+
+  const Geometry& geometry() const override { return geometry_; }
+  std::size_t page_io_bytes() const override { return layout_.page_stride; }
+  std::size_t buffer_alignment() const override { return layout_.io_align; }
+
+  Result<Transfer> write_block(const BlockKey& key, std::span<const std::byte* const> pages,
+                               TransferOptions options = {}) override;
+  Result<Transfer> read_block(const BlockKey& key, std::span<std::byte* const> pages,
+                              TransferOptions options = {}) override;
+  Result<Transfer> read_page(const BlockKey& key, uint32_t layer, std::byte* page,
+                             TransferOptions options = {}) override;
+
+  Status erase(const BlockKey& key) override;
+  bool contains(const BlockKey& key) const override;
+  std::vector<BlockKey> keys() const override;
+
+  uint64_t capacity_blocks() const override { return extents_->capacity(); }
+  uint64_t used_blocks() const override { return extents_->used(); }
+  Status audit() const override;
+
+  const ExtentLayout& layout() const { return layout_; }
+  Result<ExtentPlace> locate(const BlockKey& key) const;
+  TransferStats& stats() const { return *stats_; }
+  // "io_uring", "io_uring+sqpoll" or "sync"; whether fixed buffers and O_DIRECT are in use.
+  std::string_view io_kind() const;
+  bool fixed_buffers_active() const;
+  bool direct_io() const { return direct_io_; }
+
+  class Worker;  // one I/O thread and its ring (nvme_store.cpp)
+  struct Op;
+  struct File {
+    std::string path;
+    ScopedFd fd;
+    uint64_t extent_count = 0;
+  };
+
+ private:
+  enum class EntryState : uint8_t { kWriting, kReady };
+  struct Entry {
+    uint32_t extent = 0;
+    uint64_t generation = 0;
+    EntryState state = EntryState::kWriting;
+    bool erase_when_written = false;
+    ChecksumKind checksum_kind = ChecksumKind::kXxh3;
+    std::vector<uint64_t> page_sums;
+  };
+
+  NvmeStore(const Geometry& geometry, NvmeStoreOptions options);
+
+  Status open_files();
+  Status start_workers();
+  Status recover();
+  void post(std::unique_ptr<Op> op);
+  Result<ExtentLocation> place(uint32_t extent) const;
+
+  // Called by the I/O threads when an operation ends (index_mu_ taken inside).
+  friend class Worker;
+  void write_finished(const Op& op, bool ok);
+  void read_finished(const Op& op);
+  void drop_corrupt(const Op& op, const std::string& why);
+  void free_extent_locked(uint32_t extent);
+
+  const Geometry geometry_;
+  NvmeStoreOptions options_;
+  std::shared_ptr<TransferStats> stats_;
+  ExtentLayout layout_;
+  uint64_t fingerprint_ = 0;
+  uint64_t store_id_ = 0;
+  bool direct_io_ = true;
+  bool needs_scan_ = false;  // the files existed: rebuild the index from their extent headers
+  std::vector<File> files_;
+  std::unique_ptr<ExtentAllocator> extents_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::atomic<uint64_t> next_worker_{0};
+
+  mutable std::mutex index_mu_;
+  std::unordered_map<BlockKey, Entry, BlockKeyHash> index_;  // guarded by index_mu_
+  std::vector<uint32_t> readers_;                            // per extent; guarded by index_mu_
+  std::vector<uint8_t> doomed_;   // per extent: free when its readers reach 0; guarded by index_mu_
+  uint64_t next_generation_ = 1;  // guarded by index_mu_
+};
+
+}  // namespace kvtier

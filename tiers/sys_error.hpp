@@ -1,0 +1,32 @@
+// Status from a failed system call: "<what>: <strerror> (errno N)".
+//
+// One spelling for every errno-bearing message in tiers/, so logs and tests can rely on the
+// "(errno N)" suffix. `what` names the call and the thing: "pwrite /x/store0.kvs at offset 4096".
+#pragma once
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "kvtier/status.hpp"
+
+namespace kvtier {
+
+inline std::string errno_text(int err) {
+  return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+}
+
+inline Status errno_status(StatusCode code, std::string_view what, int err) {
+  std::string msg(what);
+  msg += ": ";
+  msg += errno_text(err);
+  return Status(code, std::move(msg));
+}
+
+// ENOSPC and EDQUOT mean the medium is full: kResourceExhausted; everything else is an I/O error.
+inline StatusCode io_errno_code(int err) {
+  return (err == ENOSPC || err == EDQUOT) ? StatusCode::kResourceExhausted : StatusCode::kIoError;
+}
+
+}  // namespace kvtier
