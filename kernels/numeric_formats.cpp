@@ -33,44 +33,34 @@ uint16_t float_to_f16(float f) {
 }
 
 float fp8e4m3_to_float(uint8_t v) {
-  const bool neg = v & 0x80u;
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
   const uint32_t exp = (v >> 3) & 0xFu;
   const uint32_t man = v & 0x7u;
-  float mag;
-  if (exp == 0xF && man == 0x7) {
-    mag = std::nanf("");
-  } else if (exp == 0) {
-    mag = static_cast<float>(man) * 0x1p-9f;  // subnormal: man/8 * 2^-6
-  } else {
-    mag = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, static_cast<int>(exp) - 7);
+  if (exp == 0xF && man == 0x7) return std::bit_cast<float>(sign | 0x7FC0'0000u);  // NaN
+  if (exp == 0) {
+    const float mag = static_cast<float>(man) * 0x1p-9f;  // subnormal: man/8 * 2^-6
+    return sign ? -mag : mag;
   }
-  return neg ? -mag : mag;
+  return std::bit_cast<float>(sign | ((exp + 120u) << 23) | (man << 20));  // bias 7 -> 127
 }
 
 uint8_t float_to_fp8e4m3(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7Fu);
-  const float a = std::fabs(f);
-  if (a >= kFp8E4M3Max) return static_cast<uint8_t>(sign | 0x7Eu);  // saturate to 448
-  if (a < 0x1p-6f) {
-    // Subnormal range: steps of 2^-9; round to nearest even.
-    const float q = std::nearbyint(a * 0x1p9f);
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(q));  // q == 8 is the smallest normal
+  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t abs = u & 0x7FFF'FFFFu;
+  if (abs > 0x7F80'0000u) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
+  if (abs >= 0x43E0'0000u) return static_cast<uint8_t>(sign | 0x7Eu);  // >= 448 (and inf) saturate
+  if (abs < 0x3C80'0000u) {
+    // Below 2^-6, the subnormal steps of 2^-9: adding 2^23 to |f| * 2^9 leaves the rounded-to-
+    // nearest-even integer in the low mantissa bits. 8 is the encoding of the smallest normal.
+    const float shifted = std::bit_cast<float>(abs) * 0x1p9f + 0x1p23f;
+    return static_cast<uint8_t>(sign | (std::bit_cast<uint32_t>(shifted) & 0xFu));
   }
-  int e;
-  const float frac = std::frexp(a, &e);  // a = frac * 2^e, frac in [0.5, 1)
-  // a = (1 + m/8) * 2^(e-1); mantissa steps of 1/8 at exponent e-1.
-  const float scaled = frac * 16.0f;  // in [8, 16)
-  float q = std::nearbyint(scaled);   // round to nearest even
-  int exp = e - 1 + 7;
-  if (q >= 16.0f) {
-    q = 8.0f;
-    ++exp;
-  }
-  const uint32_t man = static_cast<uint32_t>(q) - 8u;
-  if (exp > 15 || (exp == 15 && man == 7)) return static_cast<uint8_t>(sign | 0x7Eu);
-  return static_cast<uint8_t>(sign | (exp << 3) | man);
+  // Normal: round the mantissa from 23 to 3 bits (nearest even); a carry moves into the exponent.
+  // Exponent bias 127 becomes 7, so the code is (bits >> 20) - (120 << 3). Inputs below 448 round
+  // to at most 0x7E.
+  const uint32_t rounded = abs + 0x7'FFFFu + ((abs >> 20) & 1u);
+  return static_cast<uint8_t>(sign | ((rounded >> 20) - (120u << 3)));
 }
 
 }  // namespace kvtier::kernels

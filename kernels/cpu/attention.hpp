@@ -1,0 +1,36 @@
+// Paged attention on the CPU: decode (one query token per sequence) and chunked causal prefill,
+// over the frames of a block table (kernels/attention_params.hpp has the contract and layouts).
+//
+// This is both the CPU backend and the oracle the CUDA kernels are tested against. Work is split
+// into items (sequence x block of query tokens x KV range, all KV heads of a token together so
+// each item streams whole page rows) and run with oneTBB in the caller's task arena. Long
+// sequences are split along the KV axis ("split-K") so that one sequence uses every core; the
+// partial softmax states are merged exactly afterwards. Each item widens a tile of K/V to f32
+// once, so its cost is one pass over the bytes plus arithmetic that SIMD keeps below memory time
+// for GQA groups up to 4 (8 is compute bound on narrow cores).
+//
+// Calls are independent and may run concurrently from several threads (scratch is per thread).
+// Bad input is reported as a Status before any page is read; with the residency guard enabled a
+// non-resident frame is reported the same way (failed_precondition naming the frame).
+#pragma once
+
+#include "kernels/attention_params.hpp"
+#include "kernels/cpu/isa.hpp"
+#include "kvtier/status.hpp"
+
+namespace kvtier::kernels::cpu {
+
+struct CpuOptions {
+  Isa isa = Isa::kAuto;  // a specific ISA the CPU lacks is `unavailable`
+  // Minimum KV tokens per split of one sequence; 0 = the default. Smaller means more parallelism
+  // for few long sequences, at the cost of merging more partial states.
+  uint32_t min_split_tokens = 0;
+};
+
+// Decode: p.q_indptr must be nullptr; rows = batch.
+Status decode_attention(const AttentionParams& p, const CpuOptions& options = {});
+
+// Chunked prefill: p.q_indptr is required; rows = q_indptr[batch].
+Status prefill_attention(const AttentionParams& p, const CpuOptions& options = {});
+
+}  // namespace kvtier::kernels::cpu

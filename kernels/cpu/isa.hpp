@@ -1,0 +1,85 @@
+// Run-time choice of the CPU instruction set, and the table of SIMD kernels each choice provides.
+//
+// Three implementations of the same template code (isa_core.inl) are compiled from separate files
+// with their own flags: scalar (plain x86-64 or any other target), AVX2+FMA+F16C, and AVX-512
+// (F/BW/VL/DQ). best_isa() picks the widest one the CPU and OS support, once; KVTIER_CPU_ISA=
+// scalar|avx2|avx512 caps it (for comparisons), and callers may ask for a given one (tests run
+// all).
+//
+// Why per-file flags and a function table rather than target attributes or -march=native: the
+// library must run on any x86-64, and a file compiled with AVX-512 flags must never lend an inline
+// function to the rest of the program. So the ISA files include only this header and intrinsics,
+// put everything in an anonymous namespace and export one table getter. This header must therefore
+// stay declarations and plain data only (no inline functions that those files could emit).
+//
+// The tables are immutable and shared by all threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvtier/types.hpp"
+
+namespace kvtier::kernels::cpu {
+
+enum class Isa : uint8_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+
+// Tokens per attention tile: K/V of a tile are widened to f32 once and used by every query row.
+inline constexpr uint32_t kTileTokens = 16;
+
+// One work item of paged attention: a token range of one sequence, all KV heads, a block of query
+// tokens. The state (m, l, o) is per row, rows of a head are (query token i, group member g) at
+// i * group + g. Scores are in log2 units: q is pre-multiplied by sm_scale * log2(e).
+struct ItemArgs {
+  const uint8_t* arena;   // frame f at arena + f * frame_stride
+  uint64_t frame_stride;  // bytes
+  Dtype dtype;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+  uint32_t page_tokens;
+  const float* scales;          // fp8 only, [num_frames][2]; nullptr = 1.0
+  const uint32_t* pages;        // [pages of the sequence] frame ids, in token order
+  uint32_t kv_begin;            // first KV token (a multiple of kTileTokens)
+  uint32_t kv_end;              // one past the last KV token any row of this item may see
+  uint32_t group;               // query heads per KV head
+  uint32_t q_tokens;            // query tokens of this item
+  const uint32_t* visible_end;  // [q_tokens] query token i sees KV tokens [0, visible_end[i])
+  const float* q;               // [kv_heads][q_tokens * group][head_dim], scaled
+  float* m;                     // [kv_heads][q_tokens * group] running max; start at -inf
+  float* l;                     // [kv_heads][q_tokens * group] running sum; start at 0
+  float* o;     // [kv_heads][q_tokens * group][head_dim] unnormalised output; start at 0
+  float* work;  // item_work_floats(q_tokens * group, head_dim) floats, 64-byte aligned
+};
+
+// Floats of scratch `ItemArgs::work` needs for `rows` rows per head.
+constexpr std::size_t item_work_floats(std::size_t rows, std::size_t head_dim) {
+  return 2 * kTileTokens * head_dim + rows * kTileTokens + 2 * rows + 2 * kTileTokens + 64;
+}
+
+struct IsaKernels {
+  Isa isa;
+  const char* name;
+  // dst[i] = value(src[i]) * scale, for n elements of `dtype`.
+  void (*to_f32)(const void* src, Dtype dtype, float scale, float* dst, std::size_t n);
+  // dst[i] = narrow(src[i] * scale), rounding to nearest even (fp8 saturates at +-448).
+  void (*from_f32)(const float* src, float scale, Dtype dtype, void* dst, std::size_t n);
+  // max |value(src[i])|; NaN when any element is NaN.
+  float (*abs_max)(const void* src, Dtype dtype, std::size_t n);
+  // Attention of one work item (see ItemArgs), updating m, l, o.
+  void (*attend_item)(const ItemArgs& args);
+  // Reads `bytes` (a multiple of 64) with wide loads and folds them into a value the caller
+  // must consume: the streaming-read baseline attention is measured against.
+  uint64_t (*stream_read)(const void* src, std::size_t bytes);
+};
+
+// The table for `isa`, or nullptr when this build or CPU cannot run it. kAuto = best_isa().
+const IsaKernels* isa_kernels(Isa isa);
+Isa best_isa();
+const char* isa_name(Isa isa);
+
+// Defined by the per-ISA files (nullptr where the build has no such file).
+const IsaKernels* scalar_kernels();
+const IsaKernels* avx2_kernels();
+const IsaKernels* avx512_kernels();
+
+}  // namespace kvtier::kernels::cpu

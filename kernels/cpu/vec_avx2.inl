@@ -1,0 +1,145 @@
+// AVX2 + FMA + F16C lane operations for isa_core.inl. Included inside an anonymous namespace by
+// isa_avx2.cpp only; see isa.hpp for why nothing here may have external linkage.
+
+struct VecAvx2 {
+  using F = __m256;
+  static constexpr int kWidth = 8;
+
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F load_f32(const void* p) { return _mm256_loadu_ps(static_cast<const float*>(p)); }
+  static void store_f32(void* p, F v) { _mm256_storeu_ps(static_cast<float*>(p), v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F abs(F a) {
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_castps_si256(a), _mm256_set1_epi32(0x7FFFFFFF)));
+  }
+  static F max_keep_nan(F acc, F a) {
+    // maxps returns its second operand when either is NaN, so a NaN already in acc stays.
+    return _mm256_blendv_ps(_mm256_max_ps(a, acc), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
+  static float first(F a) { return _mm256_cvtss_f32(a); }
+  static float reduce_add(F a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float reduce_max(F a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float reduce_max_keep_nan(F a) {
+    if (_mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0) return __builtin_nanf("");
+    return reduce_max(a);
+  }
+
+  static void reduce_add4(F a, F b, F c, F d, float* out) {
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+  }
+
+  // Same polynomial as VecAvx512::exp2.
+  static F exp2(F x) {
+    const F under = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
+    const F n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const F f = _mm256_sub_ps(x, n);
+    F p = _mm256_set1_ps(1.5252733804059841e-05f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381610e-04f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-03f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-02f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-01f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-01f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  }
+
+  static F load_bf16(const void* p) {
+    const __m128i h = _mm_loadu_si128(static_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static F load_f16(const void* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  }
+  static F load_fp8(const void* p) {
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
+    const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
+    const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+    const __m128i bits = _mm_or_si128(_mm_slli_epi16(mag, 7), sign);
+    const F v = _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(256.0f));
+    const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(__builtin_nanf("")), _mm256_castsi256_ps(nan));
+  }
+
+  static void store_bf16(void* p, F v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(static_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  static void store_f16(void* p, F v) {
+    _mm_storeu_si128(static_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static void store_fp8(void* p, F v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i rounded =
+        _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7FFFF)),
+                         _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1)));
+    __m256i r = _mm256_sub_epi32(_mm256_srli_epi32(rounded, 20), _mm256_set1_epi32(120 << 3));
+    const F shifted =
+        _mm256_fmadd_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f), _mm256_set1_ps(8388608.0f));
+    const __m256i sub = _mm256_and_si256(_mm256_castps_si256(shifted), _mm256_set1_epi32(0xF));
+    // `a` has its sign bit clear, so signed compares order it correctly.
+    r = _mm256_blendv_epi8(r, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), a));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7E),
+                           _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x43DFFFFF)));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7F),
+                           _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)));
+    r = _mm256_or_si256(r, sign);
+    const __m256i low_bytes = _mm256_shuffle_epi8(
+        r, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8,
+                            12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const uint32_t lo = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(low_bytes)));
+    const uint32_t hi =
+        static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(low_bytes, 1)));
+    const uint64_t both = static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
+    _mm_storel_epi64(static_cast<__m128i*>(p), _mm_cvtsi64_si128(static_cast<long long>(both)));
+  }
+
+  static uint64_t stream_read(const void* src, std::size_t bytes) {
+    const auto* p = static_cast<const __m256i*>(src);
+    const std::size_t n = bytes / 32;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    std::size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(p + i));
+      s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(p + i + 1));
+      s2 = _mm256_add_epi64(s2, _mm256_loadu_si256(p + i + 2));
+      s3 = _mm256_add_epi64(s3, _mm256_loadu_si256(p + i + 3));
+    }
+    for (; i < n; ++i) s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(p + i));
+    const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return static_cast<uint64_t>(_mm_cvtsi128_si64(h)) +
+           static_cast<uint64_t>(_mm_extract_epi64(h, 1));
+  }
+};

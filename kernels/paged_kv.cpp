@@ -1,0 +1,84 @@
+#include "kernels/paged_kv.hpp"
+
+#include <string>
+
+namespace kvtier::kernels {
+
+Status check_residency(const ResidencyGuard& guard, const uint32_t* indices, uint32_t nnz) {
+  if (!guard.enabled || guard.check == nullptr) return ok_status();
+  if (nnz > 0 && indices == nullptr) {
+    return invalid_argument("residency check: the block table has " + std::to_string(nnz) +
+                            " entries but no host-readable indices");
+  }
+  for (uint32_t i = 0; i < nnz; ++i) {
+    if (!guard.check->is_resident(indices[i])) {
+      return failed_precondition("frame " + std::to_string(indices[i]) + " (block table entry " +
+                                 std::to_string(i) +
+                                 ") is not resident in HBM for this step; the kernel was not run");
+    }
+  }
+  return ok_status();
+}
+
+Status validate_kv_shape(const PagedKv& kv) {
+  if (kv.kv_heads == 0 || kv.page_tokens == 0) {
+    return invalid_argument("paged KV: kv_heads (" + std::to_string(kv.kv_heads) +
+                            ") and page_tokens (" + std::to_string(kv.page_tokens) +
+                            ") must be positive");
+  }
+  // 16 keeps every SIMD width and the CUDA 8-element vectors whole; 256 bounds per-thread state.
+  if (kv.head_dim == 0 || kv.head_dim % 16 != 0 || kv.head_dim > 256) {
+    return invalid_argument("paged KV: head_dim " + std::to_string(kv.head_dim) +
+                            " is not a multiple of 16 in [16, 256]");
+  }
+  if (dtype_size(kv.dtype) == 0) {
+    return invalid_argument("paged KV: unknown dtype code " +
+                            std::to_string(static_cast<int>(kv.dtype)));
+  }
+  if (kv.frame_stride < kv.page_bytes()) {
+    return invalid_argument("paged KV: frame_stride " + std::to_string(kv.frame_stride) +
+                            " is below the page size " + std::to_string(kv.page_bytes()));
+  }
+  if (kv.arena == nullptr || kv.num_frames == 0) {
+    return invalid_argument("paged KV: no arena (null base or zero frames)");
+  }
+  return ok_status();
+}
+
+Status validate_paged_kv(const PagedKv& kv) {
+  KVTIER_RETURN_IF_ERROR(validate_kv_shape(kv));
+  if (kv.batch == 0) return ok_status();
+  if (kv.indptr == nullptr || kv.last_page_len == nullptr) {
+    return invalid_argument("paged KV: indptr and last_page_len are required for a batch of " +
+                            std::to_string(kv.batch));
+  }
+  if (kv.indptr[0] != 0) {
+    return invalid_argument("paged KV: indptr[0] is " + std::to_string(kv.indptr[0]) +
+                            ", expected 0");
+  }
+  for (uint32_t b = 0; b < kv.batch; ++b) {
+    if (kv.indptr[b + 1] < kv.indptr[b]) {
+      return invalid_argument("paged KV: indptr decreases at sequence " + std::to_string(b));
+    }
+    if (kv.indptr[b + 1] == kv.indptr[b]) {
+      return invalid_argument("paged KV: sequence " + std::to_string(b) + " has no pages");
+    }
+    if (kv.last_page_len[b] == 0 || kv.last_page_len[b] > kv.page_tokens) {
+      return invalid_argument("paged KV: last_page_len of sequence " + std::to_string(b) + " is " +
+                              std::to_string(kv.last_page_len[b]) + ", outside [1, " +
+                              std::to_string(kv.page_tokens) + "]");
+    }
+  }
+  const uint32_t nnz = kv.indptr[kv.batch];
+  if (kv.indices == nullptr) return invalid_argument("paged KV: indices is null");
+  for (uint32_t i = 0; i < nnz; ++i) {
+    if (kv.indices[i] >= kv.num_frames) {
+      return out_of_range("paged KV: block table entry " + std::to_string(i) + " names frame " +
+                          std::to_string(kv.indices[i]) + " of an arena of " +
+                          std::to_string(kv.num_frames) + " frames");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace kvtier::kernels

@@ -1,0 +1,303 @@
+// The scalar format conversions (kernels/numeric_formats.hpp) against independent definitions,
+// exhaustively over every narrow pattern, with rounding at ties and saturation spelled out; and
+// every SIMD variant's conversions against the scalar ones, bit for bit.
+#include "kernels/numeric_formats.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/isa.hpp"
+
+namespace kvtier::kernels {
+namespace {
+
+// Independent decoders: sign, exponent and mantissa fields evaluated in double.
+double decode_ieee(uint32_t bits, int exp_bits, int man_bits, bool has_inf) {
+  const uint32_t man = bits & ((1u << man_bits) - 1);
+  const uint32_t exp = (bits >> man_bits) & ((1u << exp_bits) - 1);
+  const bool neg = (bits >> (man_bits + exp_bits)) & 1u;
+  const int bias = (1 << (exp_bits - 1)) - 1;
+  const uint32_t max_exp = (1u << exp_bits) - 1;
+  double mag;
+  if (has_inf && exp == max_exp) {
+    mag = man == 0 ? INFINITY : NAN;
+  } else if (!has_inf && exp == max_exp && man == (1u << man_bits) - 1) {
+    mag = NAN;  // e4m3fn: only S.1111.111 is NaN
+  } else if (exp == 0) {
+    mag = std::ldexp(static_cast<double>(man), 1 - bias - man_bits);
+  } else {
+    mag = std::ldexp(1.0 + std::ldexp(static_cast<double>(man), -man_bits),
+                     static_cast<int>(exp) - bias);
+  }
+  return neg ? -mag : mag;
+}
+double ref_f16(uint16_t h) { return decode_ieee(h, 5, 10, true); }
+double ref_bf16(uint16_t h) { return decode_ieee(h, 8, 7, true); }
+double ref_fp8(uint8_t v) { return decode_ieee(v, 4, 3, false); }
+
+bool same_or_both_nan(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+TEST(NumericFormats, F16DecodeAndRoundTripAll65536) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = f16_to_float(static_cast<uint16_t>(h));
+    ASSERT_TRUE(same_or_both_nan(f, ref_f16(static_cast<uint16_t>(h)))) << std::hex << h;
+    const uint16_t back = float_to_f16(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(f16_to_float(back))) << std::hex << h;
+      ASSERT_EQ(back & 0x8000u, h & 0x8000u) << "NaN keeps its sign";
+    } else {
+      ASSERT_EQ(back, h) << std::hex << h;
+    }
+  }
+}
+
+TEST(NumericFormats, Bf16DecodeAndRoundTripAll65536) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = bf16_to_float(static_cast<uint16_t>(h));
+    ASSERT_TRUE(same_or_both_nan(f, ref_bf16(static_cast<uint16_t>(h)))) << std::hex << h;
+    const uint16_t back = float_to_bf16(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(bf16_to_float(back))) << std::hex << h;
+    } else {
+      ASSERT_EQ(back, h) << std::hex << h;
+    }
+  }
+}
+
+TEST(NumericFormats, Fp8DecodeAndRoundTripAll256) {
+  int nans = 0;
+  for (uint32_t v = 0; v < 256; ++v) {
+    const float f = fp8e4m3_to_float(static_cast<uint8_t>(v));
+    ASSERT_TRUE(same_or_both_nan(f, ref_fp8(static_cast<uint8_t>(v)))) << std::hex << v;
+    if (std::isnan(f)) {
+      ++nans;
+      EXPECT_EQ(float_to_fp8e4m3(f) & 0x7Fu, 0x7Fu);
+      continue;
+    }
+    ASSERT_EQ(float_to_fp8e4m3(f), v) << std::hex << v;
+  }
+  EXPECT_EQ(nans, 2);  // 0x7F and 0xFF
+  EXPECT_EQ(fp8e4m3_to_float(0x7E), 448.0f);
+  EXPECT_EQ(fp8e4m3_to_float(0x01), 0x1p-9f);
+}
+
+TEST(NumericFormats, TiesRoundToEven) {
+  // f16: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 -> 1 (even); 1 + 3*2^-11 -> 1 + 2^-9.
+  EXPECT_EQ(float_to_f16(1.0f + 0x1p-11f), 0x3C00);
+  EXPECT_EQ(float_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);
+  EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);      // half the smallest subnormal -> 0
+  EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);  // 1.5 subnormal steps -> 2
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7BFF);
+  EXPECT_EQ(float_to_f16(65519.0f), 0x7BFF);
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);  // halfway to the next binade rounds to inf
+  // bf16: 1 + 2^-8 -> 1; 1 + 3*2^-8 -> 1 + 2^-6.
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3F80);
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);
+  EXPECT_EQ(float_to_bf16(-(1.0f + 0x1p-8f)), 0xBF80);
+  // fp8 e4m3: 1 + 1/16 -> 1 (0x38); 1 + 3/16 -> 1.25 (0x3A); subnormal ties too.
+  EXPECT_EQ(float_to_fp8e4m3(1.0f + 1.0f / 16), 0x38);
+  EXPECT_EQ(float_to_fp8e4m3(1.0f + 3.0f / 16), 0x3A);
+  EXPECT_EQ(float_to_fp8e4m3(0.5f * 0x1p-9f), 0x00);
+  EXPECT_EQ(float_to_fp8e4m3(1.5f * 0x1p-9f), 0x02);
+  EXPECT_EQ(float_to_fp8e4m3(2.5f * 0x1p-9f), 0x02);
+  EXPECT_EQ(float_to_fp8e4m3(7.5f * 0x1p-9f), 0x08);  // rounds up into the first normal
+  EXPECT_EQ(float_to_fp8e4m3(-1.5f * 0x1p-9f), 0x82);
+  // Saturation at 448 for every finite input and infinity; NaN stays NaN with its sign.
+  EXPECT_EQ(float_to_fp8e4m3(448.0f), 0x7E);
+  EXPECT_EQ(float_to_fp8e4m3(464.0f), 0x7E);
+  EXPECT_EQ(float_to_fp8e4m3(1e30f), 0x7E);
+  EXPECT_EQ(float_to_fp8e4m3(INFINITY), 0x7E);
+  EXPECT_EQ(float_to_fp8e4m3(-INFINITY), 0xFE);
+  EXPECT_EQ(float_to_fp8e4m3(std::nanf("")), 0x7F);
+  EXPECT_EQ(float_to_fp8e4m3(-std::nanf("")), 0xFF);
+  EXPECT_EQ(float_to_fp8e4m3(-0.0f), 0x80);
+  EXPECT_EQ(float_to_fp8e4m3(432.0f), 0x7E);  // halfway between 416 (0x7D) and 448: even is 0x7E
+  EXPECT_EQ(float_to_fp8e4m3(431.0f), 0x7D);
+}
+
+// Nearest-even reference encoder over a sorted table of a format's non-negative finite values.
+class NearestEven {
+ public:
+  template <typename Decode>
+  NearestEven(uint32_t codes, Decode decode, uint32_t sign_bit, double overflow_at,
+              uint32_t overflow_code)
+      : sign_bit_(sign_bit), overflow_at_(overflow_at), overflow_code_(overflow_code) {
+    for (uint32_t c = 0; c < codes; ++c) {
+      const double v = decode(c);
+      if ((c & sign_bit) == 0 && std::isfinite(v)) table_.push_back({v, c});
+    }
+    std::sort(table_.begin(), table_.end());
+  }
+  // Code for finite or infinite x (not NaN).
+  uint32_t encode(double x) const {
+    const uint32_t sign = std::signbit(x) ? sign_bit_ : 0;
+    const double a = std::fabs(x);
+    if (a >= overflow_at_) return sign | overflow_code_;
+    auto hi = std::lower_bound(table_.begin(), table_.end(), std::pair<double, uint32_t>{a, 0});
+    if (hi == table_.end()) return sign | table_.back().second;
+    if (hi->first == a || hi == table_.begin()) return sign | hi->second;
+    const auto lo = hi - 1;
+    const double dl = a - lo->first, dh = hi->first - a;
+    if (dl < dh) return sign | lo->second;
+    if (dh < dl) return sign | hi->second;
+    return sign | ((lo->second & 1u) == 0 ? lo->second : hi->second);
+  }
+
+ private:
+  std::vector<std::pair<double, uint32_t>> table_;
+  uint32_t sign_bit_;
+  double overflow_at_;
+  uint32_t overflow_code_;
+};
+
+const NearestEven& fp8_reference() {
+  // e4m3fn saturates: everything at or above 448 (and infinity) is 448.
+  static const NearestEven r(
+      256, [](uint32_t c) { return ref_fp8(static_cast<uint8_t>(c)); }, 0x80, 448.0, 0x7E);
+  return r;
+}
+const NearestEven& f16_reference() {
+  static const NearestEven r(
+      65536, [](uint32_t c) { return ref_f16(static_cast<uint16_t>(c)); }, 0x8000, 65520.0, 0x7C00);
+  return r;
+}
+const NearestEven& bf16_reference() {
+  // Halfway between the largest finite bf16 and 2^128 rounds to infinity.
+  const double overflow = std::ldexp(2.0 - std::ldexp(1.0, -8), 127);
+  static const NearestEven r(
+      65536, [](uint32_t c) { return ref_bf16(static_cast<uint16_t>(c)); }, 0x8000, overflow,
+      0x7F80);
+  return r;
+}
+
+// Every float with bits i * stride (plus specials): ~1M values spread over all exponents.
+template <typename Fn>
+void sweep_floats(uint64_t stride, Fn&& fn) {
+  for (uint64_t bits = 0; bits <= 0xFFFF'FFFFull; bits += stride) fn(static_cast<uint32_t>(bits));
+  for (uint32_t bits : {0x0000'0000u, 0x8000'0000u, 0x7F80'0000u, 0xFF80'0000u, 0x7FC0'0000u,
+                        0x0000'0001u, 0x7F7F'FFFFu, 0x43E0'0000u, 0x3C80'0000u, 0x3C7F'FFFFu}) {
+    fn(bits);
+  }
+}
+
+void check_encoders_against_reference(uint32_t bits) {
+  const float f = std::bit_cast<float>(bits);
+  if (std::isnan(f)) return;
+  ASSERT_EQ(float_to_fp8e4m3(f), fp8_reference().encode(f)) << std::hex << bits;
+  ASSERT_EQ(float_to_f16(f), f16_reference().encode(f)) << std::hex << bits;
+  ASSERT_EQ(float_to_bf16(f), bf16_reference().encode(f)) << std::hex << bits;
+}
+
+TEST(NumericFormats, EncodersAreNearestEvenOnASweepOfFloats) {
+  sweep_floats(4099, check_encoders_against_reference);
+}
+
+TEST(NumericFormats, Fp8EncoderAtEveryMidpoint) {
+  // Midpoints between neighbouring fp8 values, and one float ulp either side of each.
+  for (uint32_t c = 0; c < 0x7E; ++c) {
+    const float lo = fp8e4m3_to_float(static_cast<uint8_t>(c));
+    const float hi = fp8e4m3_to_float(static_cast<uint8_t>(c + 1));
+    const float mid = 0.5f * (lo + hi);  // exact: both have few mantissa bits
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) {
+      ASSERT_EQ(float_to_fp8e4m3(x), fp8_reference().encode(x)) << x;
+      ASSERT_EQ(float_to_fp8e4m3(-x), fp8_reference().encode(-x)) << -x;
+    }
+  }
+}
+
+// Full sweep of all 2^32 floats: minutes on two cores, so it runs with the slow label.
+TEST(NumericFormatsSlow, EncodersAreNearestEvenOnAllFloats) {
+  if (std::getenv("KVTIER_SLOW_TESTS") == nullptr) {
+    GTEST_SKIP() << "exhaustive 2^32 sweep; set KVTIER_SLOW_TESTS=1 (ctest -L slow does)";
+  }
+  sweep_floats(1, check_encoders_against_reference);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIMD conversions equal the scalar ones
+// ---------------------------------------------------------------------------------------------
+
+class SimdConversions : public ::testing::TestWithParam<cpu::Isa> {
+ protected:
+  void SetUp() override {
+    kernels_ = cpu::isa_kernels(GetParam());
+    if (kernels_ == nullptr) GTEST_SKIP() << "this CPU cannot run " << cpu::isa_name(GetParam());
+  }
+  const cpu::IsaKernels* kernels_ = nullptr;
+};
+
+bool same_bits_or_both_nan(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) ||
+         std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+}
+
+TEST_P(SimdConversions, WidenEveryPattern) {
+  std::vector<uint16_t> all16(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all16[i] = static_cast<uint16_t>(i);
+  std::vector<float> out(65536 + 3);
+  for (Dtype d : {Dtype::kF16, Dtype::kBF16}) {
+    // Odd count: exercises the tail path too.
+    kernels_->to_f32(all16.data(), d, 1.0f, out.data(), 65535);
+    for (uint32_t i = 0; i < 65535; ++i) {
+      ASSERT_TRUE(same_bits_or_both_nan(out[i], load_as_float(all16.data(), d, i)))
+          << dtype_name(d) << " " << std::hex << i;
+    }
+  }
+  std::vector<uint8_t> all8(256);
+  for (uint32_t i = 0; i < 256; ++i) all8[i] = static_cast<uint8_t>(i);
+  kernels_->to_f32(all8.data(), Dtype::kFP8E4M3, 1.0f, out.data(), 256);
+  for (uint32_t i = 0; i < 256; ++i) {
+    ASSERT_TRUE(same_bits_or_both_nan(out[i], fp8e4m3_to_float(static_cast<uint8_t>(i))))
+        << std::hex << i;
+  }
+  kernels_->to_f32(all8.data(), Dtype::kFP8E4M3, 0.25f, out.data(), 253);
+  for (uint32_t i = 0; i < 253; ++i) {
+    ASSERT_TRUE(same_bits_or_both_nan(out[i], fp8e4m3_to_float(static_cast<uint8_t>(i)) * 0.25f));
+  }
+}
+
+TEST_P(SimdConversions, NarrowASweepOfFloats) {
+  std::vector<float> in;
+  sweep_floats(4099, [&](uint32_t bits) { in.push_back(std::bit_cast<float>(bits)); });
+  in.push_back(std::nanf(""));
+  const std::size_t n = in.size();  // not a multiple of the vector width
+  std::vector<uint8_t> out(4 * n);
+  for (Dtype d : kAllDtypes) {
+    kernels_->from_f32(in.data(), 1.0f, d, out.data(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float got = load_as_float(out.data(), d, i);
+      std::vector<uint8_t> one(4);
+      store_from_float(one.data(), d, 0, in[i]);
+      const float want = load_as_float(one.data(), d, 0);
+      ASSERT_TRUE(same_bits_or_both_nan(got, want))
+          << dtype_name(d) << " input bits " << std::hex << std::bit_cast<uint32_t>(in[i]);
+    }
+  }
+}
+
+TEST_P(SimdConversions, AbsMaxIncludingNaN) {
+  std::vector<float> v = {0.5f, -3.0f, 2.0f, 0.0f, -0.25f, 1.0f, 2.5f, -2.9f, 0.1f};
+  EXPECT_EQ(kernels_->abs_max(v.data(), Dtype::kF32, v.size()), 3.0f);
+  std::vector<uint16_t> h(37);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = float_to_bf16(static_cast<float>(i) - 20.0f);
+  EXPECT_EQ(kernels_->abs_max(h.data(), Dtype::kBF16, h.size()), 20.0f);
+  v[6] = std::nanf("");  // in the first vector: must survive the later, NaN-free ones
+  EXPECT_TRUE(std::isnan(kernels_->abs_max(v.data(), Dtype::kF32, v.size())));
+  EXPECT_EQ(kernels_->abs_max(v.data(), Dtype::kF32, 0), 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, SimdConversions,
+                         ::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512),
+                         [](const ::testing::TestParamInfo<cpu::Isa>& info) {
+                           return std::string(cpu::isa_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace kvtier::kernels
