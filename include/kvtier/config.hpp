@@ -1,11 +1,12 @@
 // kvtier configuration as plain structs.
 //
-// These structs are what the YAML loader (runtime/config_loader) fills, and what an embedder may fill
-// in code instead. Every field has the default of configs/default.yaml, so a default-constructed
-// Config is the embedded default. Sizes are bytes, durations are milliseconds, bandwidths are
-// gigabytes (1e9 bytes) per second. Semantic checks (watermarks in (0,1], low <= high, capacities
-// > 0, page size vs. direct I/O) live in runtime/config_validate so that code-built and YAML-built
-// configs are held to the same rules. The README's configuration reference lists every key.
+// These structs are what the YAML loader (runtime/config_loader) fills, and what an embedder may
+// fill in code instead. Every field has the default of configs/default.yaml, so a
+// default-constructed Config is the embedded default. Sizes are bytes, durations are milliseconds,
+// bandwidths are gigabytes (1e9 bytes) per second. Semantic checks (watermarks in (0,1], low <=
+// high, capacities > 0, page size vs. direct I/O) live in runtime/config_validate so that
+// code-built and YAML-built configs are held to the same rules. The README's configuration
+// reference lists every key.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,8 @@ struct ModelConfig {
   // Salt of block keys: two deployments share cached KV only when their namespaces are equal.
   // Empty means "use `name`".
   std::string key_namespace;
+
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
 // Watermarks are fractions of capacity: above `high` the tier starts background demotion, which
@@ -30,6 +33,8 @@ struct ModelConfig {
 struct Watermarks {
   double low = 0.85;
   double high = 0.95;
+
+  friend bool operator==(const Watermarks&, const Watermarks&) = default;
 };
 
 enum class HbmBackend : uint8_t { kAuto = 0, kCuda = 1, kEmulated = 2 };
@@ -39,8 +44,11 @@ struct HbmTierConfig {
   HbmBackend backend = HbmBackend::kAuto;
   int device = 0;  // CUDA device ordinal
   Watermarks watermarks;
-  // Emulated backend only: throttle HBM<->host copies to this link bandwidth (GB/s); 0 = unthrottled.
+  // Emulated backend only: throttle HBM<->host copies to this link bandwidth (GB/s); 0 =
+  // unthrottled.
   double link_gbps = 0.0;
+
+  friend bool operator==(const HbmTierConfig&, const HbmTierConfig&) = default;
 };
 
 struct HostTierConfig {
@@ -49,6 +57,8 @@ struct HostTierConfig {
   bool huge_pages = true;                // try 2 MiB pages first, fall back to 4 KiB
   bool lock_memory = true;               // mlock when permitted (no CUDA); cudaHostAlloc otherwise
   Watermarks watermarks;
+
+  friend bool operator==(const HostTierConfig&, const HostTierConfig&) = default;
 };
 
 enum class ChecksumKind : uint8_t { kXxh3 = 0, kCrc32c = 1 };
@@ -56,23 +66,29 @@ enum class ChecksumKind : uint8_t { kXxh3 = 0, kCrc32c = 1 };
 struct NvmeTierConfig {
   bool enabled = true;
   uint64_t capacity_bytes = 16ull << 30;  // 16 GiB, summed over all paths
-  // Files (created 0600) or raw block devices. Relative paths and "$KVTIER_CACHE_DIR" are resolved
-  // by the loader; the default is "./.kvtier/store0.kvs" (or $KVTIER_CACHE_DIR/store0.kvs).
+  // Files (created 0600) or raw block devices; relative paths are relative to the working
+  // directory. The loader expands "${KVTIER_CACHE_DIR}" in these paths to that environment
+  // variable, or to
+  // "./.kvtier" when it is unset: configs/default.yaml says "${KVTIER_CACHE_DIR}/store0.kvs".
   std::vector<std::string> paths = {"./.kvtier/store0.kvs"};
   uint32_t queue_depth = 64;
   uint32_t io_threads = 1;  // one io_uring ring per thread
   bool direct_io = true;    // O_DIRECT; requires 512-byte multiples of page size
   bool sqpoll = false;      // IORING_SETUP_SQPOLL
   ChecksumKind checksum = ChecksumKind::kXxh3;
-  double read_gbps = 0.0;   // bandwidth for compute-or-load planning; 0 = measure/assume default
+  double read_gbps = 0.0;  // bandwidth for compute-or-load planning; 0 = measure/assume default
   double write_gbps = 0.0;
   Watermarks watermarks;
+
+  friend bool operator==(const NvmeTierConfig&, const NvmeTierConfig&) = default;
 };
 
 struct TiersConfig {
   HbmTierConfig hbm;
   HostTierConfig host;
   NvmeTierConfig nvme;
+
+  friend bool operator==(const TiersConfig&, const TiersConfig&) = default;
 };
 
 enum class EvictionPolicy : uint8_t { kLru = 0, kLfu, kS3Fifo, kPrefixAware, kLookahead };
@@ -82,6 +98,8 @@ enum class LatePolicy : uint8_t { kStall = 0, kRecompute };
 struct AdmissionConfig {
   // A block is written to NVMe only after it was hit at least this many times (0 = always).
   uint32_t nvme_min_hits = 0;
+
+  friend bool operator==(const AdmissionConfig&, const AdmissionConfig&) = default;
 };
 
 struct PrefetchConfig {
@@ -90,6 +108,8 @@ struct PrefetchConfig {
   uint32_t layer_window = 4;   // layers loading ahead of the one computing, when HBM is short
   uint32_t deadline_ms = 200;  // longest a step waits for a page before `on_late` applies
   LatePolicy on_late = LatePolicy::kStall;
+
+  friend bool operator==(const PrefetchConfig&, const PrefetchConfig&) = default;
 };
 
 struct PoliciesConfig {
@@ -100,13 +120,17 @@ struct PoliciesConfig {
   PrefetchConfig prefetch;
   // Compute-or-load: the engine's prefill speed, used to refuse loads slower than recomputing.
   double prefill_tokens_per_s = 10000.0;
+
+  friend bool operator==(const PoliciesConfig&, const PoliciesConfig&) = default;
 };
 
 struct MetricsConfig {
-  std::string listen = "127.0.0.1:9464";  // empty = metrics off
+  std::string listen = "127.0.0.1:9464";  // "host:port"; empty = metrics off (YAML: "" or off)
   // Upper bounds (seconds) of the transfer-latency histogram buckets; strictly increasing, > 0.
   std::vector<double> latency_buckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                          0.01,   0.025,   0.05,   0.1,   0.25,   1.0};
+
+  friend bool operator==(const MetricsConfig&, const MetricsConfig&) = default;
 };
 
 struct Config {
@@ -114,6 +138,8 @@ struct Config {
   TiersConfig tiers;
   PoliciesConfig policies;
   MetricsConfig metrics;
+
+  friend bool operator==(const Config&, const Config&) = default;
 };
 
 }  // namespace kvtier

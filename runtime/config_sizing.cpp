@@ -1,0 +1,36 @@
+#include "runtime/config_sizing.hpp"
+
+namespace kvtier {
+
+uint64_t TierSizing::nvme_extents() const {
+  uint64_t total = 0;
+  for (uint64_t n : nvme_extents_per_file) total += n;
+  return total;
+}
+
+TierSizing size_tiers(const Config& config) {
+  const Geometry& g = config.model.geometry;
+  TierSizing s;
+  s.page_bytes = g.page_bytes();
+  s.block_bytes = g.block_bytes();
+  s.frame_bytes = round_up(s.page_bytes, kFrameAlignment);
+  if (s.frame_bytes > 0) {
+    s.hbm_frames = config.tiers.hbm.capacity_bytes / s.frame_bytes;
+    s.host_frames = config.tiers.host.capacity_bytes / s.frame_bytes;
+  }
+
+  const NvmeTierConfig& nvme = config.tiers.nvme;
+  s.nvme_enabled = nvme.enabled;
+  s.nvme_header_bytes = round_up(
+      kNvmeExtentHeaderFixedBytes + kNvmeChecksumBytesPerPage * g.layers + kNvmeHeaderChecksumBytes,
+      kNvmeHeaderAlignment);
+  s.nvme_page_stride = round_up(s.page_bytes, kNvmePageAlignment);
+  s.nvme_extent_bytes = s.nvme_header_bytes + s.nvme_page_stride * g.layers;
+  if (nvme.enabled && !nvme.paths.empty()) {
+    s.nvme_bytes_per_file = nvme.capacity_bytes / nvme.paths.size();
+    s.nvme_extents_per_file.assign(nvme.paths.size(), s.nvme_bytes_per_file / s.nvme_extent_bytes);
+  }
+  return s;
+}
+
+}  // namespace kvtier

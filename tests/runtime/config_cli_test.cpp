@@ -1,0 +1,180 @@
+// Runs build/bin/kvtier-bench as a child process and checks exit codes and output: the frame's
+// contract with `make run`, scripts and CI.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/runtime/config_test_util.hpp"
+
+extern "C" char** environ;
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::read_text;
+using ::kvtier::testing::source_dir;
+using ::kvtier::testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+struct ChildRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs kvtier-bench with `args` and an environment without KVTIER_* variables plus `env`.
+ChildRun run_bench(const std::vector<std::string>& args,
+                   const std::map<std::string, std::string>& env = {}) {
+  TempDir dir;
+  const std::string out_path = (dir.path() / "out").string();
+  const std::string err_path = (dir.path() / "err").string();
+
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "KVTIER_", 7) != 0) env_strings.emplace_back(*e);
+  }
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  std::vector<std::string> argv_strings = {KVTIER_BENCH_PATH};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ChildRun run;
+  EXPECT_GT(pid, 0) << "fork failed";
+  if (pid <= 0) return run;
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "kvtier-bench did not exit normally (status " << status << ")";
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  EXPECT_NE(run.exit_code, 127) << "could not execute " << KVTIER_BENCH_PATH;
+  run.out = read_text(out_path);
+  run.err = read_text(err_path);
+  return run;
+}
+
+TEST(Cli, CheckOnTheEmbeddedDefault) {
+  const ChildRun r = run_bench({"check"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith("kvtier configuration check: embedded default\n"));
+  EXPECT_THAT(r.out, HasSubstr("32 layers, 8 kv heads x head_dim 128, bf16, 16 tokens/page"));
+  EXPECT_THAT(r.out, HasSubstr("allocator hbm: 16384 frames, 16384 free, audit ok\n"));
+  EXPECT_THAT(r.out, HasSubstr("allocator host: 65536 frames, 65536 free, audit ok\n"));
+  EXPECT_THAT(r.out, HasSubstr("allocator nvme: 8176 extents in 1 file, 8176 free, audit ok\n"));
+  EXPECT_THAT(r.out, HasSubstr("\ncheck ok\n"));
+  EXPECT_THAT(r.err, IsEmpty());
+}
+
+TEST(Cli, CheckWithAPresetAndOverridesAnywhere) {
+  const std::string preset = (source_dir() / "configs/llama-3.1-70b-h200.yaml").string();
+  const ChildRun r = run_bench({"--set", "tiers.hbm.capacity=8GiB", "check", "--config", preset,
+                                "--set=tiers.nvme.enabled=false"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(preset + " with 2 overrides"));
+  EXPECT_THAT(r.out, HasSubstr("80 layers"));
+  EXPECT_THAT(r.out, HasSubstr("allocator hbm: 131072 frames"));
+  EXPECT_THAT(r.out, HasSubstr("allocator nvme: disabled"));
+}
+
+TEST(Cli, ConfigFileFromTheEnvironmentAndKeyVariables) {
+  TempDir dir;
+  const std::string file = dir.write("c.yaml", "tiers:\n  hbm:\n    capacity: 2GiB\n");
+  const ChildRun r = run_bench({"check"}, {{"KVTIER_CONFIG_FILE", file},
+                                           {"KVTIER_TIERS__HOST__CAPACITY", "1GiB"},
+                                           {"KVTIER_CACHE_DIR", "/tmp/kvtier-cli-test"}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(file + " (KVTIER_CONFIG_FILE)"));
+  EXPECT_THAT(r.out, HasSubstr("allocator hbm: 32768 frames"));
+  EXPECT_THAT(r.out, HasSubstr("allocator host: 16384 frames"));
+  EXPECT_THAT(r.out, HasSubstr("path /tmp/kvtier-cli-test/store0.kvs"));
+}
+
+TEST(Cli, BadSetIsAConfigurationErrorWithExitCode2) {
+  const ChildRun r = run_bench({"check", "--set", "tiers.host.capacity=abc"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.out, IsEmpty());
+  EXPECT_EQ(r.err,
+            "kvtier-bench: configuration error: --set tiers.host.capacity=abc: "
+            "tiers.host.capacity: \"abc\" is not a size: it must start with a number, e.g. "
+            "512MiB, 64GiB or 1.5TB\n");
+}
+
+TEST(Cli, BadFileNamesFileLineAndColumn) {
+  TempDir dir;
+  const std::string file = dir.write("bad.yaml", "tiers:\n  host:\n    capcity: 4GiB\n");
+  const ChildRun r = run_bench({"check", "--config", file});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr(file + ":3:5: tiers.host.capcity: unknown key; did you mean "
+                                      "\"capacity\"?"));
+  const ChildRun missing = run_bench({"check", "--config", file + ".absent"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, HasSubstr(".absent: cannot open: No such file or directory (errno 2)"));
+}
+
+TEST(Cli, UsageErrors) {
+  const ChildRun none = run_bench({});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_THAT(none.err, HasSubstr("usage: kvtier-bench"));
+
+  const ChildRun unknown_command = run_bench({"chek"});
+  EXPECT_EQ(unknown_command.exit_code, 2);
+  EXPECT_THAT(unknown_command.err,
+              HasSubstr("unknown command \"chek\"; did you mean \"check\"? (commands: check"));
+
+  const ChildRun unknown_option = run_bench({"check", "--frobnicate"});
+  EXPECT_EQ(unknown_option.exit_code, 2);
+  EXPECT_THAT(unknown_option.err,
+              HasSubstr("kvtier-bench: unknown option --frobnicate for kvtier-bench check\n"));
+  EXPECT_THAT(unknown_option.err, HasSubstr("try `kvtier-bench check --help`"));
+
+  const ChildRun before = run_bench({"--frobnicate", "check"});
+  EXPECT_EQ(before.exit_code, 2);
+  EXPECT_THAT(before.err, HasSubstr("unknown option --frobnicate"));
+
+  const ChildRun stray = run_bench({"check", "extra"});
+  EXPECT_EQ(stray.exit_code, 2);
+  EXPECT_THAT(stray.err, HasSubstr("unexpected argument \"extra\""));
+}
+
+TEST(Cli, HelpNeedsNoValidConfiguration) {
+  const ChildRun main_help = run_bench({"--help", "--set", "tiers.host.capacity=abc"});
+  EXPECT_EQ(main_help.exit_code, 0);
+  EXPECT_THAT(main_help.out, HasSubstr("commands:\n  check"));
+  EXPECT_THAT(main_help.out, HasSubstr("--config PATH"));
+  EXPECT_THAT(main_help.out, HasSubstr("--set KEY=VALUE"));
+
+  const ChildRun check_help = run_bench({"check", "--help"});
+  EXPECT_EQ(check_help.exit_code, 0);
+  EXPECT_THAT(check_help.out, StartsWith("usage: kvtier-bench check"));
+  EXPECT_THAT(check_help.err, IsEmpty());
+
+  const ChildRun version = run_bench({"--version"});
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_THAT(version.out, StartsWith("kvtier-bench "));
+  EXPECT_THAT(version.out, Not(IsEmpty()));
+}
+
+}  // namespace
+}  // namespace kvtier
