@@ -223,7 +223,7 @@ Result<ScopedFd> FaultInjectingIoBackend::open(const std::string& path, int flag
     if (open_error_ != 0 && path.find(open_part_) != std::string::npos) {
       const int err = std::exchange(open_error_, 0);
       ++injected_;
-      return errno_status(io_errno_code(err), "open " + path, err);
+      return errno_status(open_errno_code(err), "open " + path, err);
     }
   }
   return inner_->open(path, flags, mode);

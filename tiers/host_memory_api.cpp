@@ -55,7 +55,9 @@ class NodeSet {
 class SystemHostMemory final : public HostMemoryApi {
  public:
   Result<void*> map(std::size_t bytes, bool huge_2m) override {
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    // No MAP_NORESERVE: with it a hugetlb mapping "succeeds" without pages and the first touch
+    // raises SIGBUS; without it the kernel reserves the pages now or says ENOMEM now.
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
     if (huge_2m) flags |= MAP_HUGETLB | MAP_HUGE_2MB;
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED) {

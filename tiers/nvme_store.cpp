@@ -13,6 +13,7 @@
 
 #include "kvtier/log.hpp"
 #include "tiers/checksum.hpp"
+#include "tiers/key_text.hpp"
 #include "tiers/sys_error.hpp"
 
 namespace kvtier {
@@ -433,7 +434,7 @@ class NvmeStore::Worker {
     const ExtentLayout& l = store_.layout_;
     auto h = decode_extent_header(std::span<const std::byte>(op.header, l.header_bytes));
     if (!h.ok()) return data_loss(h.status().message());
-    if (h->key != op.key) return data_loss("header names block " + to_string(h->key));
+    if (h->key != op.key) return data_loss("header names block " + key_text(h->key));
     if (h->generation != op.generation || h->fingerprint != store_.fingerprint_ ||
         h->store_id != store_.store_id_ || h->layers != l.layers || h->page_bytes != l.page_bytes) {
       return data_loss("header generation/geometry/store id do not match the index");
@@ -459,7 +460,7 @@ class NvmeStore::Worker {
   }
 
   std::string block_context(const Op& op, const char* what) const {
-    return std::string(what) + " block " + to_string(op.key) + " (" + store_.files_[op.file].path +
+    return std::string(what) + " block " + key_text(op.key) + " (" + store_.files_[op.file].path +
            ", extent at offset " + std::to_string(op.extent_offset) + ")";
   }
 
@@ -513,7 +514,7 @@ class NvmeStore::Worker {
   // Completes an operation that never reached the kernel.
   void cancel(std::unique_ptr<Op> op) {
     const Status why =
-        cancelled("transfer cancelled before its I/O started (block " + to_string(op->key) + ")");
+        cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")");
     switch (op->kind) {
       case Op::Kind::kWrite:
         store_.write_finished(*op, false);
@@ -612,7 +613,7 @@ Status NvmeStore::open_files() {
     }
     const int base_flags = O_RDWR | O_CREAT;
     auto fd = io.open(path, base_flags | (c.direct_io ? O_DIRECT : 0), 0600);
-    if (!fd.ok() && c.direct_io) {
+    if (!fd.ok() && c.direct_io && fd.status().code() == StatusCode::kInvalidArgument) {
       // Some filesystems (tmpfs) refuse O_DIRECT; the cache still works through the page cache.
       auto buffered = io.open(path, base_flags, 0600);
       if (buffered.ok()) {
@@ -877,7 +878,7 @@ Status NvmeStore::recover() {
 Result<Transfer> NvmeStore::write_block(const BlockKey& key,
                                         std::span<const std::byte* const> pages,
                                         TransferOptions options) {
-  const std::string what = "write_block " + to_string(key);
+  const std::string what = "write_block " + key_text(key);
   if (pages.size() != layout_.layers) {
     return invalid_argument(what + ": " + std::to_string(pages.size()) +
                             " page buffers for a block of " + std::to_string(layout_.layers) +
@@ -938,7 +939,7 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
 
 Result<Transfer> NvmeStore::read_block(const BlockKey& key, std::span<std::byte* const> pages,
                                        TransferOptions options) {
-  const std::string what = "read_block " + to_string(key);
+  const std::string what = "read_block " + key_text(key);
   if (pages.size() != layout_.layers) {
     return invalid_argument(what + ": " + std::to_string(pages.size()) +
                             " page buffers for a block of " + std::to_string(layout_.layers) +
@@ -978,7 +979,7 @@ Result<Transfer> NvmeStore::read_block(const BlockKey& key, std::span<std::byte*
 
 Result<Transfer> NvmeStore::read_page(const BlockKey& key, uint32_t layer, std::byte* page,
                                       TransferOptions options) {
-  const std::string what = "read_page " + to_string(key) + " layer " + std::to_string(layer);
+  const std::string what = "read_page " + key_text(key) + " layer " + std::to_string(layer);
   if (layer >= layout_.layers) {
     return out_of_range(what + ": the block has " + std::to_string(layout_.layers) + " layers");
   }
@@ -1018,7 +1019,7 @@ Status NvmeStore::erase(const BlockKey& key) {
   std::lock_guard<std::mutex> lock(index_mu_);
   auto it = index_.find(key);
   if (it == index_.end()) {
-    return not_found("erase " + to_string(key) + ": the block is not in the NVMe store");
+    return not_found("erase " + key_text(key) + ": the block is not in the NVMe store");
   }
   if (it->second.state == EntryState::kWriting) {
     it->second.erase_when_written = true;
@@ -1055,7 +1056,7 @@ Result<ExtentPlace> NvmeStore::locate(const BlockKey& key) const {
   {
     std::lock_guard<std::mutex> lock(index_mu_);
     auto it = index_.find(key);
-    if (it == index_.end()) return not_found("block " + to_string(key) + " is not in the store");
+    if (it == index_.end()) return not_found("block " + key_text(key) + " is not in the store");
     extent = it->second.extent;
   }
   KVTIER_ASSIGN_OR_RETURN(ExtentLocation loc, place(extent));
@@ -1071,7 +1072,7 @@ Status NvmeStore::audit() const {
   std::vector<uint8_t> seen(extents_->capacity(), 0);
   for (const auto& [key, e] : index_) {
     if (!extents_->is_allocated(e.extent)) {
-      return internal_error("block " + to_string(key) + " maps to free extent " +
+      return internal_error("block " + key_text(key) + " maps to free extent " +
                             std::to_string(e.extent));
     }
     if (seen[e.extent]++ != 0) {
@@ -1106,7 +1107,7 @@ void NvmeStore::write_finished(const Op& op, bool ok) {
   auto it = index_.find(op.key);
   if (it == index_.end() || it->second.generation != op.generation) {
     // Cannot happen: a writing entry is only removed here. Keep the accounting right anyway.
-    log(LogLevel::kError, "NVMe store: write of " + to_string(op.key) + " lost its index entry");
+    log(LogLevel::kError, "NVMe store: write of " + key_text(op.key) + " lost its index entry");
     free_extent_locked(op.extent);
     return;
   }

@@ -27,9 +27,7 @@ class PosixIoBackend final : public IoBackend {
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) {
       const int err = errno;
-      return errno_status(err == ENOENT || err == EACCES || err == EROFS ? StatusCode::kIoError
-                                                                         : io_errno_code(err),
-                          "open " + path, err);
+      return errno_status(open_errno_code(err), "open " + path, err);
     }
     return ScopedFd(fd);
   }
@@ -93,8 +91,9 @@ class PosixIoBackend final : public IoBackend {
                           "fallocate " + path + " to " + std::to_string(size) + " bytes", err);
     }
     if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      return errno_status(io_errno_code(errno),
-                          "ftruncate " + path + " to " + std::to_string(size) + " bytes", errno);
+      const int terr = errno;
+      return errno_status(io_errno_code(terr),
+                          "ftruncate " + path + " to " + std::to_string(size) + " bytes", terr);
     }
     return Status();
   }
@@ -126,7 +125,8 @@ class PosixIoBackend final : public IoBackend {
       const ssize_t r = ::pwrite(fd, p + done, len - done, static_cast<off_t>(offset + done));
       if (r < 0) {
         if (errno == EINTR || errno == EAGAIN) continue;
-        return errno_status(io_errno_code(errno), "pwrite " + at(path, offset + done), errno);
+        const int err = errno;
+        return errno_status(io_errno_code(err), "pwrite " + at(path, offset + done), err);
       }
       if (r == 0) return io_error("pwrite " + at(path, offset + done) + ": no progress");
       done += static_cast<std::size_t>(r);

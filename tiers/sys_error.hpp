@@ -29,4 +29,11 @@ inline StatusCode io_errno_code(int err) {
   return (err == ENOSPC || err == EDQUOT) ? StatusCode::kResourceExhausted : StatusCode::kIoError;
 }
 
+// open(2): EINVAL is how a filesystem refuses O_DIRECT, so it is kInvalidArgument (callers may
+// retry without it); a full medium is kResourceExhausted; the rest are I/O errors.
+inline StatusCode open_errno_code(int err) {
+  if (err == EINVAL) return StatusCode::kInvalidArgument;
+  return io_errno_code(err);
+}
+
 }  // namespace kvtier

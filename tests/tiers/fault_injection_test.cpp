@@ -1,0 +1,246 @@
+// Every injected I/O fault becomes a Status that names the file, the offset and the errno; the
+// block stays a miss (never wrong data); the counters say what happened; accounting stays exact.
+#include "tiers/fault_injection.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+
+#include "tests/tiers/tier_test_support.hpp"
+#include "tiers/key_text.hpp"
+#include "tiers/nvme_store.hpp"
+
+namespace kvtier {
+namespace {
+
+using testing::AlignedPages;
+using testing::test_key;
+
+const Geometry kGeom = testing::small_geometry(Dtype::kF32, 4, 8, 2, 64);  // 8 KiB pages
+
+class FaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    faults_ = std::make_shared<FaultInjectingIoBackend>();
+    store_ = open();
+    ASSERT_NE(store_, nullptr);
+  }
+  void TearDown() override {
+    if (store_) {
+      Status a = store_->audit();
+      EXPECT_TRUE(a.ok()) << a.to_string();
+      EXPECT_EQ(store_->used_blocks(), store_->keys().size());
+    }
+  }
+
+  NvmeStoreOptions options() {
+    NvmeStoreOptions o;
+    o.config.paths = {dir_.file("store0.kvs")};
+    o.config.queue_depth = 4;
+    o.config.capacity_bytes = 8 * (kGeom.block_bytes() + 4096);
+    o.backend = faults_;
+    return o;
+  }
+  std::unique_ptr<NvmeStore> open() {
+    auto s = NvmeStore::create(kGeom, options());
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  Status write(uint64_t id, uint64_t seed) {
+    AlignedPages p(kGeom.layers, store_->page_io_bytes());
+    p.fill(seed, kGeom.page_bytes());
+    KVTIER_ASSIGN_OR_RETURN(Transfer t, store_->write_block(test_key(id), p.const_pages()));
+    return t.wait();
+  }
+  Status read(uint64_t id, uint64_t seed) {
+    AlignedPages p(kGeom.layers, store_->page_io_bytes());
+    p.scribble();
+    KVTIER_ASSIGN_OR_RETURN(Transfer t, store_->read_block(test_key(id), p.pages()));
+    KVTIER_RETURN_IF_ERROR(t.wait());
+    if (!p.matches(seed, kGeom.page_bytes())) return internal_error("served wrong data");
+    return Status();
+  }
+  const LinkStats& link(Link l) { return store_->stats().link(l); }
+
+  testing::TempDir dir_;
+  std::shared_ptr<FaultInjectingIoBackend> faults_;
+  std::unique_ptr<NvmeStore> store_;
+};
+
+TEST_F(FaultTest, ReadEioIsAMissThatNamesFileOffsetAndErrno) {
+  ASSERT_TRUE(write(1, 1).ok());
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kError, 1, 1, EIO});
+  Status r = read(1, 1);
+  EXPECT_EQ(r.code(), StatusCode::kIoError) << r.to_string();
+  EXPECT_NE(r.message().find("store0.kvs"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("offset"), std::string::npos);
+  EXPECT_NE(r.message().find("errno 5"), std::string::npos);
+  EXPECT_NE(r.message().find(key_text(test_key(1))), std::string::npos);
+  EXPECT_EQ(faults_->injected(), 1u);
+  EXPECT_EQ(store_->stats().io_errors.load(), 1u);
+  EXPECT_EQ(link(Link::kNvmeToHost).errors.load(), 1u);
+  // An I/O error is not proof of bad data: the block stays and the next read is served.
+  EXPECT_TRUE(store_->contains(test_key(1)));
+  EXPECT_TRUE(read(1, 1).ok());
+  EXPECT_EQ(link(Link::kNvmeToHost).ops.load(), 1u);
+}
+
+TEST_F(FaultTest, WriteEioLeavesNoBlockAndFreesTheExtent) {
+  faults_->add_rule({IoOpcode::kWrite, FaultKind::kError, 1, 1, EIO});
+  Status w = write(1, 1);
+  EXPECT_EQ(w.code(), StatusCode::kIoError) << w.to_string();
+  EXPECT_NE(w.message().find("errno 5"), std::string::npos);
+  EXPECT_FALSE(store_->contains(test_key(1)));
+  EXPECT_EQ(store_->used_blocks(), 0u);
+  EXPECT_EQ(read(1, 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(link(Link::kHostToNvme).errors.load(), 1u);
+  // The same key can be written again.
+  EXPECT_TRUE(write(1, 1).ok());
+  EXPECT_TRUE(read(1, 1).ok());
+}
+
+TEST_F(FaultTest, WriteEnospcIsResourceExhausted) {
+  faults_->add_rule({IoOpcode::kWrite, FaultKind::kError, 1, 1, ENOSPC});
+  Status w = write(1, 1);
+  EXPECT_EQ(w.code(), StatusCode::kResourceExhausted) << w.to_string();
+  EXPECT_NE(w.message().find("errno 28"), std::string::npos);
+  EXPECT_FALSE(store_->contains(test_key(1)));
+  EXPECT_EQ(store_->used_blocks(), 0u);
+}
+
+TEST_F(FaultTest, TheKthReadFailsAndOnlyIt) {
+  for (uint64_t id = 0; id < 4; ++id) ASSERT_TRUE(write(id, id).ok());
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kError, 3, 1, EIO});
+  int failed = 0;
+  for (uint64_t id = 0; id < 4; ++id) {
+    Status r = read(id, id);
+    if (!r.ok()) {
+      ++failed;
+      EXPECT_EQ(id, 2u);  // one request per block read here: the third read is the third request
+    }
+  }
+  EXPECT_EQ(failed, 1);
+}
+
+TEST_F(FaultTest, ShortReadsAreRequeuedAndComplete) {
+  ASSERT_TRUE(write(1, 1).ok());
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kShort, 1, 3});
+  EXPECT_TRUE(read(1, 1).ok());
+  EXPECT_GE(store_->stats().io_requeued.load(), 1u);
+  EXPECT_EQ(faults_->injected(), 3u);
+}
+
+TEST_F(FaultTest, ShortWritesAreRequeuedAndComplete) {
+  faults_->add_rule({IoOpcode::kWrite, FaultKind::kShort, 1, 2});
+  ASSERT_TRUE(write(1, 1).ok());
+  EXPECT_GE(store_->stats().io_requeued.load(), 1u);
+  EXPECT_TRUE(read(1, 1).ok());
+}
+
+TEST_F(FaultTest, EagainIsRequeued) {
+  faults_->add_rule({IoOpcode::kWrite, FaultKind::kAgain, 1, 2});
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kAgain, 1, 2});
+  ASSERT_TRUE(write(1, 1).ok());
+  EXPECT_TRUE(read(1, 1).ok());
+  EXPECT_EQ(store_->stats().io_requeued.load(), 4u);
+  EXPECT_EQ(store_->stats().io_errors.load(), 0u);
+}
+
+TEST_F(FaultTest, ByteFlippedOnDiskDuringWriteIsCaughtOnRead) {
+  faults_->add_rule(
+      {IoOpcode::kWrite, FaultKind::kCorrupt, 1, 1, 0, store_->layout().header_bytes + 100});
+  ASSERT_TRUE(write(1, 1).ok());  // the device said yes; the bytes are wrong
+  Status r = read(1, 1);
+  EXPECT_EQ(r.code(), StatusCode::kDataLoss) << r.to_string();
+  EXPECT_FALSE(store_->contains(test_key(1)));
+  EXPECT_EQ(store_->stats().checksum_failures.load(), 1u);
+  EXPECT_EQ(link(Link::kNvmeToHost).errors.load(), 1u);
+}
+
+TEST_F(FaultTest, ByteFlippedInTransitOnReadIsCaught) {
+  ASSERT_TRUE(write(1, 1).ok());
+  faults_->add_rule(
+      {IoOpcode::kRead, FaultKind::kCorrupt, 1, 1, 0, store_->layout().header_bytes + 5});
+  EXPECT_EQ(read(1, 1).code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(store_->contains(test_key(1)));
+}
+
+TEST_F(FaultTest, CorruptHeaderReadIsCaught) {
+  ASSERT_TRUE(write(1, 1).ok());
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kCorrupt, 1, 1, 0, 9});  // inside the key
+  Status r = read(1, 1);
+  EXPECT_EQ(r.code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(store_->contains(test_key(1)));
+}
+
+TEST_F(FaultTest, UnreadableHeadersAtRestartAreSkipped) {
+  for (uint64_t id = 0; id < 3; ++id) ASSERT_TRUE(write(id, id).ok());
+  store_.reset();
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kError, 1, 1, EIO});  // the first header read
+  store_ = open();
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->keys().size(), 2u);
+  for (BlockKey k : store_->keys()) EXPECT_TRUE(store_->contains(k));
+}
+
+TEST_F(FaultTest, OpenFailureNamesThePath) {
+  store_.reset();
+  faults_->fail_open("store0.kvs", EACCES);
+  auto s = NvmeStore::create(kGeom, options());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kIoError);
+  EXPECT_NE(s.status().message().find("store0.kvs"), std::string::npos);
+  EXPECT_NE(s.status().message().find("errno 13"), std::string::npos);
+}
+
+TEST_F(FaultTest, ODirectRefusedFallsBackToBufferedIo) {
+  store_.reset();
+  std::remove(dir_.file("store0.kvs").c_str());
+  faults_->fail_open("store0.kvs", EINVAL);  // what a filesystem without O_DIRECT answers
+  store_ = open();
+  ASSERT_NE(store_, nullptr);
+  EXPECT_FALSE(store_->direct_io());
+  ASSERT_TRUE(write(1, 1).ok());
+  EXPECT_TRUE(read(1, 1).ok());
+}
+
+TEST_F(FaultTest, AllocationFailureOnCreateIsReported) {
+  store_.reset();
+  std::remove(dir_.file("store0.kvs").c_str());
+  faults_->fail_allocate(ENOSPC);
+  auto s = NvmeStore::create(kGeom, options());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.status().message().find("store0.kvs"), std::string::npos);
+  EXPECT_NE(s.status().message().find("errno 28"), std::string::npos);
+}
+
+TEST_F(FaultTest, ManyFaultsUnderLoadKeepAccountingExact) {
+  // Every fifth write and every seventh read fails; everything else must be exact.
+  for (uint64_t n = 1; n < 200; n += 5)
+    faults_->add_rule({IoOpcode::kWrite, FaultKind::kError, n, 1, EIO});
+  for (uint64_t n = 1; n < 200; n += 7)
+    faults_->add_rule({IoOpcode::kRead, FaultKind::kShort, n, 1});
+  for (uint64_t n = 3; n < 200; n += 11)
+    faults_->add_rule({IoOpcode::kRead, FaultKind::kError, n, 1, EIO});
+  int ok_writes = 0;
+  for (uint64_t round = 0; round < 6; ++round) {
+    for (uint64_t id = 0; id < 8; ++id) {
+      if (write(id, id + round).ok()) ++ok_writes;
+    }
+    for (uint64_t id = 0; id < 8; ++id) {
+      Status r = read(id, id + round);
+      EXPECT_TRUE(r.ok() || r.code() == StatusCode::kIoError || r.code() == StatusCode::kNotFound)
+          << r.to_string();
+      store_->erase(test_key(id)).ignore();
+    }
+  }
+  EXPECT_GT(ok_writes, 0);
+  EXPECT_GT(faults_->injected(), 0u);
+  EXPECT_EQ(store_->used_blocks(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier
