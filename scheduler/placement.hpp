@@ -1,0 +1,131 @@
+// Placement: the tier-cascade decision shared by the scheduler and the trace replay. When a tier
+// needs N free frames (a fill, a promotion, or usage above its high watermark), it decides which
+// blocks' copies leave that tier and where they go, and returns that as a plan. It never moves
+// bytes or changes the page table: an executor carries the plan out — instantly and metadata-only
+// in the replay and the tests (execute_plan_metadata below), asynchronously with real transfers
+// in the scheduler.
+//
+// Rules, per victim the tier's Evictor proposes (best first):
+//   - skipped: a page pinned in that tier, a copy of the block in flight there (filling or
+//     draining), a block already in the plan; the evictor itself skips what its policy protects
+//     (prefix_aware: blocks whose children are still cached in the tier);
+//   - plain drop: a ready copy already exists in a slower tier (clean below), or the strategy
+//     does not write down evicted blocks;
+//   - demote to the next configured slower tier when that tier admits it: for NVMe, NvmeAdmission
+//     (hits) and then the NVMe evictor's admit(); for host, the host evictor's admit(); a block can
+//     go to NVMe only when every page has a ready copy in memory (the extent holds all layers);
+//     the destination's room is planned first, recursively (host -> NVMe -> drop), and those
+//     moves come earlier in the plan;
+//   - otherwise drop: a cache may lose a block; the next request recomputes it.
+// A block is never duplicated within a tier: copies are per key, and a shared block (refcount > 1)
+// is one copy that every sequence reads.
+//
+// Accounting. The caller passes the frames it considers free per tier (free in the allocator,
+// minus fills it has reserved, plus drains it has started); the plan records what it frees and
+// takes per tier, so several plans can be made before any is executed. Frames are pages for HBM
+// and host, extents (one per block) for NVMe.
+//
+// Threading: called from the scheduler's loop (or the replay's thread), like the evictors it
+// uses; it reads the page table through its locked lookups, one entry at a time, and holds no lock
+// of its own. The page table can change between planning and execution; an executor re-checks
+// every transition (the page table refuses illegal ones) and skips moves that became impossible.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kvtier/block_key.hpp"
+#include "kvtier/config.hpp"
+#include "kvtier/status.hpp"
+#include "kvtier/types.hpp"
+#include "scheduler/page_table.hpp"
+#include "scheduler/policies/admission.hpp"
+#include "scheduler/policies/evictor.hpp"
+#include "scheduler/policies/write_strategy.hpp"
+
+namespace kvtier {
+
+// One block's copy leaving one tier.
+struct PlannedMove {
+  BlockFacts block;           // key and parent from the page table, the rest from the evictor
+  Tier from = Tier::kHbm;     // the tier that loses the copy
+  std::optional<Tier> to;     // the tier that gains it; nullopt: drop
+  uint32_t frames_freed = 0;  // frames of `from` (pages; 1 extent for NVMe)
+  uint32_t frames_taken = 0;  // frames of `to` (pages without a copy there yet; 1 NVMe extent)
+  bool clean_below = false;   // dropped because a ready copy exists in a slower tier
+};
+
+struct PlacementPlan {
+  // In execution order: the room a move needs in its destination is made by moves before it.
+  std::vector<PlannedMove> moves;
+  std::array<uint64_t, kNumTiers> freed{};  // frames each tier gives up when the plan runs
+  std::array<uint64_t, kNumTiers> taken{};  // frames each tier fills when the plan runs
+  // Frames of the asked tier the plan could not free (everything pinned, in flight or protected).
+  uint64_t shortfall = 0;
+
+  bool empty() const { return moves.empty(); }
+};
+
+struct PlacementCounters {
+  uint64_t plans = 0;
+  uint64_t demotions = 0;    // moves to a slower tier
+  uint64_t drops = 0;        // moves that dropped a copy with nothing written
+  uint64_t clean_drops = 0;  // drops of copies that were safe below
+  uint64_t refused = 0;      // demotions refused by admission (dropped instead)
+  uint64_t skipped = 0;      // victims proposed by an evictor but not movable now
+};
+
+class Placement {
+ public:
+  // `evictors[tier_index(t)]` null means tier t is not configured. Nothing is owned; everything
+  // must outlive the placement.
+  Placement(const PageTable& table, std::array<Evictor*, kNumTiers> evictors,
+            const NvmeAdmission& admission, const WriteStrategy& write);
+
+  // Plans room for `frames` more frames in `tier`, given the frames free per tier as the caller
+  // accounts them. Victims for which `skip` is true are left alone as well (e.g. the blocks of the
+  // request being served). Returns an empty plan when enough frames are already free.
+  PlacementPlan plan_room(Tier tier, uint64_t frames, std::array<uint64_t, kNumTiers> free_frames,
+                          KeyFilter skip = KeyFilter::none());
+
+  // Frames to free in a tier whose usage crossed the high watermark, to bring it to the low one;
+  // 0 below the high watermark.
+  static uint64_t watermark_deficit(uint64_t capacity, uint64_t used, const Watermarks& marks);
+
+  // Whether a new block may take a frame in `tier` when the tier is full (the tier's evictor's
+  // admit(); true when the tier has room). The replay uses it for bypass; the scheduler to decide
+  // whether a freshly computed block is retained after its step.
+  bool admit_new(Tier tier, const BlockFacts& block) const;
+
+  const PlacementCounters& counters() const { return counters_; }
+
+ private:
+  struct Budget;
+  // Adds moves that free `frames` in `tier`; returns the frames it could not free.
+  uint64_t free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilter skip, PlacementPlan& plan,
+                   int depth);
+  std::optional<Tier> next_tier(Tier tier) const;
+
+  const PageTable& table_;
+  std::array<Evictor*, kNumTiers> evictors_;
+  const NvmeAdmission& admission_;
+  const WriteStrategy& write_;
+  PlacementCounters counters_;
+  std::vector<BlockKey> victims_;  // scratch
+};
+
+// Carries a plan out at once, metadata only (no bytes move): for each move, the page-table
+// transitions of a completed transfer (drain the source, fill the destination) and the evictors'
+// on_insert/on_erase. Moves that became illegal since planning are skipped and counted. Used by
+// the trace replay and the tests; the scheduler has its own asynchronous executor.
+struct ExecutionResult {
+  uint64_t executed = 0;
+  uint64_t skipped = 0;
+};
+Result<ExecutionResult> execute_plan_metadata(PageTable& table,
+                                              std::array<Evictor*, kNumTiers> evictors,
+                                              const PlacementPlan& plan);
+
+}  // namespace kvtier
