@@ -1,9 +1,70 @@
 #include "tiers/frame_allocator.hpp"
 
+#include <algorithm>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace kvtier {
+namespace {
+
+// Hands each live thread a distinct counter-slot index in [0, slots), or kNone when all are
+// taken. A thread's index returns to the pool when the thread exits; the mutex orders the old
+// owner's last counter stores before the new owner's first loads.
+class ThreadSlots {
+ public:
+  static constexpr uint32_t kNone = 0xFFFF'FFFFu;
+
+  explicit ThreadSlots(uint32_t slots) : taken_(slots, false) {}
+  uint32_t acquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = std::find(taken_.begin(), taken_.end(), false);
+    if (it == taken_.end()) return kNone;
+    *it = true;
+    return static_cast<uint32_t>(it - taken_.begin());
+  }
+  void release(uint32_t slot) {
+    std::lock_guard<std::mutex> lock(mu_);
+    taken_[slot] = false;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<bool> taken_;
+};
+
+// Slots are process-wide: a thread's index is the same in every allocator.
+constexpr uint32_t kThreadSlots = FrameAllocator::kCounterSlots;
+constexpr uint32_t kUnassigned = 0xFFFF'FFFFu;
+constexpr uint32_t kSharedSlot = 0xFFFF'FFFEu;
+
+ThreadSlots& thread_slots() {
+  // Never destroyed: threads may exit (and return their slot) during static destruction.
+  static ThreadSlots* registry = new ThreadSlots(kThreadSlots);
+  return *registry;
+}
+
+// The hot path reads only this trivially-initialised word; the lease below, whose destructor
+// returns the slot at thread exit, is touched once per thread.
+thread_local uint32_t t_slot = kUnassigned;
+
+struct SlotLease {
+  uint32_t index = ThreadSlots::kNone;
+  ~SlotLease() {
+    if (index != ThreadSlots::kNone) thread_slots().release(index);
+    // Frees from thread_local destructors that run after this one use the shared slot.
+    t_slot = kSharedSlot;
+  }
+};
+thread_local SlotLease t_lease;
+
+uint32_t assign_thread_slot() {
+  t_lease.index = thread_slots().acquire();
+  t_slot = t_lease.index == ThreadSlots::kNone ? kSharedSlot : t_lease.index;
+  return t_slot;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<FrameAllocator>> FrameAllocator::create(uint32_t capacity) {
   if (capacity > kMaxFrames) {
@@ -16,14 +77,31 @@ Result<std::unique_ptr<FrameAllocator>> FrameAllocator::create(uint32_t capacity
 FrameAllocator::FrameAllocator(uint32_t capacity)
     : capacity_(capacity),
       next_(new std::atomic<uint32_t>[capacity]),
-      bitmap_(new std::atomic<uint64_t>[(static_cast<uint64_t>(capacity) + 63) / 64]),
+      used_(new CounterSlot[kCounterSlots + 1]),
       head_(pack(0, capacity == 0 ? kNoFrame : 0)) {
   for (uint32_t i = 0; i < capacity; ++i) {
     next_[i].store(i + 1 < capacity ? i + 1 : kNoFrame, std::memory_order_relaxed);
   }
-  for (uint64_t w = 0; w < (static_cast<uint64_t>(capacity) + 63) / 64; ++w) {
-    bitmap_[w].store(0, std::memory_order_relaxed);
+}
+
+void FrameAllocator::add_used(int64_t delta) {
+  uint32_t slot = t_slot;
+  if (slot == kUnassigned) [[unlikely]]
+    slot = assign_thread_slot();
+  if (slot < kCounterSlots) [[likely]] {
+    // Only this thread writes this slot: no read-modify-write instruction needed.
+    std::atomic<int64_t>& v = used_[slot].value;
+    v.store(v.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+  } else {
+    used_[kCounterSlots].value.fetch_add(delta, std::memory_order_relaxed);
   }
+}
+
+uint32_t FrameAllocator::used() const {
+  int64_t sum = 0;
+  for (uint32_t i = 0; i <= kCounterSlots; ++i)
+    sum += used_[i].value.load(std::memory_order_relaxed);
+  return static_cast<uint32_t>(std::clamp<int64_t>(sum, 0, capacity_));
 }
 
 Result<uint32_t> FrameAllocator::allocate() {
@@ -34,7 +112,8 @@ Result<uint32_t> FrameAllocator::allocate() {
     if (index == kNoFrame) {
       return resource_exhausted("all " + std::to_string(capacity_) + " frames are in use");
     }
-    // May read a link that a concurrent pop already changed; the tagged CAS then fails and retries.
+    // May read a link that a concurrent pop already changed (even to kAllocatedMark); the tagged
+    // compare-exchange then fails and retries.
     const uint32_t next = next_[index].load(std::memory_order_relaxed);
     const uint64_t desired = pack(static_cast<uint32_t>(head >> 32) + 1, next);
     if (head_.compare_exchange_weak(head, desired, std::memory_order_acq_rel,
@@ -42,8 +121,8 @@ Result<uint32_t> FrameAllocator::allocate() {
       break;
     }
   }
-  bitmap_[index / 64].fetch_or(1ull << (index % 64), std::memory_order_relaxed);
-  used_.fetch_add(1, std::memory_order_relaxed);
+  next_[index].store(kAllocatedMark, std::memory_order_relaxed);
+  add_used(1);
   return index;
 }
 
@@ -52,22 +131,19 @@ Status FrameAllocator::free(uint32_t frame) {
     return out_of_range("frame " + std::to_string(frame) + " is past the capacity of " +
                         std::to_string(capacity_) + " frames");
   }
-  const uint64_t mask = 1ull << (frame % 64);
-  const uint64_t before = bitmap_[frame / 64].fetch_and(~mask, std::memory_order_relaxed);
-  if ((before & mask) == 0) {
+  uint64_t head = head_.load(std::memory_order_relaxed);
+  // Claim the frame: only a frame whose link says "allocated" can be freed, once.
+  uint32_t expected = kAllocatedMark;
+  if (!next_[frame].compare_exchange_strong(expected, static_cast<uint32_t>(head),
+                                            std::memory_order_relaxed)) {
     return failed_precondition("double free of frame " + std::to_string(frame) +
                                " (it is not allocated)");
   }
-  uint64_t head = head_.load(std::memory_order_relaxed);
-  while (true) {
+  while (!head_.compare_exchange_weak(head, pack(static_cast<uint32_t>(head >> 32) + 1, frame),
+                                      std::memory_order_release, std::memory_order_relaxed)) {
     next_[frame].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
-    const uint64_t desired = pack(static_cast<uint32_t>(head >> 32) + 1, frame);
-    if (head_.compare_exchange_weak(head, desired, std::memory_order_release,
-                                    std::memory_order_relaxed)) {
-      break;
-    }
   }
-  used_.fetch_sub(1, std::memory_order_relaxed);
+  add_used(-1);
   return ok_status();
 }
 
@@ -84,8 +160,8 @@ Status FrameAllocator::reserve_all(std::span<const uint32_t> frames) {
     }
     wanted[f] = true;
   }
-  for (uint32_t f : frames) bitmap_[f / 64].fetch_or(1ull << (f % 64), std::memory_order_relaxed);
-  // Rebuild the free stack in ascending order from the frames whose bit is clear.
+  for (uint32_t f : frames) next_[f].store(kAllocatedMark, std::memory_order_relaxed);
+  // Rebuild the free stack in ascending order from the frames not allocated.
   uint32_t first = kNoFrame;
   for (uint32_t i = capacity_; i-- > 0;) {
     if (!is_allocated(i)) {
@@ -95,13 +171,13 @@ Status FrameAllocator::reserve_all(std::span<const uint32_t> frames) {
   }
   const uint64_t tag = head_.load(std::memory_order_relaxed) >> 32;
   head_.store(pack(static_cast<uint32_t>(tag + 1), first), std::memory_order_release);
-  used_.fetch_add(static_cast<uint32_t>(frames.size()), std::memory_order_relaxed);
+  add_used(static_cast<int64_t>(frames.size()));
   return ok_status();
 }
 
 bool FrameAllocator::is_allocated(uint32_t frame) const {
   if (frame >= capacity_) return false;
-  return (bitmap_[frame / 64].load(std::memory_order_relaxed) >> (frame % 64)) & 1u;
+  return next_[frame].load(std::memory_order_relaxed) == kAllocatedMark;
 }
 
 Status FrameAllocator::audit() const {
@@ -111,17 +187,25 @@ Status FrameAllocator::audit() const {
        i = next_[i].load(std::memory_order_relaxed)) {
     if (i >= capacity_) return internal_error("free stack links to frame " + std::to_string(i));
     if (on_stack[i]) return internal_error("frame " + std::to_string(i) + " is free twice");
-    if (is_allocated(i)) {
-      return internal_error("frame " + std::to_string(i) + " is on the free stack but allocated");
-    }
     on_stack[i] = true;
     ++free_walked;
   }
   uint32_t allocated = 0;
-  for (uint32_t i = 0; i < capacity_; ++i) allocated += is_allocated(i) ? 1 : 0;
-  if (allocated != used() || allocated + free_walked != capacity_) {
-    return internal_error("accounting broken: used " + std::to_string(used()) + ", allocated bits " +
-                          std::to_string(allocated) + ", free stack " +
+  for (uint32_t i = 0; i < capacity_; ++i) {
+    if (is_allocated(i)) {
+      ++allocated;
+    } else if (!on_stack[i]) {
+      return internal_error("frame " + std::to_string(i) +
+                            " is neither allocated nor on the free stack");
+    }
+  }
+  int64_t counted = 0;
+  for (uint32_t i = 0; i <= kCounterSlots; ++i) {
+    counted += used_[i].value.load(std::memory_order_relaxed);
+  }
+  if (counted != allocated || allocated + free_walked != capacity_) {
+    return internal_error("accounting broken: used " + std::to_string(counted) +
+                          ", allocated links " + std::to_string(allocated) + ", free stack " +
                           std::to_string(free_walked) + ", capacity " + std::to_string(capacity_));
   }
   return ok_status();

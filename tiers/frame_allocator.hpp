@@ -1,15 +1,28 @@
 // FrameAllocator: O(1), thread-safe allocation of fixed-size frame indices [0, capacity).
 //
-// Design: a lock-free Treiber stack of free indices (a `next` link per frame and a 64-bit head word
-// packing {ABA tag:32, index:32}), plus an allocation bitmap that turns a double free or a free of a
-// never-allocated frame into a Status instead of silent corruption. `used()` is an atomic counter, so
-// capacity == used() + free_count() at every quiescent point; `audit()` proves it by walking the
-// stack and the bitmap (tests call it after every scenario).
+// Design: a lock-free Treiber stack of free indices. Each frame has one 32-bit link word that is
+// either the next free frame (the frame is on the stack) or kAllocatedMark (it is not), so the same
+// word that threads the stack also turns a double free or a free of a never-allocated frame into a
+// Status instead of silent corruption: free() claims the frame by a compare-exchange from
+// kAllocatedMark, and only one of two racing frees can win. The 64-bit head packs {ABA tag:32,
+// index:32}; every push and pop bumps the tag, so a pop whose view of the head went stale fails its
+// compare-exchange and retries.
 //
-// The allocator hands out indices only; the arena that owns the bytes (HBM, host pool, NVMe extents)
-// maps an index to an address or offset. It holds no lock, so it may be called under any other lock.
-// Rejected: a mutex-guarded free list (a lock per alloc on the hot path) and per-thread caches (they
-// blur exact accounting and free-frame visibility across threads).
+// Cost per alloc+free pair: three locked instructions (pop, claim, push). The count of frames in
+// use is kept in per-thread slots that only their owning thread writes (a plain load and store, no
+// locked instruction); used() sums the slots. The sum is exact at every quiescent point, so
+// capacity == used() + free_count() there and audit() proves it by walking the stack and the links;
+// while other threads allocate, used() is a snapshot that can be off by the operations in flight
+// (it is clamped to [0, capacity]). Threads beyond kCounterSlots share one more slot through an
+// atomic add.
+//
+// The allocator hands out indices only; the arena that owns the bytes (HBM, host pool, NVMe
+// extents) maps an index to an address or offset. It holds no lock, so it may be called under any
+// other lock. Rejected: a mutex-guarded free list (a lock per alloc on the hot path), a separate
+// allocation bitmap (one more locked instruction per alloc and per free for what the link word
+// already says), a shared atomic used-counter (two more locked instructions per pair, 40% of the
+// pair's cost), and per-thread frame caches (they blur free-frame visibility across threads: a
+// frame cached by one thread is invisible to another that finds the tier "full").
 #pragma once
 
 #include <atomic>
@@ -25,6 +38,9 @@ class FrameAllocator {
  public:
   static constexpr uint32_t kNoFrame = 0xFFFF'FFFFu;
   static constexpr uint32_t kMaxFrames = kNoFrame - 1;
+  // Threads that count their allocations in a private slot (see the header comment); the slots are
+  // process-wide, so a thread has the same one in every allocator.
+  static constexpr uint32_t kCounterSlots = 64;
 
   // All frames start free. `capacity` may be 0 (a disabled tier); at most kMaxFrames.
   static Result<std::unique_ptr<FrameAllocator>> create(uint32_t capacity);
@@ -34,8 +50,8 @@ class FrameAllocator {
 
   // A free frame, or kResourceExhausted when none is left.
   Result<uint32_t> allocate();
-  // Returns a frame. kOutOfRange for an index past capacity; kFailedPrecondition for a frame that is
-  // not allocated (double free). Nothing changes on error.
+  // Returns a frame. kOutOfRange for an index past capacity; kFailedPrecondition for a frame that
+  // is not allocated (double free). Nothing changes on error.
   Status free(uint32_t frame);
 
   // Marks exactly these frames allocated (they must be free and distinct) and rebuilds the free
@@ -45,25 +61,33 @@ class FrameAllocator {
 
   bool is_allocated(uint32_t frame) const;
   uint32_t capacity() const { return capacity_; }
-  uint32_t used() const { return used_.load(std::memory_order_relaxed); }
+  uint32_t used() const;
   uint32_t free_count() const { return capacity_ - used(); }
 
-  // Quiescent-point consistency check: the free stack holds exactly the frames whose bit is clear,
-  // each once, and used() equals the number of set bits. Not safe concurrently with alloc/free.
+  // Quiescent-point consistency check: the free stack holds exactly the frames whose link is not
+  // kAllocatedMark, each once, and used() equals the number of allocated frames. Not safe
+  // concurrently with alloc/free.
   Status audit() const;
 
  private:
+  // The link value of a frame that is allocated. Never a valid index (indices are < kMaxFrames).
+  static constexpr uint32_t kAllocatedMark = kMaxFrames;
+
+  struct alignas(64) CounterSlot {
+    std::atomic<int64_t> value{0};
+  };
+
   explicit FrameAllocator(uint32_t capacity);
 
   static uint64_t pack(uint32_t tag, uint32_t index) {
     return (static_cast<uint64_t>(tag) << 32) | index;
   }
+  void add_used(int64_t delta);
 
   const uint32_t capacity_;
-  std::unique_ptr<std::atomic<uint32_t>[]> next_;    // [capacity] link to the next free frame
-  std::unique_ptr<std::atomic<uint64_t>[]> bitmap_;  // [ceil(capacity/64)] 1 = allocated
-  alignas(64) std::atomic<uint64_t> head_;           // {tag, index of first free frame}
-  alignas(64) std::atomic<uint32_t> used_{0};
+  std::unique_ptr<std::atomic<uint32_t>[]> next_;  // [capacity] next free frame, or kAllocatedMark
+  std::unique_ptr<CounterSlot[]> used_;            // [kCounterSlots + 1]; the last one is shared
+  alignas(64) std::atomic<uint64_t> head_;         // {tag, index of first free frame}
 };
 
 }  // namespace kvtier
