@@ -1,5 +1,8 @@
 #include "runtime/config_sizing.hpp"
 
+#include "tiers/frame_arena.hpp"
+#include "tiers/nvme_format.hpp"
+
 namespace kvtier {
 
 uint64_t TierSizing::nvme_extents() const {
@@ -13,7 +16,7 @@ TierSizing size_tiers(const Config& config) {
   TierSizing s;
   s.page_bytes = g.page_bytes();
   s.block_bytes = g.block_bytes();
-  s.frame_bytes = round_up(s.page_bytes, kFrameAlignment);
+  s.frame_bytes = FrameArena::frame_stride(g);
   if (s.frame_bytes > 0) {
     s.hbm_frames = config.tiers.hbm.capacity_bytes / s.frame_bytes;
     s.host_frames = config.tiers.host.capacity_bytes / s.frame_bytes;
@@ -21,12 +24,14 @@ TierSizing size_tiers(const Config& config) {
 
   const NvmeTierConfig& nvme = config.tiers.nvme;
   s.nvme_enabled = nvme.enabled;
-  s.nvme_header_bytes = round_up(
-      kNvmeExtentHeaderFixedBytes + kNvmeChecksumBytesPerPage * g.layers + kNvmeHeaderChecksumBytes,
-      kNvmeHeaderAlignment);
-  s.nvme_page_stride = round_up(s.page_bytes, kNvmePageAlignment);
-  s.nvme_extent_bytes = s.nvme_header_bytes + s.nvme_page_stride * g.layers;
-  if (nvme.enabled && !nvme.paths.empty()) {
+  s.nvme_first_offset = kSuperblockBytes;
+  auto layout = ExtentLayout::make(g, kNvmeSizingAlignment);
+  if (layout.ok()) {
+    s.nvme_header_bytes = layout->header_bytes;
+    s.nvme_page_stride = layout->page_stride;
+    s.nvme_extent_bytes = layout->extent_bytes;
+  }
+  if (nvme.enabled && !nvme.paths.empty() && s.nvme_extent_bytes > 0) {
     s.nvme_bytes_per_file = nvme.capacity_bytes / nvme.paths.size();
     s.nvme_extents_per_file.assign(nvme.paths.size(), s.nvme_bytes_per_file / s.nvme_extent_bytes);
   }
