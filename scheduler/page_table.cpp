@@ -478,33 +478,124 @@ Status PageTable::unpin(const BlockKey& key, uint32_t layer) {
   return with_entry(key, [&](EntryView& v) { return v.unpin(layer); });
 }
 
-Status PageTable::pin_layer(std::span<const BlockKey> keys, uint32_t layer,
-                            std::span<uint32_t> frames) {
-  if (frames.size() != keys.size()) {
-    return invalid_argument("pin_layer of layer " + std::to_string(layer) + ": " +
-                            std::to_string(keys.size()) + " keys but room for " +
+// Batches lock each shard once for all of its keys instead of once per key: a step's block table
+// for one layer is thousands of pins, and the lock round trip is most of a pin's cost.
+void PageTable::group_by_shard(std::span<const BlockKey> keys, ShardGroups& g) const {
+  const uint32_t shards = shard_count();
+  g.hash.resize(keys.size());
+  g.order.resize(keys.size());
+  g.start.assign(shards + 1, 0);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    g.hash[i] = hash_key(keys[i]);
+    ++g.start[shard_index(g.hash[i]) + 1];
+  }
+  for (uint32_t s = 0; s < shards; ++s) g.start[s + 1] += g.start[s];
+  std::vector<uint32_t>& fill = g.cursor;
+  fill.assign(g.start.begin(), g.start.end() - 1);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    g.order[fill[shard_index(g.hash[i])]++] = static_cast<uint32_t>(i);
+  }
+}
+
+PageTable::ShardGroups& PageTable::thread_scratch() {
+  thread_local ShardGroups groups;
+  return groups;
+}
+
+Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count,
+                             std::span<uint32_t> frames) {
+  const std::string what = "pin_layers of layers [" + std::to_string(first_layer) + ", " +
+                           std::to_string(static_cast<uint64_t>(first_layer) + count) + ")";
+  if (static_cast<uint64_t>(first_layer) + count > layers()) {
+    return invalid_argument(what + ": the blocks have " + std::to_string(layers()) + " layers");
+  }
+  if (frames.size() != keys.size() * count) {
+    return invalid_argument(what + ": " + std::to_string(keys.size()) + " keys x " +
+                            std::to_string(count) + " layers but room for " +
                             std::to_string(frames.size()) + " frames");
   }
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    Result<uint32_t> r = pin(keys[i], layer);
-    if (!r.ok()) {
-      for (std::size_t j = i; j-- > 0;) unpin(keys[j], layer).ignore();
-      return r.status().with_context("pin_layer of layer " + std::to_string(layer) + " (block " +
-                                     std::to_string(i) + " of " + std::to_string(keys.size()) +
-                                     ", pins taken were released)");
+  const std::size_t n = keys.size();
+  ShardGroups& g = thread_scratch();
+  group_by_shard(keys, g);
+  std::size_t done = 0;  // positions in g.order whose pages are all pinned
+  Status failure;
+  failure.ignore();
+  std::size_t failed_index = 0;
+  for (uint32_t si = 0; si < shard_count() && failure.ok(); ++si) {
+    if (g.start[si] == g.start[si + 1]) continue;
+    Shard& s = shards_[si];
+    MutexLock lock(s.mu);
+    for (std::size_t pos = g.start[si]; pos < g.start[si + 1]; ++pos) {
+      const uint32_t i = g.order[pos];
+      const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
+      if (slot == FlatKeyMap::kNotFound) {
+        failure = not_found_error(keys[i]);
+      } else {
+        EntryView v = make_view(entry_at(s, slot), nullptr);
+        for (uint32_t c = 0; c < count; ++c) {
+          Result<uint32_t> r = v.pin(first_layer + c);
+          if (!r.ok()) {
+            failure = std::move(r).status();
+            for (uint32_t u = 0; u < c; ++u) v.unpin(first_layer + u).ignore();
+            break;
+          }
+          frames[c * n + i] = *r;
+        }
+      }
+      if (!failure.ok()) {
+        failed_index = i;
+        break;
+      }
+      ++done;
     }
-    frames[i] = *r;
   }
-  return ok_status();
+  if (failure.ok()) return failure;
+  for (std::size_t pos = 0; pos < done; ++pos) {
+    for (uint32_t c = 0; c < count; ++c) unpin(keys[g.order[pos]], first_layer + c).ignore();
+  }
+  return failure.with_context(what + " (block " + std::to_string(failed_index) + " of " +
+                              std::to_string(n) + "; the pins taken were released)");
+}
+
+Status PageTable::unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer,
+                               uint32_t count) {
+  if (static_cast<uint64_t>(first_layer) + count > layers()) {
+    return invalid_argument("unpin_layers of layers [" + std::to_string(first_layer) + ", " +
+                            std::to_string(static_cast<uint64_t>(first_layer) + count) +
+                            "): the blocks have " + std::to_string(layers()) + " layers");
+  }
+  ShardGroups& g = thread_scratch();
+  group_by_shard(keys, g);
+  Status first_error;
+  first_error.ignore();
+  for (uint32_t si = 0; si < shard_count(); ++si) {
+    if (g.start[si] == g.start[si + 1]) continue;
+    Shard& s = shards_[si];
+    MutexLock lock(s.mu);
+    for (std::size_t pos = g.start[si]; pos < g.start[si + 1]; ++pos) {
+      const uint32_t i = g.order[pos];
+      const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
+      if (slot == FlatKeyMap::kNotFound) {
+        if (first_error.ok()) first_error = not_found_error(keys[i]);
+        continue;
+      }
+      EntryView v = make_view(entry_at(s, slot), nullptr);
+      for (uint32_t c = 0; c < count; ++c) {
+        Status st = v.unpin(first_layer + c);
+        if (!st.ok() && first_error.ok()) first_error = std::move(st);
+      }
+    }
+  }
+  return first_error;
+}
+
+Status PageTable::pin_layer(std::span<const BlockKey> keys, uint32_t layer,
+                            std::span<uint32_t> frames) {
+  return pin_layers(keys, layer, 1, frames);
 }
 
 Status PageTable::unpin_layer(std::span<const BlockKey> keys, uint32_t layer) {
-  Status first_error;
-  for (const BlockKey& key : keys) {
-    Status s = unpin(key, layer);
-    if (!s.ok() && first_error.ok()) first_error = std::move(s);
-  }
-  return first_error;
+  return unpin_layers(keys, layer, 1);
 }
 
 // ---------------------------------------------------------------------------------------------

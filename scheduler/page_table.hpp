@@ -192,11 +192,17 @@ class PageTable {
   // ---- Pins (HBM pages) ----
   Result<uint32_t> pin(const BlockKey& key, uint32_t layer);  // returns the HBM frame
   Status unpin(const BlockKey& key, uint32_t layer);
-  // Pins page `layer` of every block in `keys` and writes their HBM frames to `frames`, which must
-  // be as long as `keys` (a step's block table for one layer). All or nothing: on an error the pins
-  // taken so far are released.
+  // Pins pages [first_layer, first_layer + count) of every block in `keys` and writes their HBM
+  // frames to `frames`, one block table per layer: frames[(layer - first_layer) * keys.size() + i].
+  // Locks each shard once for all of its keys (a step pins thousands of pages; the lock round trip
+  // would be most of a pin's cost). All or nothing: on an error every pin taken is released. A key
+  // listed twice is pinned twice.
+  Status pin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count,
+                    std::span<uint32_t> frames);
+  // Unpins the same pages; keeps going past errors and returns the first.
+  Status unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count);
+  // One layer: a step's block table for `layer`.
   Status pin_layer(std::span<const BlockKey> keys, uint32_t layer, std::span<uint32_t> frames);
-  // Unpins page `layer` of every block in `keys`; keeps going past errors and returns the first.
   Status unpin_layer(std::span<const BlockKey> keys, uint32_t layer);
 
   // ---- Compound updates ----
@@ -249,6 +255,14 @@ class PageTable {
   };
   class ShardPairLock;
   class AllShardsLock;
+  // Scratch of the batched pin operations: keys' hashes and their indices grouped by shard.
+  struct ShardGroups {
+    std::vector<uint64_t> hash;
+    std::vector<uint32_t> order;
+    std::vector<uint32_t> start;  // [shards + 1]: order[start[s], start[s + 1]) is shard s
+    std::vector<uint32_t> cursor;
+  };
+  static ShardGroups& thread_scratch();  // one per thread, reused across calls
 
   PageTable(const PageTableOptions& options, const TierAllocators& allocators);
 
@@ -266,6 +280,7 @@ class PageTable {
     return EntryView(entry, allocators_, &nvme_generations_, &clock_, undo);
   }
   BlockInfo info_of(EntryRef entry) const;
+  void group_by_shard(std::span<const BlockKey> keys, ShardGroups& groups) const;
   Status not_found_error(const BlockKey& key) const;
 
   // Runs op(EntryView&) on one entry under its shard lock, frees immediately (single transitions).

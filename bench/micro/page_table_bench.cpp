@@ -2,7 +2,8 @@
 // the same process (figures are read as ratios; absolute numbers depend on the machine):
 //   - match over 8k-block chains (block lookups/s), disjoint chains per thread and one hot chain
 //     shared by all threads; baseline: std::unordered_map lookups with no lock at all;
-//   - pin + unpin of one page, and pin_layer/unpin_layer over an 8k-block chain (pages/s);
+//   - pin + unpin of one page, pin_layer/unpin_layer over an 8k-block chain, and pin_layers of
+//     all 32 layers of it (pages/s);
 //   - frame allocate + free pairs (pairs/s); baseline: a std::mutex-guarded free vector;
 //   - the table's own memory per cached block at 32 layers, at 1e5 and 1e6 blocks (counters
 //     table_bytes_per_block from the table's accounting, heap_bytes_per_block from malloc's).
@@ -181,6 +182,22 @@ void BM_PinLayer8k(benchmark::State& state) {
   state.SetLabel("pages pinned+unpinned");
 }
 BENCHMARK(BM_PinLayer8k)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_PinAllLayers8k(benchmark::State& state) {
+  // Every layer of every block at once (a step whose pages all fit in HBM).
+  CachedChains& c = shared_chains();
+  const std::vector<BlockKey>& chain = c.chains[static_cast<std::size_t>(state.thread_index())];
+  std::vector<uint32_t> frames(chain.size() * kLayers);
+  for (auto _ : state) {
+    Status p = c.table->pin_layers(chain, 0, kLayers, frames);
+    if (!p.ok()) state.SkipWithError("pin_layers failed");
+    Status u = c.table->unpin_layers(chain, 0, kLayers);
+    if (!u.ok()) state.SkipWithError("unpin_layers failed");
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(frames.size()));
+  state.SetLabel("pages pinned+unpinned");
+}
+BENCHMARK(BM_PinAllLayers8k)->Threads(1)->Threads(2)->UseRealTime();
 
 // ---- frame allocator ----
 

@@ -365,11 +365,59 @@ TEST_F(PageTableTest, PinLayerIsAllOrNothing) {
   for (const BlockKey& k : keys) EXPECT_EQ(info(k).pages[3].pins, 0u);
   EXPECT_EQ(pt().pin_layer(keys, 3, std::span<uint32_t>(frames).first(2)).code(),
             StatusCode::kInvalidArgument);
+  // A block that is not in the table at all: same.
+  std::vector<BlockKey> with_missing = keys;
+  with_missing[4] = content_key(999);
+  EXPECT_EQ(pt().pin_layer(with_missing, 3, frames).code(), StatusCode::kNotFound);
+  for (const BlockKey& k : keys) EXPECT_EQ(info(k).pages[3].pins, 0u);
+  // The same block twice is pinned twice.
+  const std::vector<BlockKey> twice = {keys[0], keys[1], keys[0]};
+  std::vector<uint32_t> three(3);
+  ok(pt().pin_layer(twice, 3, three));
+  EXPECT_EQ(three[0], three[2]);
+  EXPECT_EQ(info(keys[0]).pages[3].pins, 2u);
+  ok(pt().unpin_layer(twice, 3));
+  EXPECT_EQ(info(keys[0]).pages[3].pins, 0u);
   // unpin_layer reports the first failure but unpins everything it can.
   ASSERT_TRUE(pt().pin(keys[0], 3).ok());
   Status u = pt().unpin_layer(std::span<const BlockKey>(keys).first(2), 3);
   EXPECT_EQ(u.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(info(keys[0]).pages[3].pins, 0u);
+}
+
+TEST_F(PageTableTest, PinLayersFillsOneBlockTablePerLayerAllOrNothing) {
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 5; ++i) {
+    keys.push_back(content_key(i + 1));
+    create(keys.back());
+    for (uint32_t l = 0; l < kLayers; ++l) drive(keys.back(), CopyId::hbm(l), CopyState::kReady);
+  }
+  const std::size_t n = keys.size();
+  std::vector<uint32_t> frames(n * 3);
+  ok(pt().pin_layers(keys, 1, 3, frames));
+  for (std::size_t i = 0; i < n; ++i) {
+    const BlockInfo b = info(keys[i]);
+    EXPECT_EQ(b.pages[0].pins, 0u);
+    for (uint32_t c = 0; c < 3; ++c) {
+      EXPECT_EQ(frames[c * n + i], b.pages[1 + c].hbm_frame) << "block " << i << " layer " << c;
+      EXPECT_EQ(b.pages[1 + c].pins, 1u);
+    }
+  }
+  ok(pt().unpin_layers(keys, 1, 3));
+  // The last layer of one block is not in HBM: nothing may stay pinned, on any layer.
+  ok(pt().drop(keys[3], CopyId::hbm(3)));
+  Status s = pt().pin_layers(keys, 0, kLayers, frames);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // frames too short
+  std::vector<uint32_t> all(n * kLayers);
+  s = pt().pin_layers(keys, 0, kLayers, all);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("layer 3"), std::string::npos) << s.message();
+  for (const BlockKey& k : keys) {
+    for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
+  }
+  EXPECT_EQ(pt().pin_layers(keys, 2, kLayers, all).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(pt().unpin_layers(keys, kLayers, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(pt().pin_layers(keys, 0, 0, {}).ok());
 }
 
 // ---------------------------------------------------------------------------------------------
