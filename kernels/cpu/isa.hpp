@@ -52,9 +52,7 @@ struct ItemArgs {
 };
 
 // Floats of scratch `ItemArgs::work` needs for `rows` rows per head.
-constexpr std::size_t item_work_floats(std::size_t rows, std::size_t head_dim) {
-  return 2 * kTileTokens * head_dim + rows * kTileTokens + 2 * rows + 2 * kTileTokens + 64;
-}
+constexpr std::size_t item_work_floats(std::size_t rows) { return rows * (kTileTokens + 1) + 64; }
 
 struct IsaKernels {
   Isa isa;

@@ -3,10 +3,19 @@
 // kvtier::kernels::cpu, after V's definition; see isa.hpp for the linkage rules this obeys.
 //
 // Attention of a work item walks its KV range in tiles of kTileTokens tokens. For each tile and KV
-// head it widens the tile's K and V rows to f32 once (fp8 scales folded in), then updates every
-// query row of that head: scores in register blocks of 4 rows x 4 tokens, one online-softmax
-// rescale per row per tile (not per token), and the weighted V sum in blocks of 4 rows. Widening
-// first keeps one compute path for all dtypes; the tile (2 x 16 x head_dim floats) stays in L1.
+// head (a "step") it updates every query row of that head: scores in register blocks of 4 rows x 4
+// tokens with K widened in registers as it is loaded, one online-softmax rescale per row per tile
+// (not per token), and the weighted V sum in blocks of 4 rows, each V vector widened once per
+// block. fp8 page scales are folded into the scores and the weights, never applied per element.
+// While a step computes, the next step's rows are prefetched a few lines at a time.
+// Rejected: widening each tile to an f32 scratch first (one compute path for every dtype, but an
+// extra store and reload of every element, with the misses exposed in the conversion loop), and
+// prefetching a whole tile of all heads at once (it overflows L1 and the miss queues; measured
+// slower than one step of lead, which measured 1.3x faster than none).
+
+// Register blocks must stay in registers: GCC at -O2 does not fully unroll the small constant
+// loops over them by itself and keeps the blocks in memory instead (measured 3x slower).
+#define KVTIER_UNROLL _Pragma("GCC unroll 16")
 
 template <Dtype D>
 constexpr std::size_t elem_bytes() {
@@ -143,50 +152,107 @@ float abs_max(const void* src, Dtype dtype, std::size_t n) {
 // Attention
 // ---------------------------------------------------------------------------------------------
 
-// scores[r][t] = q_r . k_t for an RB x TB block; q rows and k rows are `dim` floats apart.
-template <class V, int RB, int TB>
-inline void score_block(const float* q, const float* k, uint32_t dim, float* scores) {
+// GCC deduces that a function whose only effect is __builtin_prefetch is "const" and deletes the
+// calls, prefetches and all; an asm statement cannot be deleted.
+inline void prefetch_line(const uint8_t* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+// The cache lines of the next (tile, head) step, handed out a few at a time so that the requests
+// are spread over this step's arithmetic rather than issued in one burst that fills the miss
+// queues and stalls it. Frames are scattered, so the hardware prefetchers lose the stream at every
+// page; one step of lead (about 8 KiB) covers DRAM latency and still fits L1 when it lands.
+class PrefetchQueue {
+ public:
+  PrefetchQueue() = default;
+  PrefetchQueue(const uint8_t* const* rows, uint32_t count, std::size_t row_bytes,
+                std::size_t v_offset, uint32_t calls)
+      : rows_(rows), count_(count), v_offset_(v_offset) {
+    lines_per_row_ = static_cast<uint32_t>((row_bytes + 63) / 64);
+    const uint32_t total = 2 * count * lines_per_row_;
+    per_call_ = calls == 0 ? total : (total + calls - 1) / calls;
+  }
+  void issue() { issue(per_call_); }
+  void drain() { issue(~0u); }
+
+ private:
+  void issue(uint32_t n) {
+    for (; n > 0 && next_ < 2 * count_ * lines_per_row_; --n, ++next_) {
+      const uint32_t half = next_ / (count_ * lines_per_row_);
+      const uint32_t i = next_ % (count_ * lines_per_row_);
+      prefetch_line(rows_[i / lines_per_row_] + half * v_offset_ + (i % lines_per_row_) * 64);
+    }
+  }
+
+  const uint8_t* const* rows_ = nullptr;
+  uint32_t count_ = 0;
+  std::size_t v_offset_ = 0;
+  uint32_t lines_per_row_ = 0;
+  uint32_t per_call_ = 0;
+  uint32_t next_ = 0;
+};
+
+// scores[r][t] = q_r . k_t for an RB x TB block; q rows are `dim` floats apart, k_t are rows of
+// the KV dtype, widened in registers as they are loaded.
+template <class V, Dtype D, int RB, int TB>
+inline void score_block(const float* q, const uint8_t* const* k, uint32_t dim, float* scores) {
+  constexpr std::size_t kEs = elem_bytes<D>();
   typename V::F acc[RB][TB];
-  for (int r = 0; r < RB; ++r) {
-    for (int t = 0; t < TB; ++t) acc[r][t] = V::zero();
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::zero();
   }
   for (uint32_t d = 0; d < dim; d += V::kWidth) {
     typename V::F kv[TB];
-    for (int t = 0; t < TB; ++t) kv[t] = V::load(k + t * dim + d);
-    for (int r = 0; r < RB; ++r) {
+    KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = load_elems<V, D>(k[t] + d * kEs);
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
       const auto qv = V::load(q + r * dim + d);
-      for (int t = 0; t < TB; ++t) acc[r][t] = V::fmadd(qv, kv[t], acc[r][t]);
+      KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::fmadd(qv, kv[t], acc[r][t]);
     }
   }
-  for (int r = 0; r < RB; ++r) {
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
     if constexpr (TB == 4) {
       V::reduce_add4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], scores + r * kTileTokens);
     } else {
-      for (int t = 0; t < TB; ++t) scores[r * kTileTokens + t] = V::reduce_add(acc[r][t]);
+      KVTIER_UNROLL for (int t = 0; t < TB; ++t) {
+        scores[r * kTileTokens + t] = V::reduce_add(acc[r][t]);
+      }
     }
   }
 }
 
-template <class V, int RB>
-inline void score_rows(const float* q, const float* k, uint32_t tokens, uint32_t dim,
-                       float* scores) {
+template <class V, Dtype D, int RB>
+inline void score_rows(const float* q, const uint8_t* const* k, uint32_t tokens, uint32_t dim,
+                       float* scores, PrefetchQueue& pf) {
   uint32_t t = 0;
-  for (; t + 4 <= tokens; t += 4) score_block<V, RB, 4>(q, k + t * dim, dim, scores + t);
-  for (; t < tokens; ++t) score_block<V, RB, 1>(q, k + t * dim, dim, scores + t);
+  for (; t + 4 <= tokens; t += 4) {
+    pf.issue();
+    score_block<V, D, RB, 4>(q, k + t, dim, scores + t);
+  }
+  for (; t < tokens; ++t) score_block<V, D, RB, 1>(q, k + t, dim, scores + t);
 }
 
-// o_r = o_r * alpha_r + sum_t p[r][t] * v_t for RB rows.
-template <class V, int RB>
-inline void accumulate_rows(const float* p, const float* alpha, const float* v, uint32_t tokens,
-                            uint32_t dim, float* o) {
+// o_r = o_r * alpha_r + sum_t p[r][t] * v_t for RB rows; v_t widened once per row block.
+template <class V, Dtype D, int RB>
+inline void accumulate_rows(const float* p, const float* alpha, const uint8_t* const* v,
+                            uint32_t tokens, uint32_t dim, float* o, PrefetchQueue& pf) {
+  constexpr std::size_t kEs = elem_bytes<D>();
   for (uint32_t d = 0; d < dim; d += V::kWidth) {
+    pf.issue();
     typename V::F acc[RB];
-    for (int r = 0; r < RB; ++r) acc[r] = V::mul(V::load(o + r * dim + d), V::set1(alpha[r]));
-    for (uint32_t t = 0; t < tokens; ++t) {
-      const auto vv = V::load(v + t * dim + d);
-      for (int r = 0; r < RB; ++r) acc[r] = V::fmadd(V::set1(p[r * kTileTokens + t]), vv, acc[r]);
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+      acc[r] = V::mul(V::load(o + r * dim + d), V::set1(alpha[r]));
     }
-    for (int r = 0; r < RB; ++r) V::store(o + r * dim + d, acc[r]);
+    for (uint32_t t = 0; t < tokens; ++t) {
+      const auto vv = load_elems<V, D>(v[t] + d * kEs);
+      KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+        acc[r] = V::fmadd(V::set1(p[r * kTileTokens + t]), vv, acc[r]);
+      }
+    }
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) V::store(o + r * dim + d, acc[r]);
   }
 }
 
@@ -196,6 +262,10 @@ struct TileRows {
   uint32_t group;               // row r belongs to query token r / group
   const uint32_t* visible_end;  // per query token
   uint32_t tile_begin;          // KV position of the tile's first token
+  const uint8_t* const* k;      // [tokens] K rows of this head
+  const uint8_t* const* v;      // [tokens] V rows of this head
+  const float* k_scale;         // [kTileTokens] per-token (per-page) scales; fp8 only
+  const float* v_scale;
   float* m;
   float* l;
   float* o;       // [rows][dim]
@@ -203,15 +273,17 @@ struct TileRows {
   float* alpha;   // [rows]
 };
 
-template <class V>
-void attend_tile(const TileRows& a, const float* k, const float* v, uint32_t tokens, uint32_t dim) {
+template <class V, Dtype D>
+void attend_tile(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue& pf) {
   constexpr float kNegInf = -__builtin_inff();
+  constexpr bool kScaled = D == Dtype::kFP8E4M3;
   uint32_t r = 0;
   for (; r + 4 <= a.rows; r += 4) {
-    score_rows<V, 4>(a.q + r * dim, k, tokens, dim, a.scores + r * kTileTokens);
+    score_rows<V, D, 4>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
   }
-  for (; r < a.rows; ++r)
-    score_rows<V, 1>(a.q + r * dim, k, tokens, dim, a.scores + r * kTileTokens);
+  for (; r < a.rows; ++r) {
+    score_rows<V, D, 1>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
+  }
 
   for (r = 0; r < a.rows; ++r) {
     float* s = a.scores + r * kTileTokens;
@@ -224,6 +296,12 @@ void attend_tile(const TileRows& a, const float* k, const float* v, uint32_t tok
       continue;
     }
     for (uint32_t t = visible; t < kTileTokens; ++t) s[t] = kNegInf;
+    if constexpr (kScaled) {
+      // Per-page K scale: q . (k * s) == (q . k) * s.
+      for (uint32_t t = 0; t < kTileTokens; t += V::kWidth) {
+        V::store(s + t, V::mul(V::load(s + t), V::load(a.k_scale + t)));
+      }
+    }
     auto mx = V::load(s);
     for (uint32_t t = V::kWidth; t < kTileTokens; t += V::kWidth) mx = V::max(mx, V::load(s + t));
     const float tile_max = V::reduce_max(mx);
@@ -233,8 +311,9 @@ void attend_tile(const TileRows& a, const float* k, const float* v, uint32_t tok
     const auto shift = V::set1(m_new);
     for (uint32_t t = 0; t < kTileTokens; t += V::kWidth) {
       const auto p = V::exp2(V::sub(V::load(s + t), shift));
-      V::store(s + t, p);
       sum = V::add(sum, p);
+      // Per-page V scale folds into the weight: p * (v * s) == (p * s) * v.
+      V::store(s + t, kScaled ? V::mul(p, V::load(a.v_scale + t)) : p);
     }
     a.l[r] = a.l[r] * alpha + V::reduce_add(sum);
     a.m[r] = m_new;
@@ -242,10 +321,40 @@ void attend_tile(const TileRows& a, const float* k, const float* v, uint32_t tok
   }
 
   for (r = 0; r + 4 <= a.rows; r += 4) {
-    accumulate_rows<V, 4>(a.scores + r * kTileTokens, a.alpha + r, v, tokens, dim, a.o + r * dim);
+    accumulate_rows<V, D, 4>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
+                             a.o + r * dim, pf);
   }
   for (; r < a.rows; ++r) {
-    accumulate_rows<V, 1>(a.scores + r * kTileTokens, a.alpha + r, v, tokens, dim, a.o + r * dim);
+    accumulate_rows<V, D, 1>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
+                             a.o + r * dim, pf);
+  }
+  pf.drain();
+}
+
+// Row addresses (K; V is v_offset further) and per-page scales of the tokens of one tile.
+struct TileAddresses {
+  const uint8_t* row[kTileTokens];
+  alignas(64) float k_scale[kTileTokens];
+  alignas(64) float v_scale[kTileTokens];
+  uint32_t tokens;
+};
+
+inline void locate_tile(const ItemArgs& a, std::size_t token_bytes, uint32_t begin,
+                        TileAddresses& t) {
+  t.tokens = a.kv_end - begin < kTileTokens ? a.kv_end - begin : kTileTokens;
+  for (uint32_t j = 0; j < kTileTokens; ++j) {
+    t.k_scale[j] = 1.0f;
+    t.v_scale[j] = 1.0f;
+  }
+  for (uint32_t j = 0; j < t.tokens; ++j) {
+    const uint32_t pos = begin + j;
+    const uint32_t page = pos / a.page_tokens;
+    const uint32_t frame = a.pages[page];
+    t.row[j] = a.arena + frame * a.frame_stride + (pos - page * a.page_tokens) * token_bytes;
+    if (a.scales != nullptr) {
+      t.k_scale[j] = a.scales[2 * static_cast<std::size_t>(frame)];
+      t.v_scale[j] = a.scales[2 * static_cast<std::size_t>(frame) + 1];
+    }
   }
 }
 
@@ -257,35 +366,45 @@ void attend_item_t(const ItemArgs& a) {
   const std::size_t head_bytes = static_cast<std::size_t>(dim) * kEs;
   const std::size_t token_bytes = head_bytes * a.kv_heads;
   const std::size_t v_offset = token_bytes * a.page_tokens;
-  float* k_tile = a.work;
-  float* v_tile = k_tile + kTileTokens * dim;
-  float* scores = v_tile + kTileTokens * dim;
+  float* scores = a.work;
   float* alpha = scores + static_cast<std::size_t>(rows) * kTileTokens;
+  // pf.issue() calls one step makes: one per 4-token score block, one per V chunk, per row block.
+  const uint32_t row_blocks = (rows + 3) / 4;
+  const uint32_t pf_calls = row_blocks * (kTileTokens / 4 + dim / V::kWidth);
 
-  const uint8_t* k_row[kTileTokens];
-  float k_scale[kTileTokens];
-  float v_scale[kTileTokens];
+  // Steps are (tile, head) in that order; step i prefetches step i + 1.
+  TileAddresses tiles[2];
+  const uint8_t* rows_now[2][kTileTokens];  // K rows of this step's head / the next step's head
+  if (a.kv_begin >= a.kv_end) return;
+  int cur = 0;
+  locate_tile(a, token_bytes, a.kv_begin, tiles[cur]);
   for (uint32_t begin = a.kv_begin; begin < a.kv_end; begin += kTileTokens) {
-    const uint32_t tokens = a.kv_end - begin < kTileTokens ? a.kv_end - begin : kTileTokens;
-    for (uint32_t j = 0; j < tokens; ++j) {
-      const uint32_t pos = begin + j;
-      const uint32_t page = pos / a.page_tokens;
-      const uint32_t frame = a.pages[page];
-      k_row[j] = a.arena + frame * a.frame_stride + (pos - page * a.page_tokens) * token_bytes;
-      k_scale[j] = a.scales != nullptr ? a.scales[2 * static_cast<std::size_t>(frame)] : 1.0f;
-      v_scale[j] = a.scales != nullptr ? a.scales[2 * static_cast<std::size_t>(frame) + 1] : 1.0f;
-    }
+    const TileAddresses& tile = tiles[cur];
+    const bool has_next_tile = begin + kTileTokens < a.kv_end;
+    if (has_next_tile) locate_tile(a, token_bytes, begin + kTileTokens, tiles[cur ^ 1]);
     for (uint32_t h = 0; h < a.kv_heads; ++h) {
-      for (uint32_t j = 0; j < tokens; ++j) {
-        const uint8_t* k_src = k_row[j] + h * head_bytes;
-        to_f32_t<V, D>(k_src, k_scale[j], k_tile + j * dim, dim);
-        to_f32_t<V, D>(k_src + v_offset, v_scale[j], v_tile + j * dim, dim);
+      const uint8_t** k_rows = rows_now[0];
+      const uint8_t** next_rows = rows_now[1];
+      for (uint32_t j = 0; j < tile.tokens; ++j) k_rows[j] = tile.row[j] + h * head_bytes;
+      PrefetchQueue pf;
+      if (h + 1 < a.kv_heads) {
+        for (uint32_t j = 0; j < tile.tokens; ++j) next_rows[j] = k_rows[j] + head_bytes;
+        pf = PrefetchQueue(next_rows, tile.tokens, head_bytes, v_offset, pf_calls);
+      } else if (has_next_tile) {
+        const TileAddresses& next = tiles[cur ^ 1];
+        for (uint32_t j = 0; j < next.tokens; ++j) next_rows[j] = next.row[j];
+        pf = PrefetchQueue(next_rows, next.tokens, head_bytes, v_offset, pf_calls);
       }
+      const uint8_t* v_rows[kTileTokens];
+      for (uint32_t j = 0; j < tile.tokens; ++j) v_rows[j] = k_rows[j] + v_offset;
       const std::size_t row0 = static_cast<std::size_t>(h) * rows;
-      TileRows tile{a.q + row0 * dim, rows,       a.group,          a.visible_end, begin,
-                    a.m + row0,       a.l + row0, a.o + row0 * dim, scores,        alpha};
-      attend_tile<V>(tile, k_tile, v_tile, tokens, dim);
+      const TileRows t{
+          a.q + row0 * dim, rows,         a.group,      a.visible_end, begin,      k_rows,
+          v_rows,           tile.k_scale, tile.v_scale, a.m + row0,    a.l + row0, a.o + row0 * dim,
+          scores,           alpha};
+      attend_tile<V, D>(t, tile.tokens, dim, pf);
     }
+    cur ^= 1;
   }
 }
 
@@ -308,3 +427,5 @@ constexpr IsaKernels make_kernels(Isa isa, const char* name) {
   return IsaKernels{
       isa, name, &to_f32<V>, &from_f32<V>, &abs_max<V>, &attend_item<V>, &V::stream_read};
 }
+
+#undef KVTIER_UNROLL
