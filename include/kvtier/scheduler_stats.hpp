@@ -1,0 +1,55 @@
+// Counters of the scheduler: what the engine asked for, where it was found, what moved and what it
+// cost.
+//
+// Plain relaxed atomics written on the scheduler's loop (and by match() on engine threads) and
+// read at scrape time by runtime/ (Prometheus) or by tests and benchmarks. Hit rates are derived
+// from counters (hits / lookups), never stored as a ratio, so rate() over any window is exact.
+// Each field is exact on its own at a quiescent point; reads are not a snapshot across fields.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "kvtier/types.hpp"
+
+namespace kvtier {
+
+struct SchedulerStats {
+  using Counter = std::atomic<uint64_t>;
+
+  // match(): blocks and tokens asked for, and found per tier (the slowest tier each must be loaded
+  // from). lookups count every key of every chain presented; hits count the cached prefix.
+  Counter lookup_blocks{0};
+  Counter lookup_tokens{0};
+  std::array<Counter, kNumTiers> hit_blocks{};
+  std::array<Counter, kNumTiers> hit_tokens{};
+
+  // Pages moved up (toward HBM) and down, per destination tier.
+  std::array<Counter, kNumTiers> promotions{};
+  std::array<Counter, kNumTiers> demotions{};
+  // Copies given up to make room (pages for HBM/host, blocks for NVMe), per tier.
+  std::array<Counter, kNumTiers> evictions{};
+
+  // Prefetches that were still in flight when a step needed them.
+  Counter late_prefetches{0};
+  Counter prefetches{0};
+  // Time engine threads spent waiting on a layer that was not ready, in nanoseconds.
+  Counter stall_nanos{0};
+  Counter stalls{0};
+  // Waits that ran out their deadline.
+  Counter deadline_misses{0};
+  // Compute-or-load: blocks the planner chose to recompute rather than load (too slow to load).
+  Counter recompute_blocks{0};
+  Counter recompute_tokens{0};
+  // Loads that failed (I/O error, checksum) and became misses.
+  Counter failed_loads{0};
+
+  Counter steps{0};
+  Counter windowed_steps{0};  // steps that did not fit in HBM at once and ran layer by layer
+  Counter sequences_opened{0};
+  Counter blocks_published{0};
+  Counter blocks_deduplicated{0};  // publish found the block already cached: shared, not copied
+};
+
+}  // namespace kvtier

@@ -1,0 +1,56 @@
+// EngineTransferPort: the TransferPort over the real tiers (tiers/transfer_engine.hpp).
+//
+// Each call submits to the TransferEngine with a completion callback that posts the caller's
+// TransferDone to the scheduler's EventLoop, then detaches the handle: the engine keeps the
+// transfer alive until it completes, and the loop learns of it as a posted task (Asio's post wakes
+// the loop's reactor through its eventfd). Link models come from the configuration when it names a
+// bandwidth, else from an estimate measured over completed transfers (an exponential moving
+// average), so compute-or-load decisions follow what the hardware actually does.
+#pragma once
+
+#include <array>
+#include <atomic>
+
+#include "kvtier/types.hpp"
+#include "scheduler/event_loop.hpp"
+#include "scheduler/transfer_port.hpp"
+#include "tiers/transfer_engine.hpp"
+
+namespace kvtier {
+
+class EngineTransferPort final : public TransferPort {
+ public:
+  // `configured` links with bytes_per_second > 0 are used as given; the others are measured,
+  // starting from `prior`. `store` (null: no NVMe tier) is the engine's block store, for erase.
+  // The port must outlive every transfer it submitted (the runtime drains them at shutdown).
+  EngineTransferPort(TransferEngine& engine, BlockStore* store, EventLoop& loop,
+                     const Geometry& geometry,
+                     const std::array<LinkModel, kNumLinks>& configured,
+                     const std::array<LinkModel, kNumLinks>& prior);
+
+  Status copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) override;
+  Status write_block(const BlockKey& key, std::span<const uint32_t> host_frames,
+                     TransferDone done) override;
+  Status read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
+                    TransferDone done) override;
+  Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
+                   TransferDone done) override;
+  Status erase_block(const BlockKey& key) override;
+  LinkModel link_model(Link link) const override;
+  uint64_t page_bytes() const override { return geometry_.page_bytes(); }
+
+ private:
+  TransferOptions options_for(Link link, uint64_t bytes, TransferDone done);
+  void record(Link link, uint64_t bytes, Nanos elapsed);
+
+  TransferEngine& engine_;
+  BlockStore* store_;
+  EventLoop& loop_;
+  const Geometry geometry_;
+  const std::array<LinkModel, kNumLinks> configured_;
+  // Measured bandwidth in bytes/s per link, stored as double bits (atomic: engine threads record).
+  std::array<std::atomic<double>, kNumLinks> measured_{};
+  std::array<Nanos, kNumLinks> latency_{};
+};
+
+}  // namespace kvtier

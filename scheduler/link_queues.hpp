@@ -1,0 +1,68 @@
+// LinkQueues: priorities and backpressure in front of the TransferPort.
+//
+// Each link (hbm->host, host->hbm, host->nvme, nvme->host) has three FIFO queues — demand loads
+// (a step is waiting), prefetches (a hint or an open sequence will want it), write-backs (making a
+// lower copy, watermarks) — and a cap on the bytes it may have in flight. A job is submitted only
+// while the link is under its cap, highest priority first, so a burst of write-backs can never sit
+// in front of a demand load in the device's queue. A job that is already queued can be promoted
+// (a prefetch becomes a demand when a step needs it before it ran). Loop thread only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <unordered_map>
+
+#include "kvtier/status.hpp"
+#include "kvtier/transfer_stats.hpp"
+
+namespace kvtier {
+
+enum class TransferPriority : uint8_t { kDemand = 0, kPrefetch = 1, kWriteBack = 2 };
+constexpr int kNumPriorities = 3;
+
+using JobId = uint64_t;
+
+// Submits the job to the port; `finished` must be called exactly once when the transfer completes
+// (or at once, with the error, when the submit failed). Returns nothing: failures travel through
+// `finished`.
+using JobStart = std::function<void(std::function<void()> finished)>;
+
+class LinkQueues {
+ public:
+  // 0 = no cap for that link.
+  explicit LinkQueues(const std::array<uint64_t, kNumLinks>& max_inflight_bytes);
+
+  // Queues a job of `bytes` on `link`; starts it at once when the link has room.
+  JobId enqueue(Link link, TransferPriority priority, uint64_t bytes, JobStart start);
+  // Moves a queued job to a higher priority; false when it already started or is unknown.
+  bool promote(JobId id, TransferPriority priority);
+
+  uint64_t inflight_bytes(Link link) const { return links_[static_cast<int>(link)].inflight; }
+  uint64_t queued_bytes(Link link) const { return links_[static_cast<int>(link)].queued; }
+  std::size_t queued_jobs(Link link) const;
+  bool idle() const;
+
+ private:
+  struct Job {
+    JobId id;
+    uint64_t bytes;
+    JobStart start;
+  };
+  struct LinkState {
+    std::array<std::deque<Job>, kNumPriorities> queues;
+    uint64_t inflight = 0;
+    uint64_t queued = 0;
+    uint64_t cap = 0;
+  };
+
+  void pump();
+
+  std::array<LinkState, kNumLinks> links_{};
+  std::unordered_map<JobId, std::pair<Link, TransferPriority>> where_;  // queued jobs only
+  JobId next_id_ = 0;
+  bool pumping_ = false;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,290 @@
+// Scheduler: construction, sequences, match, compute-or-load, hints. See scheduler.hpp.
+#include "scheduler/scheduler.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "scheduler/scheduler_internal.hpp"
+
+namespace kvtier {
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerParts& parts,
+                                                     const SchedulerOptions& options) {
+  if (parts.table == nullptr || parts.port == nullptr || parts.loop == nullptr ||
+      parts.hbm == nullptr || parts.host == nullptr) {
+    return invalid_argument("scheduler needs a page table, a transfer port, an event loop and the "
+                            "hbm and host frame allocators");
+  }
+  if (parts.table->layers() != options.geometry.layers) {
+    return invalid_argument("page table has " + std::to_string(parts.table->layers()) +
+                            " layers, geometry " + std::to_string(options.geometry.layers));
+  }
+  std::unique_ptr<Scheduler> s(new Scheduler(parts, options));
+  KVTIER_RETURN_IF_ERROR(s->init());
+  return s;
+}
+
+Scheduler::Scheduler(const SchedulerParts& parts, const SchedulerOptions& options)
+    : parts_(parts), options_(options), links_(options.max_inflight_bytes) {}
+
+Scheduler::~Scheduler() = default;
+
+Status Scheduler::init() {
+  const auto capacity_of = [&](Tier t) -> uint64_t {
+    switch (t) {
+      case Tier::kHbm: return parts_.hbm->capacity();
+      case Tier::kHost: return parts_.host->capacity();
+      case Tier::kNvme: return parts_.nvme != nullptr ? parts_.nvme->capacity() : 0;
+    }
+    return 0;
+  };
+  std::array<Evictor*, kNumTiers> raw{};
+  for (Tier t : kAllTiers) {
+    const uint64_t cap = capacity_of(t);
+    if (t != Tier::kHbm && cap == 0) continue;  // tier not configured
+    EvictorOptions eo;
+    // Evictors count blocks; memory tiers hold pages, `layers` of them per block.
+    eo.capacity_blocks = t == Tier::kNvme ? cap : cap / std::max<uint32_t>(1, options_.geometry.layers);
+    eo.hints = &hints_;
+    evictors_[tier_index(t)] = make_evictor(options_.policies.eviction, eo);
+    if (evictors_[tier_index(t)] == nullptr) {
+      return invalid_argument("no eviction policy named " +
+                              std::string(eviction_policy_name(options_.policies.eviction)));
+    }
+    raw[tier_index(t)] = evictors_[tier_index(t)].get();
+  }
+  write_ = make_write_strategy(options_.policies.write, options_.policies.write_selective_hits);
+  if (write_ == nullptr) return invalid_argument("unknown write policy");
+  admission_ = std::make_unique<NvmeAdmission>(options_.policies.admission);
+  placement_ = std::make_unique<Placement>(*parts_.table, raw, *admission_, *write_);
+  return ok_status();
+}
+
+FrameAllocator* Scheduler::frames(Tier tier) const {
+  return tier == Tier::kHbm ? parts_.hbm : tier == Tier::kHost ? parts_.host : nullptr;
+}
+
+uint32_t Scheduler::depth_of(const BlockKey& key) const {
+  auto it = depth_.find(key);
+  return it == depth_.end() ? 0 : it->second;
+}
+
+bool Scheduler::idle() const {
+  if (!links_.idle() || !ops_.empty()) return false;
+  for (const auto& tier : waiters_) {
+    for (const auto& q : tier) {
+      if (!q.empty()) return false;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Match and sequences
+// ---------------------------------------------------------------------------------------------
+
+MatchResult Scheduler::match(std::span<const BlockKey> keys) {
+  MatchResult m = parts_.table->match(keys, MatchOptions{.record_hits = true, .acquire = false});
+  const uint64_t pt = options_.geometry.page_tokens;
+  stats_.lookup_blocks.fetch_add(keys.size(), std::memory_order_relaxed);
+  stats_.lookup_tokens.fetch_add(keys.size() * pt, std::memory_order_relaxed);
+  for (Tier t : kAllTiers) {
+    stats_.hit_blocks[tier_index(t)].fetch_add(m.by_tier[tier_index(t)], std::memory_order_relaxed);
+    stats_.hit_tokens[tier_index(t)].fetch_add(m.by_tier[tier_index(t)] * pt,
+                                               std::memory_order_relaxed);
+  }
+  return m;
+}
+
+Nanos Scheduler::estimated_load_time(Tier from, uint32_t blocks) const {
+  if (from == Tier::kHbm) return 0;
+  const uint64_t block_bytes = options_.geometry.block_bytes();
+  // Host -> HBM for every tier below HBM; NVMe -> host first for NVMe. Queued bytes on the link
+  // delay this load too.
+  const auto over = [&](Link link) {
+    const LinkModel m = parts_.port->link_model(link);
+    return m.transfer_time(blocks * block_bytes + links_.queued_bytes(link) +
+                           links_.inflight_bytes(link));
+  };
+  Nanos t = over(Link::kHostToHbm);
+  if (from == Tier::kNvme) t += over(Link::kNvmeToHost);
+  return t;
+}
+
+void Scheduler::decide_reuse(std::span<const BlockKey> keys, const MatchResult& match,
+                             Sequence& seq, OpenedSequence& out) {
+  // Where each matched block must be loaded from.
+  std::vector<Tier> from;
+  from.reserve(match.blocks);
+  for (uint32_t i = 0; i < match.blocks; ++i) {
+    auto info = parts_.table->lookup(keys[i]);
+    from.push_back(info.ok() && info->match_tier ? *info->match_tier : Tier::kNvme);
+  }
+  // Compute-or-load: reuse the prefix [0, k) that saves the most time, where block i saves its
+  // recompute time minus its load time. A block slower to load than to recompute is never loaded
+  // just for itself; it is loaded only when cheaper blocks after it make the prefix worth it.
+  const double prefill = std::max(1.0, options_.policies.prefill_tokens_per_s);
+  const Nanos recompute_block =
+      static_cast<Nanos>(static_cast<double>(options_.geometry.page_tokens) / prefill * 1e9);
+  const LinkModel h2d = parts_.port->link_model(Link::kHostToHbm);
+  const LinkModel nvme = parts_.port->link_model(Link::kNvmeToHost);
+  const uint64_t bb = options_.geometry.block_bytes();
+  // Per-block cost at the links' bandwidth; their fixed latency overlaps across a batch of loads.
+  const auto load_time = [&](Tier t) -> Nanos {
+    switch (t) {
+      case Tier::kHbm: return 0;
+      case Tier::kHost: return h2d.transfer_time(bb) - h2d.latency;
+      case Tier::kNvme:
+        return h2d.transfer_time(bb) - h2d.latency + nvme.transfer_time(bb) - nvme.latency;
+    }
+    return 0;
+  };
+  // Work already queued on a link delays this load once, however many blocks it moves.
+  const Nanos h2d_backlog = estimated_load_time(Tier::kHost, 0);
+  const Nanos nvme_backlog = estimated_load_time(Tier::kNvme, 0) - h2d_backlog;
+  int64_t best_saving = 0;
+  uint32_t best_k = 0;
+  int64_t saving = 0;
+  bool uses_h2d = false;
+  bool uses_nvme = false;
+  for (uint32_t i = 0; i < match.blocks; ++i) {
+    saving += recompute_block - load_time(from[i]);
+    uses_h2d = uses_h2d || from[i] != Tier::kHbm;
+    uses_nvme = uses_nvme || from[i] == Tier::kNvme;
+    const int64_t net = saving - (uses_h2d ? h2d_backlog : 0) - (uses_nvme ? nvme_backlog : 0);
+    if (net >= best_saving) {
+      best_saving = net;
+      best_k = i + 1;
+    }
+  }
+  out.matched_blocks = match.blocks;
+  out.reused_blocks = best_k;
+  out.recompute_blocks = match.blocks - best_k;
+  out.reused_tokens = static_cast<uint64_t>(best_k) * options_.geometry.page_tokens;
+  for (uint32_t i = 0; i < best_k; ++i) out.reused_by_tier[tier_index(from[i])] += 1;
+  if (out.recompute_blocks > 0) {
+    stats_.recompute_blocks.fetch_add(out.recompute_blocks, std::memory_order_relaxed);
+    stats_.recompute_tokens.fetch_add(
+        static_cast<uint64_t>(out.recompute_blocks) * options_.geometry.page_tokens,
+        std::memory_order_relaxed);
+  }
+  seq.reused_blocks = best_k;
+}
+
+Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt_keys) {
+  for (const BlockKey& k : prompt_keys) {
+    if (k.is_private() || k.is_null()) {
+      return invalid_argument("open_sequence: key " + to_string(k) +
+                              " is not a content key (private or null)");
+    }
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = ++next_sequence_;
+  seq->prompt_keys.assign(prompt_keys.begin(), prompt_keys.end());
+  OpenedSequence out;
+  out.id = seq->id;
+  out.prompt_blocks = static_cast<uint32_t>(prompt_keys.size());
+  const MatchResult m = match(prompt_keys);
+  decide_reuse(prompt_keys, m, *seq, out);
+  // Take references on the reused prefix. A block can vanish between match and here only through
+  // an eviction run by this same loop, which has not run since; still, stop at the first failure.
+  for (uint32_t i = 0; i < out.reused_blocks; ++i) {
+    Status s = parts_.table->acquire(prompt_keys[i]);
+    if (!s.ok()) {
+      out.reused_blocks = i;
+      out.reused_tokens = static_cast<uint64_t>(i) * options_.geometry.page_tokens;
+      break;
+    }
+    seq->blocks.push_back(prompt_keys[i]);
+    depth_[prompt_keys[i]] = i;
+    if (Evictor* e = evictor(Tier::kHbm); e != nullptr && e->contains(prompt_keys[i])) {
+      e->on_access(prompt_keys[i]);
+    }
+  }
+  seq->tokens = out.reused_tokens;
+  seq->reused_blocks = out.reused_blocks;
+  // Start bringing the reused prefix up: NVMe -> host -> HBM, as prefetches (a step that needs a
+  // page first promotes its load to a demand).
+  for (const BlockKey& key : seq->blocks) prefetch_block(key, /*into_hbm=*/true);
+  stats_.sequences_opened.fetch_add(1, std::memory_order_relaxed);
+  sequences_.emplace(seq->id, std::move(seq));
+  return out;
+}
+
+Result<Scheduler::Sequence*> Scheduler::find_sequence(SequenceId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) {
+    return not_found("sequence " + std::to_string(id) + " is not open (never opened, or closed)");
+  }
+  return it->second.get();
+}
+
+Status Scheduler::close_sequence(SequenceId id) {
+  KVTIER_ASSIGN_OR_RETURN(Sequence * seq, find_sequence(id));
+  if (seq->active_step != 0) {
+    return failed_precondition("sequence " + std::to_string(id) + " is in step " +
+                               std::to_string(seq->active_step) + "; end the step first");
+  }
+  Status first;
+  for (const BlockKey& key : seq->blocks) {
+    auto left = parts_.table->release(key);
+    if (!left.ok()) {
+      if (first.ok()) first = left.status();
+      continue;
+    }
+    if (key.is_private()) {
+      // A private block has no identity anyone can match: its K/V goes with the sequence.
+      for (Tier t : {Tier::kHbm, Tier::kHost}) {
+        auto dropped = parts_.table->drop_all(key, t);
+        if (!dropped.ok() && first.ok()) first = dropped.status();
+      }
+    }
+    after_change(key);
+  }
+  sequences_.erase(id);
+  for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
+  return first;
+}
+
+Status Scheduler::hint(std::span<const HintedRequest> waiting) {
+  // Replace the board: requests no longer hinted have started or were dropped.
+  std::unordered_set<uint64_t> now;
+  for (const HintedRequest& r : waiting) now.insert(r.request_id);
+  for (auto it = hinted_ids_.begin(); it != hinted_ids_.end();) {
+    if (!now.contains(*it)) {
+      hints_.remove(*it).ignore();
+      it = hinted_ids_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  uint32_t rank = 0;
+  for (const HintedRequest& r : waiting) {
+    if (!hinted_ids_.contains(r.request_id)) {
+      KVTIER_RETURN_IF_ERROR(hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start), r.keys));
+      hinted_ids_.insert(r.request_id);
+    }
+    // Prefetch the cached prefix of the first `depth` waiting requests toward host memory (and
+    // into HBM only while it has free frames: a prefetch never evicts for itself).
+    if (rank++ < options_.policies.prefetch.depth) {
+      const MatchResult m = parts_.table->match(r.keys, MatchOptions{.record_hits = false});
+      for (uint32_t i = 0; i < m.blocks; ++i) prefetch_block(r.keys[i], /*into_hbm=*/true);
+    }
+  }
+  return ok_status();
+}
+
+Status Scheduler::adopt_nvme_block(const BlockKey& key) {
+  if (parts_.nvme == nullptr) return failed_precondition("no nvme tier is configured");
+  KVTIER_RETURN_IF_ERROR(parts_.table->create_block(key, BlockKey{}));
+  auto extent = parts_.table->begin_fill(key, CopyId::nvme());
+  if (!extent.ok()) {
+    parts_.table->erase(key).ignore();
+    return extent.status();
+  }
+  KVTIER_RETURN_IF_ERROR(parts_.table->complete_fill(key, CopyId::nvme()));
+  sync_membership(key, Tier::kNvme);
+  return ok_status();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,304 @@
+// Scheduler: drives every page between tiers so that a step's attention only reads pages resident
+// in HBM, and keeps the cache's decisions (what stays, what goes where, what loads first).
+//
+// The step contract (DESIGN.md, "How an engine uses it"):
+//   open_sequence(keys)  reuse the cached prefix of a prompt — as much of it as is cheaper to load
+//                        than to recompute (compute-or-load) — and start loading it;
+//   begin_step(batch)    for each sequence, the pages it reads this step plus fresh pages for the
+//                        tokens it appends; pins them layer by layer and schedules what is missing.
+//                        When the whole batch fits in HBM every layer is pinned at once; otherwise
+//                        a window of layers is (layer L computes while the next ones load), and
+//                        end_layer(L) releases L and plans the next layer;
+//   wait_layer(L)        (engine thread, no loop involved) blocks until layer L's pages have arrived;
+//   layer_table(L)       the CSR block table of HBM frames for layer L (valid once L is ready);
+//   end_step(keys)       unpins, completes the pages the engine wrote, publishes blocks that became
+//                        full under their content keys (deduplicating against the cache) and
+//                        applies the write policy;
+//   close_sequence       releases the sequence; its full blocks stay cached until evicted.
+//
+// Threading. Every method except wait_layer/layer_table/stats runs on the EventLoop's thread: the
+// runtime marshals engine calls with EventLoop::run_sync (bounded), and the simulated engine of the
+// benchmark runs on the loop itself. So the scheduler, its placement and its evictors need no locks;
+// the page table it drives is concurrent anyway (match may run on engine threads). Transfers run on
+// the TransferPort's engines and complete as loop tasks.
+//
+// Moves. A page is promoted NVMe -> host -> HBM, each step a TransferPort job queued by priority
+// (demand > prefetch > write-back, LinkQueues) under a per-link cap on bytes in flight. Frames are
+// taken with PageTable::begin_fill; when a tier has no free frame the request waits in that tier's
+// queue and the Placement plans room (its victims are demoted or dropped, asynchronously). Pages
+// being copied out of HBM are pinned (write-through) or draining (eviction), so nothing reuses a
+// frame under a transfer. A failed load makes the page a miss: the waiting layer fails, the engine
+// recomputes; the bytes are never served. Blocks of open sequences (references > 0) and private
+// blocks never lose their last copy: they are demoted whatever admission says, or stay.
+//
+// Deadlines. Every wait is bounded (prefetch.deadline_ms for stall accounting, wait_timeout as the
+// hard bound). A late page stalls the step (counted), or, with prefetch.on_late = recompute, the
+// first step of a sequence gives up the part of its reused prefix that is still loading and tells
+// the engine to recompute it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kvtier/block_key.hpp"
+#include "kvtier/config.hpp"
+#include "kvtier/scheduler_stats.hpp"
+#include "kvtier/status.hpp"
+#include "scheduler/event_loop.hpp"
+#include "scheduler/layer_readiness.hpp"
+#include "scheduler/link_queues.hpp"
+#include "scheduler/page_table.hpp"
+#include "scheduler/placement.hpp"
+#include "scheduler/policies/admission.hpp"
+#include "scheduler/policies/evictor.hpp"
+#include "scheduler/policies/hint_board.hpp"
+#include "scheduler/policies/write_strategy.hpp"
+#include "scheduler/transfer_port.hpp"
+
+namespace kvtier {
+
+using SequenceId = uint64_t;
+using StepId = uint64_t;
+struct PageSnapshot;  // scheduler_internal.hpp
+
+struct SchedulerOptions {
+  Geometry geometry;
+  PoliciesConfig policies;
+  std::array<Watermarks, kNumTiers> watermarks{};
+  // Cap on bytes in flight per link (indexed by Link); 0 = no cap.
+  std::array<uint64_t, kNumLinks> max_inflight_bytes{};
+  // Hard bound on any wait of an engine thread (wait_layer), whatever the deadline policy says.
+  Nanos wait_timeout = 30 * kNanosPerSecond;
+};
+
+// What the scheduler drives; nothing is owned, everything must outlive it. `nvme` may be null (no
+// NVMe tier): then the page table's NVMe copies are never used.
+struct SchedulerParts {
+  PageTable* table = nullptr;
+  TransferPort* port = nullptr;
+  EventLoop* loop = nullptr;
+  FrameAllocator* hbm = nullptr;
+  FrameAllocator* host = nullptr;
+  ExtentAllocator* nvme = nullptr;
+};
+
+struct OpenedSequence {
+  SequenceId id = 0;
+  uint32_t prompt_blocks = 0;    // keys given
+  uint32_t matched_blocks = 0;   // cached prefix found by match
+  uint32_t reused_blocks = 0;    // what the sequence reuses (the rest is prefilled)
+  uint64_t reused_tokens = 0;    // reused_blocks * page_tokens
+  std::array<uint32_t, kNumTiers> reused_by_tier{};  // where the reused blocks were found
+  uint32_t recompute_blocks = 0;  // matched but cheaper to recompute than to load
+};
+
+struct StepItem {
+  SequenceId sequence = 0;
+  uint32_t new_tokens = 0;  // tokens whose K/V the engine writes this step (prefill chunk or 1)
+};
+
+// Per batch item, in request order.
+struct StepItemInfo {
+  SequenceId sequence = 0;
+  uint64_t context_tokens = 0;  // tokens with K/V before this step; the engine writes from here
+  // Tokens the engine writes this step: the new_tokens it asked for, plus `recomputed_tokens` in
+  // front of them when prefetch.on_late = recompute gave up a reused prefix that was loading too
+  // slowly (the first step of a sequence only).
+  uint32_t new_tokens = 0;
+  uint32_t recomputed_tokens = 0;
+  uint32_t pages = 0;  // pages per layer this step reads and writes
+};
+
+struct StepInfo {
+  StepId id = 0;
+  uint32_t layers = 0;
+  uint32_t window = 0;  // layers pinned at once (== layers when the batch fits)
+  bool windowed = false;
+  std::vector<StepItemInfo> items;
+};
+
+// One layer's block table over the batch (CSR, FlashInfer-style): the pages of item i are
+// indices[indptr[i] .. indptr[i+1]) (HBM frame indices), of which the last holds last_page_len[i]
+// tokens after this step's appends.
+struct LayerTable {
+  std::vector<int32_t> indptr;
+  std::vector<int32_t> indices;
+  std::vector<int32_t> last_page_len;
+};
+
+// Given at end_step for each item whose appended tokens filled one or more blocks: the content
+// keys of those blocks, in order. Omitted (or fewer keys): the keys given to open_sequence for the
+// prompt are used; a block with no key stays private to the sequence.
+struct StepCompletion {
+  SequenceId sequence = 0;
+  std::vector<BlockKey> full_block_keys;
+};
+
+// A request the engine will start soon (hint): its keys and expected start (ns on the loop clock).
+struct HintedRequest {
+  uint64_t request_id = 0;
+  Nanos expected_start = 0;
+  std::vector<BlockKey> keys;
+};
+
+class Scheduler {
+ public:
+  static Result<std::unique_ptr<Scheduler>> create(const SchedulerParts& parts,
+                                                   const SchedulerOptions& options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // ---- Loop thread ----
+  // The cached prefix of a key chain, per tier; counts lookups and hits. Any thread.
+  MatchResult match(std::span<const BlockKey> keys);
+  Result<OpenedSequence> open_sequence(std::span<const BlockKey> prompt_keys);
+  Status close_sequence(SequenceId id);
+  Result<StepInfo> begin_step(std::span<const StepItem> batch);
+  // The engine is done reading and writing `layer` of the step (windowed steps: releases it and
+  // plans the next layer). Optional when the step is not windowed.
+  Status end_layer(StepId step, uint32_t layer);
+  Status end_step(StepId step, std::span<const StepCompletion> completions);
+  // Gives a step up (the engine failed it, e.g. a layer that could not load): unpins, discards the
+  // pages it was to write and leaves every sequence as it was before the step.
+  Status abort_step(StepId step);
+  // Replaces the set of waiting requests the policies and the prefetcher see.
+  Status hint(std::span<const HintedRequest> waiting);
+  // A block found on NVMe at start-up (the store's recovered index): cached, on NVMe only.
+  Status adopt_nvme_block(const BlockKey& key);
+  // True when no transfer is queued or in flight and no request waits for a frame.
+  bool idle() const;
+
+  // ---- Any thread ----
+  // Blocks until `layer` of `step` is ready (all its pages arrived), at most the step's deadline
+  // policy allows; counts stalls. See layer_readiness.hpp for the results.
+  Status wait_layer(StepId step, uint32_t layer);
+  // The layer's block table; kFailedPrecondition before the layer is ready.
+  Result<LayerTable> layer_table(StepId step, uint32_t layer) const;
+  // The readiness of a layer, for engines that cannot block (the simulated engine: on_done).
+  Result<std::shared_ptr<LayerReadiness>> layer_readiness(StepId step, uint32_t layer) const;
+
+  const SchedulerStats& stats() const { return stats_; }
+  const PlacementCounters& placement_counters() const { return placement_->counters(); }
+  const Geometry& geometry() const { return options_.geometry; }
+  const LinkQueues& link_queues() const { return links_; }
+  std::size_t open_sequences() const { return sequences_.size(); }
+
+ private:
+  struct Sequence;
+  struct Step;
+  struct PublishedStep;
+  struct PageOp;
+  struct FrameWaiter;
+  struct PageKey {
+    BlockKey key;
+    uint32_t layer = 0;
+    Tier tier = Tier::kHbm;
+    friend bool operator==(const PageKey&, const PageKey&) = default;
+  };
+  struct PageKeyHash {
+    std::size_t operator()(const PageKey& p) const noexcept {
+      return BlockKeyHash()(p.key) ^ (static_cast<std::size_t>(p.layer) * 0x9E3779B1u) ^
+             (static_cast<std::size_t>(p.tier) << 60);
+    }
+  };
+  using Done = std::function<void(const Status&)>;
+  using FrameGranted = std::function<void(Result<uint32_t>)>;
+
+  Scheduler(const SchedulerParts& parts, const SchedulerOptions& options);
+  Status init();
+
+  // ---- Sequences and steps (scheduler.cpp, scheduler_step.cpp) ----
+  Result<Sequence*> find_sequence(SequenceId id);
+  Result<Step*> find_step(StepId id) const;
+  Status plan_layer(Step& step, uint32_t layer);
+  void release_layer(Step& step, uint32_t layer);
+  void finish_written_pages(Step& step, uint32_t layer);
+  Result<std::shared_ptr<PublishedStep>> published(StepId id) const;
+  void recompute_late_prefix(Sequence& seq, StepItemInfo& item);
+  Status publish_full_blocks(Sequence& seq, uint64_t old_tokens, const StepCompletion* completion);
+  void decide_reuse(std::span<const BlockKey> keys, const MatchResult& match, Sequence& seq,
+                    OpenedSequence& out);
+  Nanos estimated_load_time(Tier from, uint32_t blocks) const;
+
+  // ---- Moves (scheduler_moves.cpp) ----
+  // Brings page (key, layer) into HBM; `done` runs when its HBM copy is ready (or failed).
+  // `on_filling` runs as soon as the HBM copy exists (filling), with its frame — the step pins it
+  // there.
+  void ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPriority prio,
+                     std::function<void(uint32_t frame)> on_filling, Done done);
+  void ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio, Done done);
+  void prefetch_block(const BlockKey& key, bool into_hbm);
+  void request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
+                     FrameGranted granted);
+  void serve_frame_waiters(Tier tier);
+  void make_room(Tier tier, TransferPriority prio);
+  void execute_move(const PlannedMove& move, TransferPriority prio);
+  void demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
+  void demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool required);
+  void write_through(const BlockKey& key, TierMask tiers);
+  void check_watermarks();
+  void after_change(const BlockKey& key);  // evictor membership, erase of empty blocks
+  void sync_membership(const BlockKey& key, Tier tier);
+  bool may_lose_last_copy(const BlockKey& key, Tier tier) const;
+  void attach(const PageKey& page, Done done);
+  void ensure_block_in_host(const BlockKey& key, TransferPriority prio);
+  PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
+  void drop_nvme_copy(const BlockKey& key);
+  // Blocks the placement must leave alone (see SkipFilter::operator()).
+  struct SkipFilter {
+    const Scheduler* scheduler;
+    bool operator()(const BlockKey& key) const;
+  };
+  void finish_op(const PageKey& page, const Status& status);
+  Evictor* evictor(Tier tier) const { return evictors_[tier_index(tier)].get(); }
+  FrameAllocator* frames(Tier tier) const;
+  uint32_t depth_of(const BlockKey& key) const;
+
+  SchedulerParts parts_;
+  SchedulerOptions options_;
+  SchedulerStats stats_;
+  LinkQueues links_;
+  HintBoard hints_;
+  std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
+  std::unique_ptr<WriteStrategy> write_;
+  std::unique_ptr<NvmeAdmission> admission_;
+  std::unique_ptr<Placement> placement_;
+
+  std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+  std::unordered_map<StepId, std::unique_ptr<Step>> steps_;
+  SequenceId next_sequence_ = 0;
+  StepId next_step_ = 0;
+
+  // Fills in flight, by page copy (HBM/host page, or NVMe block with layer kWholeBlock).
+  std::unordered_map<PageKey, std::unique_ptr<PageOp>, PageKeyHash> ops_;
+  // Requests waiting for a frame, per tier (HBM, host), by priority.
+  std::array<std::array<std::deque<FrameWaiter>, kNumPriorities>, 2> waiters_;
+  // Frames that started draining and will be freed (per tier), so room is not planned twice.
+  std::array<uint64_t, kNumTiers> draining_{};
+  std::array<bool, kNumTiers> background_active_{};
+  // Depth of blocks in their chains, learned from sequences (for the policies' BlockFacts).
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> depth_;
+  std::unordered_set<uint64_t> hinted_ids_;
+  // Copies being read by a transfer (host pages copied up or written to NVMe, HBM pages copied
+  // down by write-through): the frame must not be reused until the read ends. Blocks with any page
+  // in here are skipped by the placement.
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> reading_;
+  SkipFilter skip_{this};
+  // HBM frames pinned by open steps (loop thread).
+  uint64_t pinned_frames_ = 0;
+
+  // What engine threads read without the loop: per step, its layers' readiness and tables.
+  mutable std::mutex published_mu_;
+  std::unordered_map<StepId, std::shared_ptr<PublishedStep>> published_;
+};
+
+}  // namespace kvtier

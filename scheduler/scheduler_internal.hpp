@@ -1,0 +1,90 @@
+// Private state of the Scheduler shared by its translation units (scheduler*.cpp). Loop thread
+// only, except where a member says otherwise.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <unordered_set>
+#include <vector>
+
+#include "scheduler/scheduler.hpp"
+
+namespace kvtier {
+
+struct Scheduler::Sequence {
+  SequenceId id = 0;
+  // The blocks holding the sequence's K/V, in chain order: content keys, and a private key for
+  // blocks not yet published (the still-growing last one, or blocks without a known key).
+  std::vector<BlockKey> blocks;
+  // The prompt's keys as given to open_sequence: publish uses them for prompt blocks.
+  std::vector<BlockKey> prompt_keys;
+  uint64_t tokens = 0;         // tokens with K/V
+  uint64_t next_private = 0;   // counter for private_block_key(id, n)
+  StepId active_step = 0;      // 0 when not in a step
+  uint32_t reused_blocks = 0;  // from open: blocks reused rather than prefilled
+  bool started = false;        // a step has begun
+};
+
+// Shared with engine threads: written by the loop before a layer is sealed; read after it is ready.
+struct Scheduler::PublishedStep {
+  std::vector<std::shared_ptr<LayerReadiness>> ready;
+  std::vector<LayerTable> tables;
+  Nanos stall_deadline = 0;  // a wait longer than this counts as a deadline miss
+};
+
+struct Scheduler::Step {
+  StepId id = 0;
+  uint32_t layers = 0;
+  uint32_t window = 0;
+  bool windowed = false;
+  bool ended = false;
+  Nanos begun = 0;
+  std::vector<StepItemInfo> items;
+  // Per item: the keys of the blocks it reads this step (after its appends), and the index of the
+  // first block it writes into.
+  std::vector<std::vector<BlockKey>> blocks;
+  std::vector<uint32_t> first_written;
+  std::shared_ptr<PublishedStep> shared;
+  // Blocks created by this step (their pages are written by the engine, nothing to load).
+  std::unordered_set<BlockKey, BlockKeyHash> new_blocks;
+  // Per item, the sequence's token count before the step (to undo an aborted step).
+  std::vector<uint64_t> tokens_before;
+  // Per layer: the (block) pages this step pinned there, so unpinning matches pinning exactly.
+  std::vector<std::vector<BlockKey>> pinned;
+  std::vector<uint8_t> planned;
+  std::vector<uint8_t> released;
+};
+
+// A transfer in flight for one copy (a fill, or the drain of a copy leaving its tier); those who
+// need it attach `Done`s, run when it ends. Fills of HBM pages also tell attached steps the frame as
+// soon as it is taken (`on_frame`), so they can pin it while it fills.
+struct Scheduler::PageOp {
+  JobId job = 0;
+  bool prefetch = false;
+  bool drain = false;
+  std::optional<uint32_t> frame;
+  std::vector<Done> waiters;
+  std::vector<std::function<void(uint32_t)>> on_frame;
+};
+
+// The few fields of a page or a block the move logic reads, taken under one shard lock (visit)
+// without copying the whole entry.
+struct PageSnapshot {
+  bool found = false;
+  CopyState hbm = CopyState::kAbsent;
+  CopyState host = CopyState::kAbsent;
+  CopyState nvme = CopyState::kAbsent;
+  uint32_t hbm_frame = 0;
+  uint32_t host_frame = 0;
+  uint32_t pins = 0;
+};
+
+struct Scheduler::FrameWaiter {
+  BlockKey key;
+  uint32_t layer = 0;
+  FrameGranted granted;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,833 @@
+// Scheduler: moving pages — promotions (NVMe -> host -> HBM), frames and the room they need,
+// demotions and evictions, write-through, watermarks, and the evictors' view of each tier.
+// See scheduler.hpp for the rules these follow.
+#include <algorithm>
+#include <string>
+
+#include "kvtier/log.hpp"
+#include "scheduler/scheduler.hpp"
+#include "scheduler/scheduler_internal.hpp"
+
+namespace kvtier {
+
+// ---------------------------------------------------------------------------------------------
+// Reading the table cheaply
+// ---------------------------------------------------------------------------------------------
+
+PageSnapshot Scheduler::page_snapshot(const BlockKey& key, uint32_t layer) const {
+  PageSnapshot snap;
+  Status s = parts_.table->visit(key, [&](const EntryView& v) {
+    snap.found = true;
+    snap.hbm = v.state(CopyId::hbm(layer));
+    snap.host = v.state(CopyId::host(layer));
+    snap.nvme = v.state(CopyId::nvme());
+    snap.hbm_frame = v.frame(CopyId::hbm(layer));
+    snap.host_frame = v.frame(CopyId::host(layer));
+    snap.pins = v.pins(layer);
+  });
+  s.ignore();  // not found reads as found = false
+  return snap;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting on copies in flight
+// ---------------------------------------------------------------------------------------------
+
+void Scheduler::attach(const PageKey& page, Done done) {
+  auto it = ops_.find(page);
+  if (it == ops_.end()) {
+    done(ok_status());  // nothing in flight any more: the caller re-reads the state
+    return;
+  }
+  it->second->waiters.push_back(std::move(done));
+}
+
+void Scheduler::finish_op(const PageKey& page, const Status& status) {
+  auto it = ops_.find(page);
+  if (it == ops_.end()) return;
+  std::unique_ptr<PageOp> op = std::move(it->second);
+  ops_.erase(it);
+  for (Done& d : op->waiters) d(status);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frames
+// ---------------------------------------------------------------------------------------------
+
+void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer,
+                              TransferPriority prio, FrameGranted granted) {
+  auto& queues = waiters_[tier_index(tier)];
+  // Queue behind requests of the same or a higher priority; otherwise try at once.
+  bool queued_ahead = false;
+  for (int p = 0; p <= static_cast<int>(prio); ++p) queued_ahead = queued_ahead || !queues[p].empty();
+  if (!queued_ahead) {
+    auto frame = parts_.table->begin_fill(key, CopyId::page(tier, layer));
+    if (frame.ok() || frame.status().code() != StatusCode::kResourceExhausted) {
+      granted(std::move(frame));
+      return;
+    }
+  }
+  queues[static_cast<int>(prio)].push_back(FrameWaiter{key, layer, std::move(granted)});
+  make_room(tier, prio);
+}
+
+void Scheduler::serve_frame_waiters(Tier tier) {
+  if (tier == Tier::kNvme) return;
+  auto& queues = waiters_[tier_index(tier)];
+  for (auto& q : queues) {
+    while (!q.empty()) {
+      if (frames(tier)->free_count() == 0) return;
+      FrameWaiter w = std::move(q.front());
+      q.pop_front();
+      auto frame = parts_.table->begin_fill(w.key, CopyId::page(tier, w.layer));
+      if (!frame.ok() && frame.status().code() == StatusCode::kResourceExhausted) {
+        q.push_front(std::move(w));
+        return;
+      }
+      w.granted(std::move(frame));
+    }
+  }
+}
+
+bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
+  // Private blocks belong to one sequence and move only through its steps; blocks with a page
+  // under a transfer keep their frames until it ends.
+  return key.is_private() || scheduler->reading_.contains(key);
+}
+
+void Scheduler::make_room(Tier tier, TransferPriority prio) {
+  uint64_t waiting = 0;
+  for (const auto& q : waiters_[tier_index(tier)]) waiting += q.size();
+  std::array<uint64_t, kNumTiers> free{};
+  for (Tier t : kAllTiers) {
+    const uint64_t f = t == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                                        : frames(t)->free_count();
+    free[tier_index(t)] = f + draining_[tier_index(t)];
+  }
+  if (waiting <= free[tier_index(tier)]) return;
+  const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip_));
+  for (const PlannedMove& move : plan.moves) execute_move(move, prio);
+  serve_frame_waiters(tier);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Promotions
+// ---------------------------------------------------------------------------------------------
+
+void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPriority prio,
+                              std::function<void(uint32_t)> on_filling, Done done) {
+  const PageKey pk{key, layer, Tier::kHbm};
+  const PageSnapshot p = page_snapshot(key, layer);
+  if (!p.found) {
+    done(not_found("block " + to_string(key) + " is not in the page table"));
+    return;
+  }
+  switch (p.hbm) {
+    case CopyState::kReady:
+      if (on_filling) on_filling(p.hbm_frame);
+      done(ok_status());
+      return;
+    case CopyState::kFilling: {
+      auto it = ops_.find(pk);
+      if (it == ops_.end()) {
+        // Filled by the engine of another step (a page it writes): it is as good as ready for a
+        // reader pinned behind it in the same step order.
+        if (on_filling) on_filling(p.hbm_frame);
+        done(ok_status());
+        return;
+      }
+      PageOp& op = *it->second;
+      if (op.prefetch && prio == TransferPriority::kDemand) {
+        stats_.late_prefetches.fetch_add(1, std::memory_order_relaxed);
+        op.prefetch = false;
+        links_.promote(op.job, prio);
+      }
+      if (on_filling) on_filling(p.hbm_frame);
+      op.waiters.push_back(std::move(done));
+      return;
+    }
+    case CopyState::kDraining:
+      // Leaving for host memory: wait until the copy there is complete, then load it back.
+      attach(pk, [this, key, layer, prio, on_filling = std::move(on_filling),
+                  done = std::move(done)](const Status&) mutable {
+        ensure_in_hbm(key, layer, prio, std::move(on_filling), std::move(done));
+      });
+      return;
+    case CopyState::kAbsent:
+      break;
+  }
+  // Absent: one fill for everyone who asks until it completes.
+  if (auto it = ops_.find(pk); it != ops_.end()) {
+    PageOp& op = *it->second;
+    if (op.prefetch && prio == TransferPriority::kDemand) {
+      stats_.late_prefetches.fetch_add(1, std::memory_order_relaxed);
+      op.prefetch = false;
+      if (op.job != 0) links_.promote(op.job, prio);
+    }
+    if (on_filling) {
+      if (op.frame) {
+        on_filling(*op.frame);
+      } else {
+        op.on_frame.push_back(std::move(on_filling));
+      }
+    }
+    op.waiters.push_back(std::move(done));
+    return;
+  }
+  auto op = std::make_unique<PageOp>();
+  op->prefetch = prio != TransferPriority::kDemand;
+  if (on_filling) op->on_frame.push_back(std::move(on_filling));
+  op->waiters.push_back(std::move(done));
+  ops_.emplace(pk, std::move(op));
+  if (prio != TransferPriority::kDemand) stats_.prefetches.fetch_add(1, std::memory_order_relaxed);
+
+  ensure_in_host(key, layer, prio, [this, key, layer, prio, pk](const Status& s) {
+    if (!s.ok()) {
+      finish_op(pk, s);
+      return;
+    }
+    // The load may have become a demand while the host copy arrived.
+    auto it = ops_.find(pk);
+    const TransferPriority now_prio =
+        it != ops_.end() && !it->second->prefetch ? TransferPriority::kDemand : prio;
+    request_frame(Tier::kHbm, key, layer, now_prio, [this, key, layer, pk,
+                                                     now_prio](Result<uint32_t> frame) {
+      if (!frame.ok()) {
+        finish_op(pk, frame.status());
+        return;
+      }
+      const uint32_t hbm_frame = *frame;
+      auto it = ops_.find(pk);
+      if (it != ops_.end()) {
+        it->second->frame = hbm_frame;
+        auto fns = std::move(it->second->on_frame);
+        for (auto& fn : fns) fn(hbm_frame);
+      }
+      const PageSnapshot src = page_snapshot(key, layer);
+      if (src.host != CopyState::kReady) {
+        // The host copy vanished between its arrival and this frame (it cannot: readers are
+        // protected below); fail the load rather than copy garbage.
+        Status s = internal_error("host copy of " + to_string(key) + " layer " +
+                                  std::to_string(layer) + " is " + std::string(copy_state_name(src.host)));
+        parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+        finish_op(pk, s);
+        return;
+      }
+      reading_[key] += 1;
+      const JobId job = links_.enqueue(
+          Link::kHostToHbm, now_prio, parts_.port->page_bytes(),
+          [this, key, layer, pk, host_frame = src.host_frame,
+           hbm_frame](std::function<void()> finished) {
+            const FrameMove move{host_frame, hbm_frame};
+            Status submitted = parts_.port->copy_pages(
+                Link::kHostToHbm, std::span(&move, 1),
+                [this, key, layer, pk, finished](const Status& s) {
+                  finished();
+                  if (--reading_[key] == 0) reading_.erase(key);
+                  if (s.ok()) {
+                    Status c = parts_.table->complete_fill(key, CopyId::hbm(layer));
+                    stats_.promotions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+                    sync_membership(key, Tier::kHbm);
+                    finish_op(pk, c);
+                  } else {
+                    stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
+                    // A pinned page cannot be aborted now; release_layer aborts it after unpinning.
+                    parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+                    finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
+                                                 std::to_string(layer) + " into hbm"));
+                  }
+                  serve_frame_waiters(Tier::kHost);
+                  serve_frame_waiters(Tier::kHbm);
+                });
+            if (!submitted.ok()) {
+              finished();
+              if (--reading_[key] == 0) reading_.erase(key);
+              parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+              finish_op(pk, submitted);
+            }
+          });
+      if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
+    });
+  });
+}
+
+void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio,
+                               Done done) {
+  const PageKey pk{key, layer, Tier::kHost};
+  const PageSnapshot p = page_snapshot(key, layer);
+  if (!p.found) {
+    done(not_found("block " + to_string(key) + " is not in the page table"));
+    return;
+  }
+  switch (p.host) {
+    case CopyState::kReady:
+      done(ok_status());
+      return;
+    case CopyState::kFilling:
+    case CopyState::kDraining:
+      // Arriving (wait for it) or leaving for NVMe (wait, then read it back from there).
+      if (ops_.contains(pk)) {
+        auto& op = *ops_.at(pk);
+        if (op.prefetch && prio == TransferPriority::kDemand && op.job != 0) {
+          op.prefetch = false;
+          links_.promote(op.job, prio);
+        }
+        attach(pk, [this, key, layer, prio, done = std::move(done), was = p.host](const Status& s) {
+          if (was == CopyState::kFilling) {
+            done(s);
+          } else {
+            ensure_in_host(key, layer, prio, done);
+          }
+        });
+        return;
+      }
+      if (p.host == CopyState::kFilling) {
+        // Being filled by a copy down from HBM (a demotion or write-through) which is tracked on
+        // the HBM side; the HBM copy is still there, so the caller can use it.
+        done(ok_status());
+        return;
+      }
+      break;
+    case CopyState::kAbsent:
+      break;
+  }
+  if (p.nvme != CopyState::kReady) {
+    done(not_found("page " + to_string(key) + " layer " + std::to_string(layer) +
+                   " has no copy in host memory or on nvme"));
+    return;
+  }
+  auto op = std::make_unique<PageOp>();
+  op->prefetch = prio != TransferPriority::kDemand;
+  op->waiters.push_back(std::move(done));
+  ops_.emplace(pk, std::move(op));
+  request_frame(Tier::kHost, key, layer, prio, [this, key, layer, prio, pk](Result<uint32_t> frame) {
+    if (!frame.ok()) {
+      finish_op(pk, frame.status());
+      return;
+    }
+    const uint32_t host_frame = *frame;
+    reading_[key] += 1;  // the NVMe extent is read: keep it
+    const JobId job = links_.enqueue(
+        Link::kNvmeToHost, prio, parts_.port->page_bytes(),
+        [this, key, layer, pk, host_frame](std::function<void()> finished) {
+          Status submitted = parts_.port->read_page(
+              key, layer, host_frame, [this, key, layer, pk, finished](const Status& s) {
+                finished();
+                if (--reading_[key] == 0) reading_.erase(key);
+                if (s.ok()) {
+                  Status c = parts_.table->complete_fill(key, CopyId::host(layer));
+                  stats_.promotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+                  sync_membership(key, Tier::kHost);
+                  finish_op(pk, c);
+                } else {
+                  stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
+                  parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+                  // A block whose read failed (I/O error, checksum) is never served again.
+                  drop_nvme_copy(key);
+                  finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
+                                               std::to_string(layer) + " from nvme"));
+                  after_change(key);
+                }
+                serve_frame_waiters(Tier::kHost);
+              });
+          if (!submitted.ok()) {
+            finished();
+            if (--reading_[key] == 0) reading_.erase(key);
+            parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+            finish_op(pk, submitted);
+          }
+        });
+    if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
+  });
+}
+
+void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio) {
+  // One large read when the block is on NVMe only (DESIGN.md: a whole-block read is one I/O).
+  const uint32_t layers = options_.geometry.layers;
+  bool any_host = false;
+  CopyState nvme = CopyState::kAbsent;
+  Status s = parts_.table->visit(key, [&](const EntryView& v) {
+    nvme = v.state(CopyId::nvme());
+    any_host = v.copies(Tier::kHost) > 0;
+  });
+  if (!s.ok() || nvme != CopyState::kReady || any_host) return;
+  for (uint32_t l = 0; l < layers; ++l) {
+    if (ops_.contains(PageKey{key, l, Tier::kHost})) return;
+  }
+  // Frames for every layer, granted one by one; the read starts when all are in hand.
+  struct Gather {
+    std::vector<uint32_t> frames;
+    uint32_t granted = 0;
+    bool failed = false;
+  };
+  auto g = std::make_shared<Gather>();
+  g->frames.assign(layers, FrameAllocator::kNoFrame);
+  for (uint32_t l = 0; l < layers; ++l) {
+    auto op = std::make_unique<PageOp>();
+    op->prefetch = prio != TransferPriority::kDemand;
+    ops_.emplace(PageKey{key, l, Tier::kHost}, std::move(op));
+  }
+  auto fail_all = [this, key, layers](const Status& why) {
+    for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, why);
+  };
+  for (uint32_t l = 0; l < layers; ++l) {
+    request_frame(Tier::kHost, key, l, prio, [this, key, l, layers, prio, g,
+                                              fail_all](Result<uint32_t> frame) {
+      if (!frame.ok()) {
+        if (!g->failed) {
+          g->failed = true;
+        }
+        g->granted += 1;
+        if (g->granted == layers) {
+          for (uint32_t j = 0; j < layers; ++j) {
+            if (g->frames[j] != FrameAllocator::kNoFrame) {
+              parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+            }
+          }
+          fail_all(frame.status());
+          serve_frame_waiters(Tier::kHost);
+        }
+        return;
+      }
+      g->frames[l] = *frame;
+      g->granted += 1;
+      if (g->granted < layers) return;
+      if (g->failed) {
+        for (uint32_t j = 0; j < layers; ++j) {
+          if (g->frames[j] != FrameAllocator::kNoFrame) {
+            parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+          }
+        }
+        fail_all(resource_exhausted("no host frames for block " + to_string(key)));
+        serve_frame_waiters(Tier::kHost);
+        return;
+      }
+      reading_[key] += 1;
+      links_.enqueue(Link::kNvmeToHost, prio, options_.geometry.block_bytes(),
+                     [this, key, layers, g, fail_all](std::function<void()> finished) {
+                       auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
+                         finished();
+                         if (--reading_[key] == 0) reading_.erase(key);
+                         for (uint32_t j = 0; j < layers; ++j) {
+                           if (s.ok()) {
+                             parts_.table->complete_fill(key, CopyId::host(j)).ignore();
+                           } else {
+                             parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+                           }
+                         }
+                         if (s.ok()) {
+                           stats_.promotions[tier_index(Tier::kHost)].fetch_add(
+                               layers, std::memory_order_relaxed);
+                           sync_membership(key, Tier::kHost);
+                           for (uint32_t j = 0; j < layers; ++j) {
+                             finish_op(PageKey{key, j, Tier::kHost}, ok_status());
+                           }
+                         } else {
+                           stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
+                           drop_nvme_copy(key);
+                           fail_all(s.with_context("loading block " + to_string(key) +
+                                                   " from nvme"));
+                           after_change(key);
+                         }
+                         serve_frame_waiters(Tier::kHost);
+                       };
+                       Status submitted = parts_.port->read_block(key, g->frames, on_done);
+                       if (!submitted.ok()) on_done(submitted);
+                     });
+    });
+  }
+}
+
+void Scheduler::prefetch_block(const BlockKey& key, bool into_hbm) {
+  ensure_block_in_host(key, TransferPriority::kPrefetch);
+  if (!into_hbm) return;
+  // Into HBM only while it has free frames: a prefetch never evicts for itself.
+  const uint32_t layers = options_.geometry.layers;
+  for (uint32_t l = 0; l < layers; ++l) {
+    if (parts_.hbm->free_count() <= layers) return;
+    const PageSnapshot p = page_snapshot(key, l);
+    if (!p.found || p.hbm != CopyState::kAbsent) continue;
+    ensure_in_hbm(key, l, TransferPriority::kPrefetch, nullptr, [](const Status& s) { s.ignore(); });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Demotions and evictions
+// ---------------------------------------------------------------------------------------------
+
+bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
+  // Blocks of open sequences (and private blocks) must keep every page somewhere.
+  bool in_use = key.is_private();
+  bool loses = false;
+  Status s = parts_.table->visit(key, [&](const EntryView& v) {
+    in_use = in_use || v.refcount() > 0;
+    if (v.state(CopyId::nvme()) == CopyState::kReady && tier != Tier::kNvme) return;
+    for (uint32_t l = 0; l < v.layers() && !loses; ++l) {
+      const CopyState h = v.state(CopyId::hbm(l));
+      const CopyState m = v.state(CopyId::host(l));
+      const bool hbm_ok = h == CopyState::kReady && tier != Tier::kHbm;
+      const bool host_ok = m == CopyState::kReady && tier != Tier::kHost;
+      const bool here = (tier == Tier::kHbm ? h : tier == Tier::kHost ? m : CopyState::kAbsent) ==
+                        CopyState::kReady;
+      if (tier == Tier::kNvme) {
+        loses = !(h == CopyState::kReady || m == CopyState::kReady);
+      } else if (here && !hbm_ok && !host_ok) {
+        loses = true;
+      }
+    }
+  });
+  s.ignore();
+  return in_use && loses;
+}
+
+void Scheduler::drop_nvme_copy(const BlockKey& key) {
+  const PageSnapshot p = page_snapshot(key, 0);
+  if (p.nvme != CopyState::kReady) return;
+  parts_.port->erase_block(key).ignore();
+  parts_.table->drop(key, CopyId::nvme()).ignore();
+  sync_membership(key, Tier::kNvme);
+}
+
+void Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
+  const BlockKey key = move.block.key;
+  const uint32_t layers = options_.geometry.layers;
+  if (reading_.contains(key) || key.is_private()) return;
+  switch (move.from) {
+    case Tier::kHbm: {
+      const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
+      for (uint32_t l = 0; l < layers; ++l) {
+        const PageSnapshot p = page_snapshot(key, l);
+        if (p.hbm != CopyState::kReady || p.pins != 0) continue;
+        if (p.host == CopyState::kReady || (!must_keep && !move.to)) {
+          if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
+            stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+          }
+        } else if (p.host == CopyState::kAbsent && parts_.host->capacity() > 0) {
+          demote_page_to_host(key, l, prio);
+        }
+      }
+      break;
+    }
+    case Tier::kHost: {
+      const bool must_keep = may_lose_last_copy(key, Tier::kHost);
+      bool all_host_ready = true;
+      for (uint32_t l = 0; l < layers && all_host_ready; ++l) {
+        all_host_ready = page_snapshot(key, l).host == CopyState::kReady;
+      }
+      const PageSnapshot p0 = page_snapshot(key, 0);
+      if (p0.nvme != CopyState::kReady && parts_.nvme != nullptr && all_host_ready &&
+          (move.to == Tier::kNvme || must_keep)) {
+        demote_block_to_nvme(key, prio, /*keep_host=*/false);
+        break;
+      }
+      for (uint32_t l = 0; l < layers; ++l) {
+        const PageSnapshot p = page_snapshot(key, l);
+        if (p.host != CopyState::kReady) continue;
+        const bool safe = p.hbm == CopyState::kReady || p.nvme == CopyState::kReady;
+        if (safe || !must_keep) {
+          if (parts_.table->drop(key, CopyId::host(l)).ok()) {
+            stats_.evictions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+          }
+        }
+      }
+      break;
+    }
+    case Tier::kNvme:
+      if (!may_lose_last_copy(key, Tier::kNvme)) {
+        const PageSnapshot p = page_snapshot(key, 0);
+        if (p.nvme == CopyState::kReady) {
+          drop_nvme_copy(key);
+          stats_.evictions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      break;
+  }
+  after_change(key);
+}
+
+void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio) {
+  const PageKey pk{key, layer, Tier::kHbm};
+  if (ops_.contains(pk)) return;
+  if (!parts_.table->begin_drain(key, CopyId::hbm(layer)).ok()) return;
+  draining_[tier_index(Tier::kHbm)] += 1;
+  auto op = std::make_unique<PageOp>();
+  op->drain = true;
+  ops_.emplace(pk, std::move(op));
+  const auto undo = [this, key, layer, pk](const Status& why) {
+    parts_.table->cancel_drain(key, CopyId::hbm(layer)).ignore();
+    draining_[tier_index(Tier::kHbm)] -= 1;
+    finish_op(pk, why);
+  };
+  request_frame(Tier::kHost, key, layer, prio, [this, key, layer, pk, prio,
+                                                undo](Result<uint32_t> frame) {
+    if (!frame.ok()) {
+      undo(frame.status());
+      return;
+    }
+    const uint32_t host_frame = *frame;
+    const PageSnapshot p = page_snapshot(key, layer);
+    links_.enqueue(
+        Link::kHbmToHost, prio, parts_.port->page_bytes(),
+        [this, key, layer, pk, host_frame, hbm_frame = p.hbm_frame,
+         undo](std::function<void()> finished) {
+          const FrameMove move{hbm_frame, host_frame};
+          auto on_done = [this, key, layer, pk, finished, undo](const Status& s) {
+            finished();
+            if (s.ok()) {
+              parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
+              parts_.table->complete_drain(key, CopyId::hbm(layer)).ignore();
+              draining_[tier_index(Tier::kHbm)] -= 1;
+              stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+              stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+              sync_membership(key, Tier::kHost);
+              sync_membership(key, Tier::kHbm);
+              finish_op(pk, ok_status());
+              after_change(key);
+            } else {
+              parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+              undo(s);
+            }
+            serve_frame_waiters(Tier::kHbm);
+            serve_frame_waiters(Tier::kHost);
+          };
+          Status submitted = parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
+          if (!submitted.ok()) on_done(submitted);
+        });
+  });
+}
+
+void Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {
+  const uint32_t layers = options_.geometry.layers;
+  const PageKey pk{key, CopyId::kWholeBlock, Tier::kNvme};
+  if (parts_.nvme == nullptr || ops_.contains(pk)) return;
+  std::vector<uint32_t> host_frames(layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.host != CopyState::kReady) return;
+    host_frames[l] = p.host_frame;
+  }
+  auto extent = parts_.table->begin_fill(key, CopyId::nvme());
+  if (!extent.ok() && extent.status().code() == StatusCode::kResourceExhausted) {
+    // NVMe full: make room there (drops are immediate), then try once more.
+    std::array<uint64_t, kNumTiers> free{};
+    free[tier_index(Tier::kNvme)] = parts_.nvme->free_count();
+    const PlacementPlan plan = placement_->plan_room(Tier::kNvme, 1, free, KeyFilter(skip_));
+    for (const PlannedMove& m : plan.moves) execute_move(m, prio);
+    extent = parts_.table->begin_fill(key, CopyId::nvme());
+  }
+  if (!extent.ok()) {
+    extent.status().ignore();
+    return;
+  }
+  if (!keep_host) {
+    for (uint32_t l = 0; l < layers; ++l) {
+      parts_.table->begin_drain(key, CopyId::host(l)).ignore();
+    }
+    draining_[tier_index(Tier::kHost)] += layers;
+  } else {
+    reading_[key] += 1;
+  }
+  ops_.emplace(pk, std::make_unique<PageOp>());
+  links_.enqueue(
+      Link::kHostToNvme, prio, options_.geometry.block_bytes(),
+      [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
+        auto on_done = [this, key, layers, pk, keep_host, finished](const Status& s) {
+          finished();
+          if (s.ok()) {
+            parts_.table->complete_fill(key, CopyId::nvme()).ignore();
+            stats_.demotions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
+          } else {
+            parts_.table->abort_fill(key, CopyId::nvme()).ignore();
+            log_once(LogLevel::kWarn, "nvme-write-failed",
+                     "writing a block to nvme failed (the block stays in host memory): " +
+                         s.to_string());
+          }
+          if (!keep_host) {
+            for (uint32_t l = 0; l < layers; ++l) {
+              if (s.ok()) {
+                parts_.table->complete_drain(key, CopyId::host(l)).ignore();
+              } else {
+                parts_.table->cancel_drain(key, CopyId::host(l)).ignore();
+              }
+            }
+            draining_[tier_index(Tier::kHost)] -= layers;
+            if (s.ok()) {
+              stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers, std::memory_order_relaxed);
+            }
+          } else if (--reading_[key] == 0) {
+            reading_.erase(key);
+          }
+          sync_membership(key, Tier::kNvme);
+          sync_membership(key, Tier::kHost);
+          finish_op(pk, s);
+          after_change(key);
+          serve_frame_waiters(Tier::kHost);
+        };
+        Status submitted = parts_.port->write_block(key, host_frames, on_done);
+        if (!submitted.ok()) on_done(submitted);
+      });
+}
+
+void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
+  const uint32_t layers = options_.geometry.layers;
+  if (tiers.has(Tier::kHost) && parts_.host->capacity() > 0) {
+    // Copy every HBM page down (the HBM copy stays, pinned while it is read); continue to NVMe
+    // once the last page has arrived when the strategy asks for it.
+    auto remaining = std::make_shared<uint32_t>(0);
+    std::vector<uint32_t> to_copy;
+    for (uint32_t l = 0; l < layers; ++l) {
+      const PageSnapshot p = page_snapshot(key, l);
+      if (p.hbm == CopyState::kReady && p.host == CopyState::kAbsent) to_copy.push_back(l);
+    }
+    *remaining = static_cast<uint32_t>(to_copy.size());
+    const bool then_nvme = tiers.has(Tier::kNvme);
+    if (to_copy.empty() && then_nvme) demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
+    for (uint32_t l : to_copy) {
+      auto pinned = parts_.table->pin(key, l);
+      if (!pinned.ok()) {
+        if (--*remaining == 0 && then_nvme) {
+          demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
+        }
+        continue;
+      }
+      const uint32_t hbm_frame = *pinned;
+      request_frame(Tier::kHost, key, l, TransferPriority::kWriteBack, [this, key, l, hbm_frame,
+                                                                        remaining, then_nvme](
+                                                                           Result<uint32_t> frame) {
+        const auto last = [this, key, remaining, then_nvme] {
+          if (--*remaining == 0 && then_nvme) {
+            demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
+          }
+        };
+        if (!frame.ok()) {
+          parts_.table->unpin(key, l).ignore();
+          last();
+          return;
+        }
+        links_.enqueue(Link::kHbmToHost, TransferPriority::kWriteBack, parts_.port->page_bytes(),
+                       [this, key, l, hbm_frame, host_frame = *frame,
+                        last](std::function<void()> finished) {
+                         const FrameMove move{hbm_frame, host_frame};
+                         auto on_done = [this, key, l, finished, last](const Status& s) {
+                           finished();
+                           parts_.table->unpin(key, l).ignore();
+                           if (s.ok()) {
+                             parts_.table->complete_fill(key, CopyId::host(l)).ignore();
+                             stats_.demotions[tier_index(Tier::kHost)].fetch_add(
+                                 1, std::memory_order_relaxed);
+                             sync_membership(key, Tier::kHost);
+                           } else {
+                             parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+                           }
+                           last();
+                           serve_frame_waiters(Tier::kHbm);
+                           serve_frame_waiters(Tier::kHost);
+                         };
+                         Status submitted = parts_.port->copy_pages(Link::kHbmToHost,
+                                                                    std::span(&move, 1), on_done);
+                         if (!submitted.ok()) on_done(submitted);
+                       });
+      });
+    }
+    return;
+  }
+  if (tiers.has(Tier::kNvme)) demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
+}
+
+void Scheduler::check_watermarks() {
+  for (Tier t : kAllTiers) {
+    uint64_t capacity = 0;
+    uint64_t used = 0;
+    if (t == Tier::kNvme) {
+      if (parts_.nvme == nullptr) continue;
+      capacity = parts_.nvme->capacity();
+      used = parts_.nvme->used();
+    } else {
+      capacity = frames(t)->capacity();
+      used = frames(t)->used();
+    }
+    used = used > draining_[tier_index(t)] ? used - draining_[tier_index(t)] : 0;
+    const uint64_t deficit =
+        Placement::watermark_deficit(capacity, used, options_.watermarks[tier_index(t)]);
+    if (deficit == 0) continue;
+    std::array<uint64_t, kNumTiers> free{};
+    for (Tier u : kAllTiers) {
+      const uint64_t f = u == Tier::kNvme
+                             ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                             : frames(u)->free_count();
+      free[tier_index(u)] = f + draining_[tier_index(u)];
+    }
+    const PlacementPlan plan =
+        placement_->plan_room(t, free[tier_index(t)] + deficit, free, KeyFilter(skip_));
+    for (const PlannedMove& move : plan.moves) execute_move(move, TransferPriority::kWriteBack);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Membership and clean-up
+// ---------------------------------------------------------------------------------------------
+
+void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
+  Evictor* e = evictor(tier);
+  if (e == nullptr || key.is_private()) return;
+  bool has = false;
+  BlockFacts facts;
+  facts.key = key;
+  bool faster_copy = false;
+  Status s = parts_.table->visit(key, [&](const EntryView& v) {
+    facts.parent = v.parent();
+    facts.hits = v.stats().hits;
+    if (tier == Tier::kNvme) {
+      has = v.state(CopyId::nvme()) == CopyState::kReady;
+    } else {
+      for (uint32_t l = 0; l < v.layers() && !has; ++l) {
+        has = v.state(CopyId::page(tier, l)) == CopyState::kReady;
+      }
+    }
+    faster_copy = tier != Tier::kHbm && v.copies(Tier::kHbm) > 0;
+  });
+  if (!s.ok()) has = false;
+  if (has && !e->contains(key)) {
+    facts.depth = depth_of(key);
+    // Carry what a faster tier's policy knew about the block.
+    for (Tier t : kAllTiers) {
+      if (t == tier) continue;
+      if (Evictor* other = evictor(t); other != nullptr && other->contains(key)) {
+        other->describe(key, facts);
+        break;
+      }
+    }
+    facts.demoted = faster_copy;
+    e->on_insert(facts);
+  } else if (!has && e->contains(key)) {
+    e->on_erase(key);
+  }
+}
+
+void Scheduler::after_change(const BlockKey& key) {
+  for (Tier t : kAllTiers) sync_membership(key, t);
+  // A block with no copy, no reference and no cached child is forgotten (its parent may follow).
+  BlockKey current = key;
+  for (int guard = 0; guard < 1024 && !current.is_null(); ++guard) {
+    bool erase = false;
+    BlockKey parent;
+    Status s = parts_.table->visit(current, [&](const EntryView& v) {
+      parent = v.parent();
+      erase = v.refcount() == 0 && v.cached_children() == 0 && v.copies(Tier::kHbm) == 0 &&
+              v.copies(Tier::kHost) == 0 && v.state(CopyId::nvme()) == CopyState::kAbsent &&
+              v.pinned_pages() == 0;
+    });
+    if (!s.ok() || !erase) return;
+    for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+      if (ops_.contains(PageKey{current, l, Tier::kHbm}) ||
+          ops_.contains(PageKey{current, l, Tier::kHost})) {
+        return;
+      }
+    }
+    if (!parts_.table->erase(current).ok()) return;
+    depth_.erase(current);
+    current = parent;
+  }
+}
+
+}  // namespace kvtier

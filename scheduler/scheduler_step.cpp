@@ -1,0 +1,551 @@
+// Scheduler: the step contract — begin_step, per-layer planning and release, end_step, waits.
+// See scheduler.hpp.
+#include <algorithm>
+#include <string>
+
+#include "scheduler/scheduler.hpp"
+#include "scheduler/scheduler_internal.hpp"
+
+namespace kvtier {
+namespace {
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Result<std::shared_ptr<Scheduler::PublishedStep>> Scheduler::published(StepId id) const {
+  std::lock_guard<std::mutex> lock(published_mu_);
+  auto it = published_.find(id);
+  if (it == published_.end()) {
+    return not_found("step " + std::to_string(id) + " is not open (never begun, or ended)");
+  }
+  return it->second;
+}
+
+Result<Scheduler::Step*> Scheduler::find_step(StepId id) const {
+  auto it = steps_.find(id);
+  if (it == steps_.end()) {
+    return not_found("step " + std::to_string(id) + " is not open (never begun, or ended)");
+  }
+  return it->second.get();
+}
+
+void Scheduler::recompute_late_prefix(Sequence& seq, StepItemInfo& item) {
+  // The first step of a sequence, with prefetch.on_late = recompute: give up the reused blocks that
+  // are predicted to arrive after the deadline; the engine recomputes them in this step instead.
+  const Nanos deadline = static_cast<Nanos>(options_.policies.prefetch.deadline_ms) * kNanosPerMilli;
+  uint32_t pending_host = 0;
+  uint32_t pending_nvme = 0;
+  for (uint32_t b = 0; b < seq.reused_blocks && b < seq.blocks.size(); ++b) {
+    auto info = parts_.table->lookup(seq.blocks[b]);
+    if (!info.ok() || !info->match_tier) continue;
+    if (*info->match_tier == Tier::kHbm) continue;
+    (*info->match_tier == Tier::kNvme ? pending_nvme : pending_host) += 1;
+    const Nanos eta = estimated_load_time(Tier::kHost, pending_host + pending_nvme) +
+                      (pending_nvme > 0 ? estimated_load_time(Tier::kNvme, pending_nvme) -
+                                              estimated_load_time(Tier::kHost, pending_nvme)
+                                        : 0);
+    if (eta <= deadline) continue;
+    // Blocks [b, reused) go back to the cache; the sequence restarts from block b.
+    const uint64_t keep_tokens = static_cast<uint64_t>(b) * options_.geometry.page_tokens;
+    const uint32_t given_up = static_cast<uint32_t>(seq.blocks.size()) - b;
+    for (uint32_t j = b; j < seq.blocks.size(); ++j) {
+      parts_.table->release(seq.blocks[j]).status().ignore();
+    }
+    seq.blocks.resize(b);
+    item.recomputed_tokens = static_cast<uint32_t>(seq.tokens - keep_tokens);
+    seq.tokens = keep_tokens;
+    seq.reused_blocks = b;
+    item.context_tokens = keep_tokens;
+    stats_.recompute_blocks.fetch_add(given_up, std::memory_order_relaxed);
+    stats_.recompute_tokens.fetch_add(item.recomputed_tokens, std::memory_order_relaxed);
+    return;
+  }
+}
+
+Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
+  if (batch.empty()) return invalid_argument("begin_step with an empty batch");
+  const uint32_t pt = options_.geometry.page_tokens;
+  const uint32_t layers = options_.geometry.layers;
+  std::vector<Sequence*> seqs;
+  std::unordered_set<SequenceId> seen;
+  for (const StepItem& item : batch) {
+    KVTIER_ASSIGN_OR_RETURN(Sequence * seq, find_sequence(item.sequence));
+    if (!seen.insert(item.sequence).second) {
+      return invalid_argument("begin_step: sequence " + std::to_string(item.sequence) +
+                              " appears twice in one batch");
+    }
+    if (seq->active_step != 0) {
+      return failed_precondition("begin_step: sequence " + std::to_string(item.sequence) +
+                                 " is already in step " + std::to_string(seq->active_step));
+    }
+    seqs.push_back(seq);
+  }
+
+  auto step = std::make_unique<Step>();
+  step->id = ++next_step_;
+  step->layers = layers;
+  step->begun = parts_.loop->now();
+  step->shared = std::make_shared<PublishedStep>();
+
+  // Give up late prefixes first (it changes how many tokens each item writes).
+  std::vector<StepItemInfo> infos(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    infos[i].sequence = batch[i].sequence;
+    infos[i].context_tokens = seqs[i]->tokens;
+    infos[i].new_tokens = batch[i].new_tokens;
+    if (!seqs[i]->started && options_.policies.prefetch.on_late == LatePolicy::kRecompute) {
+      recompute_late_prefix(*seqs[i], infos[i]);
+    }
+  }
+
+  // Does one layer of the batch fit in HBM? Does all of it?
+  uint64_t pages_per_layer = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const uint64_t total = seqs[i]->tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
+    infos[i].pages = static_cast<uint32_t>(ceil_div(total, pt));
+    pages_per_layer += infos[i].pages;
+  }
+  const uint64_t capacity = parts_.hbm->capacity();
+  const uint64_t available = capacity > pinned_frames_ ? capacity - pinned_frames_ : 0;
+  if (pages_per_layer > available) {
+    return resource_exhausted(
+        "begin_step: one layer of this batch needs " + std::to_string(pages_per_layer) +
+        " HBM frames (" + std::to_string(pages_per_layer * options_.geometry.page_bytes()) +
+        " bytes) but only " + std::to_string(available) + " of " + std::to_string(capacity) +
+        " are available (the rest are pinned by other steps)");
+  }
+  uint32_t window = layers;
+  if (pages_per_layer * layers > available) {
+    // Layer by layer: the computing layer plus `layer_window` loading ahead, as HBM allows.
+    const uint64_t fit = std::max<uint64_t>(1, available / std::max<uint64_t>(1, pages_per_layer));
+    window = static_cast<uint32_t>(std::min<uint64_t>(
+        {layers, fit, static_cast<uint64_t>(options_.policies.prefetch.layer_window) + 1}));
+    step->windowed = true;
+  }
+  step->window = window;
+
+  // Create the blocks the appended tokens need (private until full and published).
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    Sequence& seq = *seqs[i];
+    step->tokens_before.push_back(seq.tokens);
+    const uint64_t written = infos[i].recomputed_tokens + infos[i].new_tokens;
+    step->first_written.push_back(written == 0 ? infos[i].pages
+                                               : static_cast<uint32_t>(seq.tokens / pt));
+    while (seq.blocks.size() < infos[i].pages) {
+      const BlockKey key = private_block_key(seq.id, ++seq.next_private);
+      const BlockKey parent =
+          seq.blocks.empty() || seq.blocks.back().is_private() ? BlockKey{} : seq.blocks.back();
+      Status s = parts_.table->create_block(key, parent, /*initial_refs=*/1);
+      if (!s.ok()) {
+        // Undo the blocks made so far for every item of this batch.
+        for (const BlockKey& made : step->new_blocks) {
+          for (auto& other : seqs) {
+            auto it = std::find(other->blocks.begin(), other->blocks.end(), made);
+            if (it != other->blocks.end()) other->blocks.erase(it);
+          }
+          parts_.table->release(made).status().ignore();
+          parts_.table->erase(made).ignore();
+        }
+        return s.with_context("begin_step");
+      }
+      depth_[key] = static_cast<uint32_t>(seq.blocks.size());
+      seq.blocks.push_back(key);
+      step->new_blocks.insert(key);
+    }
+    step->blocks.emplace_back(seq.blocks.begin(), seq.blocks.begin() + infos[i].pages);
+  }
+
+  step->items = infos;
+  step->shared->ready.resize(layers);
+  step->shared->tables.resize(layers);
+  for (auto& r : step->shared->ready) r = std::make_shared<LayerReadiness>();
+  step->shared->stall_deadline =
+      static_cast<Nanos>(options_.policies.prefetch.deadline_ms) * kNanosPerMilli;
+  step->pinned.resize(layers);
+  step->planned.assign(layers, 0);
+  step->released.assign(layers, 0);
+  for (Sequence* seq : seqs) {
+    seq->active_step = step->id;
+    seq->started = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(published_mu_);
+    published_.emplace(step->id, step->shared);
+  }
+  Step& s = *step;
+  steps_.emplace(s.id, std::move(step));
+  stats_.steps.fetch_add(1, std::memory_order_relaxed);
+  if (s.windowed) stats_.windowed_steps.fetch_add(1, std::memory_order_relaxed);
+  if (!s.windowed) {
+    // Every layer of each block is needed: bring NVMe-only blocks up with one read each.
+    for (const auto& blocks : s.blocks) {
+      for (const BlockKey& key : blocks) {
+        if (!s.new_blocks.contains(key)) ensure_block_in_host(key, TransferPriority::kDemand);
+      }
+    }
+  }
+  for (uint32_t l = 0; l < s.window; ++l) KVTIER_RETURN_IF_ERROR(plan_layer(s, l));
+
+  StepInfo info;
+  info.id = s.id;
+  info.layers = layers;
+  info.window = s.window;
+  info.windowed = s.windowed;
+  info.items = s.items;
+  return info;
+}
+
+Status Scheduler::plan_layer(Step& step, uint32_t layer) {
+  step.planned[layer] = 1;
+  const uint32_t pt = options_.geometry.page_tokens;
+  LayerTable& table = step.shared->tables[layer];
+  std::shared_ptr<LayerReadiness> ready = step.shared->ready[layer];
+  table.indptr.assign(1, 0);
+  table.last_page_len.clear();
+  uint32_t total = 0;
+  for (std::size_t i = 0; i < step.items.size(); ++i) {
+    total += step.items[i].pages;
+    table.indptr.push_back(static_cast<int32_t>(total));
+    const uint64_t tokens = step.items[i].context_tokens + step.items[i].recomputed_tokens +
+                            step.items[i].new_tokens;
+    const uint64_t rem = tokens % pt;
+    table.last_page_len.push_back(static_cast<int32_t>(tokens == 0 ? 0 : rem == 0 ? pt : rem));
+  }
+  table.indices.assign(total, -1);
+
+  const StepId id = step.id;
+  uint32_t slot = 0;
+  for (std::size_t i = 0; i < step.items.size(); ++i) {
+    for (const BlockKey& key : step.blocks[i]) {
+      const uint32_t my_slot = slot++;
+      ready->add_pending();
+      auto on_filling = [this, id, layer, key, my_slot](uint32_t frame) {
+        auto it = steps_.find(id);
+        if (it == steps_.end() || it->second->ended || it->second->released[layer]) return;
+        Step& st = *it->second;
+        auto pinned = parts_.table->pin(key, layer);
+        if (!pinned.ok()) {
+          st.shared->ready[layer]->page_failed(pinned.status());
+          return;
+        }
+        st.pinned[layer].push_back(key);
+        ++pinned_frames_;
+        st.shared->tables[layer].indices[my_slot] = static_cast<int32_t>(*pinned);
+        (void)frame;
+      };
+      if (step.new_blocks.contains(key)) {
+        // Nothing to load: the engine writes this page. It needs a frame, pinned.
+        request_frame(Tier::kHbm, key, layer, TransferPriority::kDemand,
+                      [on_filling, ready](Result<uint32_t> frame) {
+                        if (!frame.ok()) {
+                          ready->page_failed(frame.status());
+                          return;
+                        }
+                        on_filling(*frame);
+                        ready->page_arrived();
+                      });
+        continue;
+      }
+      ensure_in_hbm(key, layer, TransferPriority::kDemand, on_filling,
+                    [ready](const Status& s) {
+                      if (s.ok()) {
+                        ready->page_arrived();
+                      } else {
+                        ready->page_failed(s);
+                      }
+                    });
+    }
+  }
+  ready->seal();
+  return ok_status();
+}
+
+void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
+  for (std::size_t i = 0; i < step.items.size(); ++i) {
+    for (std::size_t b = step.first_written[i]; b < step.blocks[i].size(); ++b) {
+      const BlockKey& key = step.blocks[i][b];
+      if (step.new_blocks.contains(key)) {
+        // The engine wrote the page: it is a complete copy now.
+        Status s = parts_.table->complete_fill(key, CopyId::hbm(layer));
+        if (!s.ok()) s.ignore();  // the frame was never granted (step ended early)
+        continue;
+      }
+      // An existing page the engine appended to: copies below are stale.
+      auto info = parts_.table->lookup(key);
+      if (info.ok() && info->pages[layer].host == CopyState::kReady) {
+        parts_.table->drop(key, CopyId::host(layer)).ignore();
+        serve_frame_waiters(Tier::kHost);
+      }
+    }
+  }
+}
+
+void Scheduler::release_layer(Step& step, uint32_t layer) {
+  step.released[layer] = 1;
+  for (const BlockKey& key : step.pinned[layer]) {
+    Status s = parts_.table->unpin(key, layer);
+    if (!s.ok()) s.ignore();
+    --pinned_frames_;
+  }
+  step.pinned[layer].clear();
+  // A load that failed while the page was pinned left it filling: now it can be given up.
+  for (const auto& blocks : step.blocks) {
+    for (const BlockKey& key : blocks) {
+      if (step.new_blocks.contains(key)) continue;
+      const PageSnapshot p = page_snapshot(key, layer);
+      if (p.hbm == CopyState::kFilling && p.pins == 0 &&
+          !ops_.contains(PageKey{key, layer, Tier::kHbm})) {
+        parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+      }
+    }
+  }
+  if (step.windowed) {
+    // The context does not fit: the finished layer leaves HBM now, to make room for the next.
+    for (const auto& blocks : step.blocks) {
+      for (const BlockKey& key : blocks) {
+        auto info = parts_.table->lookup(key);
+        if (!info.ok()) continue;
+        const PageInfo& p = info->pages[layer];
+        if (p.hbm != CopyState::kReady || p.pins != 0) continue;
+        if (p.host == CopyState::kReady) {
+          parts_.table->drop(key, CopyId::hbm(layer)).ignore();
+          stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+          sync_membership(key, Tier::kHbm);
+        } else if (p.host == CopyState::kAbsent) {
+          demote_page_to_host(key, layer, TransferPriority::kDemand);
+        }
+      }
+    }
+    serve_frame_waiters(Tier::kHbm);
+  }
+  for (const auto& blocks : step.blocks) {
+    for (const BlockKey& key : blocks) sync_membership(key, Tier::kHbm);
+  }
+}
+
+Status Scheduler::end_layer(StepId id, uint32_t layer) {
+  KVTIER_ASSIGN_OR_RETURN(Step * step, find_step(id));
+  if (layer >= step->layers) {
+    return out_of_range("end_layer: layer " + std::to_string(layer) + " of step " +
+                        std::to_string(id) + " (the model has " + std::to_string(step->layers) +
+                        " layers)");
+  }
+  if (!step->planned[layer]) {
+    return failed_precondition("end_layer: layer " + std::to_string(layer) + " of step " +
+                               std::to_string(id) + " was not begun (window " +
+                               std::to_string(step->window) + "; end earlier layers first)");
+  }
+  if (step->released[layer]) {
+    return failed_precondition("end_layer: layer " + std::to_string(layer) + " of step " +
+                               std::to_string(id) + " was already ended");
+  }
+  finish_written_pages(*step, layer);
+  release_layer(*step, layer);
+  // Keep the window full: plan the next layer not yet planned.
+  for (uint32_t l = 0; l < step->layers; ++l) {
+    if (!step->planned[l]) {
+      KVTIER_RETURN_IF_ERROR(plan_layer(*step, l));
+      break;
+    }
+  }
+  check_watermarks();
+  return ok_status();
+}
+
+Status Scheduler::publish_full_blocks(Sequence& seq, uint64_t old_tokens,
+                                      const StepCompletion* completion) {
+  const uint32_t pt = options_.geometry.page_tokens;
+  const uint64_t first = old_tokens / pt;
+  const uint64_t full = seq.tokens / pt;
+  std::size_t next_given = 0;
+  Status first_error;
+  for (uint64_t b = first; b < full && b < seq.blocks.size(); ++b) {
+    const BlockKey key = seq.blocks[b];
+    if (!key.is_private()) continue;
+    BlockKey content;
+    if (completion != nullptr && next_given < completion->full_block_keys.size()) {
+      content = completion->full_block_keys[next_given++];
+    } else if (b < seq.prompt_keys.size()) {
+      content = seq.prompt_keys[b];
+    } else {
+      continue;  // no key known: the block stays private to this sequence
+    }
+    auto outcome = parts_.table->publish(key, content);
+    if (!outcome.ok()) {
+      if (first_error.ok()) first_error = outcome.status();
+      continue;
+    }
+    seq.blocks[b] = content;
+    depth_.erase(key);
+    depth_[content] = static_cast<uint32_t>(b);
+    if (*outcome == PublishOutcome::kAlreadyCached) {
+      // Another sequence computed the same block: share it, drop ours.
+      Status s = parts_.table->acquire(content);
+      if (!s.ok()) {
+        seq.blocks[b] = key;
+        if (first_error.ok()) first_error = s;
+        continue;
+      }
+      parts_.table->release(key).status().ignore();
+      for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
+      after_change(key);
+      stats_.blocks_deduplicated.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
+    for (Tier t : kAllTiers) sync_membership(content, t);
+    // Write policy: copy the completed block down now if the strategy says so.
+    auto info = parts_.table->lookup(content);
+    if (info.ok()) {
+      WriteContext ctx;
+      ctx.hits = info->stats.hits;
+      for (Tier t : kAllTiers) {
+        bool present = t == Tier::kNvme ? info->nvme != CopyState::kAbsent
+                                        : std::any_of(info->pages.begin(), info->pages.end(),
+                                                      [&](const PageInfo& p) {
+                                                        return (t == Tier::kHbm ? p.hbm : p.host) !=
+                                                               CopyState::kAbsent;
+                                                      });
+        if (present) ctx.present = ctx.present.with(t);
+      }
+      if (parts_.host->capacity() > 0) ctx.available = ctx.available.with(Tier::kHost);
+      if (parts_.nvme != nullptr && parts_.nvme->capacity() > 0) {
+        ctx.available = ctx.available.with(Tier::kNvme);
+      }
+      const TierMask to = write_->on_complete(ctx);
+      if (!to.empty()) write_through(content, to);
+    }
+  }
+  for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
+  return first_error;
+}
+
+Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completions) {
+  KVTIER_ASSIGN_OR_RETURN(Step * step, find_step(id));
+  if (std::find(step->planned.begin(), step->planned.end(), 0) != step->planned.end()) {
+    // A windowed step whose last layers were never reached: their pages were not written, so the
+    // step cannot count its tokens. Undo it and say why.
+    const uint32_t reached = static_cast<uint32_t>(
+        std::count(step->planned.begin(), step->planned.end(), 1));
+    KVTIER_RETURN_IF_ERROR(abort_step(id));
+    return failed_precondition("end_step: step " + std::to_string(id) + " is windowed and only " +
+                               std::to_string(reached) + " of its layers were begun; call " +
+                               "end_layer for every layer before end_step (the step was aborted)");
+  }
+  for (uint32_t l = 0; l < step->layers; ++l) {
+    if (!step->released[l]) {
+      finish_written_pages(*step, l);
+      release_layer(*step, l);
+    }
+  }
+  step->ended = true;
+  Status first;
+  for (std::size_t i = 0; i < step->items.size(); ++i) {
+    auto seq_r = find_sequence(step->items[i].sequence);
+    if (!seq_r.ok()) continue;
+    Sequence& seq = **seq_r;
+    seq.active_step = 0;
+    const uint64_t old = step->tokens_before[i];
+    seq.tokens = step->items[i].context_tokens + step->items[i].recomputed_tokens +
+                 step->items[i].new_tokens;
+    const StepCompletion* c = nullptr;
+    for (const StepCompletion& comp : completions) {
+      if (comp.sequence == seq.id) c = &comp;
+    }
+    Status s = publish_full_blocks(seq, std::min(old, step->items[i].context_tokens), c);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  {
+    std::lock_guard<std::mutex> lock(published_mu_);
+    published_.erase(id);
+  }
+  steps_.erase(id);
+  check_watermarks();
+  return first;
+}
+
+Status Scheduler::abort_step(StepId id) {
+  KVTIER_ASSIGN_OR_RETURN(Step * step, find_step(id));
+  for (uint32_t l = 0; l < step->layers; ++l) {
+    if (step->planned[l] && !step->released[l]) {
+      step->released[l] = 1;
+      for (const BlockKey& key : step->pinned[l]) {
+        parts_.table->unpin(key, l).ignore();
+        --pinned_frames_;
+      }
+      step->pinned[l].clear();
+    }
+  }
+  step->ended = true;
+  for (std::size_t i = 0; i < step->items.size(); ++i) {
+    auto seq_r = find_sequence(step->items[i].sequence);
+    if (!seq_r.ok()) continue;
+    Sequence& seq = **seq_r;
+    seq.active_step = 0;
+    seq.tokens = step->tokens_before[i];
+    // Blocks made for this step go away with the pages the engine never finished.
+    while (!seq.blocks.empty() && step->new_blocks.contains(seq.blocks.back())) {
+      const BlockKey key = seq.blocks.back();
+      seq.blocks.pop_back();
+      for (uint32_t l = 0; l < step->layers; ++l) {
+        parts_.table->abort_fill(key, CopyId::hbm(l)).ignore();
+      }
+      parts_.table->release(key).status().ignore();
+      depth_.erase(key);
+      after_change(key);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(published_mu_);
+    published_.erase(id);
+  }
+  steps_.erase(id);
+  for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
+  return ok_status();
+}
+
+Status Scheduler::wait_layer(StepId step, uint32_t layer) {
+  KVTIER_ASSIGN_OR_RETURN(auto shared, published(step));
+  if (layer >= shared->ready.size()) {
+    return out_of_range("wait_layer: layer " + std::to_string(layer) + " of step " +
+                        std::to_string(step));
+  }
+  Nanos waited = 0;
+  Status s = shared->ready[layer]->wait(options_.wait_timeout, &waited);
+  // Waking from an uncontended condition variable takes microseconds; only longer waits are
+  // stalls (the layer was not ready when the engine needed it).
+  constexpr Nanos kStallThreshold = 20 * kNanosPerMicro;
+  if (waited > kStallThreshold) {
+    stats_.stalls.fetch_add(1, std::memory_order_relaxed);
+    stats_.stall_nanos.fetch_add(static_cast<uint64_t>(waited), std::memory_order_relaxed);
+    if (shared->stall_deadline > 0 && waited > shared->stall_deadline) {
+      stats_.deadline_misses.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return s;
+}
+
+Result<LayerTable> Scheduler::layer_table(StepId step, uint32_t layer) const {
+  KVTIER_ASSIGN_OR_RETURN(auto shared, published(step));
+  if (layer >= shared->ready.size()) {
+    return out_of_range("layer_table: layer " + std::to_string(layer) + " of step " +
+                        std::to_string(step));
+  }
+  if (!shared->ready[layer]->ready()) {
+    return failed_precondition("layer_table: layer " + std::to_string(layer) + " of step " +
+                               std::to_string(step) + " is not ready; wait_layer first");
+  }
+  return shared->tables[layer];
+}
+
+Result<std::shared_ptr<LayerReadiness>> Scheduler::layer_readiness(StepId step,
+                                                                   uint32_t layer) const {
+  KVTIER_ASSIGN_OR_RETURN(auto shared, published(step));
+  if (layer >= shared->ready.size()) {
+    return out_of_range("layer " + std::to_string(layer) + " of step " + std::to_string(step));
+  }
+  return shared->ready[layer];
+}
+
+}  // namespace kvtier

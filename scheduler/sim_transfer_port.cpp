@@ -1,0 +1,100 @@
+#include "scheduler/sim_transfer_port.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace kvtier {
+
+SimTransferPort::SimTransferPort(SimEventLoop& loop, const Geometry& geometry,
+                                 const SimLinkSpec& spec)
+    : loop_(loop), geometry_(geometry), spec_(spec) {}
+
+void SimTransferPort::schedule(Link link, uint64_t bytes, TransferDone done,
+                               std::function<void()> on_success) {
+  const int i = static_cast<int>(link);
+  const LinkModel& model = spec_.links[i];
+  const Nanos now = loop_.now();
+  const Nanos occupancy = model.transfer_time(bytes) - model.latency;
+  const Nanos start = std::max(now, busy_until_[i]);
+  busy_until_[i] = start + occupancy;
+  const Nanos finish = busy_until_[i] + model.latency;
+  counters_[i].transfers += 1;
+  counters_[i].bytes += bytes;
+  counters_[i].busy += occupancy;
+  bool fail = false;
+  if (fail_next_[i] > 0) {
+    --fail_next_[i];
+    fail = true;
+  }
+  loop_.post_after(finish - now, [link, fail, done = std::move(done),
+                                  on_success = std::move(on_success)] {
+    if (fail) {
+      done(io_error("injected failure on link " + std::string(link_name(link))));
+      return;
+    }
+    if (on_success) on_success();
+    done(ok_status());
+  });
+}
+
+Status SimTransferPort::copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) {
+  if (link != Link::kHbmToHost && link != Link::kHostToHbm) {
+    return invalid_argument("copy_pages takes the hbm<->host links, not " +
+                            std::string(link_name(link)));
+  }
+  if (moves.empty()) return invalid_argument("copy_pages with no pages");
+  schedule(link, moves.size() * geometry_.page_bytes(), std::move(done), nullptr);
+  return ok_status();
+}
+
+Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_t> host_frames,
+                                    TransferDone done) {
+  if (host_frames.size() != geometry_.layers) {
+    return invalid_argument("write_block of " + to_string(key) + " with " +
+                            std::to_string(host_frames.size()) + " pages, geometry has " +
+                            std::to_string(geometry_.layers) + " layers");
+  }
+  if (!on_nvme_.contains(key) && !writing_.contains(key) &&
+      on_nvme_.size() + writing_.size() >= spec_.nvme_extents) {
+    return resource_exhausted("nvme store full: " + std::to_string(spec_.nvme_extents) +
+                              " extents in use");
+  }
+  writing_.insert(key);
+  schedule(Link::kHostToNvme, geometry_.block_bytes(),
+           [this, key, done = std::move(done)](const Status& s) {
+             writing_.erase(key);
+             done(s);
+           },
+           [this, key] { on_nvme_.insert(key); });
+  return ok_status();
+}
+
+Status SimTransferPort::read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
+                                   TransferDone done) {
+  if (!on_nvme_.contains(key)) return not_found("block " + to_string(key) + " is not on nvme");
+  if (host_frames.size() != geometry_.layers) {
+    return invalid_argument("read_block with " + std::to_string(host_frames.size()) +
+                            " pages, geometry has " + std::to_string(geometry_.layers) +
+                            " layers");
+  }
+  schedule(Link::kNvmeToHost, geometry_.block_bytes(), std::move(done), nullptr);
+  return ok_status();
+}
+
+Status SimTransferPort::read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
+                                  TransferDone done) {
+  if (!on_nvme_.contains(key)) return not_found("block " + to_string(key) + " is not on nvme");
+  if (layer >= geometry_.layers) {
+    return out_of_range("layer " + std::to_string(layer) + " of " + to_string(key));
+  }
+  schedule(Link::kNvmeToHost, geometry_.page_bytes(), std::move(done), nullptr);
+  return ok_status();
+}
+
+Status SimTransferPort::erase_block(const BlockKey& key) {
+  if (on_nvme_.erase(key) == 0) return not_found("block " + to_string(key) + " is not on nvme");
+  return ok_status();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,68 @@
+// SimTransferPort: the links between tiers as a model in virtual time (see transfer_port.hpp).
+//
+// Each link is one FIFO server: a transfer starts when the link is free, occupies it for
+// bytes / bandwidth, and completes `latency` later (latency overlaps the next transfer, as DMA and
+// NVMe queues pipeline). The NVMe "store" is the set of keys written and not erased, with an extent
+// capacity, so reading a block never written fails as it would on disk. Failures can be injected
+// (fail the k-th transfer on a link) to test the scheduler's error paths deterministically.
+// Loop thread only; no bytes move.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <unordered_set>
+
+#include "kvtier/types.hpp"
+#include "scheduler/sim_event_loop.hpp"
+#include "scheduler/transfer_port.hpp"
+
+namespace kvtier {
+
+struct SimLinkSpec {
+  std::array<LinkModel, kNumLinks> links{};  // indexed by Link
+  uint64_t nvme_extents = 0;                 // blocks the store holds
+};
+
+struct SimLinkCounters {
+  uint64_t transfers = 0;
+  uint64_t bytes = 0;
+  Nanos busy = 0;  // time the link spent moving bytes
+};
+
+class SimTransferPort final : public TransferPort {
+ public:
+  SimTransferPort(SimEventLoop& loop, const Geometry& geometry, const SimLinkSpec& spec);
+
+  Status copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) override;
+  Status write_block(const BlockKey& key, std::span<const uint32_t> host_frames,
+                     TransferDone done) override;
+  Status read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
+                    TransferDone done) override;
+  Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
+                   TransferDone done) override;
+  Status erase_block(const BlockKey& key) override;
+  LinkModel link_model(Link link) const override { return spec_.links[static_cast<int>(link)]; }
+  uint64_t page_bytes() const override { return geometry_.page_bytes(); }
+
+  // The next `count` transfers on `link` complete with kIoError (after their modeled time).
+  void fail_next(Link link, uint32_t count) { fail_next_[static_cast<int>(link)] += count; }
+  const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
+  std::size_t nvme_blocks() const { return on_nvme_.size(); }
+  bool on_nvme(const BlockKey& key) const { return on_nvme_.contains(key); }
+  // Clears the NVMe contents (a "restart" that lost the disk) or keeps them (a restart that kept it).
+  void forget_nvme() { on_nvme_.clear(); }
+
+ private:
+  void schedule(Link link, uint64_t bytes, TransferDone done, std::function<void()> on_success);
+
+  SimEventLoop& loop_;
+  const Geometry geometry_;
+  const SimLinkSpec spec_;
+  std::array<Nanos, kNumLinks> busy_until_{};
+  std::array<uint32_t, kNumLinks> fail_next_{};
+  std::array<SimLinkCounters, kNumLinks> counters_{};
+  std::unordered_set<BlockKey, BlockKeyHash> on_nvme_;
+  std::unordered_set<BlockKey, BlockKeyHash> writing_;
+};
+
+}  // namespace kvtier

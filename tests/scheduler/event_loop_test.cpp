@@ -1,0 +1,147 @@
+// The scheduler's event loops and link queues.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "scheduler/asio_event_loop.hpp"
+#include "scheduler/link_queues.hpp"
+#include "scheduler/sim_event_loop.hpp"
+
+namespace kvtier {
+namespace {
+
+TEST(SimEventLoop, RunsEventsInTimeThenPostOrder) {
+  SimEventLoop loop;
+  std::vector<int> order;
+  loop.post_after(30, [&] { order.push_back(3); });
+  loop.post_after(10, [&] { order.push_back(1); });
+  loop.post_after(10, [&] { order.push_back(2); });
+  loop.post([&] { order.push_back(0); });
+  const TimerId cancelled = loop.post_after(20, [&] { order.push_back(99); });
+  EXPECT_TRUE(loop.cancel_timer(cancelled));
+  EXPECT_EQ(loop.run_until_idle(), 4u);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(loop.now(), 30);
+}
+
+TEST(SimEventLoop, RunUntilStopsAtTheGivenTime) {
+  SimEventLoop loop;
+  int fired = 0;
+  loop.post_after(100, [&] { ++fired; });
+  loop.post_after(300, [&] { ++fired; });
+  loop.run_until(200);
+  EXPECT_EQ(fired, 1);
+  EXPECT_EQ(loop.now(), 200);
+  // Events posted from a running event land at the current virtual time.
+  loop.post_after(50, [&] { loop.post_after(0, [&] { ++fired; }); });
+  loop.run_until_idle();
+  EXPECT_EQ(fired, 3);
+  EXPECT_EQ(loop.now(), 300);
+}
+
+TEST(AsioEventLoop, PostsRunOnTheLoopThreadInOrder) {
+  auto loop = AsioEventLoop::create();
+  ASSERT_TRUE(loop.ok());
+  std::vector<int> order;
+  std::atomic<bool> on_loop{true};
+  for (int i = 0; i < 100; ++i) {
+    (*loop)->post([&, i] {
+      on_loop = on_loop && (*loop)->in_loop();
+      order.push_back(i);
+    });
+  }
+  Status s = (*loop)->run_sync([] { return ok_status(); }, kNanosPerSecond);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_TRUE(on_loop);
+  EXPECT_FALSE((*loop)->in_loop());
+}
+
+TEST(AsioEventLoop, RunSyncReturnsTheTaskStatusAndTimesOutWhenTheLoopIsBusy) {
+  auto loop = AsioEventLoop::create();
+  ASSERT_TRUE(loop.ok());
+  Status s = (*loop)->run_sync([] { return not_found("x"); }, kNanosPerSecond);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  // Keep the loop busy; a call that cannot start in time is refused and never runs.
+  std::atomic<bool> release{false};
+  (*loop)->post([&] {
+    while (!release) std::this_thread::yield();
+  });
+  std::atomic<bool> ran{false};
+  Status late = (*loop)->run_sync(
+      [&] {
+        ran = true;
+        return ok_status();
+      },
+      20 * kNanosPerMilli);
+  EXPECT_EQ(late.code(), StatusCode::kDeadlineExceeded);
+  release = true;
+  ASSERT_TRUE((*loop)->run_sync([] { return ok_status(); }, 5 * kNanosPerSecond).ok());
+  EXPECT_FALSE(ran) << "a call the caller gave up on must not run";
+}
+
+TEST(AsioEventLoop, TimersFireAndCancel) {
+  auto loop = AsioEventLoop::create();
+  ASSERT_TRUE(loop.ok());
+  std::atomic<int> fired{0};
+  (*loop)->post_after(1 * kNanosPerMilli, [&] { fired += 1; });
+  const TimerId t = (*loop)->post_after(10 * kNanosPerSecond, [&] { fired += 100; });
+  EXPECT_TRUE((*loop)->cancel_timer(t));
+  for (int i = 0; i < 200 && fired.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(fired.load(), 1);
+}
+
+TEST(LinkQueues, DemandOvertakesPrefetchAndWriteBackUnderTheCap) {
+  std::array<uint64_t, kNumLinks> caps{};
+  caps[static_cast<int>(Link::kHostToHbm)] = 100;
+  LinkQueues q(caps);
+  std::vector<std::string> started;
+  std::vector<std::function<void()>> finishers;
+  const auto job = [&](std::string name) {
+    return [&, name](std::function<void()> finished) {
+      started.push_back(name);
+      finishers.push_back(std::move(finished));
+    };
+  };
+  q.enqueue(Link::kHostToHbm, TransferPriority::kWriteBack, 100, job("wb1"));  // starts: link idle
+  q.enqueue(Link::kHostToHbm, TransferPriority::kWriteBack, 50, job("wb2"));
+  q.enqueue(Link::kHostToHbm, TransferPriority::kPrefetch, 50, job("pf"));
+  const JobId late = q.enqueue(Link::kHostToHbm, TransferPriority::kPrefetch, 50, job("pf-late"));
+  q.enqueue(Link::kHostToHbm, TransferPriority::kDemand, 50, job("demand"));
+  EXPECT_EQ(started, (std::vector<std::string>{"wb1"}));
+  EXPECT_EQ(q.inflight_bytes(Link::kHostToHbm), 100u);
+  EXPECT_TRUE(q.promote(late, TransferPriority::kDemand));
+  finishers[0]();
+  EXPECT_EQ(started, (std::vector<std::string>{"wb1", "demand", "pf-late"}));
+  finishers[1]();
+  finishers[2]();
+  EXPECT_EQ(started.size(), 5u);
+  EXPECT_EQ(started[3], "pf");
+  EXPECT_EQ(started[4], "wb2");
+  finishers[3]();
+  finishers[4]();
+  EXPECT_TRUE(q.idle());
+  EXPECT_FALSE(q.promote(late, TransferPriority::kDemand));
+}
+
+TEST(LinkQueues, ASynchronousFailureInStartDoesNotRecurseOrStall) {
+  LinkQueues q({});
+  int ran = 0;
+  for (int i = 0; i < 1000; ++i) {
+    q.enqueue(Link::kNvmeToHost, TransferPriority::kDemand, 1 << 20,
+              [&](std::function<void()> finished) {
+                ++ran;
+                finished();  // a submit error completes at once
+              });
+  }
+  EXPECT_EQ(ran, 1000);
+  EXPECT_TRUE(q.idle());
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,384 @@
+// The scheduler against modeled tiers in virtual time: the step contract, reuse, eviction down the
+// tiers and back, contexts larger than HBM, overlap of loads with compute, compute-or-load,
+// failures and misuse. Deterministic: no wall time, no threads.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "scheduler_sim_harness.hpp"
+
+namespace kvtier {
+namespace {
+
+using testing::SimSetup;
+using testing::SimWorld;
+
+void expect_consistent(SimWorld& w) {
+  Status audit = w.table().audit();
+  EXPECT_TRUE(audit.ok()) << audit.to_string();
+  EXPECT_EQ(w.hbm().used() + w.hbm().free_count(), w.hbm().capacity());
+  EXPECT_EQ(w.host().used() + w.host().free_count(), w.host().capacity());
+}
+
+// Every page of every block listed for a layer is a distinct, allocated HBM frame.
+void expect_tables_valid(SimWorld& w, const SimWorld::StepResult& r) {
+  for (const LayerTable& t : r.tables) {
+    std::set<int32_t> seen;
+    ASSERT_EQ(t.indptr.size(), r.info.items.size() + 1);
+    for (int32_t f : t.indices) {
+      ASSERT_GE(f, 0) << "a page without a frame was listed";
+      EXPECT_TRUE(w.hbm().is_allocated(static_cast<uint32_t>(f)));
+      EXPECT_TRUE(seen.insert(f).second) << "frame " << f << " listed twice in one layer";
+    }
+  }
+}
+
+TEST(SchedulerSim, PrefillPublishesAndASecondRequestReusesTheBlocks) {
+  SimWorld w(SimSetup{});
+  auto keys = w.prompt(8, 1);
+  auto a = w.scheduler().open_sequence(keys);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->matched_blocks, 0u);
+  const StepItem prefill{a->id, 8 * 16};
+  auto r = w.run_step(std::span(&prefill, 1), 10 * kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  expect_tables_valid(w, r);
+  EXPECT_EQ(w.scheduler().stats().blocks_published.load(), 8u);
+  ASSERT_TRUE(w.scheduler().close_sequence(a->id).ok());
+  w.settle();
+
+  auto b = w.scheduler().open_sequence(keys);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->matched_blocks, 8u);
+  EXPECT_EQ(b->reused_blocks, 8u);
+  EXPECT_EQ(b->reused_by_tier[tier_index(Tier::kHbm)], 8u);
+  const StepItem decode{b->id, 1};
+  auto r2 = w.run_step(std::span(&decode, 1), 10 * kNanosPerMicro);
+  ASSERT_TRUE(r2.status.ok()) << r2.status.to_string();
+  ASSERT_EQ(r2.tables.size(), 4u);
+  EXPECT_EQ(r2.tables[0].indices.size(), 9u);  // 8 reused pages + 1 new
+  EXPECT_EQ(r2.tables[0].last_page_len[0], 1);
+  ASSERT_TRUE(w.scheduler().close_sequence(b->id).ok());
+  w.settle();
+  expect_consistent(w);
+  EXPECT_EQ(w.table().snapshot().size(), 8u) << "the private block must be gone after close";
+}
+
+TEST(SchedulerSim, BlocksEvictedDownTheTiersComeBackIntact) {
+  SimSetup setup;
+  setup.hbm_frames = 32;   // 8 blocks of 4 layers
+  setup.host_frames = 64;  // 16 blocks
+  setup.nvme_extents = 128;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  for (uint32_t p = 0; p < 12; ++p) {
+    prompts.push_back(w.prompt(4, p + 1));
+    auto s = w.scheduler().open_sequence(prompts.back());
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    auto r = w.run_step(std::span(&item, 1), 5 * kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << "prompt " << p << ": " << r.status.to_string();
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+    expect_consistent(w);
+  }
+  // 48 blocks were computed; HBM holds 8, host 16: the oldest went to NVMe.
+  EXPECT_GT(w.port().nvme_blocks(), 0u);
+  EXPECT_GT(w.scheduler().stats().demotions[tier_index(Tier::kNvme)].load(), 0u);
+  // The first prompt is found again, somewhere below HBM, and a step brings it back.
+  const MatchResult m = w.scheduler().match(prompts[0]);
+  EXPECT_EQ(m.blocks, 4u);
+  EXPECT_EQ(m.by_tier[tier_index(Tier::kHbm)], 0u);
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->reused_blocks, 4u);
+  const StepItem decode{s->id, 1};
+  auto r = w.run_step(std::span(&decode, 1), 5 * kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  expect_tables_valid(w, r);
+  EXPECT_GT(w.scheduler().stats().promotions[tier_index(Tier::kHbm)].load(), 0u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, ContextFourTimesLargerThanHbmDecodesLayerByLayer) {
+  SimSetup setup;
+  setup.geometry.layers = 8;
+  setup.hbm_frames = 64;    // one sequence of 32 blocks needs 256 frames: 4x HBM
+  setup.host_frames = 512;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  auto keys = w.prompt(32, 3);
+  auto s = w.scheduler().open_sequence(keys);
+  ASSERT_TRUE(s.ok());
+  // Prefill in chunks of 8 blocks, then decode 40 tokens.
+  for (int c = 0; c < 4; ++c) {
+    const StepItem chunk{s->id, 8 * 16};
+    auto r = w.run_step(std::span(&chunk, 1), 20 * kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << "chunk " << c << ": " << r.status.to_string();
+    expect_tables_valid(w, r);
+  }
+  for (int t = 0; t < 40; ++t) {
+    const StepItem decode{s->id, 1};
+    auto r = w.run_step(std::span(&decode, 1), 20 * kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << "decode " << t << ": " << r.status.to_string();
+    EXPECT_TRUE(r.info.windowed);
+    ASSERT_EQ(r.tables.size(), 8u);
+    EXPECT_EQ(r.tables[0].indices.size(), 33u);
+    expect_tables_valid(w, r);
+  }
+  EXPECT_GT(w.scheduler().stats().windowed_steps.load(), 0u);
+  EXPECT_LE(w.hbm().capacity(), 64u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, OneLayerThatCannotFitIsAClearError) {
+  SimSetup setup;
+  setup.hbm_frames = 8;
+  SimWorld w(setup);
+  auto s = w.scheduler().open_sequence(w.prompt(16, 1));
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 16 * 16};
+  auto r = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("needs 16 HBM frames"), std::string::npos)
+      << r.status().message();
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, PrefetchHidesTransfersWhenLinksAreTwiceTheDemand) {
+  // Every decode step reads all 8 layers of a 48-block context that does not fit in HBM, so each
+  // layer's 48 pages (48 x 2 KiB... page_bytes) come from host memory while earlier layers
+  // compute. Link bandwidth is set to twice what the compute rate demands.
+  SimSetup setup;
+  setup.geometry.layers = 8;
+  setup.hbm_frames = 200;  // < 8 x 49 pages: windowed
+  setup.host_frames = 1024;
+  setup.nvme_extents = 0;
+  const Nanos compute_per_layer = 50 * kNanosPerMicro;
+  const double page_bytes = static_cast<double>(setup.geometry.page_bytes());
+  const double demand_bytes_per_s = 49 * page_bytes / nanos_to_seconds(compute_per_layer);
+  setup.h2d_gbps = 2 * demand_bytes_per_s / 1e9;
+  setup.d2h_gbps = 2 * demand_bytes_per_s / 1e9;
+  setup.policies.prefetch.layer_window = 3;
+  SimWorld w(setup);
+  auto s = w.scheduler().open_sequence(w.prompt(48, 9));
+  ASSERT_TRUE(s.ok());
+  const StepItem prefill{s->id, 48 * 16};
+  ASSERT_TRUE(w.run_step(std::span(&prefill, 1), compute_per_layer).status.ok());
+  Nanos stall = 0;
+  Nanos total = 0;
+  for (int t = 0; t < 20; ++t) {
+    const StepItem decode{s->id, 1};
+    auto r = w.run_step(std::span(&decode, 1), compute_per_layer);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    ASSERT_TRUE(r.info.windowed);
+    if (t == 0) continue;  // the first decode step starts with an empty pipeline
+    stall += r.stall;
+    total += r.stall + r.compute;
+  }
+  const double stall_fraction = static_cast<double>(stall) / static_cast<double>(total);
+  EXPECT_LT(stall_fraction, 0.05) << "stall " << stall << " ns of " << total << " ns";
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  setup.nvme_read_gbps = 1e-6;  // a pathological disk: 1 KB/s
+  setup.policies.prefill_tokens_per_s = 1e4;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  for (uint32_t p = 0; p < 8; ++p) {
+    prompts.push_back(w.prompt(4, p + 1));
+    auto s = w.scheduler().open_sequence(prompts.back());
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok());
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+  }
+  const MatchResult m = w.scheduler().match(prompts[0]);
+  ASSERT_EQ(m.blocks, 4u);
+  ASSERT_EQ(m.by_tier[tier_index(Tier::kNvme)], 4u) << "the first prompt should be on nvme only";
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->matched_blocks, 4u);
+  EXPECT_EQ(s->reused_blocks, 0u) << "loading from this disk is slower than recomputing";
+  EXPECT_EQ(s->recompute_blocks, 4u);
+  EXPECT_EQ(w.scheduler().stats().recompute_blocks.load(), 4u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+}
+
+TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  for (uint32_t p = 0; p < 8; ++p) {
+    prompts.push_back(w.prompt(4, p + 1));
+    auto s = w.scheduler().open_sequence(prompts.back());
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok());
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+  }
+  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
+  w.port().fail_next(Link::kNvmeToHost, 1000);
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 4u);
+  const StepItem decode{s->id, 1};
+  auto r = w.run_step(std::span(&decode, 1), kNanosPerMicro);
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.code(), StatusCode::kIoError) << r.status.to_string();
+  EXPECT_GT(w.scheduler().stats().failed_loads.load(), 0u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  // The block whose read failed is a miss from now on.
+  EXPECT_LT(w.scheduler().match(prompts[0]).blocks, 4u);
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, MisuseIsReportedAndChangesNothing) {
+  SimWorld w(SimSetup{});
+  EXPECT_EQ(w.scheduler().close_sequence(99).code(), StatusCode::kNotFound);
+  const StepItem ghost{99, 1};
+  EXPECT_EQ(w.scheduler().begin_step(std::span(&ghost, 1)).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(w.scheduler().begin_step({}).status().code(), StatusCode::kInvalidArgument);
+  auto s = w.scheduler().open_sequence(w.prompt(2, 1));
+  ASSERT_TRUE(s.ok());
+  const StepItem twice[2] = {{s->id, 1}, {s->id, 1}};
+  EXPECT_EQ(w.scheduler().begin_step(twice).status().code(), StatusCode::kInvalidArgument);
+  const StepItem one{s->id, 32};
+  auto step = w.scheduler().begin_step(std::span(&one, 1));
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(w.scheduler().begin_step(std::span(&one, 1)).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.scheduler().close_sequence(s->id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.scheduler().end_layer(step->id, 99).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(w.scheduler().end_step(step->id + 7, {}).code(), StatusCode::kNotFound);
+  w.settle();
+  ASSERT_TRUE(w.scheduler().end_layer(step->id, 0).ok());
+  EXPECT_EQ(w.scheduler().end_layer(step->id, 0).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  EXPECT_EQ(w.scheduler().end_step(step->id, {}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(w.scheduler().wait_layer(step->id, 0).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, AbortedStepLeavesTheSequenceAsItWas) {
+  SimWorld w(SimSetup{});
+  auto s = w.scheduler().open_sequence(w.prompt(4, 1));
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 40};
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok());
+  w.settle();
+  const uint32_t used_during = w.hbm().used();
+  EXPECT_GT(used_during, 0u);
+  ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
+  w.settle();
+  EXPECT_EQ(w.hbm().used(), 0u) << "pages made for the aborted step must be freed";
+  const StepItem again{s->id, 64};
+  auto r = w.run_step(std::span(&again, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.info.items[0].context_tokens, 0u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, SharedPrefixIsStoredOnceAndDeduplicatedAtPublish) {
+  SimWorld w(SimSetup{});
+  // Two requests with the same 4-block prompt, prefilled concurrently in one batch.
+  auto keys = w.prompt(4, 5);
+  auto a = w.scheduler().open_sequence(keys);
+  auto b = w.scheduler().open_sequence(keys);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const StepItem batch[2] = {{a->id, 64}, {b->id, 64}};
+  auto r = w.run_step(batch, kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(w.scheduler().stats().blocks_published.load(), 4u);
+  EXPECT_EQ(w.scheduler().stats().blocks_deduplicated.load(), 4u);
+  for (const BlockKey& k : keys) {
+    auto info = w.table().lookup(k);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->refcount, 2u) << "both sequences share one copy";
+  }
+  ASSERT_TRUE(w.scheduler().close_sequence(a->id).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(b->id).ok());
+  w.settle();
+  EXPECT_EQ(w.table().snapshot().size(), 4u);
+  expect_consistent(w);
+}
+
+class SchedulerRandomWorkload : public ::testing::TestWithParam<int> {};
+
+TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
+  std::mt19937 rng(static_cast<uint32_t>(GetParam()));
+  SimSetup setup;
+  setup.hbm_frames = 48;
+  setup.host_frames = 96;
+  setup.nvme_extents = 64;
+  const EvictionPolicy policies[] = {EvictionPolicy::kLru, EvictionPolicy::kLfu,
+                                     EvictionPolicy::kS3Fifo, EvictionPolicy::kPrefixAware,
+                                     EvictionPolicy::kLookahead};
+  setup.policies.eviction = policies[GetParam() % 5];
+  const WritePolicy writes[] = {WritePolicy::kWriteBack, WritePolicy::kWriteThrough,
+                                WritePolicy::kWriteThroughSelective};
+  setup.policies.write = writes[GetParam() % 3];
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  for (uint32_t p = 0; p < 10; ++p) prompts.push_back(w.prompt(1 + rng() % 6, p, rng() % 3));
+  std::vector<SequenceId> open;
+  for (int op = 0; op < 300; ++op) {
+    const int choice = static_cast<int>(rng() % 10);
+    if (choice < 3 || open.empty()) {
+      auto s = w.scheduler().open_sequence(prompts[rng() % prompts.size()]);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      open.push_back(s->id);
+    } else if (choice < 8) {
+      const SequenceId id = open[rng() % open.size()];
+      const StepItem item{id, 1 + static_cast<uint32_t>(rng() % 40)};
+      auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+      // A step may not fit (resource_exhausted) but must never break the table.
+      if (!r.status.ok()) {
+        EXPECT_TRUE(r.status.code() == StatusCode::kResourceExhausted ||
+                    r.status.code() == StatusCode::kDeadlineExceeded)
+            << r.status.to_string();
+      }
+    } else {
+      const std::size_t i = rng() % open.size();
+      ASSERT_TRUE(w.scheduler().close_sequence(open[i]).ok());
+      open.erase(open.begin() + static_cast<long>(i));
+    }
+    w.settle();
+    Status audit = w.table().audit();
+    ASSERT_TRUE(audit.ok()) << "op " << op << ": " << audit.to_string();
+  }
+  for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+  EXPECT_TRUE(w.scheduler().idle());
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerRandomWorkload, ::testing::Range(0, 10));
+
+}  // namespace
+}  // namespace kvtier
