@@ -18,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "kvtier/log.hpp"
@@ -123,13 +124,11 @@ class CudaCopyEngine final : public CopyEngine {
           if (it != dirs_[o].events.end()) dependency = it->second;
         }
       }
-      Issued issued;
-      if (job.state->cancel_requested()) {
-        issued.status = cancelled("copy " + std::string(link_name(copy_link(job.direction))) +
-                                  " cancelled before it started");
-      } else {
-        issued.status = enqueue(dir, job, kind, dependency);
-      }
+      Issued issued{CopyJob{}, nullptr,
+                    job.state->cancel_requested()
+                        ? cancelled("copy " + std::string(link_name(copy_link(job.direction))) +
+                                    " cancelled before it started")
+                        : enqueue(dir, job, kind, dependency)};
       auto event = DeviceEvent::create(api_);
       if (event.ok()) {
         issued.event = std::make_shared<DeviceEvent>(std::move(event).value());
@@ -168,14 +167,15 @@ class CudaCopyEngine final : public CopyEngine {
   void complete_loop(int d) {
     Direction& dir = dirs_[d];
     while (true) {
-      Issued issued;
+      std::optional<Issued> next;  // constructed in place: its Status is never overwritten
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return !dir.in_flight.empty() || issuers_done_; });
         if (dir.in_flight.empty()) return;
-        issued = std::move(dir.in_flight.front());
+        next.emplace(std::move(dir.in_flight.front()));
         dir.in_flight.pop_front();
       }
+      Issued& issued = *next;
       Status result = std::move(issued.status);
       if (issued.event) {
         Status s = api_->synchronize_event(issued.event->get());

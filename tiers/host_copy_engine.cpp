@@ -117,11 +117,8 @@ class HostCopyEngine final : public CopyEngine {
         job = std::move(queues_[d].front());
         queues_[d].pop_front();
       }
-      Status result;
-      if (job.state->cancel_requested()) {
-        result = cancelled("copy " + std::string(link_name(copy_link(dir))) +
-                           " cancelled before it started");
-      } else {
+      const bool cancel = job.state->cancel_requested();
+      if (!cancel) {
         for (const CopySegment& s : job.segments) {
           copy_segment(s.dst, s.src, s.bytes);
           if (bytes_per_ns_ > 0) {
@@ -138,6 +135,9 @@ class HostCopyEngine final : public CopyEngine {
           stats_->copy_pages.fetch_add(job.pages, std::memory_order_relaxed);
         }
       }
+      const Status result = cancel ? cancelled("copy " + std::string(link_name(copy_link(dir))) +
+                                               " cancelled before it started")
+                                   : Status();
       {
         std::lock_guard<std::mutex> lock(mu_);
         completed_[d] = job.seq;

@@ -12,23 +12,29 @@
 namespace kvtier {
 namespace {
 
-// hwloc topology with PCI devices, loaded on first use and kept for the process.
+// hwloc topologies, loaded on first use and kept for the process: one of CPUs and memory (cheap;
+// node counts and binding), and one with PCI devices, loaded only to find a GPU's NUMA node on a
+// machine with more than one node (PCI discovery reads sysfs and the PCI name database).
 class Topology {
  public:
   static Topology& instance() {
-    static Topology t;
+    static Topology t(false);
+    return t;
+  }
+  static Topology& with_pci() {
+    static Topology t(true);
     return t;
   }
   hwloc_topology_t get() const { return topo_; }
   bool ok() const { return topo_ != nullptr; }
 
  private:
-  Topology() {
+  explicit Topology(bool pci) {
     if (hwloc_topology_init(&topo_) != 0) {
       topo_ = nullptr;
       return;
     }
-    hwloc_topology_set_io_types_filter(topo_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (pci) hwloc_topology_set_io_types_filter(topo_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     if (hwloc_topology_load(topo_) != 0) {
       hwloc_topology_destroy(topo_);
       topo_ = nullptr;
@@ -96,7 +102,7 @@ class SystemHostMemory final : public HostMemoryApi {
   }
 
   Result<int> numa_node_of_pci(const std::string& bus_id) override {
-    auto& t = Topology::instance();
+    auto& t = Topology::with_pci();
     if (!t.ok()) return not_found("hwloc topology unavailable");
     hwloc_obj_t dev = hwloc_get_pcidev_by_busidstring(t.get(), bus_id.c_str());
     if (dev == nullptr) return not_found("PCI device " + bus_id + " not in the hwloc topology");
