@@ -30,7 +30,7 @@ TEST(TransferSlow, StoreWrapsManyTimesUnderConcurrency) {
     threads.emplace_back([&, t] {
       testing::AlignedPages src(g.layers, s.page_io_bytes());
       testing::AlignedPages dst(g.layers, s.page_io_bytes());
-      for (uint64_t i = 0; i < 2000; ++i) {
+      for (uint64_t i = 0; i < 10000; ++i) {
         const uint64_t id = (uint64_t(t) << 40) | i;
         src.fill(id, g.page_bytes());
         auto w = s.write_block(testing::test_key(id), src.const_pages());
