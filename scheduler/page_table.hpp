@@ -55,6 +55,7 @@
 
 #include "kvtier/block_key.hpp"
 #include "kvtier/status.hpp"
+#include "kvtier/step_types.hpp"
 #include "kvtier/types.hpp"
 #include "scheduler/block_entry.hpp"
 #include "scheduler/copy_state.hpp"
@@ -79,11 +80,7 @@ struct MatchOptions {
   bool acquire = false;     // take a reference on every matched block, under the same lock
 };
 
-struct MatchResult {
-  uint32_t blocks = 0;                        // length of the cached prefix
-  std::array<uint32_t, kNumTiers> by_tier{};  // matched blocks per slowest tier (tier_index)
-  friend bool operator==(const MatchResult&, const MatchResult&) = default;
-};
+// MatchResult (the cached prefix and its blocks per tier) is in kvtier/step_types.hpp.
 
 enum class PublishOutcome : uint8_t {
   kPublished = 0,      // the private block now lives under its content key

@@ -261,7 +261,7 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
   uint32_t rank = 0;
   for (const HintedRequest& r : waiting) {
     if (!hinted_ids_.contains(r.request_id)) {
-      KVTIER_RETURN_IF_ERROR(hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start), r.keys));
+      KVTIER_RETURN_IF_ERROR(hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
       hinted_ids_.insert(r.request_id);
     }
     // Prefetch the cached prefix of the first `depth` waiting requests toward host memory (and

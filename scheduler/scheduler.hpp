@@ -52,6 +52,7 @@
 #include "kvtier/config.hpp"
 #include "kvtier/scheduler_stats.hpp"
 #include "kvtier/status.hpp"
+#include "kvtier/step_types.hpp"
 #include "scheduler/event_loop.hpp"
 #include "scheduler/layer_readiness.hpp"
 #include "scheduler/link_queues.hpp"
@@ -65,8 +66,6 @@
 
 namespace kvtier {
 
-using SequenceId = uint64_t;
-using StepId = uint64_t;
 struct PageSnapshot;  // scheduler_internal.hpp
 
 struct SchedulerOptions {
@@ -88,65 +87,6 @@ struct SchedulerParts {
   FrameAllocator* hbm = nullptr;
   FrameAllocator* host = nullptr;
   ExtentAllocator* nvme = nullptr;
-};
-
-struct OpenedSequence {
-  SequenceId id = 0;
-  uint32_t prompt_blocks = 0;    // keys given
-  uint32_t matched_blocks = 0;   // cached prefix found by match
-  uint32_t reused_blocks = 0;    // what the sequence reuses (the rest is prefilled)
-  uint64_t reused_tokens = 0;    // reused_blocks * page_tokens
-  std::array<uint32_t, kNumTiers> reused_by_tier{};  // where the reused blocks were found
-  uint32_t recompute_blocks = 0;  // matched but cheaper to recompute than to load
-};
-
-struct StepItem {
-  SequenceId sequence = 0;
-  uint32_t new_tokens = 0;  // tokens whose K/V the engine writes this step (prefill chunk or 1)
-};
-
-// Per batch item, in request order.
-struct StepItemInfo {
-  SequenceId sequence = 0;
-  uint64_t context_tokens = 0;  // tokens with K/V before this step; the engine writes from here
-  // Tokens the engine writes this step: the new_tokens it asked for, plus `recomputed_tokens` in
-  // front of them when prefetch.on_late = recompute gave up a reused prefix that was loading too
-  // slowly (the first step of a sequence only).
-  uint32_t new_tokens = 0;
-  uint32_t recomputed_tokens = 0;
-  uint32_t pages = 0;  // pages per layer this step reads and writes
-};
-
-struct StepInfo {
-  StepId id = 0;
-  uint32_t layers = 0;
-  uint32_t window = 0;  // layers pinned at once (== layers when the batch fits)
-  bool windowed = false;
-  std::vector<StepItemInfo> items;
-};
-
-// One layer's block table over the batch (CSR, FlashInfer-style): the pages of item i are
-// indices[indptr[i] .. indptr[i+1]) (HBM frame indices), of which the last holds last_page_len[i]
-// tokens after this step's appends.
-struct LayerTable {
-  std::vector<int32_t> indptr;
-  std::vector<int32_t> indices;
-  std::vector<int32_t> last_page_len;
-};
-
-// Given at end_step for each item whose appended tokens filled one or more blocks: the content
-// keys of those blocks, in order. Omitted (or fewer keys): the keys given to open_sequence for the
-// prompt are used; a block with no key stays private to the sequence.
-struct StepCompletion {
-  SequenceId sequence = 0;
-  std::vector<BlockKey> full_block_keys;
-};
-
-// A request the engine will start soon (hint): its keys and expected start (ns on the loop clock).
-struct HintedRequest {
-  uint64_t request_id = 0;
-  Nanos expected_start = 0;
-  std::vector<BlockKey> keys;
 };
 
 class Scheduler {
