@@ -39,6 +39,8 @@ constexpr CopyDirection other_direction(CopyDirection d) {
 constexpr Link copy_link(CopyDirection d) {
   return d == CopyDirection::kHbmToHost ? Link::kHbmToHost : Link::kHostToHbm;
 }
+static_assert(other_direction(CopyDirection::kHbmToHost) == CopyDirection::kHostToHbm);
+static_assert(copy_link(CopyDirection::kHostToHbm) == Link::kHostToHbm);
 
 struct CopyJob {
   CopyDirection direction = CopyDirection::kHbmToHost;
