@@ -496,6 +496,83 @@ TEST_F(NvmeStoreTest, SynchronousFallbackQueueBehavesTheSame) {
   expect_audit(*s);
 }
 
+// A queue that takes one request per submit call: the store must hold the rest back, in order,
+// and lose none of them.
+class OneAtATimeBackend final : public IoBackend {
+ public:
+  Result<ScopedFd> open(const std::string& p, int f, mode_t m) override {
+    return inner_->open(p, f, m);
+  }
+  Status make_dirs(const std::string& d) override { return inner_->make_dirs(d); }
+  Result<FileInfo> stat(int fd, const std::string& p) override { return inner_->stat(fd, p); }
+  Status allocate(int fd, const std::string& p, uint64_t n) override {
+    return inner_->allocate(fd, p, n);
+  }
+  Status read_at(int fd, const std::string& p, void* b, std::size_t n, uint64_t o) override {
+    return inner_->read_at(fd, p, b, n, o);
+  }
+  Status write_at(int fd, const std::string& p, const void* b, std::size_t n, uint64_t o) override {
+    return inner_->write_at(fd, p, b, n, o);
+  }
+  Status sync(int fd, const std::string& p) override { return inner_->sync(fd, p); }
+  Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& o) override {
+    KVTIER_ASSIGN_OR_RETURN(auto q, inner_->make_queue(o));
+    return std::unique_ptr<IoQueue>(std::make_unique<Queue>(std::move(q)));
+  }
+
+ private:
+  class Queue final : public IoQueue {
+   public:
+    explicit Queue(std::unique_ptr<IoQueue> q) : q_(std::move(q)) {}
+    std::string_view kind() const override { return q_->kind(); }
+    uint32_t depth() const override { return q_->depth(); }
+    Status register_buffers(std::span<const iovec> v) override { return q_->register_buffers(v); }
+    Result<std::size_t> submit(std::span<const IoRequest> r) override {
+      return q_->submit(r.first(std::min<std::size_t>(r.size(), 1)));
+    }
+    Status wait(std::vector<IoCompletion>& out, int t) override { return q_->wait(out, t); }
+    void wake() noexcept override { q_->wake(); }
+
+   private:
+    std::unique_ptr<IoQueue> q_;
+  };
+  std::shared_ptr<IoBackend> inner_ = posix_io_backend();
+};
+
+TEST_F(NvmeStoreTest, AFullSubmissionQueueDelaysButNeverDropsRequests) {
+  auto o = options();
+  o.backend = std::make_shared<OneAtATimeBackend>();
+  auto s = open(std::move(o));
+  ASSERT_NE(s, nullptr);
+  std::vector<AlignedPages> bufs;
+  std::vector<Transfer> writes;
+  for (uint64_t id = 0; id < 12; ++id) {
+    bufs.emplace_back(kGeom.layers, s->page_io_bytes());
+    bufs.back().fill(id, kGeom.page_bytes());
+  }
+  for (uint64_t id = 0; id < 12; ++id) {
+    auto w = s->write_block(test_key(id), bufs[id].const_pages());
+    ASSERT_TRUE(w.ok());
+    writes.push_back(std::move(w).value());
+  }
+  for (auto& w : writes) EXPECT_TRUE(w.wait().ok());
+  for (uint64_t id = 0; id < 12; ++id) EXPECT_TRUE(read_matches(*s, id, id).ok()) << id;
+  EXPECT_GT(s->stats().sq_full_waits.load(), 0u);
+  EXPECT_EQ(s->stats().link(Link::kHostToNvme).ops.load(), 12u);
+  expect_audit(*s);
+}
+
+TEST_F(NvmeStoreTest, SqpollRingWorksOrFallsBackToAPlainRing) {
+  auto o = options();
+  o.config.sqpoll = true;
+  auto s = open(std::move(o));
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->io_kind() == "io_uring+sqpoll" || s->io_kind() == "io_uring" ||
+              s->io_kind() == "sync");
+  for (uint64_t id = 0; id < 4; ++id) ASSERT_TRUE(write(*s, id, id + 1).ok());
+  for (uint64_t id = 0; id < 4; ++id) EXPECT_TRUE(read_matches(*s, id, id + 1).ok());
+}
+
 TEST_F(NvmeStoreTest, FixedBuffersCarryIoWhenRegistered) {
   AlignedPages pool(kGeom.layers * 2, kGeom.page_bytes());
   auto o = options();
