@@ -94,7 +94,7 @@ std::string describe_config(const Config& config) {
        on_off(p.prefetch.layerwise) + ", layer window " + std::to_string(p.prefetch.layer_window) +
        ", deadline " + std::to_string(p.prefetch.deadline_ms) + " ms, late pages " +
        std::string(enum_name(p.prefetch.on_late)) + ", prefill " + num(p.prefill_tokens_per_s) +
-       " tokens/s");
+       " tokens/s, pin quota " + num(p.pin_quota));
 
   const MetricsConfig& m = config.metrics;
   std::string buckets = std::to_string(m.latency_buckets.size()) + " latency buckets";

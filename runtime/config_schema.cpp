@@ -302,6 +302,8 @@ const ConfigKey kKeys[] = {
     {"policies.prefill_tokens_per_s", "number",
      [](Config& c,
         const YAML::Node& n) { return read_double(n, c.policies.prefill_tokens_per_s); }},
+    {"policies.pin_quota", "number",
+     [](Config& c, const YAML::Node& n) { return read_double(n, c.policies.pin_quota); }},
 
     {"metrics.listen", "host:port|off",
      [](Config& c, const YAML::Node& n) { return read_listen(n, c.metrics.listen); }},

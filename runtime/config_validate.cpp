@@ -233,6 +233,9 @@ std::vector<ConfigIssue> find_config_issues(const Config& config) {
     out.add("policies.prefill_tokens_per_s",
             num(p.prefill_tokens_per_s) + " must be a finite number of tokens per second > 0");
   }
+  if (!std::isfinite(p.pin_quota) || p.pin_quota <= 0 || p.pin_quota > 1) {
+    out.add("policies.pin_quota", num(p.pin_quota) + " must be a fraction of HBM in (0, 1]");
+  }
 
   const MetricsConfig& m = config.metrics;
   check_listen(out, m.listen);

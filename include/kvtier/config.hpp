@@ -120,6 +120,8 @@ struct PoliciesConfig {
   PrefetchConfig prefetch;
   // Compute-or-load: the engine's prefill speed, used to refuse loads slower than recomputing.
   double prefill_tokens_per_s = 10000.0;
+  // Fraction of HBM frames that prefixes pinned with Runtime::pin_prefix may hold, in (0, 1].
+  double pin_quota = 0.25;
 
   friend bool operator==(const PoliciesConfig&, const PoliciesConfig&) = default;
 };
