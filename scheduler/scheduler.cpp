@@ -287,4 +287,91 @@ Status Scheduler::adopt_nvme_block(const BlockKey& key) {
   return ok_status();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Prefix pins and persistence
+// ---------------------------------------------------------------------------------------------
+
+Result<uint64_t> Scheduler::pin_prefix(std::span<const BlockKey> keys, Nanos ttl) {
+  if (keys.empty()) return invalid_argument("pin_prefix with no keys");
+  if (ttl <= 0) return invalid_argument("pin_prefix: ttl must be > 0");
+  const MatchResult m = parts_.table->match(keys, MatchOptions{.record_hits = false});
+  if (m.blocks < keys.size()) {
+    return not_found("pin_prefix: block " + std::to_string(m.blocks) + " (" +
+                     to_string(keys[m.blocks]) + ") of the prefix is not cached");
+  }
+  uint64_t added = 0;
+  std::unordered_set<BlockKey, BlockKeyHash> distinct;
+  for (const BlockKey& k : keys) {
+    if (distinct.insert(k).second && !protected_.contains(k)) ++added;
+  }
+  const uint64_t layers = options_.geometry.layers;
+  const uint64_t quota =
+      static_cast<uint64_t>(options_.policies.pin_quota * static_cast<double>(parts_.hbm->capacity()));
+  const uint64_t after = (protected_.size() + added) * layers;
+  if (after > quota) {
+    return resource_exhausted("pin_prefix: " + std::to_string(protected_.size() + added) +
+                              " pinned blocks would need " + std::to_string(after) +
+                              " HBM frames; policies.pin_quota allows " + std::to_string(quota) +
+                              " of " + std::to_string(parts_.hbm->capacity()));
+  }
+  PrefixPin pin;
+  for (const BlockKey& k : distinct) {
+    Status s = parts_.table->acquire(k);
+    if (!s.ok()) {
+      for (const BlockKey& taken : pin.keys) {
+        parts_.table->release(taken).status().ignore();
+        if (--protected_[taken] == 0) protected_.erase(taken);
+      }
+      return s.with_context("pin_prefix");
+    }
+    pin.keys.push_back(k);
+    protected_[k] += 1;
+  }
+  const uint64_t id = ++next_pin_;
+  // Bring the pinned blocks into HBM; they are never HBM victims while pinned.
+  for (const BlockKey& k : pin.keys) {
+    for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+      ensure_in_hbm(k, l, TransferPriority::kPrefetch, nullptr, [](const Status& s) { s.ignore(); });
+    }
+  }
+  pin.timer = parts_.loop->post_after(ttl, [this, id] { unpin_prefix(id).ignore(); });
+  prefix_pins_.emplace(id, std::move(pin));
+  return id;
+}
+
+Status Scheduler::unpin_prefix(uint64_t id) {
+  auto it = prefix_pins_.find(id);
+  if (it == prefix_pins_.end()) {
+    return not_found("prefix pin " + std::to_string(id) + " does not exist (unpinned, or expired)");
+  }
+  PrefixPin pin = std::move(it->second);
+  prefix_pins_.erase(it);
+  parts_.loop->cancel_timer(pin.timer);
+  for (const BlockKey& k : pin.keys) {
+    if (--protected_[k] == 0) protected_.erase(k);
+    parts_.table->release(k).status().ignore();
+    after_change(k);
+  }
+  check_watermarks();
+  return ok_status();
+}
+
+uint64_t Scheduler::persist_to_nvme() {
+  if (parts_.nvme == nullptr) return 0;
+  uint64_t started = 0;
+  for (const auto& [key, info] : parts_.table->snapshot()) {
+    if (key.is_private() || info.nvme != CopyState::kAbsent || !info.match_tier) continue;
+    const bool all_host = std::all_of(info.pages.begin(), info.pages.end(), [](const PageInfo& p) {
+      return p.host == CopyState::kReady;
+    });
+    if (all_host) {
+      demote_block_to_nvme(key, TransferPriority::kWriteBack, /*keep_host=*/true);
+    } else {
+      write_through(key, TierMask::of(Tier::kHost).with(Tier::kNvme));
+    }
+    ++started;
+  }
+  return started;
+}
+
 }  // namespace kvtier

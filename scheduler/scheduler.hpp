@@ -114,6 +114,14 @@ class Scheduler {
   Status hint(std::span<const HintedRequest> waiting);
   // A block found on NVMe at start-up (the store's recovered index): cached, on NVMe only.
   Status adopt_nvme_block(const BlockKey& key);
+  // Prefix pins: keeps the cached blocks of `keys` referenced and in HBM (loading them there) until
+  // unpin_prefix or `ttl`, within policies.pin_quota of HBM. Returns the pin's id.
+  Result<uint64_t> pin_prefix(std::span<const BlockKey> keys, Nanos ttl);
+  Status unpin_prefix(uint64_t id);
+  uint64_t pinned_prefix_blocks() const { return protected_.size(); }
+  // Starts writing every cached block that has no NVMe copy to NVMe (before a shutdown, so the
+  // next runtime on the same store finds them). Returns how many blocks it started writing.
+  uint64_t persist_to_nvme();
   // True when no transfer is queued or in flight and no request waits for a frame.
   bool idle() const;
 
@@ -193,10 +201,15 @@ class Scheduler {
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);
-  // Blocks the placement must leave alone (see SkipFilter::operator()).
+  // Blocks the placement must leave alone when it plans room in `tier` (SkipFilter::operator()).
   struct SkipFilter {
     const Scheduler* scheduler;
+    Tier tier;
     bool operator()(const BlockKey& key) const;
+  };
+  struct PrefixPin {
+    std::vector<BlockKey> keys;
+    TimerId timer = 0;
   };
   void finish_op(const PageKey& page, const Status& status);
   Evictor* evictor(Tier tier) const { return evictors_[tier_index(tier)].get(); }
@@ -232,7 +245,10 @@ class Scheduler {
   // down by write-through): the frame must not be reused until the read ends. Blocks with any page
   // in here are skipped by the placement.
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> reading_;
-  SkipFilter skip_{this};
+  // Prefix pins, and how many pins protect each block (kept in HBM: never an HBM victim).
+  std::unordered_map<uint64_t, PrefixPin> prefix_pins_;
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> protected_;
+  uint64_t next_pin_ = 0;
   // HBM frames pinned by open steps (loop thread).
   uint64_t pinned_frames_ = 0;
 

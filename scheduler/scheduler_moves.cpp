@@ -91,8 +91,9 @@ void Scheduler::serve_frame_waiters(Tier tier) {
 
 bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
   // Private blocks belong to one sequence and move only through its steps; blocks with a page
-  // under a transfer keep their frames until it ends.
-  return key.is_private() || scheduler->reading_.contains(key);
+  // under a transfer keep their frames until it ends; pinned prefixes stay in HBM.
+  return key.is_private() || scheduler->reading_.contains(key) ||
+         (tier == Tier::kHbm && scheduler->protected_.contains(key));
 }
 
 void Scheduler::make_room(Tier tier, TransferPriority prio) {
@@ -105,7 +106,8 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
     free[tier_index(t)] = f + draining_[tier_index(t)];
   }
   if (waiting <= free[tier_index(tier)]) return;
-  const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip_));
+  const SkipFilter skip{this, tier};
+  const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip));
   for (const PlannedMove& move : plan.moves) execute_move(move, prio);
   serve_frame_waiters(tier);
 }
@@ -491,7 +493,7 @@ void Scheduler::drop_nvme_copy(const BlockKey& key) {
 void Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
   const BlockKey key = move.block.key;
   const uint32_t layers = options_.geometry.layers;
-  if (reading_.contains(key) || key.is_private()) return;
+  if (SkipFilter{this, move.from}(key)) return;
   switch (move.from) {
     case Tier::kHbm: {
       const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
@@ -611,7 +613,8 @@ void Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
     // NVMe full: make room there (drops are immediate), then try once more.
     std::array<uint64_t, kNumTiers> free{};
     free[tier_index(Tier::kNvme)] = parts_.nvme->free_count();
-    const PlacementPlan plan = placement_->plan_room(Tier::kNvme, 1, free, KeyFilter(skip_));
+    const SkipFilter skip{this, Tier::kNvme};
+    const PlacementPlan plan = placement_->plan_room(Tier::kNvme, 1, free, KeyFilter(skip));
     for (const PlannedMove& m : plan.moves) execute_move(m, prio);
     extent = parts_.table->begin_fill(key, CopyId::nvme());
   }
@@ -757,8 +760,9 @@ void Scheduler::check_watermarks() {
                              : frames(u)->free_count();
       free[tier_index(u)] = f + draining_[tier_index(u)];
     }
+    const SkipFilter skip{this, t};
     const PlacementPlan plan =
-        placement_->plan_room(t, free[tier_index(t)] + deficit, free, KeyFilter(skip_));
+        placement_->plan_room(t, free[tier_index(t)] + deficit, free, KeyFilter(skip));
     for (const PlannedMove& move : plan.moves) execute_move(move, TransferPriority::kWriteBack);
   }
 }

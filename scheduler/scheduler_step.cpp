@@ -307,7 +307,7 @@ void Scheduler::release_layer(Step& step, uint32_t layer) {
         auto info = parts_.table->lookup(key);
         if (!info.ok()) continue;
         const PageInfo& p = info->pages[layer];
-        if (p.hbm != CopyState::kReady || p.pins != 0) continue;
+        if (p.hbm != CopyState::kReady || p.pins != 0 || protected_.contains(key)) continue;
         if (p.host == CopyState::kReady) {
           parts_.table->drop(key, CopyId::hbm(layer)).ignore();
           stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
