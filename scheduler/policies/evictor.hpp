@@ -8,7 +8,9 @@
 //   on_insert  a copy of the block became ready in this tier (filled, promoted or demoted into it);
 //   on_access  a request used the block while it has a copy here (match, or prefill re-deriving
 //              it); the accesses of one request come in chain order, parent first;
-//   on_erase   the copy left this tier (evicted by a plan, or dropped for any other reason).
+//   on_erase   the copy left this tier (evicted by a plan, or dropped for any other reason);
+//   on_miss    a request needed the block and this tier had no copy (before any insert): lets a
+//              policy learn reuse of blocks it does not hold (ghost histories).
 // A key is tracked from on_insert to on_erase; on_insert of a tracked key or on_erase/on_access
 // of an untracked one is a caller bug and is ignored (counted in `misuse()`), never a crash.
 //
@@ -92,6 +94,7 @@ class Evictor {
   virtual void on_insert(const BlockFacts& block) = 0;
   virtual void on_access(const BlockKey& key) = 0;
   virtual void on_erase(const BlockKey& key) = 0;
+  virtual void on_miss(const BlockFacts& block) {}
 
   // Whether `block` (not yet tracked) should take a frame when the tier is full. The default
   // admits everything.

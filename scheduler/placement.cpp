@@ -1,0 +1,255 @@
+#include "scheduler/placement.hpp"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace kvtier {
+
+struct Placement::Budget {
+  std::array<uint64_t, kNumTiers> free{};
+  // Keys already leaving, and keys arriving, per tier in this plan: neither may be chosen again.
+  std::array<std::unordered_set<BlockKey, BlockKeyHash>, kNumTiers> leaving;
+  std::array<std::unordered_set<BlockKey, BlockKeyHash>, kNumTiers> arriving;
+};
+
+namespace {
+
+// What the placement reads about one block, under its shard lock.
+struct Snapshot {
+  bool found = false;
+  BlockKey parent;
+  uint32_t hits = 0;
+  uint32_t layers = 0;
+  uint32_t evictable = 0;     // ready (and, in HBM, unpinned) copies in the tier
+  uint32_t pinned = 0;        // pinned HBM pages
+  bool in_flight = false;     // a copy in the tier is filling or draining
+  uint32_t host_missing = 0;  // evictable pages without a host copy (HBM only)
+  bool nvme_ready = false;
+  bool nvme_absent = true;
+  bool all_in_memory = false;  // every page ready in HBM or host (an NVMe copy can be written)
+};
+
+Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier) {
+  Snapshot s;
+  Status st = table.visit(key, [&](const EntryView& v) {
+    s.found = true;
+    s.parent = v.parent();
+    s.hits = v.stats().hits;
+    s.layers = v.layers();
+    s.pinned = v.pinned_pages();
+    const CopyState nvme = v.state(CopyId::nvme());
+    s.nvme_ready = nvme == CopyState::kReady;
+    s.nvme_absent = nvme == CopyState::kAbsent;
+    s.all_in_memory = v.memory_ready_pages() == v.layers();
+    if (tier == Tier::kNvme) {
+      s.evictable = s.nvme_ready ? 1 : 0;
+      s.in_flight = nvme == CopyState::kFilling || nvme == CopyState::kDraining;
+      return;
+    }
+    for (uint32_t l = 0; l < v.layers(); ++l) {
+      const CopyState c = v.state(CopyId::page(tier, l));
+      if (c == CopyState::kFilling || c == CopyState::kDraining) s.in_flight = true;
+      if (c != CopyState::kReady) continue;
+      if (tier == Tier::kHbm && v.pins(l) != 0) continue;
+      ++s.evictable;
+      if (tier == Tier::kHbm && v.state(CopyId::host(l)) == CopyState::kAbsent) ++s.host_missing;
+    }
+  });
+  if (!st.ok()) s.found = false;
+  return s;
+}
+
+}  // namespace
+
+Placement::Placement(const PageTable& table, std::array<Evictor*, kNumTiers> evictors,
+                     const NvmeAdmission& admission, const WriteStrategy& write)
+    : table_(table), evictors_(evictors), admission_(admission), write_(write) {}
+
+std::optional<Tier> Placement::next_tier(Tier tier) const {
+  for (int i = tier_index(tier) + 1; i < kNumTiers; ++i) {
+    if (evictors_[static_cast<std::size_t>(i)] != nullptr) return static_cast<Tier>(i);
+  }
+  return std::nullopt;
+}
+
+uint64_t Placement::watermark_deficit(uint64_t capacity, uint64_t used, const Watermarks& marks) {
+  const double high = marks.high * static_cast<double>(capacity);
+  if (static_cast<double>(used) <= high) return 0;
+  const auto low = static_cast<uint64_t>(marks.low * static_cast<double>(capacity));
+  return used > low ? used - low : 0;
+}
+
+bool Placement::admit_new(Tier tier, const BlockFacts& block) const {
+  Evictor* ev = evictors_[static_cast<std::size_t>(tier_index(tier))];
+  return ev != nullptr && ev->admit(block);
+}
+
+PlacementPlan Placement::plan_room(Tier tier, uint64_t frames,
+                                   std::array<uint64_t, kNumTiers> free_frames, KeyFilter skip) {
+  PlacementPlan plan;
+  ++counters_.plans;
+  const std::size_t t = static_cast<std::size_t>(tier_index(tier));
+  if (free_frames[t] >= frames) return plan;
+  Budget budget;
+  budget.free = free_frames;
+  plan.shortfall = free_in(tier, frames - free_frames[t], budget, skip, plan, 0);
+  for (const PlannedMove& m : plan.moves) {
+    plan.freed[static_cast<std::size_t>(tier_index(m.from))] += m.frames_freed;
+    if (m.to) plan.taken[static_cast<std::size_t>(tier_index(*m.to))] += m.frames_taken;
+  }
+  return plan;
+}
+
+uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilter skip,
+                            PlacementPlan& plan, int depth) {
+  const std::size_t ti = static_cast<std::size_t>(tier_index(tier));
+  Evictor* ev = evictors_[ti];
+  if (ev == nullptr || depth >= kNumTiers) return frames;
+  uint64_t freed = 0;
+  std::vector<BlockKey> victims;
+  const auto refuse = [&](const BlockKey& k) {
+    return skip(k) || budget.leaving[ti].count(k) != 0 || budget.arriving[ti].count(k) != 0;
+  };
+  while (freed < frames) {
+    victims.clear();
+    const std::size_t n = ev->select_victims(frames - freed, KeyFilter(refuse), victims);
+    if (n == 0) break;
+    for (const BlockKey& key : victims) {
+      if (freed >= frames) break;
+      budget.leaving[ti].insert(key);  // never proposed twice in one plan
+      const Snapshot s = read_block(table_, key, tier);
+      if (!s.found || s.evictable == 0 || s.in_flight || (tier == Tier::kHbm && s.pinned != 0)) {
+        ++counters_.skipped;
+        continue;
+      }
+      PlannedMove move;
+      move.block.key = key;
+      move.block.parent = s.parent;
+      move.block.hits = s.hits;
+      ev->describe(key, move.block);
+      move.block.demoted = true;
+      move.from = tier;
+      move.frames_freed = s.evictable;
+
+      bool clean = false;
+      switch (tier) {
+        case Tier::kHbm:
+          clean = s.host_missing == 0 || s.nvme_ready;
+          break;
+        case Tier::kHost:
+          clean = s.nvme_ready;
+          break;
+        case Tier::kNvme:
+          clean = false;
+          break;
+      }
+      const std::optional<Tier> next = next_tier(tier);
+      if (clean || !write_.demote_on_evict() || !next) {
+        move.clean_below = clean;
+        if (clean) {
+          ++counters_.clean_drops;
+        } else {
+          ++counters_.drops;
+        }
+      } else {
+        const std::size_t ni = static_cast<std::size_t>(tier_index(*next));
+        bool admitted = true;
+        uint64_t need = 0;
+        if (*next == Tier::kNvme) {
+          admitted = s.nvme_absent && s.all_in_memory && admission_.admits(s.hits) &&
+                     evictors_[ni]->admit(move.block);
+          need = 1;
+        } else {  // host, from HBM
+          admitted = evictors_[ni]->contains(key) || evictors_[ni]->admit(move.block);
+          need = s.host_missing;
+        }
+        if (admitted && budget.free[ni] < need) {
+          const uint64_t short_by =
+              free_in(*next, need - budget.free[ni], budget, skip, plan, depth + 1);
+          admitted = short_by == 0 && budget.free[ni] >= need;
+        }
+        if (admitted) {
+          budget.free[ni] -= need;
+          budget.arriving[ni].insert(key);
+          move.to = *next;
+          move.frames_taken = static_cast<uint32_t>(need);
+          ++counters_.demotions;
+        } else {
+          ++counters_.refused;
+          ++counters_.drops;
+        }
+      }
+      budget.free[ti] += move.frames_freed;
+      freed += move.frames_freed;
+      plan.moves.push_back(move);
+    }
+  }
+  return freed >= frames ? 0 : frames - freed;
+}
+
+Result<ExecutionResult> execute_plan_metadata(PageTable& table,
+                                              std::array<Evictor*, kNumTiers> evictors,
+                                              const PlacementPlan& plan) {
+  ExecutionResult result;
+  for (const PlannedMove& m : plan.moves) {
+    bool gained = false;
+    bool source_empty = false;
+    Status st = table.update(m.block.key, [&](EntryView& v) -> Status {
+      gained = false;
+      if (m.to == Tier::kNvme && v.state(CopyId::nvme()) == CopyState::kAbsent) {
+        if (v.memory_ready_pages() != v.layers()) {
+          return failed_precondition(
+              "block " + to_string(m.block.key) +
+              " has pages that are not in memory; cannot write its NVMe copy");
+        }
+        KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::nvme()).status());
+        KVTIER_RETURN_IF_ERROR(v.complete_fill(CopyId::nvme()));
+        gained = true;
+      }
+      if (m.from == Tier::kNvme) {
+        KVTIER_RETURN_IF_ERROR(v.drop(CopyId::nvme()));
+      } else {
+        uint32_t moved = 0;
+        for (uint32_t l = 0; l < v.layers(); ++l) {
+          const CopyId src = CopyId::page(m.from, l);
+          if (v.state(src) != CopyState::kReady) continue;
+          if (m.from == Tier::kHbm && v.pins(l) != 0) continue;
+          if (m.to == Tier::kHost && v.state(CopyId::host(l)) == CopyState::kAbsent) {
+            KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::host(l)).status());
+            KVTIER_RETURN_IF_ERROR(v.complete_fill(CopyId::host(l)));
+            gained = true;
+          }
+          KVTIER_RETURN_IF_ERROR(v.begin_drain(src));
+          KVTIER_RETURN_IF_ERROR(v.complete_drain(src));
+          ++moved;
+        }
+        if (moved == 0) {
+          return failed_precondition("block " + to_string(m.block.key) + " has no evictable " +
+                                     std::string(tier_name(m.from)) + " copy any more");
+        }
+      }
+      source_empty = v.copies(m.from) == 0;
+      return ok_status();
+    });
+    if (!st.ok()) {
+      if (st.code() == StatusCode::kNotFound || st.code() == StatusCode::kFailedPrecondition ||
+          st.code() == StatusCode::kResourceExhausted) {
+        ++result.skipped;
+        continue;
+      }
+      return st;
+    }
+    ++result.executed;
+    if (gained && m.to) {
+      Evictor* dst = evictors[static_cast<std::size_t>(tier_index(*m.to))];
+      if (dst != nullptr && !dst->contains(m.block.key)) dst->on_insert(m.block);
+    }
+    if (source_empty) {
+      Evictor* src = evictors[static_cast<std::size_t>(tier_index(m.from))];
+      if (src != nullptr && src->contains(m.block.key)) src->on_erase(m.block.key);
+    }
+  }
+  return result;
+}
+
+}  // namespace kvtier

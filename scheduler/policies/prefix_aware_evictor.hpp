@@ -1,0 +1,43 @@
+// PrefixAwareEvictor (policies.eviction: prefix_aware): LRU over chains, evicting from their tails.
+//
+// A child is useless without its parent (match() stops at the first missing block), so a block
+// whose children are cached in this tier is never a victim: only leaves are. Recency is kept in
+// one list, and a chain touched by one request (accesses arrive parent first) is laid out with the
+// parent newest and its descendants just behind it, so the victim walk meets a chain's tail
+// before its head and a partly evicted chain is still a usable prefix. Plain LRU does the
+// opposite: it evicts the head first and leaves the rest of the chain as dead weight.
+// Per block: the LRU links and ChainLinks (parent, child count).
+#pragma once
+
+#include "scheduler/policies/chain_links.hpp"
+#include "scheduler/policies/evictor.hpp"
+#include "scheduler/policies/key_index.hpp"
+
+namespace kvtier {
+
+class PrefixAwareEvictor final : public Evictor {
+ public:
+  explicit PrefixAwareEvictor(const EvictorOptions& options);
+
+  std::string_view name() const override { return "prefix_aware"; }
+  void on_insert(const BlockFacts& block) override;
+  void on_access(const BlockKey& key) override;
+  void on_erase(const BlockKey& key) override;
+  std::size_t select_victims(std::size_t count, KeyFilter skip,
+                             std::vector<BlockKey>& out) override;
+  bool contains(const BlockKey& key) const override { return index_.find(key) != KeyIndex::kNone; }
+  std::size_t size() const override { return index_.size(); }
+  std::size_t memory_bytes() const override;
+  // Children of a tracked block that are tracked here too.
+  uint32_t cached_children(const BlockKey& key) const;
+
+ private:
+  void place(uint32_t slot);
+
+  KeyIndex index_;
+  SlotLists lists_{1};
+  ChainLinks links_;
+  uint32_t last_touched_ = KeyIndex::kNone;
+};
+
+}  // namespace kvtier
