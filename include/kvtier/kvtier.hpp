@@ -1,0 +1,162 @@
+// kvtier's C++ API: the Runtime an LLM serving engine embeds as its KV-cache backend.
+//
+// A Runtime owns the three tiers (an HBM arena, a pinned host pool, an NVMe store), the page table
+// that maps block keys to pages in them, and the scheduler that moves pages between tiers on its
+// own event-loop thread. The engine drives it with the step contract (DESIGN.md, "How an engine
+// uses it"):
+//
+//   auto rt = kvtier::Runtime::open(config).value();
+//   auto keys = rt->block_keys(prompt_tokens);            // chained content keys of full blocks
+//   auto seq = rt->open_sequence(keys).value();           // reuse the cached prefix
+//   // prefill from seq.reused_tokens, then decode:
+//   auto step = rt->begin_step({{seq.id, n_new}}).value();
+//   for (layer...) { rt->wait_layer(step.id, layer); auto t = rt->layer_table(step.id, layer);
+//                    ... write new K/V into t's frames, run attention over them ...;
+//                    rt->end_layer(step.id, layer); }
+//   rt->end_step(step.id, {});
+//   rt->close_sequence(seq.id);
+//
+// Thread-safety. Every method may be called from any thread. Calls that change the cache (open,
+// close, begin/end step and layer, hint, pins) run on the runtime's loop: the caller waits for the
+// loop to take the call for at most `RuntimeOptions::call_timeout` (kDeadlineExceeded otherwise,
+// and the call then has no effect), and the loop never blocks, so those calls return in
+// microseconds. wait_layer blocks only the calling thread, at most the configured wait bound
+// (policies.prefetch: a late layer is a stall, counted; after the bound, kDeadlineExceeded).
+// layer_table, hbm_view, stats, match and the key helpers never wait on the loop.
+//
+// Errors are Status values naming what was wrong (see kvtier/status.hpp); no call throws, and bad
+// input — an unknown or closed sequence, a step over a sequence twice, keys of another namespace, a
+// step that cannot fit, any call after shutdown — is an error code and a message, never a crash.
+// After an error nothing leaks: the runtime's accounting stays exact.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/block_key.hpp"
+#include "kvtier/config.hpp"
+#include "kvtier/status.hpp"
+#include "kvtier/step_types.hpp"
+#include "kvtier/types.hpp"
+#include "kvtier/version.hpp"
+
+namespace kvtier {
+
+struct RuntimeOptions {
+  // Longest a caller waits for the runtime's loop to take a call (not for transfers).
+  std::chrono::milliseconds call_timeout{5000};
+  // Longest wait_layer blocks before it gives up with kDeadlineExceeded.
+  std::chrono::milliseconds wait_timeout{30000};
+  // At shutdown, write every cached block that is not on NVMe yet there, so the next runtime
+  // opened on the same store finds it (bounded by shutdown_timeout).
+  bool persist_on_shutdown = true;
+  std::chrono::milliseconds shutdown_timeout{60000};
+};
+
+// Where the HBM frames are, for the engine's own kernels: frame f of the arena starts at
+// base + f * frame_stride and holds one page (K then V, each [page_tokens][kv_heads][head_dim]).
+struct HbmView {
+  void* base = nullptr;
+  std::size_t frame_stride = 0;
+  std::size_t page_bytes = 0;
+  uint32_t frames = 0;
+  bool on_device = false;  // true: CUDA device memory; false: host memory (emulated HBM)
+};
+
+// A snapshot of the runtime's counters (each exact on its own; not one atomic cut).
+struct RuntimeStats {
+  uint64_t lookup_tokens = 0;
+  std::array<uint64_t, kNumTiers> hit_tokens{};
+  std::array<uint64_t, kNumTiers> used_bytes{};
+  std::array<uint64_t, kNumTiers> capacity_bytes{};
+  std::array<uint64_t, kNumTiers> promotions{};
+  std::array<uint64_t, kNumTiers> demotions{};
+  std::array<uint64_t, kNumTiers> evictions{};
+  uint64_t recompute_tokens = 0;  // compute-or-load chose to recompute
+  uint64_t stall_nanos = 0;
+  uint64_t late_prefetches = 0;
+  uint64_t failed_loads = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t io_errors = 0;
+  uint64_t nvme_recovered_blocks = 0;  // found on NVMe when this runtime opened
+  uint64_t open_sequences = 0;
+  uint64_t pinned_prefix_blocks = 0;
+};
+
+using PrefixPinId = uint64_t;
+
+class Runtime {
+ public:
+  // Opens the tiers, recovers the NVMe store's index and starts the loop. The config is validated
+  // first (the same rules as YAML). Metrics are exported when config.metrics.listen is set.
+  static Result<std::unique_ptr<Runtime>> open(const Config& config, RuntimeOptions options = {});
+  // From a YAML file (plus KVTIER_* environment overrides; see the README).
+  static Result<std::unique_ptr<Runtime>> open_file(std::string_view yaml_path,
+                                                    RuntimeOptions options = {});
+  // Shuts down if shutdown() was not called.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const Config& config() const;
+  const Geometry& geometry() const;
+
+  // ---- Block keys (namespace = config.model.namespace, or the model name) ----
+  // Keys of every full block of `tokens`, chained from the namespace root.
+  std::vector<BlockKey> block_keys(std::span<const uint32_t> tokens) const;
+  // The key of one full block after `parent` (a key from block_keys, or namespace_root()).
+  Result<BlockKey> block_key(const BlockKey& parent, std::span<const uint32_t> block_tokens) const;
+  BlockKey namespace_root() const;
+
+  // ---- Cache ----
+  // The cached prefix of `keys`, per tier; counts lookups and hits. Does not take references.
+  Result<MatchResult> match(std::span<const BlockKey> keys);
+  // Opens a sequence over a prompt's keys: takes references on the prefix it reuses (as much of the
+  // match as is cheaper to load than to recompute) and starts loading it.
+  Result<OpenedSequence> open_sequence(std::span<const BlockKey> prompt_keys);
+  // Releases the sequence; its full blocks stay cached until evicted.
+  Status close_sequence(SequenceId sequence);
+
+  // ---- Steps ----
+  Result<StepInfo> begin_step(std::span<const StepItem> batch);
+  Status wait_layer(StepId step, uint32_t layer);
+  // The layer's block table; kFailedPrecondition until the layer is ready (wait_layer first).
+  Result<LayerTable> layer_table(StepId step, uint32_t layer) const;
+  // The engine has read and written `layer` (required for every layer of a windowed step).
+  Status end_layer(StepId step, uint32_t layer);
+  Status end_step(StepId step, std::span<const StepCompletion> completions = {});
+  Status abort_step(StepId step);
+  // The requests waiting in the engine's queue (replaces the previous hint).
+  Status hint(std::span<const HintedRequest> waiting);
+
+  // ---- Pins for prefixes the engine wants kept (a system prompt, a document corpus) ----
+  // Keeps the cached blocks of `keys` in HBM (loading them there) until unpin_prefix or `ttl`
+  // passes, within the HBM pin quota (policies.pin_quota). kResourceExhausted over the quota;
+  // kNotFound when a key is not cached.
+  Result<PrefixPinId> pin_prefix(std::span<const BlockKey> keys, std::chrono::milliseconds ttl);
+  Status unpin_prefix(PrefixPinId pin);
+
+  // ---- Memory and counters ----
+  HbmView hbm_view() const;
+  RuntimeStats stats() const;
+  // The port the metrics exporter listens on (0 when metrics are off or failed to bind).
+  uint16_t metrics_port() const;
+
+  // Finishes or cancels in-flight transfers, optionally persists cached blocks to NVMe, and stops
+  // the loop. Every later call returns kFailedPrecondition. Idempotent.
+  Status shutdown();
+
+ private:
+  struct Impl;
+  explicit Runtime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,220 @@
+// The Runtime over real tiers (emulated HBM, host pool, io_uring NVMe store in a temp dir): bytes
+// written through block tables come back identical after travelling down the tiers and up again,
+// across a restart; bad input is an error, not a crash; accounting stays exact.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "runtime_test_util.hpp"
+
+namespace kvtier {
+namespace {
+
+using testing::check_tokens;
+using testing::make_tokens;
+using testing::run_checked_step;
+using testing::ScratchDir;
+using testing::small_config;
+
+std::unique_ptr<Runtime> open_or_skip(const Config& c) {
+  auto rt = Runtime::open(c);
+  if (!rt.ok() && rt.status().code() == StatusCode::kUnavailable) return nullptr;
+  EXPECT_TRUE(rt.ok()) << rt.status().to_string();
+  return rt.ok() ? std::move(rt).value() : nullptr;
+}
+
+TEST(Runtime, PagesSurviveEvictionToHostAndNvmeBitForBit) {
+  ScratchDir dir("runtime-evict");
+  auto rt = open_or_skip(small_config(dir.path()));
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
+  const Geometry& g = rt->geometry();
+  // 12 prompts of 6 blocks (24 pages each): far more than HBM (64 frames) and host (256) hold.
+  std::vector<std::vector<uint32_t>> prompts;
+  for (uint32_t p = 0; p < 12; ++p) prompts.push_back(make_tokens(6 * g.page_tokens, p + 1));
+  for (const auto& tokens : prompts) {
+    auto seq = rt->open_sequence(rt->block_keys(tokens));
+    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+    bool bytes_ok = true;
+    Status s = run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()),
+                                &bytes_ok);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  }
+  const RuntimeStats mid = rt->stats();
+  EXPECT_GT(mid.demotions[tier_index(Tier::kHost)], 0u);
+  // Every prompt comes back, from wherever it went, with exactly the bytes that were written.
+  for (const auto& tokens : prompts) {
+    auto seq = rt->open_sequence(rt->block_keys(tokens));
+    ASSERT_TRUE(seq.ok());
+    bool bytes_ok = true;
+    Status s = run_checked_step(*rt, seq->id, tokens, seq->reused_tokens,
+                                static_cast<uint32_t>(tokens.size() - seq->reused_tokens),
+                                &bytes_ok);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_TRUE(bytes_ok) << "a reused page differs from what was written";
+    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  }
+  const RuntimeStats end = rt->stats();
+  uint64_t hits = 0;
+  for (uint64_t h : end.hit_tokens) hits += h;
+  EXPECT_GT(hits, 0u);
+  EXPECT_EQ(end.failed_loads, 0u);
+  EXPECT_EQ(end.checksum_failures, 0u);
+  ASSERT_TRUE(rt->shutdown().ok());
+}
+
+TEST(Runtime, AfterARestartThePrefixIsFoundOnNvme) {
+  ScratchDir dir("runtime-restart");
+  const Config c = small_config(dir.path());
+  const auto tokens = make_tokens(8 * c.model.geometry.page_tokens, 77);
+  {
+    auto rt = open_or_skip(c);
+    if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here";
+    auto seq = rt->open_sequence(rt->block_keys(tokens));
+    ASSERT_TRUE(seq.ok());
+    bool ok = true;
+    ASSERT_TRUE(run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok)
+                    .ok());
+    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+    ASSERT_TRUE(rt->shutdown().ok());  // persists cached blocks to NVMe
+  }
+  auto rt = open_or_skip(c);
+  ASSERT_NE(rt, nullptr);
+  EXPECT_GE(rt->stats().nvme_recovered_blocks, 8u);
+  auto m = rt->match(rt->block_keys(tokens));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->blocks, 8u);
+  EXPECT_EQ(m->by_tier[tier_index(Tier::kNvme)], 8u);
+  auto seq = rt->open_sequence(rt->block_keys(tokens));
+  ASSERT_TRUE(seq.ok());
+  EXPECT_EQ(seq->reused_blocks, 8u) << "the prefix must be loaded, not recomputed";
+  bool bytes_ok = true;
+  ASSERT_TRUE(run_checked_step(*rt, seq->id, tokens, seq->reused_tokens, 1, &bytes_ok).ok());
+  EXPECT_TRUE(bytes_ok) << "bytes read back from NVMe after the restart differ";
+  ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+}
+
+TEST(Runtime, BadInputIsAnErrorAndNothingLeaks) {
+  ScratchDir dir("runtime-bad");
+  Config c = small_config(dir.path());
+  c.tiers.nvme.enabled = false;
+  auto rt = open_or_skip(c);
+  ASSERT_NE(rt, nullptr);
+  EXPECT_EQ(rt->close_sequence(12345).code(), StatusCode::kNotFound);
+  const StepItem ghost{777, 1};
+  EXPECT_EQ(rt->begin_step(std::span(&ghost, 1)).status().code(), StatusCode::kNotFound);
+  // Keys of another namespace.
+  const auto tokens = make_tokens(32, 5);
+  const auto foreign = chain_block_keys("another-model", tokens, 16);
+  auto wrong = rt->open_sequence(foreign);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("another namespace"), std::string::npos);
+  // A step that cannot fit in HBM (one layer needs more than 64 frames).
+  auto big = rt->open_sequence(rt->block_keys(make_tokens(16 * 80, 6)));
+  ASSERT_TRUE(big.ok());
+  const StepItem huge{big->id, 16 * 80};
+  auto too_big = rt->begin_step(std::span(&huge, 1));
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
+  // The same sequence twice in one step; a step over a sequence already in a step.
+  auto seq = rt->open_sequence(rt->block_keys(tokens));
+  ASSERT_TRUE(seq.ok());
+  const StepItem twice[2] = {{seq->id, 1}, {seq->id, 1}};
+  EXPECT_EQ(rt->begin_step(twice).status().code(), StatusCode::kInvalidArgument);
+  const StepItem one{seq->id, 32};
+  auto step = rt->begin_step(std::span(&one, 1));
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(rt->begin_step(std::span(&one, 1)).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rt->layer_table(step->id, 99).status().code(), StatusCode::kOutOfRange);
+  ASSERT_TRUE(rt->abort_step(step->id).ok());
+  EXPECT_EQ(rt->end_step(step->id).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  EXPECT_EQ(rt->close_sequence(seq->id).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(rt->close_sequence(big->id).ok());
+  // Nothing is left allocated once every sequence is closed and nothing was published.
+  const RuntimeStats s = rt->stats();
+  EXPECT_EQ(s.used_bytes[tier_index(Tier::kHbm)], 0u);
+  EXPECT_EQ(s.open_sequences, 0u);
+  ASSERT_TRUE(rt->shutdown().ok());
+  // Calls after shutdown.
+  EXPECT_EQ(rt->open_sequence(rt->block_keys(tokens)).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rt->match(rt->block_keys(tokens)).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(rt->shutdown().ok()) << "shutdown is idempotent";
+}
+
+TEST(Runtime, AnInvalidConfigIsRefusedWithItsKey) {
+  ScratchDir dir("runtime-config");
+  Config c = small_config(dir.path());
+  c.tiers.hbm.watermarks.low = 2.0;
+  auto rt = Runtime::open(c);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rt.status().message().find("tiers.hbm.watermarks"), std::string::npos)
+      << rt.status().message();
+}
+
+TEST(Runtime, PinnedPrefixStaysInHbmUntilUnpinned) {
+  ScratchDir dir("runtime-pin");
+  Config c = small_config(dir.path());
+  c.policies.pin_quota = 0.5;
+  auto rt = open_or_skip(c);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here";
+  const Geometry& g = rt->geometry();
+  const auto system = make_tokens(4 * g.page_tokens, 1);
+  {
+    auto seq = rt->open_sequence(rt->block_keys(system));
+    ASSERT_TRUE(seq.ok());
+    bool ok = true;
+    ASSERT_TRUE(run_checked_step(*rt, seq->id, system, 0, static_cast<uint32_t>(system.size()), &ok)
+                    .ok());
+    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  }
+  auto pin = rt->pin_prefix(rt->block_keys(system), std::chrono::minutes(10));
+  ASSERT_TRUE(pin.ok()) << pin.status().to_string();
+  // Over the quota (0.5 x 64 frames = 8 blocks of 4 layers): refused, nothing changes.
+  auto too_much = rt->pin_prefix(rt->block_keys(make_tokens(16 * 5, 3)), std::chrono::minutes(1));
+  EXPECT_FALSE(too_much.ok());
+  // Churn enough other prompts through HBM to evict everything that is not pinned.
+  for (uint32_t p = 0; p < 10; ++p) {
+    const auto tokens = make_tokens(6 * g.page_tokens, 100 + p);
+    auto seq = rt->open_sequence(rt->block_keys(tokens));
+    ASSERT_TRUE(seq.ok());
+    bool ok = true;
+    ASSERT_TRUE(run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok)
+                    .ok());
+    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  }
+  auto m = rt->match(rt->block_keys(system));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->by_tier[tier_index(Tier::kHbm)], 4u) << "a pinned prefix left HBM";
+  EXPECT_EQ(rt->stats().pinned_prefix_blocks, 4u);
+  ASSERT_TRUE(rt->unpin_prefix(*pin).ok());
+  EXPECT_EQ(rt->unpin_prefix(*pin).code(), StatusCode::kNotFound);
+  EXPECT_EQ(rt->stats().pinned_prefix_blocks, 0u);
+}
+
+TEST(Runtime, PinnedPrefixExpiresAfterItsTtl) {
+  ScratchDir dir("runtime-ttl");
+  Config c = small_config(dir.path());
+  c.tiers.nvme.enabled = false;
+  auto rt = open_or_skip(c);
+  ASSERT_NE(rt, nullptr);
+  const auto system = make_tokens(2 * 16, 9);
+  auto seq = rt->open_sequence(rt->block_keys(system));
+  ASSERT_TRUE(seq.ok());
+  bool ok = true;
+  ASSERT_TRUE(run_checked_step(*rt, seq->id, system, 0, 32, &ok).ok());
+  ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  auto pin = rt->pin_prefix(rt->block_keys(system), std::chrono::milliseconds(20));
+  ASSERT_TRUE(pin.ok());
+  for (int i = 0; i < 500 && rt->stats().pinned_prefix_blocks != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(rt->stats().pinned_prefix_blocks, 0u);
+  EXPECT_EQ(rt->unpin_prefix(*pin).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvtier
