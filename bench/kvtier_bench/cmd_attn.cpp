@@ -9,6 +9,7 @@
 // tokens and GFLOP per second. CUDA (--device cuda): the same decode with the split-K kernel,
 // against cudaMemcpy device-to-device of the same bytes (a copy also writes them, so a ratio
 // above 1 is possible). Progress goes to stderr; the result to stdout (a table, or --json).
+#include <sys/mman.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <iomanip>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <ostream>
 #include <random>
@@ -66,22 +68,49 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Anonymous memory on 2 MiB pages where the kernel grants them, as the host pool allocates its
+// frames (transparent huge pages, madvise mode); both the kernel and the baseline read it.
+class HostArena {
+ public:
+  explicit HostArena(std::size_t bytes) {
+    bytes_ = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, bytes_, MADV_HUGEPAGE);  // a hint: 4 KiB pages if refused
+    data_ = static_cast<uint8_t*>(p);
+  }
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+  ~HostArena() { munmap(data_, bytes_); }
+  uint8_t* data() const { return data_; }
+
+ private:
+  static constexpr std::size_t kHuge = 2u << 20;
+  uint8_t* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 // One layer of paged KV for `batch` sequences of `context` tokens, frames in random order.
 struct HostPages {
   kernels::PagedKv kv;
-  std::vector<uint8_t> arena;
+  HostArena arena;
   std::vector<float> scales;
   std::vector<uint32_t> indptr, indices, last_page_len;
   uint64_t kv_bytes = 0;  // K and V of every token, exactly what attention must read
 
-  HostPages(const Geometry& g, uint64_t batch, uint64_t context, uint32_t seed) {
+  static uint64_t stride_for(const Geometry& g) {
+    return (kernels::paged_kv_for(g).page_bytes() + 4095) / 4096 *
+           4096;  // the host pool's rounding
+  }
+
+  HostPages(const Geometry& g, uint64_t batch, uint64_t context, uint32_t seed)
+      : arena(stride_for(g) * batch * ((context + g.page_tokens - 1) / g.page_tokens)) {
     kv = kernels::paged_kv_for(g);
-    kv.frame_stride = (kv.page_bytes() + 4095) / 4096 * 4096;  // the host pool's rounding
+    kv.frame_stride = stride_for(g);
     const uint64_t pages_per_seq = (context + g.page_tokens - 1) / g.page_tokens;
     const uint64_t frames = pages_per_seq * batch;
     kv.num_frames = static_cast<uint32_t>(frames);
     kv.batch = static_cast<uint32_t>(batch);
-    arena.resize(frames * kv.frame_stride);
     std::vector<uint32_t> perm(frames);
     std::iota(perm.begin(), perm.end(), 0u);
     std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
@@ -477,7 +506,12 @@ class AttnCommand final : public Command {
     report.options = o_;
     Status st;
     if (o_.device == "cpu") {
-      st = run_cpu(g, qo_heads, o_, ctx.err, report);
+      try {
+        st = run_cpu(g, qo_heads, o_, ctx.err, report);
+      } catch (const std::bad_alloc&) {
+        st = resource_exhausted("not enough memory for " + std::to_string(o_.batch) + " x " +
+                                std::to_string(o_.context) + " tokens of KV; lower --batch");
+      }
     } else if (o_.device == "cuda") {
 #if defined(KVTIER_HAVE_CUDA)
       report.has_prefill = false;

@@ -10,8 +10,9 @@
 // While a step computes, the next step's rows are prefetched a few lines at a time.
 // Rejected: widening each tile to an f32 scratch first (one compute path for every dtype, but an
 // extra store and reload of every element, with the misses exposed in the conversion loop), and
-// prefetching a whole tile of all heads at once (it overflows L1 and the miss queues; measured
-// slower than one step of lead, which measured 1.3x faster than none).
+// prefetching a whole tile of all heads at once (it overflows L1 and the miss queues). Measured
+// on one Zen 4 core, bf16, GQA 4, head_dim 128, pages in DRAM: 9.8 GiB/s without prefetching,
+// 20.4 GiB/s with it, 24.7 GiB/s with everything in cache; two steps of lead gain nothing.
 
 // Register blocks must stay in registers: GCC at -O2 does not fully unroll the small constant
 // loops over them by itself and keeps the blocks in memory instead (measured 3x slower).
@@ -171,27 +172,25 @@ class PrefetchQueue {
   PrefetchQueue() = default;
   PrefetchQueue(const uint8_t* const* rows, uint32_t count, std::size_t row_bytes,
                 std::size_t v_offset, uint32_t calls)
-      : rows_(rows), count_(count), v_offset_(v_offset) {
-    lines_per_row_ = static_cast<uint32_t>((row_bytes + 63) / 64);
-    const uint32_t total = 2 * count * lines_per_row_;
-    per_call_ = calls == 0 ? total : (total + calls - 1) / calls;
+      : rows_(rows), count_(count), row_bytes_(row_bytes), v_offset_(v_offset) {
+    per_call_ = calls == 0 ? 2 * count : (2 * count + calls - 1) / calls;
   }
   void issue() { issue(per_call_); }
-  void drain() { issue(~0u); }
+  void drain() { issue(2 * count_); }
 
  private:
+  // Whole rows at a time, K rows then V rows: the bookkeeping stays a small part of the cost.
   void issue(uint32_t n) {
-    for (; n > 0 && next_ < 2 * count_ * lines_per_row_; --n, ++next_) {
-      const uint32_t half = next_ / (count_ * lines_per_row_);
-      const uint32_t i = next_ % (count_ * lines_per_row_);
-      prefetch_line(rows_[i / lines_per_row_] + half * v_offset_ + (i % lines_per_row_) * 64);
+    for (; n > 0 && next_ < 2 * count_; --n, ++next_) {
+      const uint8_t* row = next_ < count_ ? rows_[next_] : rows_[next_ - count_] + v_offset_;
+      for (std::size_t off = 0; off < row_bytes_; off += 64) prefetch_line(row + off);
     }
   }
 
   const uint8_t* const* rows_ = nullptr;
   uint32_t count_ = 0;
+  std::size_t row_bytes_ = 0;
   std::size_t v_offset_ = 0;
-  uint32_t lines_per_row_ = 0;
   uint32_t per_call_ = 0;
   uint32_t next_ = 0;
 };
@@ -386,6 +385,7 @@ void attend_item_t(const ItemArgs& a) {
       const uint8_t** k_rows = rows_now[0];
       const uint8_t** next_rows = rows_now[1];
       for (uint32_t j = 0; j < tile.tokens; ++j) k_rows[j] = tile.row[j] + h * head_bytes;
+      // One step of lead: the next head of this tile, or the first head of the next tile.
       PrefetchQueue pf;
       if (h + 1 < a.kv_heads) {
         for (uint32_t j = 0; j < tile.tokens; ++j) next_rows[j] = k_rows[j] + head_bytes;
