@@ -78,10 +78,32 @@ FrameAllocator::FrameAllocator(uint32_t capacity)
     : capacity_(capacity),
       next_(new std::atomic<uint32_t>[capacity]),
       used_(new CounterSlot[kCounterSlots + 1]),
-      head_(pack(0, capacity == 0 ? kNoFrame : 0)) {
-  for (uint32_t i = 0; i < capacity; ++i) {
-    next_[i].store(i + 1 < capacity ? i + 1 : kNoFrame, std::memory_order_relaxed);
+      stripes_(new Stripe[kStripes]) {
+  for (uint32_t i = 0; i < capacity; ++i) next_[i].store(kNoFrame, std::memory_order_relaxed);
+  rebuild_stripes();
+}
+
+void FrameAllocator::rebuild_stripes() {
+  for (uint32_t s = 0; s < kStripes; ++s) {
+    // Stripe s holds the free frames of [begin, end), linked in ascending order.
+    const auto begin = static_cast<uint32_t>(static_cast<uint64_t>(capacity_) * s / kStripes);
+    const auto end = static_cast<uint32_t>(static_cast<uint64_t>(capacity_) * (s + 1) / kStripes);
+    uint32_t first = kNoFrame;
+    for (uint32_t i = end; i-- > begin;) {
+      if (next_[i].load(std::memory_order_relaxed) == kAllocatedMark) continue;
+      next_[i].store(first, std::memory_order_relaxed);
+      first = i;
+    }
+    const uint64_t tag = stripes_[s].head.load(std::memory_order_relaxed) >> 32;
+    stripes_[s].head.store(pack(static_cast<uint32_t>(tag + 1), first), std::memory_order_release);
   }
+}
+
+uint32_t FrameAllocator::home_stripe() {
+  uint32_t slot = t_slot;
+  if (slot == kUnassigned) [[unlikely]]
+    slot = assign_thread_slot();
+  return slot < kCounterSlots ? slot % kStripes : 0;
 }
 
 void FrameAllocator::add_used(int64_t delta) {
@@ -104,26 +126,33 @@ uint32_t FrameAllocator::used() const {
   return static_cast<uint32_t>(std::clamp<int64_t>(sum, 0, capacity_));
 }
 
-Result<uint32_t> FrameAllocator::allocate() {
-  uint64_t head = head_.load(std::memory_order_acquire);
-  uint32_t index;
+uint32_t FrameAllocator::pop(uint32_t s) {
+  std::atomic<uint64_t>& head_word = stripes_[s].head;
+  uint64_t head = head_word.load(std::memory_order_acquire);
   while (true) {
-    index = static_cast<uint32_t>(head);
-    if (index == kNoFrame) {
-      return resource_exhausted("all " + std::to_string(capacity_) + " frames are in use");
-    }
+    const auto index = static_cast<uint32_t>(head);
+    if (index == kNoFrame) return kNoFrame;
     // May read a link that a concurrent pop already changed (even to kAllocatedMark); the tagged
     // compare-exchange then fails and retries.
     const uint32_t next = next_[index].load(std::memory_order_relaxed);
     const uint64_t desired = pack(static_cast<uint32_t>(head >> 32) + 1, next);
-    if (head_.compare_exchange_weak(head, desired, std::memory_order_acq_rel,
-                                    std::memory_order_acquire)) {
-      break;
+    if (head_word.compare_exchange_weak(head, desired, std::memory_order_acq_rel,
+                                        std::memory_order_acquire)) {
+      return index;
     }
   }
-  next_[index].store(kAllocatedMark, std::memory_order_relaxed);
-  add_used(1);
-  return index;
+}
+
+Result<uint32_t> FrameAllocator::allocate() {
+  const uint32_t home = home_stripe();
+  for (uint32_t i = 0; i < kStripes; ++i) {
+    const uint32_t index = pop((home + i) % kStripes);
+    if (index == kNoFrame) continue;
+    next_[index].store(kAllocatedMark, std::memory_order_relaxed);
+    add_used(1);
+    return index;
+  }
+  return resource_exhausted("all " + std::to_string(capacity_) + " frames are in use");
 }
 
 Status FrameAllocator::free(uint32_t frame) {
@@ -131,7 +160,8 @@ Status FrameAllocator::free(uint32_t frame) {
     return out_of_range("frame " + std::to_string(frame) + " is past the capacity of " +
                         std::to_string(capacity_) + " frames");
   }
-  uint64_t head = head_.load(std::memory_order_relaxed);
+  std::atomic<uint64_t>& head_word = stripes_[home_stripe()].head;
+  uint64_t head = head_word.load(std::memory_order_relaxed);
   // Claim the frame: only a frame whose link says "allocated" can be freed, once.
   uint32_t expected = kAllocatedMark;
   if (!next_[frame].compare_exchange_strong(expected, static_cast<uint32_t>(head),
@@ -139,8 +169,8 @@ Status FrameAllocator::free(uint32_t frame) {
     return failed_precondition("double free of frame " + std::to_string(frame) +
                                " (it is not allocated)");
   }
-  while (!head_.compare_exchange_weak(head, pack(static_cast<uint32_t>(head >> 32) + 1, frame),
-                                      std::memory_order_release, std::memory_order_relaxed)) {
+  while (!head_word.compare_exchange_weak(head, pack(static_cast<uint32_t>(head >> 32) + 1, frame),
+                                          std::memory_order_release, std::memory_order_relaxed)) {
     next_[frame].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
   }
   add_used(-1);
@@ -161,16 +191,7 @@ Status FrameAllocator::reserve_all(std::span<const uint32_t> frames) {
     wanted[f] = true;
   }
   for (uint32_t f : frames) next_[f].store(kAllocatedMark, std::memory_order_relaxed);
-  // Rebuild the free stack in ascending order from the frames not allocated.
-  uint32_t first = kNoFrame;
-  for (uint32_t i = capacity_; i-- > 0;) {
-    if (!is_allocated(i)) {
-      next_[i].store(first, std::memory_order_relaxed);
-      first = i;
-    }
-  }
-  const uint64_t tag = head_.load(std::memory_order_relaxed) >> 32;
-  head_.store(pack(static_cast<uint32_t>(tag + 1), first), std::memory_order_release);
+  rebuild_stripes();
   add_used(static_cast<int64_t>(frames.size()));
   return ok_status();
 }
@@ -183,12 +204,17 @@ bool FrameAllocator::is_allocated(uint32_t frame) const {
 Status FrameAllocator::audit() const {
   std::vector<bool> on_stack(capacity_, false);
   uint32_t free_walked = 0;
-  for (uint32_t i = static_cast<uint32_t>(head_.load(std::memory_order_acquire)); i != kNoFrame;
-       i = next_[i].load(std::memory_order_relaxed)) {
-    if (i >= capacity_) return internal_error("free stack links to frame " + std::to_string(i));
-    if (on_stack[i]) return internal_error("frame " + std::to_string(i) + " is free twice");
-    on_stack[i] = true;
-    ++free_walked;
+  for (uint32_t s = 0; s < kStripes; ++s) {
+    for (auto i = static_cast<uint32_t>(stripes_[s].head.load(std::memory_order_acquire));
+         i != kNoFrame; i = next_[i].load(std::memory_order_relaxed)) {
+      if (i >= capacity_) {
+        return internal_error("free stack " + std::to_string(s) + " links to frame " +
+                              std::to_string(i));
+      }
+      if (on_stack[i]) return internal_error("frame " + std::to_string(i) + " is free twice");
+      on_stack[i] = true;
+      ++free_walked;
+    }
   }
   uint32_t allocated = 0;
   for (uint32_t i = 0; i < capacity_; ++i) {
