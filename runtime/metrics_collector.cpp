@@ -1,0 +1,239 @@
+#include "runtime/metrics_collector.hpp"
+
+#include <prometheus/client_metric.h>
+#include <prometheus/metric_type.h>
+#include <prometheus/text_serializer.h>
+
+#include <atomic>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
+
+#include "kvtier/version.hpp"
+#include "tiers/device_api.hpp"
+
+namespace kvtier {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<ClientMetric::Label>;
+
+double read(const std::atomic<uint64_t>& c) {
+  return static_cast<double>(c.load(std::memory_order_relaxed));
+}
+
+MetricFamily make_family(std::string_view name, std::string_view help, MetricType type) {
+  MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+// Only ever holds the last family appended: the reference dies with the next append.
+MetricFamily& add_family(std::vector<MetricFamily>& out, std::string_view name,
+                         std::string_view help, MetricType type) {
+  return out.emplace_back(make_family(name, help, type));
+}
+
+void add_value(MetricFamily& f, double value, Labels labels = {}) {
+  ClientMetric& m = f.metric.emplace_back();
+  m.label = std::move(labels);
+  if (f.type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+}
+
+// A family with no labels and one value.
+void add_single(std::vector<MetricFamily>& out, std::string_view name, std::string_view help,
+                MetricType type, double value) {
+  add_value(add_family(out, name, help, type), value);
+}
+
+// A family with one series per tier, read from a per-tier array of counters.
+void add_per_tier(std::vector<MetricFamily>& out, std::string_view name, std::string_view help,
+                  const std::array<std::atomic<uint64_t>, kNumTiers>& counters) {
+  MetricFamily& f = add_family(out, name, help, MetricType::Counter);
+  for (const Tier t : kAllTiers) {
+    add_value(f, read(counters[tier_index(t)]), {{"tier", std::string(tier_name(t))}});
+  }
+}
+
+Labels link_labels(Link l) {
+  return {{"src", std::string(link_src(l))}, {"dst", std::string(link_dst(l))}};
+}
+
+Labels with(Labels labels, std::string name, std::string value) {
+  labels.push_back({std::move(name), std::move(value)});
+  return labels;
+}
+
+}  // namespace
+
+MetricsCollector::MetricsCollector(MetricsSources sources, LatencyBucketMap latency)
+    : sources_(std::move(sources)),
+      latency_(std::move(latency)),
+      version_(kvtier::version()),
+      cuda_(cuda_compiled_in() ? "true" : "false") {}
+
+std::vector<MetricFamily> MetricsCollector::Collect() const {
+  std::vector<MetricFamily> out;
+  add_value(add_family(out, "kvtier_build_info",
+                       "kvtier build: version, and whether CUDA support is compiled in (always 1)",
+                       MetricType::Gauge),
+            1.0, {{"cuda", cuda_}, {"version", version_}});
+  if (sources_.scheduler != nullptr) collect_scheduler(*sources_.scheduler, out);
+  if (sources_.transfer != nullptr) collect_transfer(*sources_.transfer, out);
+  collect_occupancy(out);
+  return out;
+}
+
+void MetricsCollector::collect_scheduler(const SchedulerStats& s,
+                                         std::vector<MetricFamily>& out) const {
+  constexpr MetricType kCounter = MetricType::Counter;
+  add_single(out, "kvtier_lookup_blocks_total",
+             "Blocks presented to match(): every key of every chain asked for", kCounter,
+             read(s.lookup_blocks));
+  add_single(out, "kvtier_lookup_tokens_total", "Tokens presented to match()", kCounter,
+             read(s.lookup_tokens));
+  add_per_tier(out, "kvtier_hit_blocks_total",
+               "Blocks of the cached prefix found by match(), by the slowest tier each is loaded "
+               "from; hit rate = rate(hits) / rate(lookups)",
+               s.hit_blocks);
+  add_per_tier(out, "kvtier_hit_tokens_total",
+               "Tokens of the cached prefix found by match(), by the slowest tier each is loaded "
+               "from; hit rate = rate(hits) / rate(lookups)",
+               s.hit_tokens);
+  add_per_tier(out, "kvtier_promotions_total", "Pages moved up toward HBM, by destination tier",
+               s.promotions);
+  add_per_tier(out, "kvtier_demotions_total", "Pages moved down, by destination tier", s.demotions);
+  add_per_tier(out, "kvtier_evictions_total",
+               "Copies given up to make room, by tier (pages in hbm and host, blocks in nvme)",
+               s.evictions);
+  add_single(out, "kvtier_prefetches_total", "Prefetches issued", kCounter, read(s.prefetches));
+  add_single(out, "kvtier_late_prefetches_total",
+             "Prefetches still in flight when a step needed them", kCounter,
+             read(s.late_prefetches));
+  add_single(out, "kvtier_stall_seconds_total",
+             "Time engine threads waited on a layer that was not ready", kCounter,
+             read(s.stall_nanos) * 1e-9);
+  add_single(out, "kvtier_stalls_total", "Waits on a layer that was not ready", kCounter,
+             read(s.stalls));
+  add_single(out, "kvtier_deadline_misses_total",
+             "Waits that ran out their deadline (the load became a miss)", kCounter,
+             read(s.deadline_misses));
+  add_single(out, "kvtier_recompute_blocks_total",
+             "Cached blocks the planner chose to recompute because loading them was slower",
+             kCounter, read(s.recompute_blocks));
+  add_single(out, "kvtier_recompute_tokens_total",
+             "Cached tokens the planner chose to recompute because loading them was slower",
+             kCounter, read(s.recompute_tokens));
+  add_single(out, "kvtier_failed_loads_total",
+             "Loads that failed (I/O error, checksum) and became misses", kCounter,
+             read(s.failed_loads));
+  add_single(out, "kvtier_steps_total", "Engine steps (begin_step calls)", kCounter, read(s.steps));
+  add_single(out, "kvtier_windowed_steps_total",
+             "Steps that did not fit in HBM at once and ran layer by layer", kCounter,
+             read(s.windowed_steps));
+  add_single(out, "kvtier_sequences_opened_total", "Sequences opened", kCounter,
+             read(s.sequences_opened));
+  add_single(out, "kvtier_blocks_published_total", "Full blocks published (given a key)", kCounter,
+             read(s.blocks_published));
+  add_single(out, "kvtier_blocks_deduplicated_total",
+             "Published blocks already cached under the same key: shared, not copied", kCounter,
+             read(s.blocks_deduplicated));
+}
+
+void MetricsCollector::collect_transfer(const TransferStats& t,
+                                        std::vector<MetricFamily>& out) const {
+  constexpr MetricType kCounter = MetricType::Counter;
+  MetricFamily bytes = make_family("kvtier_transfer_bytes_total",
+                                   "Payload bytes of completed transfers, by link", kCounter);
+  MetricFamily ops = make_family("kvtier_transfer_ops_total",
+                                 "Transfers by link and result (ok, error, cancelled)", kCounter);
+  for (const Link l : kAllLinks) {
+    const LinkStats& s = t.link(l);
+    add_value(bytes, read(s.bytes), link_labels(l));
+    add_value(ops, read(s.ops), with(link_labels(l), "result", "ok"));
+    add_value(ops, read(s.errors), with(link_labels(l), "result", "error"));
+    add_value(ops, read(s.cancelled), with(link_labels(l), "result", "cancelled"));
+  }
+  out.push_back(std::move(bytes));
+  out.push_back(std::move(ops));
+  MetricFamily& latency = add_family(
+      out, "kvtier_transfer_latency_seconds",
+      "Submit-to-completion time of successful transfers, by link (re-binned from power-of-two "
+      "microsecond buckets: counts at a bound never include a slower sample)",
+      MetricType::Histogram);
+  for (const Link l : kAllLinks) {
+    const LatencyBuckets b = latency_.apply(t.link(l).latency);
+    ClientMetric& m = latency.metric.emplace_back();
+    m.label = link_labels(l);
+    m.histogram.sample_count = b.count;
+    m.histogram.sample_sum = b.sum_seconds;
+    m.histogram.bucket.reserve(b.cumulative.size());
+    for (std::size_t j = 0; j < b.cumulative.size(); ++j) {
+      m.histogram.bucket.push_back({b.cumulative[j], latency_.bounds()[j]});
+    }
+  }
+  MetricFamily& max =
+      add_family(out, "kvtier_transfer_latency_max_seconds",
+                 "Slowest successful transfer since start, by link", MetricType::Gauge);
+  for (const Link l : kAllLinks) {
+    add_value(max, read(t.link(l).latency.max_ns) * 1e-9, link_labels(l));
+  }
+  add_single(out, "kvtier_checksum_failures_total",
+             "NVMe extents dropped because a checksum did not match", kCounter,
+             read(t.checksum_failures));
+  add_single(out, "kvtier_io_errors_total", "Failed NVMe system calls", kCounter,
+             read(t.io_errors));
+  add_single(out, "kvtier_io_requeued_total",
+             "Short NVMe reads/writes and EAGAIN completions resubmitted", kCounter,
+             read(t.io_requeued));
+  add_single(out, "kvtier_io_sq_full_waits_total",
+             "NVMe submissions held back because the submission queue was full", kCounter,
+             read(t.sq_full_waits));
+  add_single(out, "kvtier_recovered_blocks_total", "Blocks found on NVMe by the restart scan",
+             kCounter, read(t.recovered_blocks));
+  add_single(out, "kvtier_dropped_extents_total",
+             "NVMe extents dropped at recovery (torn, foreign or duplicate)", kCounter,
+             read(t.dropped_extents));
+  add_single(out, "kvtier_copy_segments_total",
+             "Physical copies issued by the copy engines after batching pages", kCounter,
+             read(t.copy_segments));
+  add_single(out, "kvtier_copy_pages_total", "Pages carried by those copies", kCounter,
+             read(t.copy_pages));
+}
+
+void MetricsCollector::collect_occupancy(std::vector<MetricFamily>& out) const {
+  bool any = false;
+  for (const OccupancyProbe& p : sources_.occupancy) any = any || static_cast<bool>(p);
+  if (!any) return;
+  MetricFamily used = make_family("kvtier_tier_used_bytes",
+                                  "Bytes of frames (hbm, host) or extents (nvme) in use, by tier",
+                                  MetricType::Gauge);
+  MetricFamily capacity =
+      make_family("kvtier_tier_capacity_bytes",
+                  "Bytes of frames (hbm, host) or extents (nvme) the tier holds in all, by tier",
+                  MetricType::Gauge);
+  for (const Tier t : kAllTiers) {
+    const OccupancyProbe& probe = sources_.occupancy[tier_index(t)];
+    if (!probe) continue;
+    const TierOccupancy o = probe();
+    add_value(used, static_cast<double>(o.used_bytes), {{"tier", std::string(tier_name(t))}});
+    add_value(capacity, static_cast<double>(o.capacity_bytes),
+              {{"tier", std::string(tier_name(t))}});
+  }
+  out.push_back(std::move(used));
+  out.push_back(std::move(capacity));
+}
+
+std::string MetricsCollector::scrape_text() const {
+  return prometheus::TextSerializer().Serialize(Collect());
+}
+
+}  // namespace kvtier

@@ -1,0 +1,419 @@
+// The metrics exporter on its own: families and values read at scrape time, /metrics over real
+// HTTP while counters move, promtool's lint, a busy port, bad addresses, and a real tier stack's
+// occupancy and transfers.
+#include "runtime/metrics_exporter.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kvtier/log.hpp"
+#include "runtime/metrics_tiers.hpp"
+#include "tests/runtime/config_test_util.hpp"
+#include "tests/runtime/metrics_test_util.hpp"
+#include "tiers/frame_arena.hpp"
+#include "tiers/tier_stack.hpp"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::http_get;
+using ::kvtier::testing::sample_value;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+// Collects log lines for the duration of a test, then restores stderr.
+class LogCapture {
+ public:
+  LogCapture() {
+    set_log_sink([this](LogLevel level, std::string_view message) {
+      std::lock_guard<std::mutex> lock(mu_);
+      lines_.emplace_back(level, std::string(message));
+    });
+  }
+  ~LogCapture() { set_log_sink({}); }
+
+  std::vector<std::string> at(LogLevel level) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const auto& [l, m] : lines_) {
+      if (l == level) out.push_back(m);
+    }
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::pair<LogLevel, std::string>> lines_;
+};
+
+// Counters as a runtime would own them, with occupancy probes over plain atomics.
+struct FakeRuntime {
+  SchedulerStats scheduler;
+  TransferStats transfer;
+  std::atomic<uint64_t> hbm_used{0};
+  std::atomic<uint64_t> host_used{0};
+  static constexpr uint64_t kHbmCapacity = 1 << 20;
+  static constexpr uint64_t kHostCapacity = 4 << 20;
+
+  MetricsSources sources() {
+    MetricsSources s;
+    s.scheduler = &scheduler;
+    s.transfer = &transfer;
+    s.occupancy[tier_index(Tier::kHbm)] = [this] {
+      return TierOccupancy{hbm_used.load(), kHbmCapacity};
+    };
+    s.occupancy[tier_index(Tier::kHost)] = [this] {
+      return TierOccupancy{host_used.load(), kHostCapacity};
+    };
+    return s;
+  }
+
+  // One engine step's worth of counting: 4 blocks (64 tokens) looked up, 2 hit in HBM and 1 in
+  // host, one 4 KiB host->hbm transfer of 3 us.
+  void step() {
+    scheduler.lookup_blocks.fetch_add(4, std::memory_order_relaxed);
+    scheduler.lookup_tokens.fetch_add(64, std::memory_order_relaxed);
+    scheduler.hit_blocks[tier_index(Tier::kHbm)].fetch_add(2, std::memory_order_relaxed);
+    scheduler.hit_tokens[tier_index(Tier::kHbm)].fetch_add(32, std::memory_order_relaxed);
+    scheduler.hit_blocks[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+    scheduler.hit_tokens[tier_index(Tier::kHost)].fetch_add(16, std::memory_order_relaxed);
+    scheduler.steps.fetch_add(1, std::memory_order_relaxed);
+    scheduler.stall_nanos.fetch_add(1000, std::memory_order_relaxed);
+    LinkStats& link = transfer.link(Link::kHostToHbm);
+    link.bytes.fetch_add(4096, std::memory_order_relaxed);
+    link.ops.fetch_add(1, std::memory_order_relaxed);
+    link.latency.record(3000);
+    hbm_used.fetch_add(4096, std::memory_order_relaxed);
+  }
+};
+
+MetricsConfig local_config(std::string listen = "127.0.0.1:0") {
+  MetricsConfig c;
+  c.listen = std::move(listen);
+  c.latency_buckets = {2e-6, 4e-6, 0.001};
+  return c;
+}
+
+std::unique_ptr<MetricsExporter> make_exporter(const MetricsConfig& c, MetricsSources s) {
+  auto e = MetricsExporter::create(c, std::move(s));
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+double value_or_nan(std::string_view text, std::string_view series) {
+  return sample_value(text, series).value_or(std::nan(""));
+}
+
+TEST(MetricsExporter, ExportsTheDesignedFamilies) {
+  FakeRuntime rt;
+  auto e = make_exporter(local_config(""), rt.sources());
+  ASSERT_TRUE(e);
+  const std::vector<std::string> names = testing::family_names(e->scrape_text());
+  for (const char* want : {"kvtier_build_info",
+                           "kvtier_lookup_blocks_total",
+                           "kvtier_lookup_tokens_total",
+                           "kvtier_hit_blocks_total",
+                           "kvtier_hit_tokens_total",
+                           "kvtier_transfer_bytes_total",
+                           "kvtier_transfer_ops_total",
+                           "kvtier_transfer_latency_seconds",
+                           "kvtier_tier_used_bytes",
+                           "kvtier_tier_capacity_bytes",
+                           "kvtier_evictions_total",
+                           "kvtier_promotions_total",
+                           "kvtier_demotions_total",
+                           "kvtier_late_prefetches_total",
+                           "kvtier_stall_seconds_total",
+                           "kvtier_io_errors_total",
+                           "kvtier_checksum_failures_total",
+                           "kvtier_recompute_tokens_total",
+                           "kvtier_deadline_misses_total",
+                           "kvtier_failed_loads_total"}) {
+    EXPECT_THAT(names, Contains(want));
+  }
+  // Hit rates are derived from counters, never exported as a ratio.
+  for (const std::string& n : names) EXPECT_THAT(n, Not(HasSubstr("rate"))) << n;
+}
+
+TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
+  FakeRuntime rt;
+  auto e = make_exporter(local_config(""), rt.sources());
+  ASSERT_TRUE(e);
+  for (int i = 0; i < 5; ++i) rt.step();
+  rt.scheduler.evictions[tier_index(Tier::kNvme)] = 7;
+  rt.scheduler.recompute_tokens = 48;
+  rt.transfer.checksum_failures = 2;
+  rt.transfer.link(Link::kHostToNvme).errors = 3;
+  rt.transfer.link(Link::kHostToNvme).cancelled = 1;
+  const std::string t = e->scrape_text();
+  EXPECT_EQ(value_or_nan(t, "kvtier_lookup_tokens_total"), 320);
+  EXPECT_EQ(value_or_nan(t, "kvtier_hit_tokens_total{tier=\"hbm\"}"), 160);
+  EXPECT_EQ(value_or_nan(t, "kvtier_hit_tokens_total{tier=\"host\"}"), 80);
+  EXPECT_EQ(value_or_nan(t, "kvtier_hit_tokens_total{tier=\"nvme\"}"), 0);
+  EXPECT_EQ(value_or_nan(t, "kvtier_hit_blocks_total{tier=\"hbm\"}"), 10);
+  EXPECT_EQ(value_or_nan(t, "kvtier_evictions_total{tier=\"nvme\"}"), 7);
+  EXPECT_EQ(value_or_nan(t, "kvtier_recompute_tokens_total"), 48);
+  EXPECT_EQ(value_or_nan(t, "kvtier_checksum_failures_total"), 2);
+  EXPECT_DOUBLE_EQ(value_or_nan(t, "kvtier_stall_seconds_total"), 5e-6);
+  EXPECT_EQ(value_or_nan(t, "kvtier_transfer_bytes_total{src=\"host\",dst=\"hbm\"}"), 5 * 4096);
+  EXPECT_EQ(value_or_nan(t, "kvtier_transfer_ops_total{src=\"host\",dst=\"hbm\",result=\"ok\"}"),
+            5);
+  EXPECT_EQ(
+      value_or_nan(t, "kvtier_transfer_ops_total{src=\"host\",dst=\"nvme\",result=\"error\"}"), 3);
+  EXPECT_EQ(
+      value_or_nan(t, "kvtier_transfer_ops_total{src=\"host\",dst=\"nvme\",result=\"cancelled\"}"),
+      1);
+  // 3 us samples: above the 2 us bound, within 4 us.
+  EXPECT_EQ(value_or_nan(t,
+                         "kvtier_transfer_latency_seconds_bucket{src=\"host\",dst=\"hbm\",le="
+                         "\"2e-06\"}"),
+            0);
+  EXPECT_EQ(value_or_nan(t,
+                         "kvtier_transfer_latency_seconds_bucket{src=\"host\",dst=\"hbm\",le="
+                         "\"4e-06\"}"),
+            5);
+  EXPECT_EQ(value_or_nan(t,
+                         "kvtier_transfer_latency_seconds_bucket{src=\"host\",dst=\"hbm\",le="
+                         "\"+Inf\"}"),
+            5);
+  EXPECT_EQ(value_or_nan(t, "kvtier_transfer_latency_seconds_count{src=\"host\",dst=\"hbm\"}"), 5);
+  EXPECT_DOUBLE_EQ(value_or_nan(t, "kvtier_transfer_latency_seconds_sum{src=\"host\",dst=\"hbm\"}"),
+                   15e-6);
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_used_bytes{tier=\"hbm\"}"), 5 * 4096);
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_capacity_bytes{tier=\"host\"}"),
+            FakeRuntime::kHostCapacity);
+  // No probe for NVMe: no NVMe occupancy series (absent, not zero).
+  EXPECT_FALSE(sample_value(t, "kvtier_tier_used_bytes{tier=\"nvme\"}").has_value());
+  EXPECT_THAT(t, HasSubstr("kvtier_build_info{cuda=\""));
+}
+
+TEST(MetricsExporter, MissingSourcesLeaveTheirFamiliesOut) {
+  auto e = make_exporter(local_config(""), MetricsSources{});
+  ASSERT_TRUE(e);
+  EXPECT_THAT(testing::family_names(e->scrape_text()), ::testing::ElementsAre("kvtier_build_info"));
+}
+
+TEST(MetricsExporter, HttpScrapesShowExactCountsWhileCountersMove) {
+  FakeRuntime rt;
+  auto e = make_exporter(local_config(), rt.sources());
+  ASSERT_TRUE(e);
+  ASSERT_TRUE(e->serving());
+  ASSERT_NE(e->port(), 0);
+  EXPECT_EQ(e->url(), "http://127.0.0.1:" + std::to_string(e->port()) + "/metrics");
+
+  // The driver counts steps until the test has scraped a few times mid-run, so the scrapes really
+  // race the increments; then the final scrape must show exactly what the driver did.
+  std::atomic<int> scrapes{0};
+  std::atomic<uint64_t> steps{0};
+  std::thread driver([&] {
+    while (scrapes.load() < 5 || steps.load() < 1000) {
+      rt.step();
+      steps.fetch_add(1);
+      if (steps.load() % 256 == 0) std::this_thread::yield();
+    }
+  });
+  double last_lookups = 0;
+  double last_hits = 0;
+  while (scrapes.load() < 5) {
+    const testing::HttpResponse r = http_get(e->port(), "/metrics");
+    ASSERT_EQ(r.status, 200) << r.error << r.headers;
+    const double lookups = value_or_nan(r.body, "kvtier_lookup_tokens_total");
+    const double hits = value_or_nan(r.body, "kvtier_hit_tokens_total{tier=\"hbm\"}");
+    ASSERT_FALSE(std::isnan(lookups)) << r.body;
+    EXPECT_GE(lookups, last_lookups);  // counters never go back
+    EXPECT_GE(hits, last_hits);
+    last_lookups = lookups;
+    last_hits = hits;
+    scrapes.fetch_add(1);
+  }
+  driver.join();
+  const double n = static_cast<double>(steps.load());
+  const testing::HttpResponse r = http_get(e->port(), "/metrics");
+  ASSERT_EQ(r.status, 200) << r.error;
+  EXPECT_THAT(r.headers, HasSubstr("text/plain"));
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_lookup_blocks_total"), 4 * n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_lookup_tokens_total"), 64 * n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_hit_blocks_total{tier=\"hbm\"}"), 2 * n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_hit_tokens_total{tier=\"hbm\"}"), 32 * n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_hit_tokens_total{tier=\"host\"}"), 16 * n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_steps_total"), n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_transfer_bytes_total{src=\"host\",dst=\"hbm\"}"),
+            4096 * n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_transfer_latency_seconds_count{src=\"host\",dst=\"hbm\"}"),
+            n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_tier_used_bytes{tier=\"hbm\"}"), 4096 * n);
+  // The same numbers as the in-process text (the HTTP body adds only the server's own families).
+  EXPECT_THAT(r.body, HasSubstr(e->scrape_text()));
+}
+
+TEST(MetricsExporter, PromtoolCheckMetricsReportsNoProblems) {
+  const std::string promtool = testing::find_executable("promtool");
+  if (promtool.empty()) GTEST_SKIP() << "promtool not found (Debian package prometheus)";
+  FakeRuntime rt;
+  for (int i = 0; i < 3; ++i) rt.step();
+  auto e =
+      make_exporter(MetricsConfig{"127.0.0.1:0", MetricsConfig{}.latency_buckets}, rt.sources());
+  ASSERT_TRUE(e && e->serving());
+  const testing::HttpResponse r = http_get(e->port(), "/metrics");
+  ASSERT_EQ(r.status, 200) << r.error;
+  testing::TempDir dir;
+  const std::string scrape = dir.write("scrape.txt", r.body);
+  const std::string log = (dir.path() / "promtool.log").string();
+  testing::ChildProcess check({promtool, "check", "metrics"}, log, scrape);
+  ASSERT_TRUE(check.started());
+  const int rc = check.wait_exit(std::chrono::seconds(60));
+  const std::string report = testing::read_text(log);
+  EXPECT_EQ(rc, 0) << report;
+  EXPECT_THAT(report, IsEmpty());
+}
+
+TEST(MetricsExporter, PortInUseIsOneLoggedErrorAndCollectionGoesOn) {
+  testing::ListeningSocket busy;
+  ASSERT_NE(busy.port(), 0);
+  const std::string listen = "127.0.0.1:" + std::to_string(busy.port());
+  FakeRuntime rt;
+  LogCapture logs;
+  auto e = make_exporter(local_config(listen), rt.sources());
+  ASSERT_TRUE(e);
+  EXPECT_FALSE(e->serving());
+  EXPECT_EQ(e->port(), 0);
+  EXPECT_EQ(e->url(), "");
+  const std::vector<std::string> errors = logs.at(LogLevel::kError);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_THAT(errors[0], HasSubstr(listen));
+  EXPECT_THAT(errors[0], HasSubstr("errno " + std::to_string(EADDRINUSE)));
+  rt.step();
+  EXPECT_EQ(value_or_nan(e->scrape_text(), "kvtier_lookup_tokens_total"), 64);
+}
+
+TEST(MetricsExporter, BadAddressesAreLoggedNotFatal) {
+  FakeRuntime rt;
+  for (const char* listen : {"999.1.1.1:80", "not an address", "127.0.0.1:70000",
+                             "192.0.2.1:0" /* TEST-NET-1: not on this machine */}) {
+    LogCapture logs;
+    auto e = make_exporter(local_config(listen), rt.sources());
+    ASSERT_TRUE(e) << listen;
+    EXPECT_FALSE(e->serving()) << listen;
+    const std::vector<std::string> errors = logs.at(LogLevel::kError);
+    ASSERT_EQ(errors.size(), 1u) << listen;
+    EXPECT_THAT(errors[0], HasSubstr(listen));
+    EXPECT_THAT(e->scrape_text(), HasSubstr("kvtier_lookup_tokens_total"));
+  }
+}
+
+TEST(MetricsExporter, EmptyListenMeansOffAndSilent) {
+  FakeRuntime rt;
+  LogCapture logs;
+  auto e = make_exporter(local_config(""), rt.sources());
+  ASSERT_TRUE(e);
+  EXPECT_FALSE(e->serving());
+  EXPECT_THAT(logs.at(LogLevel::kError), IsEmpty());
+  EXPECT_THAT(logs.at(LogLevel::kWarn), IsEmpty());
+}
+
+TEST(MetricsExporter, InvalidBucketsAreRejectedWithTheKey) {
+  FakeRuntime rt;
+  MetricsConfig c = local_config("");
+  c.latency_buckets = {0.5, 0.25};
+  auto e = MetricsExporter::create(c, rt.sources());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), HasSubstr("metrics.latency_buckets"));
+}
+
+TEST(MetricsExporter, DestroyedWhileBeingScraped) {
+  FakeRuntime rt;
+  auto e = make_exporter(local_config(), rt.sources());
+  ASSERT_TRUE(e && e->serving());
+  const uint16_t port = e->port();
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0};
+  std::thread scraper([&] {
+    while (!stop.load()) {
+      if (http_get(port, "/metrics").status == 200) ok.fetch_add(1);
+    }
+  });
+  std::thread driver([&] {
+    while (!stop.load()) rt.step();
+  });
+  while (ok.load() < 20) std::this_thread::yield();
+  e.reset();  // must wait for a scrape in flight, then refuse further ones
+  const testing::HttpResponse after = http_get(port, "/metrics");
+  stop.store(true);
+  scraper.join();
+  driver.join();
+  EXPECT_EQ(after.status, 0);
+}
+
+// Occupancy and transfer counters of a real (emulated-HBM) tier stack, through the probes the
+// runtime will use.
+TEST(MetricsExporter, TierStackOccupancyAndTransfersShowUp) {
+  testing::TempDir dir;
+  Geometry g;
+  g.layers = 2;
+  g.kv_heads = 1;
+  g.head_dim = 64;
+  g.page_tokens = 16;  // 4 KiB pages at bf16
+  TiersConfig c;
+  c.hbm.backend = HbmBackend::kEmulated;
+  c.hbm.capacity_bytes = 8 * FrameArena::frame_stride(g);
+  c.host.capacity_bytes = 16 * FrameArena::frame_stride(g);
+  c.host.huge_pages = false;
+  c.nvme.paths = {(dir.path() / "m.kvs").string()};
+  c.nvme.capacity_bytes = 4 * (g.block_bytes() + 4 * 4096);
+  c.nvme.queue_depth = 4;
+  auto opened = open_tiers(c, g);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  TierStack& s = **opened;
+  auto e = make_exporter(local_config(""), runtime_metrics_sources(nullptr, s));
+  ASSERT_TRUE(e);
+
+  const double stride = static_cast<double>(FrameArena::frame_stride(g));
+  std::string t = e->scrape_text();
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_capacity_bytes{tier=\"hbm\"}"), 8 * stride);
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_capacity_bytes{tier=\"host\"}"), 16 * stride);
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_used_bytes{tier=\"hbm\"}"), 0);
+  const double nvme_capacity = value_or_nan(t, "kvtier_tier_capacity_bytes{tier=\"nvme\"}");
+  EXPECT_EQ(nvme_capacity,
+            static_cast<double>(s.nvme->capacity_blocks() * s.nvme->layout().extent_bytes));
+  EXPECT_GT(nvme_capacity, 0);
+
+  // Three HBM frames in use, two pages copied down to host, one block written to NVMe.
+  std::vector<uint32_t> held;
+  for (int i = 0; i < 3; ++i) {
+    auto f = s.hbm->allocator().allocate();
+    ASSERT_TRUE(f.ok());
+    held.push_back(*f);
+  }
+  for (uint32_t f = 0; f < 2; ++f) {
+    auto h = s.host->allocator().allocate();
+    ASSERT_TRUE(h.ok());
+  }
+  std::vector<FramePair> down = {{held[0], 0}, {held[1], 1}};
+  ASSERT_TRUE(s.engine->copy(CopyDirection::kHbmToHost, down)->wait().ok());
+  std::vector<uint32_t> host_frames = {0, 1};
+  const BlockKey key{0x1234, (uint64_t{0x5A5A} << 48) | 1};  // a shared (namespaced) key
+  ASSERT_TRUE(s.engine->write_block(key, host_frames)->wait().ok());
+
+  t = e->scrape_text();
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_used_bytes{tier=\"hbm\"}"), 3 * stride);
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_used_bytes{tier=\"host\"}"), 2 * stride);
+  EXPECT_EQ(value_or_nan(t, "kvtier_tier_used_bytes{tier=\"nvme\"}"),
+            static_cast<double>(s.nvme->layout().extent_bytes));
+  EXPECT_EQ(value_or_nan(t, "kvtier_transfer_bytes_total{src=\"hbm\",dst=\"host\"}"),
+            2 * static_cast<double>(g.page_bytes()));
+  EXPECT_EQ(value_or_nan(t, "kvtier_transfer_ops_total{src=\"host\",dst=\"nvme\",result=\"ok\"}"),
+            1);
+  EXPECT_EQ(value_or_nan(t, "kvtier_transfer_latency_seconds_count{src=\"host\",dst=\"nvme\"}"), 1);
+}
+
+}  // namespace
+}  // namespace kvtier

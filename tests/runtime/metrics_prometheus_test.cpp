@@ -1,0 +1,274 @@
+// A real Prometheus server (Debian's /usr/bin/prometheus) scrapes the exporter on loopback with a
+// temporary copy of configs/prometheus.yml (the exporter's port, a 250 ms scrape interval, a
+// temporary TSDB), while a driver moves the counters at known per-tier hit ratios. Through
+// Prometheus's HTTP API the test checks the per-tier hit rate the dashboard computes, the exact
+// totals once the driver stops, and that every query of configs/grafana/kvtier.json evaluates.
+// The server is started and stopped (SIGTERM, then SIGKILL; always reaped) by the test itself.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/metrics_exporter.hpp"
+#include "tests/runtime/config_test_util.hpp"
+#include "tests/runtime/metrics_test_util.hpp"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::Json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kScrapeInterval = "250ms";
+// Token hit ratios the driver keeps exactly: of every 100 tokens looked up, 50 hit in HBM, 30 in
+// host, 10 on NVMe (and 10 miss).
+const std::map<std::string, double> kHitShare = {{"hbm", 0.5}, {"host", 0.3}, {"nvme", 0.1}};
+
+// The exported counters, moved in lockstep by a driver thread.
+class Workload {
+ public:
+  MetricsSources sources() {
+    MetricsSources s;
+    s.scheduler = &scheduler_;
+    s.transfer = &transfer_;
+    s.occupancy[tier_index(Tier::kHbm)] = [this] {
+      return TierOccupancy{used_.load(std::memory_order_relaxed), 1 << 30};
+    };
+    return s;
+  }
+
+  void start() {
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        for (int i = 0; i < 10; ++i) step();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  void stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  ~Workload() { stop(); }
+
+  uint64_t steps() const { return steps_.load(); }
+
+ private:
+  void step() {
+    scheduler_.lookup_tokens.fetch_add(100, std::memory_order_relaxed);
+    scheduler_.lookup_blocks.fetch_add(10, std::memory_order_relaxed);
+    for (const Tier t : kAllTiers) {
+      const auto tokens = static_cast<uint64_t>(kHitShare.at(std::string(tier_name(t))) * 100);
+      scheduler_.hit_tokens[tier_index(t)].fetch_add(tokens, std::memory_order_relaxed);
+      scheduler_.hit_blocks[tier_index(t)].fetch_add(tokens / 10, std::memory_order_relaxed);
+    }
+    scheduler_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+    scheduler_.stall_nanos.fetch_add(20'000, std::memory_order_relaxed);
+    for (const Link l : kAllLinks) {
+      LinkStats& s = transfer_.link(l);
+      s.bytes.fetch_add(65536, std::memory_order_relaxed);
+      s.ops.fetch_add(1, std::memory_order_relaxed);
+      s.latency.record(150'000);
+    }
+    used_.fetch_add(4096, std::memory_order_relaxed);
+    steps_.fetch_add(1);
+  }
+
+  SchedulerStats scheduler_;
+  TransferStats transfer_;
+  std::atomic<uint64_t> used_{0};
+  std::atomic<uint64_t> steps_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// One instant-query answer: status, and the vector's samples as {labels, value}.
+struct QueryResult {
+  bool ok = false;
+  std::string raw;
+  std::vector<std::pair<std::map<std::string, std::string>, double>> samples;
+};
+
+QueryResult query(uint16_t port, const std::string& promql) {
+  QueryResult out;
+  const testing::HttpResponse r =
+      testing::http_get(port, "/api/v1/query?query=" + testing::url_encode(promql));
+  out.raw = r.error + r.body;
+  std::string error;
+  const std::optional<Json> j = testing::JsonReader::parse(r.body, &error);
+  if (r.status != 200 || !j || j->str("status") != "success") return out;
+  const Json* data = j->get("data");
+  if (data == nullptr || data->get("result") == nullptr) return out;
+  out.ok = true;
+  if (data->str("resultType") != "vector") return out;
+  for (const Json& s : data->get("result")->array) {
+    std::map<std::string, std::string> labels;
+    if (const Json* m = s.get("metric"); m != nullptr) {
+      for (const auto& [k, v] : m->object) labels[k] = v.string;
+    }
+    const Json* value = s.get("value");
+    if (value == nullptr || value->array.size() != 2) continue;
+    // Prometheus writes sample values as strings ("0.5", "NaN").
+    out.samples.emplace_back(labels, std::strtod(value->array[1].string.c_str(), nullptr));
+  }
+  return out;
+}
+
+// Polls `done` every 100 ms until it holds or `limit` passes.
+template <typename F>
+bool eventually(std::chrono::milliseconds limit, F done) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return done();
+}
+
+// configs/prometheus.yml, aimed at `target_port` and scraping every kScrapeInterval.
+std::string test_prometheus_config(uint16_t target_port) {
+  const std::string original = testing::read_text(testing::source_dir() / "configs/prometheus.yml");
+  const std::string target = "\"" + MetricsConfig{}.listen + "\"";
+  EXPECT_NE(original.find(target), std::string::npos)
+      << "configs/prometheus.yml no longer scrapes " << target;
+  std::istringstream in(original);
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    if (const std::size_t at = line.find("scrape_interval:"); at != std::string::npos) {
+      line = line.substr(0, at) + "scrape_interval: " + kScrapeInterval;
+    }
+    if (const std::size_t at = line.find(target); at != std::string::npos) {
+      line.replace(at, target.size(), "\"127.0.0.1:" + std::to_string(target_port) + "\"");
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+// The dashboard's queries with Grafana's variables filled in as Grafana would for "All".
+std::vector<std::pair<std::string, std::string>> dashboard_queries() {
+  std::string error;
+  const std::optional<Json> d = testing::JsonReader::parse(
+      testing::read_text(testing::source_dir() / "configs/grafana/kvtier.json"), &error);
+  EXPECT_TRUE(d.has_value()) << error;
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!d || d->get("panels") == nullptr) return out;
+  for (const Json& p : d->get("panels")->array) {
+    const Json* targets = p.get("targets");
+    if (targets == nullptr) continue;
+    for (const Json& t : targets->array) {
+      std::string expr = t.str("expr");
+      for (auto [var, value] :
+           {std::pair<std::string, std::string>{"$__rate_interval", "2s"}, {"$instance", ".*"}}) {
+        for (std::size_t at; (at = expr.find(var)) != std::string::npos;) {
+          expr.replace(at, var.size(), value);
+        }
+      }
+      out.emplace_back(p.str("title"), expr);
+    }
+  }
+  return out;
+}
+
+TEST(MetricsPrometheus, RealServerScrapesAndComputesPerTierHitRates) {
+  const std::string prometheus = testing::find_executable("prometheus");
+  if (prometheus.empty()) GTEST_SKIP() << "prometheus not found (Debian package prometheus)";
+
+  Workload work;
+  MetricsConfig config;
+  config.listen = "127.0.0.1:0";
+  auto exporter = MetricsExporter::create(config, work.sources());
+  ASSERT_TRUE(exporter.ok()) << exporter.status().to_string();
+  ASSERT_TRUE((*exporter)->serving());
+
+  testing::TempDir dir;
+  const std::string config_path =
+      dir.write("prometheus.yml", test_prometheus_config((*exporter)->port()));
+  const std::string log_path = (dir.path() / "prometheus.log").string();
+  const uint16_t api_port = testing::free_loopback_port();
+  ASSERT_NE(api_port, 0);
+  testing::ChildProcess server(
+      {prometheus, "--config.file=" + config_path,
+       "--storage.tsdb.path=" + (dir.path() / "tsdb").string(),
+       "--web.listen-address=127.0.0.1:" + std::to_string(api_port), "--log.level=warn"},
+      log_path);
+  ASSERT_TRUE(server.started());
+  auto server_log = [&] { return "prometheus log:\n" + testing::read_text(log_path); };
+
+  ASSERT_TRUE(eventually(std::chrono::seconds(20), [&] {
+    return server.running() && testing::http_get(api_port, "/-/ready").status == 200;
+  })) << server_log();
+  ASSERT_TRUE(eventually(std::chrono::seconds(10),
+                         [&] {
+                           const QueryResult up = query(api_port, "up{job=\"kvtier\"}");
+                           return up.ok && up.samples.size() == 1 && up.samples[0].second == 1;
+                         }))
+      << "the kvtier target never came up\n"
+      << server_log();
+
+  // Counters move for a few seconds (a dozen scrapes); the per-tier token hit rate over that
+  // window, as the dashboard's first panel computes it, must be the driver's ratios. The ratio of
+  // two rates taken from the same scrapes does not depend on timing; a scrape that lands between
+  // a step's lookup and hit increments skews it by at most one step out of thousands.
+  work.start();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const std::vector<std::pair<std::string, std::string>> queries = dashboard_queries();
+  ASSERT_FALSE(queries.empty());
+  ASSERT_EQ(queries[0].first, "Hit rate by tier (tokens)");
+  const std::string& hit_rate = queries[0].second;
+  QueryResult rates;
+  ASSERT_TRUE(eventually(std::chrono::seconds(5),
+                         [&] {
+                           rates = query(api_port, hit_rate);
+                           return rates.ok && rates.samples.size() == kHitShare.size();
+                         }))
+      << hit_rate << "\n"
+      << rates.raw << "\n"
+      << server_log();
+  for (const auto& [labels, value] : rates.samples) {
+    ASSERT_TRUE(labels.count("tier")) << rates.raw;
+    EXPECT_NEAR(value, kHitShare.at(labels.at("tier")), 0.01) << "tier " << labels.at("tier");
+  }
+
+  // Every dashboard query parses and evaluates against the live data.
+  for (const auto& [panel, expr] : queries) {
+    const QueryResult r = query(api_port, expr);
+    EXPECT_TRUE(r.ok) << panel << ": " << expr << "\n" << r.raw;
+    EXPECT_FALSE(r.samples.empty()) << panel << ": " << expr << "\n" << r.raw;
+  }
+
+  // Once the counters stop, the next scrape carries the exact totals.
+  work.stop();
+  const double steps = static_cast<double>(work.steps());
+  ASSERT_GT(steps, 0);
+  ASSERT_TRUE(eventually(std::chrono::seconds(5),
+                         [&] {
+                           const QueryResult r = query(api_port, "kvtier_lookup_tokens_total");
+                           return r.ok && r.samples.size() == 1 &&
+                                  r.samples[0].second == 100 * steps;
+                         }))
+      << "Prometheus never saw the final lookup count " << 100 * steps << "\n"
+      << server_log();
+  for (const auto& [tier, share] : kHitShare) {
+    const QueryResult r = query(api_port, "kvtier_hit_tokens_total{tier=\"" + tier + "\"}");
+    ASSERT_TRUE(r.ok && r.samples.size() == 1) << r.raw;
+    EXPECT_EQ(r.samples[0].second, share * 100 * steps) << tier;
+  }
+  const QueryResult bytes =
+      query(api_port, "kvtier_transfer_bytes_total{src=\"nvme\",dst=\"host\"}");
+  ASSERT_TRUE(bytes.ok && bytes.samples.size() == 1) << bytes.raw;
+  EXPECT_EQ(bytes.samples[0].second, 65536 * steps);
+
+  server.stop();
+  EXPECT_FALSE(server.running());
+}
+
+}  // namespace
+}  // namespace kvtier
