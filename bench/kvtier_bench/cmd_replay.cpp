@@ -1,0 +1,360 @@
+// `kvtier-bench replay`: replays a request trace through the page table and every eviction policy,
+// metadata only, over a sweep of capacities, next to two references computed by the same command
+// (plain LRU and offline Belady). See bench/replay/replay.hpp for the model.
+//
+// Capacities: --capacities 1e6,3e6 sweeps one tier (HBM) of that many tokens; without it, the
+// configuration's tiers (hbm, host, nvme capacities in bytes, converted to tokens with the model
+// geometry) are replayed as one three-tier run per policy, with hits reported per tier. Runs are
+// independent and spread over --threads (default: every core). Output: a table on stdout, or one
+// JSON object with --json; progress on stderr unless --no-progress.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/kvtier_bench/command.hpp"
+#include "bench/replay/replay.hpp"
+#include "bench/replay/synthetic_trace.hpp"
+#include "bench/replay/trace.hpp"
+#include "bench/replay/workload.hpp"
+#include "scheduler/policies/evictor.hpp"
+
+namespace kvtier::bench {
+namespace {
+
+using replay::RunKind;
+using replay::RunResult;
+using replay::RunSpec;
+
+constexpr EvictionPolicy kAllPolicies[] = {EvictionPolicy::kLru, EvictionPolicy::kLfu,
+                                           EvictionPolicy::kS3Fifo, EvictionPolicy::kPrefixAware,
+                                           EvictionPolicy::kLookahead};
+
+Result<std::vector<uint64_t>> parse_capacities(const std::string& text) {
+  std::vector<uint64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (end == item.c_str() || *end != '\0' || !(v >= 0) || v > 1e15) {
+      return invalid_argument("--capacities: \"" + item +
+                              "\" is not a token count (e.g. 1e6 or 3000000)");
+    }
+    out.push_back(static_cast<uint64_t>(std::llround(v)));
+  }
+  if (out.empty()) return invalid_argument("--capacities: no capacity given");
+  return out;
+}
+
+Result<std::vector<RunSpec>> parse_policies(const std::string& text) {
+  std::vector<RunSpec> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    RunSpec s;
+    if (item == "ref_lru") {
+      s.kind = RunKind::kReferenceLru;
+    } else if (item == "opt") {
+      s.kind = RunKind::kBelady;
+    } else {
+      bool found = false;
+      for (EvictionPolicy p : kAllPolicies) {
+        if (eviction_policy_name(p) == item) {
+          s.eviction = p;
+          found = true;
+        }
+      }
+      if (!found) {
+        return invalid_argument("--policies: unknown policy \"" + item +
+                                "\" (lru, lfu, s3fifo, prefix_aware, lookahead, ref_lru, opt)");
+      }
+    }
+    out.push_back(s);
+  }
+  if (out.empty()) return invalid_argument("--policies: no policy given");
+  return out;
+}
+
+std::string percent(double fraction) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << fraction * 100.0 << " %";
+  return os.str();
+}
+
+std::string json_number(double v) {
+  std::ostringstream os;
+  os << std::setprecision(6) << v;
+  return os.str();
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+class ReplayCommand final : public Command {
+ public:
+  std::string_view name() const override { return "replay"; }
+  std::string_view summary() const override {
+    return "replay a request trace through every eviction policy, against LRU and Belady";
+  }
+  std::string_view description() const override {
+    return "Replays a JSONL request trace (timestamp, input_length, output_length, 512-token\n"
+           "hash_ids) through the page table and the eviction policies, metadata only, and\n"
+           "reports the token hit rate per policy and capacity, overall and per tier, next to\n"
+           "plain LRU (ref_lru) and offline Belady (opt). --capacities sweeps one tier;\n"
+           "without it the configuration's tier capacities are used. --lookahead N lets the\n"
+           "policies see the keys of the next N requests (the engine's waiting queue).";
+  }
+  void add_options(OptionParser& p) override {
+    p.allow_positionals("TRACE", "the trace file (JSONL)", &positionals_);
+    p.add_string("capacities", "LIST", "single-tier sweep, tokens (e.g. 1e6,3e6)", &capacities_);
+    p.add_uint("lookahead", "N", "requests visible ahead to the policies (default 0)",
+               &lookahead_);
+    p.add_string("policies", "LIST",
+                 "subset of lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt (default all)",
+                 &policies_);
+    p.add_uint("block-tokens", "N", "tokens per replay block (default model.page_tokens)",
+               &block_tokens_);
+    p.add_uint("threads", "N", "runs in parallel (default: every core)", &threads_);
+    p.add_flag("json", "print one JSON object instead of a table", &json_);
+    p.add_flag("no-progress", "no progress bar on stderr", &no_progress_);
+    p.add_string("synthetic", "KIND", "replay a generated trace instead of a file (chat)",
+                 &synthetic_);
+    p.add_uint("synthetic-requests", "N", "requests of the generated trace (default 4000)",
+               &synthetic_requests_);
+    p.add_uint("seed", "N", "seed of the generated trace (default 1)", &seed_);
+    p.add_string("write-trace", "PATH", "also save the generated trace as JSONL", &write_trace_);
+  }
+
+  int run(const CommandContext& ctx) override {
+    replay::Trace trace;
+    if (!synthetic_.empty()) {
+      if (synthetic_ != "chat") {
+        ctx.err << "kvtier-bench replay: unknown --synthetic kind \"" << synthetic_
+                << "\" (chat)\n";
+        return kExitUsage;
+      }
+      replay::ChatTraceOptions o;
+      o.requests = synthetic_requests_;
+      o.seed = seed_;
+      trace = replay::generate_chat_trace(o);
+      if (!write_trace_.empty()) {
+        std::ofstream f(write_trace_);
+        for (const auto& r : trace.requests) f << replay::format_trace_line(r) << "\n";
+        if (!f) {
+          ctx.err << "kvtier-bench replay: cannot write " << write_trace_ << "\n";
+          return kExitFailure;
+        }
+      }
+    } else {
+      if (positionals_.size() != 1) {
+        ctx.err << "kvtier-bench replay: give exactly one trace file (or --synthetic chat)\n";
+        return kExitUsage;
+      }
+      auto loaded = replay::load_trace(positionals_[0]);
+      if (!loaded.ok()) {
+        ctx.err << "kvtier-bench replay: " << loaded.status().message() << "\n";
+        return loaded.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+      }
+      trace = std::move(*loaded);
+    }
+
+    const Geometry& g = ctx.config.model.geometry;
+    const uint32_t block_tokens =
+        block_tokens_ != 0 ? static_cast<uint32_t>(block_tokens_) : g.page_tokens;
+    auto workload = replay::build_workload(trace, block_tokens);
+    if (!workload.ok()) {
+      ctx.err << "kvtier-bench replay: " << workload.status().message() << "\n";
+      return kExitUsage;
+    }
+    auto policies = parse_policies(policies_);
+    if (!policies.ok()) {
+      ctx.err << "kvtier-bench replay: " << policies.status().message() << "\n";
+      return kExitUsage;
+    }
+
+    // The runs: every policy at every capacity.
+    std::vector<RunSpec> specs;
+    std::array<uint64_t, kNumTiers> tier_tokens{};
+    if (!capacities_.empty()) {
+      auto caps = parse_capacities(capacities_);
+      if (!caps.ok()) {
+        ctx.err << "kvtier-bench replay: " << caps.status().message() << "\n";
+        return kExitUsage;
+      }
+      for (uint64_t tokens : *caps) {
+        for (RunSpec s : *policies) {
+          s.capacity_blocks = {tokens / block_tokens, 0, 0};
+          s.capacity_tokens = tokens;
+          specs.push_back(s);
+        }
+      }
+    } else {
+      // Bytes of KV per token across all layers: a block is page_tokens tokens.
+      const double per_token = static_cast<double>(g.block_bytes()) / g.page_tokens;
+      const auto tokens_of = [&](uint64_t bytes) {
+        return static_cast<uint64_t>(static_cast<double>(bytes) / per_token);
+      };
+      const TiersConfig& t = ctx.config.tiers;
+      tier_tokens = {tokens_of(t.hbm.capacity_bytes), tokens_of(t.host.capacity_bytes),
+                     t.nvme.enabled ? tokens_of(t.nvme.capacity_bytes) : 0};
+      for (RunSpec s : *policies) {
+        uint64_t total = 0;
+        for (std::size_t i = 0; i < kNumTiers; ++i) {
+          s.capacity_blocks[i] = tier_tokens[i] / block_tokens;
+          total += tier_tokens[i];
+        }
+        s.capacity_tokens = total;
+        specs.push_back(s);
+      }
+    }
+
+    replay::RunOptions options;
+    options.lookahead = static_cast<uint32_t>(lookahead_);
+    options.write = ctx.config.policies.write;
+    options.write_selective_hits = ctx.config.policies.write_selective_hits;
+    options.nvme_min_hits = ctx.config.policies.admission.nvme_min_hits;
+
+    std::vector<Result<RunResult>> results(specs.size(), internal_error("run did not finish"));
+    std::atomic<std::size_t> next{0};
+    std::atomic<std::size_t> finished{0};
+    std::atomic<uint64_t> progress{0};
+    const uint64_t work = specs.size() * workload->requests();
+    const unsigned threads = static_cast<unsigned>(
+        threads_ != 0 ? threads_ : std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (unsigned i = 0; i < std::min<std::size_t>(threads, specs.size()); ++i) {
+      pool.emplace_back([&] {
+        for (std::size_t k; (k = next.fetch_add(1)) < specs.size();) {
+          results[k] = replay::run_replay(*workload, specs[k], options, &progress);
+          finished.fetch_add(1);
+        }
+      });
+    }
+    if (!no_progress_) {
+      while (finished.load() < specs.size()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        const double f = work == 0 ? 1.0 : static_cast<double>(progress.load()) / work;
+        const int bars = static_cast<int>(f * 30);
+        ctx.err << "\rreplay [" << std::string(bars, '#') << std::string(30 - bars, ' ') << "] "
+                << std::setw(3) << static_cast<int>(f * 100) << "% " << finished.load() << "/"
+                << specs.size() << " runs" << std::flush;
+      }
+      ctx.err << "\n";
+    }
+    for (auto& th : pool) th.join();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (std::size_t k = 0; k < results.size(); ++k) {
+      if (!results[k].ok()) {
+        ctx.err << "kvtier-bench replay: " << specs[k].policy_name() << " at "
+                << specs[k].capacity_tokens << " tokens failed: " << results[k].status().message()
+                << "\n";
+        return kExitFailure;
+      }
+    }
+
+    if (json_) {
+      print_json(ctx.out, trace.source, block_tokens, results);
+    } else {
+      print_table(ctx.out, trace, *workload, tier_tokens, results, seconds);
+    }
+    return kExitOk;
+  }
+
+ private:
+  void print_json(std::ostream& os, const std::string& source, uint32_t block_tokens,
+                  const std::vector<Result<RunResult>>& results) const {
+    os << "{\"trace\": " << json_string(source) << ", \"lookahead\": " << lookahead_
+       << ", \"block_tokens\": " << block_tokens << ", \"results\": [";
+    for (std::size_t k = 0; k < results.size(); ++k) {
+      const RunResult& r = *results[k];
+      os << (k ? ", " : "") << "{\"policy\": " << json_string(r.policy)
+         << ", \"capacity_tokens\": " << r.capacity_tokens
+         << ", \"hit_rate\": " << json_number(r.hit_rate()) << ", \"hit_rate_by_tier\": {";
+      for (Tier t : kAllTiers) {
+        os << (t == Tier::kHbm ? "" : ", ") << "\"" << tier_name(t)
+           << "\": " << (r.by_tier ? json_number(r.tier_hit_rate(t)) : "null");
+      }
+      os << "}}";
+    }
+    os << "]}\n";
+  }
+
+  void print_table(std::ostream& os, const replay::Trace& trace, const replay::ReplayWorkload& w,
+                   const std::array<uint64_t, kNumTiers>& tiers,
+                   const std::vector<Result<RunResult>>& results, double seconds) const {
+    os << "trace     " << trace.source << ": " << w.requests() << " requests, "
+       << w.total_input_tokens << " prompt tokens, " << w.unique_blocks << " unique "
+       << w.block_tokens << "-token blocks\n";
+    os << "lookahead " << lookahead_ << " requests\n";
+    if (capacities_.empty()) {
+      os << "tiers     hbm " << tiers[0] << ", host " << tiers[1] << ", nvme " << tiers[2]
+         << " tokens (from the configuration)\n";
+    }
+    os << "\n"
+       << std::left << std::setw(14) << "policy" << std::right << std::setw(16) << "capacity(tok)"
+       << std::setw(10) << "hit rate" << std::setw(10) << "hbm" << std::setw(10) << "host"
+       << std::setw(10) << "nvme"
+       << "\n";
+    uint64_t last_capacity = ~uint64_t{0};
+    for (const auto& res : results) {
+      const RunResult& r = *res;
+      if (r.capacity_tokens != last_capacity && last_capacity != ~uint64_t{0}) os << "\n";
+      last_capacity = r.capacity_tokens;
+      os << std::left << std::setw(14) << r.policy << std::right << std::setw(16)
+         << r.capacity_tokens << std::setw(10) << percent(r.hit_rate());
+      for (Tier t : kAllTiers) {
+        os << std::setw(10) << (r.by_tier ? percent(r.tier_hit_rate(t)) : "-");
+      }
+      os << "\n";
+    }
+    os << "\n"
+       << results.size() << " runs in " << std::fixed << std::setprecision(1) << seconds << " s\n";
+  }
+
+  std::vector<std::string> positionals_;
+  std::string capacities_;
+  uint64_t lookahead_ = 0;
+  std::string policies_ = "lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt";
+  uint64_t block_tokens_ = 0;
+  uint64_t threads_ = 0;
+  bool json_ = false;
+  bool no_progress_ = false;
+  std::string synthetic_;
+  uint64_t synthetic_requests_ = 4000;
+  uint64_t seed_ = 1;
+  std::string write_trace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_replay_command() { return std::make_unique<ReplayCommand>(); }
+
+}  // namespace kvtier::bench

@@ -1,0 +1,112 @@
+#include "bench/replay/reference.hpp"
+
+#include <limits>
+#include <queue>
+#include <utility>
+#include <vector>
+
+namespace kvtier::replay {
+
+uint64_t reference_lru_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks) {
+  constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
+  const uint32_t n = w.unique_blocks;
+  // A doubly linked list over dense ids; head = most recent.
+  std::vector<uint32_t> prev(n, kNil), next(n, kNil);
+  std::vector<uint8_t> cached(n, 0);
+  uint32_t head = kNil, tail = kNil;
+  uint64_t size = 0, hits = 0;
+  const auto unlink = [&](uint32_t x) {
+    if (prev[x] != kNil)
+      next[prev[x]] = next[x];
+    else
+      head = next[x];
+    if (next[x] != kNil)
+      prev[next[x]] = prev[x];
+    else
+      tail = prev[x];
+    prev[x] = next[x] = kNil;
+  };
+  const auto push_front = [&](uint32_t x) {
+    prev[x] = kNil;
+    next[x] = head;
+    if (head != kNil) prev[head] = x;
+    head = x;
+    if (tail == kNil) tail = x;
+  };
+  for (std::size_t r = 0; r < w.requests(); ++r) {
+    const auto ids = w.request_dense(r);
+    uint64_t k = 0;
+    while (k < ids.size() && cached[ids[k]]) ++k;
+    hits += w.hit_tokens(r, k);
+    if (capacity_blocks == 0) continue;
+    for (uint32_t x : ids) {
+      if (cached[x]) {
+        unlink(x);
+        push_front(x);
+        continue;
+      }
+      cached[x] = 1;
+      push_front(x);
+      if (++size > capacity_blocks) {
+        const uint32_t victim = tail;
+        unlink(victim);
+        cached[victim] = 0;
+        --size;
+      }
+    }
+  }
+  return hits;
+}
+
+uint64_t belady_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks) {
+  constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  const std::size_t accesses = w.dense.size();
+  // next_use[j]: the position of the next access to the block accessed at j.
+  std::vector<uint64_t> next_use(accesses);
+  {
+    std::vector<uint64_t> last(w.unique_blocks, kNever);
+    for (std::size_t j = accesses; j-- > 0;) {
+      next_use[j] = last[w.dense[j]];
+      last[w.dense[j]] = j;
+    }
+  }
+  std::vector<uint64_t> current(w.unique_blocks, kNever);  // next use of a cached block
+  std::vector<uint8_t> cached(w.unique_blocks, 0);
+  // Max-heap of (next use, id); entries whose next use is no longer current are stale.
+  std::priority_queue<std::pair<uint64_t, uint32_t>> heap;
+  uint64_t size = 0, hits = 0;
+  for (std::size_t r = 0; r < w.requests(); ++r) {
+    const auto ids = w.request_dense(r);
+    uint64_t k = 0;
+    while (k < ids.size() && cached[ids[k]]) ++k;
+    hits += w.hit_tokens(r, k);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const uint32_t x = ids[i];
+      const uint64_t nu = next_use[w.offsets[r] + i];
+      if (cached[x]) {
+        current[x] = nu;
+        heap.emplace(nu, x);
+        continue;
+      }
+      if (capacity_blocks == 0) continue;
+      if (size >= capacity_blocks) {
+        while (!heap.empty() &&
+               (!cached[heap.top().second] || current[heap.top().second] != heap.top().first)) {
+          heap.pop();
+        }
+        const auto [far, victim] = heap.top();
+        if (far <= nu) continue;  // the newcomer is the one used furthest away: not kept
+        heap.pop();
+        cached[victim] = 0;
+        --size;
+      }
+      cached[x] = 1;
+      current[x] = nu;
+      heap.emplace(nu, x);
+      ++size;
+    }
+  }
+  return hits;
+}
+
+}  // namespace kvtier::replay

@@ -1,0 +1,92 @@
+#include "bench/replay/synthetic_trace.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace kvtier::replay {
+namespace {
+
+struct Session {
+  std::vector<uint64_t> ids;  // ids of the previous prompt's blocks
+  uint64_t tokens = 0;        // previous prompt's length
+  uint32_t turns_left = 0;
+  bool started = false;
+};
+
+struct Event {
+  double time_s;
+  uint64_t session;
+  bool operator>(const Event& o) const { return time_s > o.time_s; }
+};
+
+}  // namespace
+
+Trace generate_chat_trace(const ChatTraceOptions& o) {
+  std::mt19937_64 rng(o.seed);
+  std::exponential_distribution<double> arrivals(o.session_rate_per_s);
+  std::exponential_distribution<double> think(1.0 / o.mean_think_s);
+  std::geometric_distribution<uint32_t> turns(1.0 / std::max(1.0, o.mean_turns));
+  std::lognormal_distribution<double> first_message(std::log(3000.0), 1.0);
+  std::lognormal_distribution<double> next_message(std::log(300.0), 1.0);
+  std::lognormal_distribution<double> answer(std::log(250.0), 0.7);
+
+  uint64_t next_id = 0;
+  // System prompts: 1..8 full blocks each, their own ids.
+  std::vector<std::vector<uint64_t>> prompts(std::max<uint32_t>(1, o.system_prompts));
+  std::vector<double> weights(prompts.size());
+  std::uniform_int_distribution<uint32_t> prompt_blocks(1, 8);
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const uint32_t n = prompt_blocks(rng);
+    for (uint32_t b = 0; b < n; ++b) prompts[p].push_back(next_id++);
+    weights[p] = 1.0 / std::pow(static_cast<double>(p + 1), o.zipf_s);
+  }
+  std::discrete_distribution<std::size_t> pick_prompt(weights.begin(), weights.end());
+
+  std::vector<Session> sessions;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
+  double next_arrival = 0;
+  Trace trace;
+  trace.source = "synthetic chat (seed " + std::to_string(o.seed) + ")";
+  while (trace.requests.size() < o.requests) {
+    if (events.empty() || next_arrival <= events.top().time_s) {
+      Session s;
+      s.ids = prompts[pick_prompt(rng)];
+      s.tokens = s.ids.size() * kTraceBlockTokens;
+      s.turns_left = 1 + turns(rng);
+      sessions.push_back(std::move(s));
+      events.push(Event{next_arrival, sessions.size() - 1});
+      next_arrival += arrivals(rng);
+      continue;
+    }
+    const Event e = events.top();
+    events.pop();
+    Session& s = sessions[e.session];
+    const bool first = !s.started;
+    s.started = true;
+    const uint64_t added =
+        1 + static_cast<uint64_t>(first ? first_message(rng) : answer(rng) + next_message(rng));
+    // Keep the full blocks of the previous prompt; the partial last one is rewritten.
+    const uint64_t kept = s.tokens / kTraceBlockTokens;
+    s.ids.resize(kept);
+    s.tokens += added;
+    const uint64_t blocks = (s.tokens + kTraceBlockTokens - 1) / kTraceBlockTokens;
+    while (s.ids.size() < blocks) s.ids.push_back(next_id++);
+    TraceRequest r;
+    r.timestamp_ms = static_cast<uint64_t>(e.time_s * 1000.0);
+    r.input_length = s.tokens;
+    r.output_length = 1 + static_cast<uint64_t>(answer(rng));
+    r.hash_ids = s.ids;
+    trace.requests.push_back(std::move(r));
+    if (--s.turns_left > 0) events.push(Event{e.time_s + think(rng), e.session});
+  }
+  std::stable_sort(
+      trace.requests.begin(), trace.requests.end(),
+      [](const TraceRequest& a, const TraceRequest& b) { return a.timestamp_ms < b.timestamp_ms; });
+  return trace;
+}
+
+}  // namespace kvtier::replay

@@ -1,0 +1,48 @@
+// Request traces for `kvtier-bench replay`: the JSONL format of the public Mooncake traces (one
+// request per line: timestamp in ms, input_length and output_length in tokens, hash_ids — one id
+// per 512-token block of the prompt, each standing for that block together with its whole prefix,
+// so equal ids mean reusable KV; the last block may be partial).
+//
+// The parser is a small strict JSON reader (objects, arrays, strings, numbers, literals); unknown
+// fields are skipped, so traces with extra fields load. Every error names the file, line and
+// column and what was expected; nothing aborts on bad input. A trace is plain data, immutable once
+// loaded and shared read-only by the replay threads. Rejected: a JSON library dependency for four
+// fields of one known shape (none is among the project's packages), and regex scanning (it cannot
+// report where a malformed line breaks).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/status.hpp"
+
+namespace kvtier::replay {
+
+// Tokens per trace block (the `hash_ids` granularity).
+inline constexpr uint32_t kTraceBlockTokens = 512;
+
+struct TraceRequest {
+  uint64_t timestamp_ms = 0;
+  uint64_t input_length = 0;
+  uint64_t output_length = 0;
+  std::vector<uint64_t> hash_ids;
+  friend bool operator==(const TraceRequest&, const TraceRequest&) = default;
+};
+
+struct Trace {
+  std::string source;  // file path, or a description for generated traces
+  std::vector<TraceRequest> requests;
+
+  uint64_t total_input_tokens() const;
+};
+
+// Parses JSONL text; `source` names it in error messages. Blank lines are skipped.
+Result<Trace> parse_trace(std::string_view text, std::string source);
+Result<Trace> load_trace(const std::string& path);
+
+// One JSONL line per request, in the same format (used to save generated traces).
+std::string format_trace_line(const TraceRequest& request);
+
+}  // namespace kvtier::replay
