@@ -115,7 +115,7 @@ void run_item(const AttentionParams& p, const IsaKernels& isa, const Plan& plan,
   float* m = scratch.floats(1, rows);
   float* l = scratch.floats(2, rows);
   float* o = scratch.floats(3, rows * dim);
-  float* work = scratch.floats(4, item_work_floats(rows_per_head));
+  float* work = scratch.floats(4, static_cast<std::size_t>(rows_per_head) * (kTileTokens + 1));
   uint32_t* visible_end = scratch.words(qb.tokens);
 
   // Re-lay q as [kv_head][token][group member][dim], pre-scaled into log2 units.

@@ -5,9 +5,10 @@
 // into items (sequence x block of query tokens x KV range, all KV heads of a token together so
 // each item streams whole page rows) and run with oneTBB in the caller's task arena. Long
 // sequences are split along the KV axis ("split-K") so that one sequence uses every core; the
-// partial softmax states are merged exactly afterwards. Each item widens a tile of K/V to f32
-// once, so its cost is one pass over the bytes plus arithmetic that SIMD keeps below memory time
-// for GQA groups up to 4 (8 is compute bound on narrow cores).
+// partial softmax states are merged exactly afterwards. Within an item, K and V are read in place
+// (widened in registers), scored in register blocks and prefetched one step ahead, so a decode
+// item costs one pass over its bytes plus arithmetic that the prefetching overlaps (isa_core.inl
+// has the measurements). GQA groups share every K/V load; a group of 8 is compute bound.
 //
 // Calls are independent and may run concurrently from several threads (scratch is per thread).
 // Bad input is reported as a Status before any page is read; with the residency guard enabled a

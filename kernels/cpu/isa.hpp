@@ -47,12 +47,11 @@ struct ItemArgs {
   const float* q;               // [kv_heads][q_tokens * group][head_dim], scaled
   float* m;                     // [kv_heads][q_tokens * group] running max; start at -inf
   float* l;                     // [kv_heads][q_tokens * group] running sum; start at 0
-  float* o;     // [kv_heads][q_tokens * group][head_dim] unnormalised output; start at 0
-  float* work;  // item_work_floats(q_tokens * group, head_dim) floats, 64-byte aligned
+  float* o;  // [kv_heads][q_tokens * group][head_dim] unnormalised output; start at 0
+  // Scratch, 64-byte aligned: scores [q_tokens * group][kTileTokens], then weights
+  // [q_tokens * group].
+  float* work;
 };
-
-// Floats of scratch `ItemArgs::work` needs for `rows` rows per head.
-constexpr std::size_t item_work_floats(std::size_t rows) { return rows * (kTileTokens + 1) + 64; }
 
 struct IsaKernels {
   Isa isa;
