@@ -15,7 +15,8 @@
 // (EntrySlab). Lock order:
 //   1. shard mutexes, in ascending shard index when two are needed (create_block and erase take
 //      the block's and its parent's shard; publish takes the private and the content key's shard);
-//      snapshot() and audit() take all of them in ascending order;
+//      snapshot() and audit() take all of them in ascending order; match(), pin_layers(),
+//      unpin_layers() and scans hold one shard at a time;
 //   2. the allocators are lock-free and are called under a shard lock;
 //   3. nothing else: no I/O, no waiting, no call into other kvtier components under a shard lock.
 // The callbacks of update() and visit() run under the entry's shard lock. They must be short, must
