@@ -118,7 +118,9 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
       if (freed >= frames) break;
       budget.leaving[ti].insert(key);  // never proposed twice in one plan
       const Snapshot s = read_block(table_, key, tier);
-      if (!s.found || s.evictable == 0 || s.in_flight || (tier == Tier::kHbm && s.pinned != 0)) {
+      // Memory tiers give up pages one by one: a block whose other pages are pinned (a step's
+      // window) or in flight still frees its ready, unpinned ones. The NVMe copy is one extent.
+      if (!s.found || s.evictable == 0 || (tier == Tier::kNvme && s.in_flight)) {
         ++counters_.skipped;
         continue;
       }

@@ -79,6 +79,36 @@ bool Scheduler::idle() const {
   return true;
 }
 
+std::string Scheduler::pending_summary() const {
+  std::string out;
+  for (Link l : kAllLinks) {
+    if (links_.queued_jobs(l) > 0 || links_.inflight_bytes(l) > 0) {
+      out += std::string(link_name(l)) + ": " + std::to_string(links_.queued_jobs(l)) +
+             " queued, " + std::to_string(links_.inflight_bytes(l)) + " bytes in flight; ";
+    }
+  }
+  for (int t = 0; t < 2; ++t) {
+    std::size_t n = 0;
+    for (const auto& q : waiters_[t]) n += q.size();
+    if (n > 0) {
+      out += std::to_string(n) + " waiting for " +
+             std::string(tier_name(static_cast<Tier>(t))) + " frames; ";
+    }
+  }
+  std::size_t shown = 0;
+  for (const auto& [page, op] : ops_) {
+    if (shown++ == 4) {
+      out += "...; ";
+      break;
+    }
+    out += std::string(op->drain ? "drain " : "fill ") + std::string(tier_name(page.tier)) + " " +
+           to_string(page.key) + " layer " + std::to_string(page.layer) + " (" +
+           std::to_string(op->waiters.size()) + " waiting); ";
+  }
+  if (!ops_.empty()) out += std::to_string(ops_.size()) + " copies in flight";
+  return out.empty() ? "idle" : out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Match and sequences
 // ---------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -124,6 +125,8 @@ class Scheduler {
   uint64_t persist_to_nvme();
   // True when no transfer is queued or in flight and no request waits for a frame.
   bool idle() const;
+  // What keeps the scheduler from being idle, for diagnostics ("3 ops (hbm fill ...), ...").
+  std::string pending_summary() const;
 
   // ---- Any thread ----
   // Blocks until `layer` of `step` is ready (all its pages arrived), at most the step's deadline
@@ -173,6 +176,11 @@ class Scheduler {
   Result<std::shared_ptr<PublishedStep>> published(StepId id) const;
   void recompute_late_prefix(Sequence& seq, StepItemInfo& item);
   Status publish_full_blocks(Sequence& seq, uint64_t old_tokens, const StepCompletion* completion);
+  Status publish_block(Sequence& seq, uint64_t index, const BlockKey& content);
+  // True while a transfer or a read names the block (by the key it has now).
+  bool block_busy(const BlockKey& key) const;
+  // Publishes the deferred blocks whose transfers have ended and whose sequence is between steps.
+  void publish_pending();
   void decide_reuse(std::span<const BlockKey> keys, const MatchResult& match, Sequence& seq,
                     OpenedSequence& out);
   Nanos estimated_load_time(Tier from, uint32_t blocks) const;
@@ -184,6 +192,8 @@ class Scheduler {
   void ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPriority prio,
                      std::function<void(uint32_t frame)> on_filling, Done done);
   void ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio, Done done);
+  // The second half of an HBM load: host copy first, then an HBM frame and the copy up.
+  void load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio, int attempt);
   void prefetch_block(const BlockKey& key, bool into_hbm);
   void request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
                      FrameGranted granted);
@@ -237,10 +247,18 @@ class Scheduler {
   std::array<std::array<std::deque<FrameWaiter>, kNumPriorities>, 2> waiters_;
   // Frames that started draining and will be freed (per tier), so room is not planned twice.
   std::array<uint64_t, kNumTiers> draining_{};
-  std::array<bool, kNumTiers> background_active_{};
+  std::array<bool, kNumTiers> serving_{};  // serve_frame_waiters is running for that tier
   // Depth of blocks in their chains, learned from sequences (for the policies' BlockFacts).
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> depth_;
   std::unordered_set<uint64_t> hinted_ids_;
+  // Full blocks waiting to be published (see publish_full_blocks).
+  struct PendingPublish {
+    SequenceId sequence = 0;
+    uint64_t index = 0;
+    BlockKey private_key;
+    BlockKey content;
+  };
+  std::vector<PendingPublish> pending_publish_;
   // Copies being read by a transfer (host pages copied up or written to NVMe, HBM pages copied
   // down by write-through): the frame must not be reused until the read ends. Blocks with any page
   // in here are skipped by the placement.

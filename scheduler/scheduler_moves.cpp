@@ -48,6 +48,11 @@ void Scheduler::finish_op(const PageKey& page, const Status& status) {
   std::unique_ptr<PageOp> op = std::move(it->second);
   ops_.erase(it);
   for (Done& d : op->waiters) d(status);
+  if (page.key.is_private()) after_change(page.key);
+  if (page.key.is_private() && !pending_publish_.empty()) {
+    // A deferred publish may be possible now; run it as its own task, outside this completion.
+    parts_.loop->post([this] { publish_pending(); });
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -69,24 +74,44 @@ void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer,
   }
   queues[static_cast<int>(prio)].push_back(FrameWaiter{key, layer, std::move(granted)});
   make_room(tier, prio);
+  serve_frame_waiters(tier);
 }
 
 void Scheduler::serve_frame_waiters(Tier tier) {
-  if (tier == Tier::kNvme) return;
+  if (tier == Tier::kNvme || serving_[tier_index(tier)]) return;
+  // Grants may free or take frames re-entrantly (a grant's callback can drop a copy); one serving
+  // pass at a time per tier, repeated until nothing changes.
+  serving_[tier_index(tier)] = true;
   auto& queues = waiters_[tier_index(tier)];
-  for (auto& q : queues) {
-    while (!q.empty()) {
-      if (frames(tier)->free_count() == 0) return;
-      FrameWaiter w = std::move(q.front());
-      q.pop_front();
-      auto frame = parts_.table->begin_fill(w.key, CopyId::page(tier, w.layer));
-      if (!frame.ok() && frame.status().code() == StatusCode::kResourceExhausted) {
-        q.push_front(std::move(w));
-        return;
+  bool planned = false;
+  while (true) {
+    bool granted_any = false;
+    for (auto& q : queues) {
+      while (!q.empty() && frames(tier)->free_count() > 0) {
+        FrameWaiter w = std::move(q.front());
+        q.pop_front();
+        auto frame = parts_.table->begin_fill(w.key, CopyId::page(tier, w.layer));
+        if (!frame.ok() && frame.status().code() == StatusCode::kResourceExhausted) {
+          q.push_front(std::move(w));
+          break;
+        }
+        w.granted(std::move(frame));
+        granted_any = true;
       }
-      w.granted(std::move(frame));
+      if (!q.empty()) break;  // lower priorities wait behind a blocked higher one
     }
+    const bool waiting = std::any_of(queues.begin(), queues.end(),
+                                     [](const auto& q) { return !q.empty(); });
+    if (!waiting) break;
+    if (frames(tier)->free_count() == 0 && !planned) {
+      // Still short: plan room once per pass (moves already in flight are counted as free).
+      make_room(tier, TransferPriority::kDemand);
+      planned = true;
+      continue;
+    }
+    if (!granted_any) break;
   }
+  serving_[tier_index(tier)] = false;
 }
 
 bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
@@ -109,7 +134,6 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
   const SkipFilter skip{this, tier};
   const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip));
   for (const PlannedMove& move : plan.moves) execute_move(move, prio);
-  serve_frame_waiters(tier);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -183,7 +207,15 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
   ops_.emplace(pk, std::move(op));
   if (prio != TransferPriority::kDemand) stats_.prefetches.fetch_add(1, std::memory_order_relaxed);
 
-  ensure_in_host(key, layer, prio, [this, key, layer, prio, pk](const Status& s) {
+  load_via_host(key, layer, prio, 0);
+}
+
+void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio,
+                              int attempt) {
+  // Bound on restarts of one load whose host copy left while it waited for an HBM frame.
+  constexpr int kMaxAttempts = 8;
+  const PageKey pk{key, layer, Tier::kHbm};
+  ensure_in_host(key, layer, prio, [this, key, layer, prio, pk, attempt](const Status& s) {
     if (!s.ok()) {
       finish_op(pk, s);
       return;
@@ -192,28 +224,31 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
     auto it = ops_.find(pk);
     const TransferPriority now_prio =
         it != ops_.end() && !it->second->prefetch ? TransferPriority::kDemand : prio;
-    request_frame(Tier::kHbm, key, layer, now_prio, [this, key, layer, pk,
-                                                     now_prio](Result<uint32_t> frame) {
+    request_frame(Tier::kHbm, key, layer, now_prio, [this, key, layer, pk, now_prio,
+                                                     attempt](Result<uint32_t> frame) {
       if (!frame.ok()) {
         finish_op(pk, frame.status());
         return;
       }
       const uint32_t hbm_frame = *frame;
-      auto it = ops_.find(pk);
-      if (it != ops_.end()) {
+      const PageSnapshot src = page_snapshot(key, layer);
+      if (src.host != CopyState::kReady) {
+        // The host copy left (evicted down, or dropped) while this load waited for a frame:
+        // give the frame back and fetch it again from where it went.
+        parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+        serve_frame_waiters(Tier::kHbm);
+        if (attempt + 1 >= kMaxAttempts) {
+          finish_op(pk, unavailable("page " + to_string(key) + " layer " + std::to_string(layer) +
+                                    " kept leaving host memory before it could be loaded"));
+          return;
+        }
+        load_via_host(key, layer, now_prio, attempt + 1);
+        return;
+      }
+      if (auto it = ops_.find(pk); it != ops_.end()) {
         it->second->frame = hbm_frame;
         auto fns = std::move(it->second->on_frame);
         for (auto& fn : fns) fn(hbm_frame);
-      }
-      const PageSnapshot src = page_snapshot(key, layer);
-      if (src.host != CopyState::kReady) {
-        // The host copy vanished between its arrival and this frame (it cannot: readers are
-        // protected below); fail the load rather than copy garbage.
-        Status s = internal_error("host copy of " + to_string(key) + " layer " +
-                                  std::to_string(layer) + " is " + std::string(copy_state_name(src.host)));
-        parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
-        finish_op(pk, s);
-        return;
       }
       reading_[key] += 1;
       const JobId job = links_.enqueue(
@@ -261,37 +296,38 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
     done(not_found("block " + to_string(key) + " is not in the page table"));
     return;
   }
-  switch (p.host) {
-    case CopyState::kReady:
-      done(ok_status());
-      return;
-    case CopyState::kFilling:
-    case CopyState::kDraining:
-      // Arriving (wait for it) or leaving for NVMe (wait, then read it back from there).
-      if (ops_.contains(pk)) {
-        auto& op = *ops_.at(pk);
-        if (op.prefetch && prio == TransferPriority::kDemand && op.job != 0) {
-          op.prefetch = false;
-          links_.promote(op.job, prio);
-        }
-        attach(pk, [this, key, layer, prio, done = std::move(done), was = p.host](const Status& s) {
-          if (was == CopyState::kFilling) {
-            done(s);
-          } else {
-            ensure_in_host(key, layer, prio, done);
-          }
-        });
-        return;
+  if (p.host == CopyState::kReady) {
+    done(ok_status());
+    return;
+  }
+  if (auto it = ops_.find(pk); it != ops_.end()) {
+    // A transfer is in flight for this host page: arriving (a read, possibly of the whole block,
+    // still waiting for frames) or leaving for NVMe. Wait for it; after a departure, read it back.
+    PageOp& op = *it->second;
+    if (op.prefetch && prio == TransferPriority::kDemand) {
+      op.prefetch = false;
+      if (op.job != 0) links_.promote(op.job, prio);
+    }
+    const bool leaving = op.drain;
+    op.waiters.push_back([this, key, layer, prio, leaving, done = std::move(done)](const Status& s) {
+      if (leaving) {
+        ensure_in_host(key, layer, prio, done);  // gone to NVMe (read it back) or stayed
+      } else {
+        done(s);
       }
-      if (p.host == CopyState::kFilling) {
-        // Being filled by a copy down from HBM (a demotion or write-through) which is tracked on
-        // the HBM side; the HBM copy is still there, so the caller can use it.
-        done(ok_status());
-        return;
-      }
-      break;
-    case CopyState::kAbsent:
-      break;
+    });
+    return;
+  }
+  if (p.host == CopyState::kFilling) {
+    // Filled by a copy down from HBM (a demotion or a write-through), tracked on the HBM side; the
+    // HBM copy is still valid, so the caller can use it.
+    done(ok_status());
+    return;
+  }
+  if (p.host == CopyState::kDraining) {
+    done(unavailable("host page " + to_string(key) + " layer " + std::to_string(layer) +
+                     " is leaving without a tracked transfer"));
+    return;
   }
   if (p.nvme != CopyState::kReady) {
     done(not_found("page " + to_string(key) + " layer " + std::to_string(layer) +
@@ -625,6 +661,9 @@ void Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
   if (!keep_host) {
     for (uint32_t l = 0; l < layers; ++l) {
       parts_.table->begin_drain(key, CopyId::host(l)).ignore();
+      auto drain = std::make_unique<PageOp>();
+      drain->drain = true;
+      ops_.emplace(PageKey{key, l, Tier::kHost}, std::move(drain));
     }
     draining_[tier_index(Tier::kHost)] += layers;
   } else {
@@ -657,6 +696,7 @@ void Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
             if (s.ok()) {
               stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers, std::memory_order_relaxed);
             }
+            for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, s);
           } else if (--reading_[key] == 0) {
             reading_.erase(key);
           }
@@ -809,6 +849,15 @@ void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
 }
 
 void Scheduler::after_change(const BlockKey& key) {
+  if (key.is_private()) {
+    // A private block nobody references any more (its sequence closed or its step was aborted
+    // while a copy was in flight) holds K/V no one can match: give its copies back.
+    uint32_t refs = 1;
+    Status s = parts_.table->visit(key, [&](const EntryView& v) { refs = v.refcount(); });
+    if (s.ok() && refs == 0) {
+      for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
+    }
+  }
   for (Tier t : kAllTiers) sync_membership(key, t);
   // A block with no copy, no reference and no cached child is forgotten (its parent may follow).
   BlockKey current = key;

@@ -237,9 +237,18 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer) {
       if (step.new_blocks.contains(key)) {
         // Nothing to load: the engine writes this page. It needs a frame, pinned.
         request_frame(Tier::kHbm, key, layer, TransferPriority::kDemand,
-                      [on_filling, ready](Result<uint32_t> frame) {
+                      [this, id, key, layer, on_filling, ready](Result<uint32_t> frame) {
                         if (!frame.ok()) {
                           ready->page_failed(frame.status());
+                          return;
+                        }
+                        auto it = steps_.find(id);
+                        if (it == steps_.end() || it->second->ended ||
+                            it->second->released[layer]) {
+                          // The step ended before the frame came: nobody will write it.
+                          parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+                          after_change(key);
+                          serve_frame_waiters(Tier::kHbm);
                           return;
                         }
                         on_filling(*frame);
@@ -322,6 +331,8 @@ void Scheduler::release_layer(Step& step, uint32_t layer) {
   for (const auto& blocks : step.blocks) {
     for (const BlockKey& key : blocks) sync_membership(key, Tier::kHbm);
   }
+  // Unpinned pages may be what a waiting request needs room from.
+  serve_frame_waiters(Tier::kHbm);
 }
 
 Status Scheduler::end_layer(StepId id, uint32_t layer) {
@@ -343,10 +354,23 @@ Status Scheduler::end_layer(StepId id, uint32_t layer) {
   finish_written_pages(*step, layer);
   release_layer(*step, layer);
   // Keep the window full: plan the next layer not yet planned.
-  for (uint32_t l = 0; l < step->layers; ++l) {
+  bool planned_next = false;
+  for (uint32_t l = 0; l < step->layers && !planned_next; ++l) {
     if (!step->planned[l]) {
       KVTIER_RETURN_IF_ERROR(plan_layer(*step, l));
-      break;
+      planned_next = true;
+    }
+  }
+  if (!planned_next && step->windowed && layer + step->window >= step->layers) {
+    // The window wraps into the next step: decode repeats over the same sequences, so the frames
+    // this layer frees start loading the next step's first layers now, and the next step does not
+    // begin with an empty pipeline.
+    const uint32_t next_layer = layer + step->window - step->layers;
+    for (const auto& blocks : step->blocks) {
+      for (const BlockKey& key : blocks) {
+        ensure_in_hbm(key, next_layer, TransferPriority::kPrefetch, nullptr,
+                      [](const Status& s) { s.ignore(); });
+      }
     }
   }
   check_watermarks();
@@ -371,54 +395,107 @@ Status Scheduler::publish_full_blocks(Sequence& seq, uint64_t old_tokens,
     } else {
       continue;  // no key known: the block stays private to this sequence
     }
-    auto outcome = parts_.table->publish(key, content);
-    if (!outcome.ok()) {
-      if (first_error.ok()) first_error = outcome.status();
+    if (block_busy(key)) {
+      // A transfer still names the block by its private key (a windowed step demoting the pages
+      // it just wrote): publish once it is done, so no transfer outlives the key it was given.
+      pending_publish_.push_back(PendingPublish{seq.id, b, key, content});
       continue;
     }
-    seq.blocks[b] = content;
-    depth_.erase(key);
-    depth_[content] = static_cast<uint32_t>(b);
-    if (*outcome == PublishOutcome::kAlreadyCached) {
-      // Another sequence computed the same block: share it, drop ours.
-      Status s = parts_.table->acquire(content);
-      if (!s.ok()) {
-        seq.blocks[b] = key;
-        if (first_error.ok()) first_error = s;
-        continue;
-      }
-      parts_.table->release(key).status().ignore();
-      for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
-      after_change(key);
-      stats_.blocks_deduplicated.fetch_add(1, std::memory_order_relaxed);
-      continue;
-    }
-    stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
-    for (Tier t : kAllTiers) sync_membership(content, t);
-    // Write policy: copy the completed block down now if the strategy says so.
-    auto info = parts_.table->lookup(content);
-    if (info.ok()) {
-      WriteContext ctx;
-      ctx.hits = info->stats.hits;
-      for (Tier t : kAllTiers) {
-        bool present = t == Tier::kNvme ? info->nvme != CopyState::kAbsent
-                                        : std::any_of(info->pages.begin(), info->pages.end(),
-                                                      [&](const PageInfo& p) {
-                                                        return (t == Tier::kHbm ? p.hbm : p.host) !=
-                                                               CopyState::kAbsent;
-                                                      });
-        if (present) ctx.present = ctx.present.with(t);
-      }
-      if (parts_.host->capacity() > 0) ctx.available = ctx.available.with(Tier::kHost);
-      if (parts_.nvme != nullptr && parts_.nvme->capacity() > 0) {
-        ctx.available = ctx.available.with(Tier::kNvme);
-      }
-      const TierMask to = write_->on_complete(ctx);
-      if (!to.empty()) write_through(content, to);
-    }
+    Status s = publish_block(seq, b, content);
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
   for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
   return first_error;
+}
+
+bool Scheduler::block_busy(const BlockKey& key) const {
+  if (reading_.contains(key)) return true;
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+    if (ops_.contains(PageKey{key, l, Tier::kHbm}) || ops_.contains(PageKey{key, l, Tier::kHost})) {
+      return true;
+    }
+  }
+  return ops_.contains(PageKey{key, CopyId::kWholeBlock, Tier::kNvme});
+}
+
+void Scheduler::publish_pending() {
+  for (std::size_t i = 0; i < pending_publish_.size();) {
+    const PendingPublish p = pending_publish_[i];
+    auto it = sequences_.find(p.sequence);
+    if (it == sequences_.end() || p.index >= it->second->blocks.size() ||
+        it->second->blocks[p.index] != p.private_key) {
+      pending_publish_.erase(pending_publish_.begin() + static_cast<long>(i));
+      continue;
+    }
+    Sequence& seq = *it->second;
+    if (seq.active_step != 0 || block_busy(p.private_key)) {
+      ++i;
+      continue;
+    }
+    pending_publish_.erase(pending_publish_.begin() + static_cast<long>(i));
+    publish_block(seq, p.index, p.content).ignore();
+  }
+}
+
+Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& content) {
+  const BlockKey key = seq.blocks[b];
+  // An entry may exist under the content key without the data: a block evicted from every tier
+  // whose entry stays because its children are cached. Sharing it would share nothing, so the
+  // sequence keeps its own (private) copy instead.
+  bool existing_whole = true;
+  bool exists = false;
+  Status v = parts_.table->visit(content, [&](const EntryView& e) {
+    exists = true;
+    const CopyState nvme = e.state(CopyId::nvme());
+    if (nvme == CopyState::kReady || nvme == CopyState::kFilling) return;
+    for (uint32_t l = 0; l < e.layers() && existing_whole; ++l) {
+      existing_whole = e.state(CopyId::hbm(l)) != CopyState::kAbsent ||
+                       e.state(CopyId::host(l)) != CopyState::kAbsent;
+    }
+  });
+  v.ignore();
+  if (exists && !existing_whole) return ok_status();
+  auto outcome = parts_.table->publish(key, content);
+  if (!outcome.ok()) return outcome.status();
+  seq.blocks[b] = content;
+  depth_.erase(key);
+  depth_[content] = static_cast<uint32_t>(b);
+  if (*outcome == PublishOutcome::kAlreadyCached) {
+    // Another sequence computed the same block: share it, drop ours.
+    Status s = parts_.table->acquire(content);
+    if (!s.ok()) {
+      seq.blocks[b] = key;
+      return s;
+    }
+    parts_.table->release(key).status().ignore();
+    for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
+    after_change(key);
+    stats_.blocks_deduplicated.fetch_add(1, std::memory_order_relaxed);
+    return ok_status();
+  }
+  stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
+  for (Tier t : kAllTiers) sync_membership(content, t);
+  // Write policy: copy the completed block down now if the strategy says so.
+  auto info = parts_.table->lookup(content);
+  if (!info.ok()) return ok_status();
+  WriteContext ctx;
+  ctx.hits = info->stats.hits;
+  for (Tier t : kAllTiers) {
+    const bool present =
+        t == Tier::kNvme
+            ? info->nvme != CopyState::kAbsent
+            : std::any_of(info->pages.begin(), info->pages.end(), [&](const PageInfo& p) {
+                return (t == Tier::kHbm ? p.hbm : p.host) != CopyState::kAbsent;
+              });
+    if (present) ctx.present = ctx.present.with(t);
+  }
+  if (parts_.host->capacity() > 0) ctx.available = ctx.available.with(Tier::kHost);
+  if (parts_.nvme != nullptr && parts_.nvme->capacity() > 0) {
+    ctx.available = ctx.available.with(Tier::kNvme);
+  }
+  const TierMask to = write_->on_complete(ctx);
+  if (!to.empty()) write_through(content, to);
+  return ok_status();
 }
 
 Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completions) {
@@ -461,6 +538,7 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
     published_.erase(id);
   }
   steps_.erase(id);
+  publish_pending();
   check_watermarks();
   return first;
 }

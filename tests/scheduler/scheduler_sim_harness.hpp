@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "scheduler/page_table.hpp"
@@ -89,6 +90,9 @@ class SimWorld {
     Nanos compute = 0;   // virtual time the engine computed
     StepInfo info;
     std::vector<LayerTable> tables;
+    // Frames that were not a valid, distinct, allocated HBM frame when the engine read the layer
+    // (checked at that moment: windowed steps release frames as they go).
+    uint32_t invalid_frames = 0;
   };
 
   // Runs one whole step the way an engine would: for each layer, wait for readiness (the loop runs
@@ -119,7 +123,15 @@ class SimWorld {
       }
       auto t = scheduler_->layer_table(info->id, l);
       EXPECT_TRUE(t.ok());
-      if (t.ok()) r.tables.push_back(*t);
+      if (t.ok()) {
+        std::unordered_set<int32_t> seen;
+        for (int32_t f : t->indices) {
+          if (f < 0 || !hbm_->is_allocated(static_cast<uint32_t>(f)) || !seen.insert(f).second) {
+            ++r.invalid_frames;
+          }
+        }
+        r.tables.push_back(*t);
+      }
       loop_.run_until(loop_.now() + compute_per_layer);
       r.compute += compute_per_layer;
       Status e = scheduler_->end_layer(info->id, l);

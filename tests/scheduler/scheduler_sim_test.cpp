@@ -21,17 +21,11 @@ void expect_consistent(SimWorld& w) {
   EXPECT_EQ(w.host().used() + w.host().free_count(), w.host().capacity());
 }
 
-// Every page of every block listed for a layer is a distinct, allocated HBM frame.
+// Every page listed for a layer was a distinct, allocated HBM frame when the engine read it, and
+// the tables have one row per batch item.
 void expect_tables_valid(SimWorld& w, const SimWorld::StepResult& r) {
-  for (const LayerTable& t : r.tables) {
-    std::set<int32_t> seen;
-    ASSERT_EQ(t.indptr.size(), r.info.items.size() + 1);
-    for (int32_t f : t.indices) {
-      ASSERT_GE(f, 0) << "a page without a frame was listed";
-      EXPECT_TRUE(w.hbm().is_allocated(static_cast<uint32_t>(f)));
-      EXPECT_TRUE(seen.insert(f).second) << "frame " << f << " listed twice in one layer";
-    }
-  }
+  EXPECT_EQ(r.invalid_frames, 0u) << "a block table listed a frame that was not resident";
+  for (const LayerTable& t : r.tables) ASSERT_EQ(t.indptr.size(), r.info.items.size() + 1);
 }
 
 TEST(SchedulerSim, PrefillPublishesAndASecondRequestReusesTheBlocks) {
@@ -126,7 +120,7 @@ TEST(SchedulerSim, ContextFourTimesLargerThanHbmDecodesLayerByLayer) {
     ASSERT_TRUE(r.status.ok()) << "decode " << t << ": " << r.status.to_string();
     EXPECT_TRUE(r.info.windowed);
     ASSERT_EQ(r.tables.size(), 8u);
-    EXPECT_EQ(r.tables[0].indices.size(), 33u);
+    EXPECT_EQ(r.tables[0].indices.size(), (512u + t + 1 + 15) / 16);
     expect_tables_valid(w, r);
   }
   EXPECT_GT(w.scheduler().stats().windowed_steps.load(), 0u);
@@ -328,6 +322,21 @@ TEST(SchedulerSim, SharedPrefixIsStoredOnceAndDeduplicatedAtPublish) {
   expect_consistent(w);
 }
 
+// A block some sequence references must keep every page somewhere (or have it on its way).
+std::string lost_page(SimWorld& w) {
+  for (const auto& [key, info] : w.table().snapshot()) {
+    if (info.refcount == 0) continue;
+    if (info.nvme == CopyState::kReady || info.nvme == CopyState::kFilling) continue;
+    for (std::size_t l = 0; l < info.pages.size(); ++l) {
+      const PageInfo& p = info.pages[l];
+      if (p.hbm == CopyState::kAbsent && p.host == CopyState::kAbsent) {
+        return to_string(key) + " layer " + std::to_string(l);
+      }
+    }
+  }
+  return "";
+}
+
 class SchedulerRandomWorkload : public ::testing::TestWithParam<int> {};
 
 TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
@@ -371,14 +380,16 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
     w.settle();
     Status audit = w.table().audit();
     ASSERT_TRUE(audit.ok()) << "op " << op << ": " << audit.to_string();
+    const std::string lost = lost_page(w);
+    ASSERT_EQ(lost, "") << "op " << op << " (choice " << choice << "): a referenced block lost a page";
   }
   for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
   w.settle();
   expect_consistent(w);
-  EXPECT_TRUE(w.scheduler().idle());
+  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerRandomWorkload, ::testing::Range(0, 10));
+INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerRandomWorkload, ::testing::Range(0, 40));
 
 }  // namespace
 }  // namespace kvtier
