@@ -1,0 +1,92 @@
+// Shared helpers of the policy tests: small keys, and a driver that replays hand-made requests
+// through one evictor the way the trace replay does (hits = leading cached blocks; then every
+// block in order: access, or miss -> admit? -> evict one victim when full -> insert).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "kvtier/block_key.hpp"
+#include "scheduler/policies/evictor.hpp"
+
+namespace kvtier::testing {
+
+inline BlockKey key_of(uint64_t id) { return BlockKey{id, uint64_t{1} << 48}; }
+
+inline BlockFacts facts_of(uint64_t id) {
+  BlockFacts f;
+  f.key = key_of(id);
+  return f;
+}
+inline BlockFacts facts_of(uint64_t id, uint64_t parent, uint32_t depth) {
+  BlockFacts f = facts_of(id);
+  f.parent = key_of(parent);
+  f.depth = depth;
+  return f;
+}
+
+using Request = std::vector<uint64_t>;  // a chain of block ids, parent first
+
+struct DriveResult {
+  uint64_t hits = 0;  // blocks of matched prefixes
+  uint64_t bypassed = 0;
+};
+
+// `before_request(i)` runs before request i (hint updates).
+template <typename BeforeRequest>
+DriveResult drive(Evictor& e, uint64_t capacity, const std::vector<Request>& requests,
+                  BeforeRequest&& before_request) {
+  DriveResult out;
+  std::set<uint64_t> cached;
+  std::vector<BlockKey> victims;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    before_request(i);
+    const Request& r = requests[i];
+    std::size_t k = 0;
+    while (k < r.size() && cached.count(r[k])) ++k;
+    out.hits += k;
+    bool dropped = false;
+    for (std::size_t j = 0; j < r.size(); ++j) {
+      BlockFacts f;
+      f.key = key_of(r[j]);
+      f.parent = j > 0 ? key_of(r[j - 1]) : BlockKey{};
+      f.depth = static_cast<uint32_t>(j);
+      f.request_blocks = static_cast<uint32_t>(r.size());
+      f.request_hit_blocks = static_cast<uint32_t>(k);
+      if (cached.count(r[j])) {
+        e.on_access(f.key);
+        continue;
+      }
+      e.on_miss(f);
+      if (dropped || capacity == 0) continue;
+      if (cached.size() >= capacity) {
+        if (!e.admit(f)) {
+          ++out.bypassed;
+          dropped = true;
+          continue;
+        }
+        victims.clear();
+        if (e.select_victims(1, KeyFilter::none(), victims) != 1) continue;
+        e.on_erase(victims[0]);
+        cached.erase(victims[0].lo);
+      }
+      e.on_insert(f);
+      cached.insert(r[j]);
+    }
+  }
+  return out;
+}
+
+inline DriveResult drive(Evictor& e, uint64_t capacity, const std::vector<Request>& requests) {
+  return drive(e, capacity, requests, [](std::size_t) {});
+}
+
+// Single-block requests from a list of ids.
+inline std::vector<Request> singles(const std::vector<uint64_t>& ids) {
+  std::vector<Request> out;
+  for (uint64_t id : ids) out.push_back({id});
+  return out;
+}
+
+}  // namespace kvtier::testing

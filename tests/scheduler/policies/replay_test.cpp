@@ -1,0 +1,302 @@
+// The trace replay: parsing, the references against naive re-statements, known hit rates on a
+// hand-made trace, a three-tier run with placement cascades, and the JSON shape of
+// `kvtier-bench replay --json`.
+#include "bench/replay/replay.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+
+#include "bench/replay/reference.hpp"
+#include "bench/replay/synthetic_trace.hpp"
+#include "bench/replay/trace.hpp"
+#include "bench/replay/workload.hpp"
+#include "scheduler/policies/evictor.hpp"
+
+namespace kvtier::replay {
+namespace {
+
+const char* kTiny =
+    "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 10, \"hash_ids\": [1, 2]}\n"
+    "{\"timestamp\": 100, \"input_length\": 1500, \"output_length\": 10, \"hash_ids\": [1, 2, 3]}\n"
+    "{\"timestamp\": 200, \"input_length\": 300, \"output_length\": 5, \"hash_ids\": [4]}\n"
+    "\n"
+    "{\"timestamp\": 300, \"input_length\": 1000, \"output_length\": 7, \"hash_ids\": [1, 5],"
+    " \"extra\": {\"note\": \"ignored\", \"list\": [1, 2.5, true, null]}}\n";
+
+ReplayWorkload tiny_workload(uint32_t block_tokens = 512) {
+  auto trace = parse_trace(kTiny, "tiny");
+  EXPECT_TRUE(trace.ok()) << trace.status().message();
+  auto w = build_workload(*trace, block_tokens);
+  EXPECT_TRUE(w.ok());
+  return std::move(*w);
+}
+
+RunResult run(const ReplayWorkload& w, RunKind kind, EvictionPolicy p,
+              std::array<uint64_t, kNumTiers> blocks, RunOptions options = {}) {
+  RunSpec spec;
+  spec.kind = kind;
+  spec.eviction = p;
+  spec.capacity_blocks = blocks;
+  auto r = run_replay(w, spec, options);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : RunResult{};
+}
+
+TEST(Trace, ParsesAndSkipsUnknownFields) {
+  auto t = parse_trace(kTiny, "tiny");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  ASSERT_EQ(t->requests.size(), 4u);
+  EXPECT_EQ(t->requests[3].hash_ids, (std::vector<uint64_t>{1, 5}));
+  EXPECT_EQ(t->total_input_tokens(), 3824u);
+  auto round = parse_trace(format_trace_line(t->requests[1]), "again");
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->requests[0], t->requests[1]);
+}
+
+TEST(Trace, ErrorsNameLineAndColumn) {
+  auto bad = parse_trace(
+      "{\"input_length\": 5, \"hash_ids\": [1]}\n{\"input_length\": 5, "
+      "\"hash_ids\": [1,, 2]}\n",
+      "bad.jsonl");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.jsonl:2:"), std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(parse_trace("{\"hash_ids\": [1]}", "x").ok());  // no input_length
+  EXPECT_FALSE(parse_trace("{\"input_length\": -1, \"hash_ids\": []}", "x").ok());
+  EXPECT_FALSE(parse_trace("{\"input_length\": 1.5, \"hash_ids\": []}", "x").ok());
+  EXPECT_FALSE(parse_trace("[1, 2]", "x").ok());
+  EXPECT_FALSE(load_trace("/nonexistent/trace.jsonl").ok());
+}
+
+TEST(Workload, BlocksPerIdAndDeterministicKeys) {
+  const ReplayWorkload a = tiny_workload(16), b = tiny_workload(16);
+  EXPECT_EQ(a.keys, b.keys);
+  EXPECT_EQ(a.request_keys(1).size(), 3u * 32);
+  // Request 1 starts with request 0's blocks: the same keys.
+  for (std::size_t i = 0; i < 64; ++i) EXPECT_EQ(a.request_keys(1)[i], a.request_keys(0)[i]);
+  EXPECT_EQ(a.unique_blocks, 5u * 32);
+  auto trace = parse_trace(kTiny, "tiny");
+  EXPECT_FALSE(build_workload(*trace, 24).ok());  // does not divide 512
+  EXPECT_FALSE(build_workload(*trace, 0).ok());
+}
+
+// Known hit rates, worked by hand in 512-token blocks:
+//   r0 [1,2] miss; r1 [1,2,3] hits 1,2 (1024); r2 [4] miss; r3 [1,5] hits 1 if still cached.
+// Capacity 2 under LRU: 3 evicts 1, 4 evicts 2, so r3 misses: 1024 of 3824 tokens.
+// Unbounded: 1536. OPT at 2 keeps 1 (3 and 4 are never reused, bypassed): 1536.
+TEST(Replay, KnownHitRatesOnAHandMadeTrace) {
+  const ReplayWorkload w = tiny_workload();
+  EXPECT_EQ(run(w, RunKind::kReferenceLru, {}, {2, 0, 0}).hit_tokens, 1024u);
+  EXPECT_EQ(run(w, RunKind::kBelady, {}, {2, 0, 0}).hit_tokens, 1536u);
+  EXPECT_EQ(run(w, RunKind::kPolicy, EvictionPolicy::kLru, {2, 0, 0}).hit_tokens, 1024u);
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kS3Fifo,
+                           EvictionPolicy::kPrefixAware, EvictionPolicy::kLookahead}) {
+    const RunResult r = run(w, RunKind::kPolicy, p, {100, 0, 0});
+    EXPECT_EQ(r.hit_tokens, 1536u) << eviction_policy_name(p);
+    EXPECT_EQ(r.hit_tokens_by_tier[0], 1536u);
+    EXPECT_NEAR(r.hit_rate(), 1536.0 / 3824.0, 1e-12);
+  }
+  for (RunKind k : {RunKind::kReferenceLru, RunKind::kBelady}) {
+    EXPECT_EQ(run(w, k, {}, {100, 0, 0}).hit_tokens, 1536u);
+    EXPECT_EQ(run(w, k, {}, {0, 0, 0}).hit_tokens, 0u);
+  }
+  EXPECT_EQ(run(w, RunKind::kPolicy, EvictionPolicy::kLookahead, {0, 0, 0}).hit_tokens, 0u);
+}
+
+// Naive re-statements of the references: LRU by timestamps, Belady by scanning forward for the
+// next use of every cached block at each eviction.
+uint64_t naive_lru(const ReplayWorkload& w, uint64_t cap) {
+  std::map<uint32_t, uint64_t> t;
+  uint64_t now = 0, hits = 0;
+  for (std::size_t r = 0; r < w.requests(); ++r) {
+    const auto ids = w.request_dense(r);
+    std::size_t k = 0;
+    while (k < ids.size() && t.count(ids[k])) ++k;
+    hits += w.hit_tokens(r, k);
+    for (uint32_t x : ids) {
+      if (!t.count(x) && cap == 0) continue;
+      if (!t.count(x) && t.size() >= cap) {
+        auto v = t.begin();
+        for (auto it = t.begin(); it != t.end(); ++it) {
+          if (it->second < v->second) v = it;
+        }
+        t.erase(v);
+      }
+      t[x] = ++now;
+    }
+  }
+  return hits;
+}
+
+uint64_t naive_belady(const ReplayWorkload& w, uint64_t cap) {
+  std::set<uint32_t> c;
+  uint64_t hits = 0;
+  const auto next_use = [&](uint32_t x, std::size_t from) {
+    for (std::size_t j = from; j < w.dense.size(); ++j) {
+      if (w.dense[j] == x) return j;
+    }
+    return w.dense.size() + x;  // never: distinct, so ties break deterministically
+  };
+  for (std::size_t r = 0; r < w.requests(); ++r) {
+    const auto ids = w.request_dense(r);
+    std::size_t k = 0;
+    while (k < ids.size() && c.count(ids[k])) ++k;
+    hits += w.hit_tokens(r, k);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const uint32_t x = ids[i];
+      if (c.count(x) || cap == 0) continue;
+      const std::size_t pos = w.offsets[r] + i + 1;
+      if (c.size() >= cap) {
+        uint32_t far = x;
+        std::size_t far_use = next_use(x, pos);
+        for (uint32_t y : c) {
+          if (next_use(y, pos) > far_use) {
+            far = y;
+            far_use = next_use(y, pos);
+          }
+        }
+        if (far == x) continue;
+        c.erase(far);
+      }
+      c.insert(x);
+    }
+  }
+  return hits;
+}
+
+TEST(Replay, ReferencesMatchNaiveVersionsOnRandomTraces) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    Trace t;
+    t.source = "random";
+    std::vector<std::vector<uint64_t>> convs(3);
+    uint64_t next = 0;
+    for (int i = 0; i < 12; ++i) {
+      auto& c = convs[rng() % convs.size()];
+      if (rng() % 2) c.clear();
+      c.push_back(next++);
+      if (rng() % 2) c.push_back(next++);
+      TraceRequest q;
+      q.hash_ids = c;
+      q.input_length = c.size() * 512 - rng() % 300;
+      t.requests.push_back(q);
+    }
+    auto w = build_workload(t, 512);
+    ASSERT_TRUE(w.ok());
+    for (uint64_t cap : {0, 1, 2, 3, 5}) {
+      EXPECT_EQ(reference_lru_hit_tokens(*w, cap), naive_lru(*w, cap)) << trial << " " << cap;
+      // Belady with ties: "never used again" blocks tie; any choice among them gives the same
+      // hits, so the totals must agree even where the evicted block differs.
+      EXPECT_EQ(belady_hit_tokens(*w, cap), naive_belady(*w, cap)) << trial << " " << cap;
+      EXPECT_LE(reference_lru_hit_tokens(*w, cap), naive_belady(*w, cap) + 0);
+    }
+  }
+}
+
+TEST(Replay, LruPolicyThroughThePageTableEqualsTheReference) {
+  ChatTraceOptions o;
+  o.requests = 300;
+  o.seed = 3;
+  const Trace t = generate_chat_trace(o);
+  auto w = build_workload(t, 128);
+  ASSERT_TRUE(w.ok());
+  for (uint64_t blocks : {10, 200, 2000}) {
+    EXPECT_EQ(run(*w, RunKind::kPolicy, EvictionPolicy::kLru, {blocks, 0, 0}).hit_tokens,
+              reference_lru_hit_tokens(*w, blocks))
+        << blocks;
+    // Every policy stays below Belady's optimum of the same model... which holds for LRU-like
+    // touch-everything models; check the weaker, always-true bound: at most the unbounded cache.
+    for (EvictionPolicy p : {EvictionPolicy::kLfu, EvictionPolicy::kS3Fifo,
+                             EvictionPolicy::kPrefixAware, EvictionPolicy::kLookahead}) {
+      EXPECT_LE(run(*w, RunKind::kPolicy, p, {blocks, 0, 0}).hit_tokens,
+                reference_lru_hit_tokens(*w, w->unique_blocks));
+    }
+  }
+}
+
+TEST(Replay, ThreeTiersCascadeAndReportHitsPerTier) {
+  ChatTraceOptions o;
+  o.requests = 400;
+  o.seed = 5;
+  const Trace t = generate_chat_trace(o);
+  auto w = build_workload(t, 256);
+  ASSERT_TRUE(w.ok());
+  for (WritePolicy wp :
+       {WritePolicy::kWriteBack, WritePolicy::kWriteThrough, WritePolicy::kWriteThroughSelective}) {
+    RunOptions opt;
+    opt.write = wp;
+    opt.lookahead = 4;
+    for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kS3Fifo,
+                             EvictionPolicy::kPrefixAware, EvictionPolicy::kLookahead}) {
+      const RunResult r = run(*w, RunKind::kPolicy, p, {60, 200, 1000}, opt);  // audit inside
+      EXPECT_EQ(r.hit_tokens_by_tier[0] + r.hit_tokens_by_tier[1] + r.hit_tokens_by_tier[2],
+                r.hit_tokens);
+      EXPECT_GT(r.hit_tokens_by_tier[1] + r.hit_tokens_by_tier[2], 0u)
+          << eviction_policy_name(p) << " " << static_cast<int>(wp);
+      // More room below never hurts LRU-style demotion much; at least the HBM-only run's hits.
+      if (p == EvictionPolicy::kLru && wp == WritePolicy::kWriteBack) {
+        EXPECT_GE(r.hit_tokens, run(*w, RunKind::kPolicy, p, {60, 0, 0}).hit_tokens);
+      }
+    }
+  }
+  // NVMe admission: with a threshold no block reaches, nothing is served from NVMe.
+  RunOptions strict;
+  strict.nvme_min_hits = 1000000;
+  const RunResult r = run(*w, RunKind::kPolicy, EvictionPolicy::kLru, {60, 100, 1000}, strict);
+  EXPECT_EQ(r.hit_tokens_by_tier[2], 0u);
+}
+
+#ifdef KVTIER_BENCH_PATH
+TEST(ReplayCli, JsonShape) {
+  const std::string trace = std::string(KVTIER_TEST_DATA_DIR) + "/replay_tiny.jsonl";
+  const std::string cmd = std::string(KVTIER_BENCH_PATH) + " replay " + trace +
+                          " --capacities 1024,1e6 --lookahead 2 --block-tokens 512 --json" +
+                          " --no-progress 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  EXPECT_EQ(out.rfind("{\"trace\": \"", 0), 0u) << out;
+  EXPECT_NE(out.find("\"lookahead\": 2"), std::string::npos);
+  EXPECT_NE(out.find("\"results\": ["), std::string::npos);
+  std::size_t entries = 0;
+  for (std::size_t at = 0; (at = out.find("{\"policy\": ", at)) != std::string::npos; ++at) {
+    ++entries;
+    const std::string entry = out.substr(at, out.find("}}", at) - at);
+    EXPECT_NE(entry.find("\"capacity_tokens\": "), std::string::npos) << entry;
+    EXPECT_NE(entry.find("\"hit_rate\": "), std::string::npos) << entry;
+    EXPECT_NE(entry.find("\"hit_rate_by_tier\": {\"hbm\": "), std::string::npos) << entry;
+    EXPECT_NE(entry.find("\"host\": "), std::string::npos) << entry;
+    EXPECT_NE(entry.find("\"nvme\": "), std::string::npos) << entry;
+  }
+  EXPECT_EQ(entries, 2u * 7u);  // 2 capacities x (5 policies + ref_lru + opt)
+  // The hand-computed LRU figure at 2 blocks: 1024 / 3824.
+  EXPECT_NE(out.find("{\"policy\": \"ref_lru\", \"capacity_tokens\": 1024, \"hit_rate\": 0.267782"),
+            std::string::npos)
+      << out;
+}
+
+TEST(ReplayCli, BadInputIsAUsageError) {
+  const std::string cmd =
+      std::string(KVTIER_BENCH_PATH) + " replay /nonexistent.jsonl --no-progress 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[1024];
+  while (fread(buf, 1, sizeof buf, p)) {
+  }
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+}
+#endif
+
+}  // namespace
+}  // namespace kvtier::replay
