@@ -58,7 +58,7 @@ struct SlotLease {
 };
 thread_local SlotLease t_lease;
 
-uint32_t assign_thread_slot() {
+[[gnu::noinline]] uint32_t assign_thread_slot() {
   t_lease.index = thread_slots().acquire();
   t_slot = t_lease.index == ThreadSlots::kNone ? kSharedSlot : t_lease.index;
   return t_slot;
@@ -99,14 +99,14 @@ void FrameAllocator::rebuild_stripes() {
   }
 }
 
-uint32_t FrameAllocator::home_stripe() {
+[[gnu::always_inline]] inline uint32_t FrameAllocator::home_stripe() {
   uint32_t slot = t_slot;
   if (slot == kUnassigned) [[unlikely]]
     slot = assign_thread_slot();
   return slot < kCounterSlots ? slot % kStripes : 0;
 }
 
-void FrameAllocator::add_used(int64_t delta) {
+[[gnu::always_inline]] inline void FrameAllocator::add_used(int64_t delta) {
   uint32_t slot = t_slot;
   if (slot == kUnassigned) [[unlikely]]
     slot = assign_thread_slot();
@@ -126,7 +126,7 @@ uint32_t FrameAllocator::used() const {
   return static_cast<uint32_t>(std::clamp<int64_t>(sum, 0, capacity_));
 }
 
-uint32_t FrameAllocator::pop(uint32_t s) {
+[[gnu::always_inline]] inline uint32_t FrameAllocator::pop(uint32_t s) {
   std::atomic<uint64_t>& head_word = stripes_[s].head;
   uint64_t head = head_word.load(std::memory_order_acquire);
   while (true) {
