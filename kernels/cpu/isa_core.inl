@@ -373,7 +373,8 @@ void attend_item_t(const ItemArgs& a) {
 
   // Steps are (tile, head) in that order; step i prefetches step i + 1.
   TileAddresses tiles[2];
-  const uint8_t* rows_now[2][kTileTokens];  // K rows of this step's head / the next step's head
+  const uint8_t* k_rows[kTileTokens];     // K rows of this step's head
+  const uint8_t* next_rows[kTileTokens];  // K rows of the next step's head
   if (a.kv_begin >= a.kv_end) return;
   int cur = 0;
   locate_tile(a, token_bytes, a.kv_begin, tiles[cur]);
@@ -382,8 +383,6 @@ void attend_item_t(const ItemArgs& a) {
     const bool has_next_tile = begin + kTileTokens < a.kv_end;
     if (has_next_tile) locate_tile(a, token_bytes, begin + kTileTokens, tiles[cur ^ 1]);
     for (uint32_t h = 0; h < a.kv_heads; ++h) {
-      const uint8_t** k_rows = rows_now[0];
-      const uint8_t** next_rows = rows_now[1];
       for (uint32_t j = 0; j < tile.tokens; ++j) k_rows[j] = tile.row[j] + h * head_bytes;
       // One step of lead: the next head of this tile, or the first head of the next tile.
       PrefetchQueue pf;
