@@ -64,9 +64,9 @@ FrameAllocator* Scheduler::frames(Tier tier) const {
   return tier == Tier::kHbm ? parts_.hbm : tier == Tier::kHost ? parts_.host : nullptr;
 }
 
-uint32_t Scheduler::depth_of(const BlockKey& key) const {
-  auto it = depth_.find(key);
-  return it == depth_.end() ? 0 : it->second;
+Scheduler::RequestFacts Scheduler::facts_of(const BlockKey& key) const {
+  auto it = facts_.find(key);
+  return it == facts_.end() ? RequestFacts{} : it->second;
 }
 
 bool Scheduler::idle() const {
@@ -226,9 +226,26 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
       break;
     }
     seq->blocks.push_back(prompt_keys[i]);
-    depth_[prompt_keys[i]] = i;
-    if (Evictor* e = evictor(Tier::kHbm); e != nullptr && e->contains(prompt_keys[i])) {
-      e->on_access(prompt_keys[i]);
+  }
+  // Tell the policies what this request used and what it missed, in chain order.
+  for (uint32_t i = 0; i < prompt_keys.size(); ++i) {
+    const BlockKey& key = prompt_keys[i];
+    if (i < out.reused_blocks) {
+      RequestFacts& f = facts_[key];
+      f.depth = i;
+      for (const auto& e : evictors_) {
+        if (e != nullptr && e->contains(key)) e->on_access(key);
+      }
+      continue;
+    }
+    BlockFacts facts;
+    facts.key = key;
+    facts.parent = i > 0 ? prompt_keys[i - 1] : BlockKey{};
+    facts.depth = i;
+    facts.request_hit_blocks = out.reused_blocks;
+    facts.request_blocks = static_cast<uint32_t>(prompt_keys.size());
+    for (const auto& e : evictors_) {
+      if (e != nullptr) e->on_miss(facts);
     }
   }
   seq->tokens = out.reused_tokens;

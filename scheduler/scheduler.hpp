@@ -224,7 +224,13 @@ class Scheduler {
   void finish_op(const PageKey& page, const Status& status);
   Evictor* evictor(Tier tier) const { return evictors_[tier_index(tier)].get(); }
   FrameAllocator* frames(Tier tier) const;
-  uint32_t depth_of(const BlockKey& key) const;
+  // What the policies are told about a block when it enters a tier (BlockFacts' request fields).
+  struct RequestFacts {
+    uint32_t depth = 0;               // blocks before it in its chain
+    uint32_t request_hit_blocks = 0;  // cached prefix of the request that brought it
+    uint32_t request_blocks = 0;      // blocks of that request
+  };
+  RequestFacts facts_of(const BlockKey& key) const;
 
   SchedulerParts parts_;
   SchedulerOptions options_;
@@ -248,8 +254,8 @@ class Scheduler {
   // Frames that started draining and will be freed (per tier), so room is not planned twice.
   std::array<uint64_t, kNumTiers> draining_{};
   std::array<bool, kNumTiers> serving_{};  // serve_frame_waiters is running for that tier
-  // Depth of blocks in their chains, learned from sequences (for the policies' BlockFacts).
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> depth_;
+  // Facts of blocks in the page table, learned from the requests that used them.
+  std::unordered_map<BlockKey, RequestFacts, BlockKeyHash> facts_;
   std::unordered_set<uint64_t> hinted_ids_;
   // Full blocks waiting to be published (see publish_full_blocks).
   struct PendingPublish {

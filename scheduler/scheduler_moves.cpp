@@ -832,7 +832,10 @@ void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
   });
   if (!s.ok()) has = false;
   if (has && !e->contains(key)) {
-    facts.depth = depth_of(key);
+    const RequestFacts rf = facts_of(key);
+    facts.depth = rf.depth;
+    facts.request_hit_blocks = rf.request_hit_blocks;
+    facts.request_blocks = rf.request_blocks;
     // Carry what a faster tier's policy knew about the block.
     for (Tier t : kAllTiers) {
       if (t == tier) continue;
@@ -878,7 +881,7 @@ void Scheduler::after_change(const BlockKey& key) {
       }
     }
     if (!parts_.table->erase(current).ok()) return;
-    depth_.erase(current);
+    facts_.erase(current);
     current = parent;
   }
 }

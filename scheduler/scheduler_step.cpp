@@ -149,7 +149,8 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
         }
         return s.with_context("begin_step");
       }
-      depth_[key] = static_cast<uint32_t>(seq.blocks.size());
+      facts_[key] = RequestFacts{static_cast<uint32_t>(seq.blocks.size()), seq.reused_blocks,
+                                 static_cast<uint32_t>(seq.prompt_keys.size())};
       seq.blocks.push_back(key);
       step->new_blocks.insert(key);
     }
@@ -458,8 +459,8 @@ Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& conte
   auto outcome = parts_.table->publish(key, content);
   if (!outcome.ok()) return outcome.status();
   seq.blocks[b] = content;
-  depth_.erase(key);
-  depth_[content] = static_cast<uint32_t>(b);
+  facts_[content] = facts_of(key);
+  facts_.erase(key);
   if (*outcome == PublishOutcome::kAlreadyCached) {
     // Another sequence computed the same block: share it, drop ours.
     Status s = parts_.table->acquire(content);
@@ -570,7 +571,7 @@ Status Scheduler::abort_step(StepId id) {
         parts_.table->abort_fill(key, CopyId::hbm(l)).ignore();
       }
       parts_.table->release(key).status().ignore();
-      depth_.erase(key);
+      facts_.erase(key);
       after_change(key);
     }
   }
