@@ -1,0 +1,57 @@
+// The outputs of `kvtier-bench run`: a table on stdout (baselines as columns, then what each tier
+// bought), one JSON object (--json), CSV (--csv, one row per baseline) and a PNG plot of hit rate
+// per tier and TTFT per baseline (--plot, drawn by gnuplot).
+//
+// JSON shape: {"clock", "gpu", "model", "config", "seed", "workload": {...}, "tiers": {...},
+// "baselines": [{"name", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+// "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "requests_per_s",
+// "output_tokens_per_s", "total_tokens_per_s", "hit_rate": {"hbm", "host", "nvme", "total"},
+// "stall_fraction", ... kvtier's own counters}], "comparison": {...}} — key names as common
+// serving benchmarks spell them (TTFT/TPOT in ms, throughput per second), plus kvtier's own.
+// Numbers are finite (a ratio with a zero denominator is null). Pure formatting; the plot runs one
+// gnuplot process and reports its failure as a Status.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "bench/run/results.hpp"
+#include "kvtier/status.hpp"
+
+namespace kvtier::bench::run {
+
+struct RunReport {
+  std::string clock;          // "virtual" | "real"
+  std::string config_source;  // where the kvtier configuration came from
+  std::string gpu;            // preset name and source (virtual), or the machine (real)
+  std::string model;
+  uint64_t seed = 0;
+  // Workload.
+  std::string workload;
+  std::string workload_description;
+  uint64_t requests = 0;
+  uint64_t input_tokens = 0;
+  uint64_t output_tokens = 0;
+  uint64_t longest_request_tokens = 0;
+  uint64_t kv_bytes_per_token = 0;
+  // Simulation or runtime shape.
+  uint32_t page_tokens = 0;
+  uint32_t layers = 0;       // model layers
+  uint32_t layer_group = 1;  // model layers per simulated layer
+  std::vector<std::string> notes;  // extra lines for the table's header (links, capacities)
+  std::vector<BaselineResult> baselines;
+};
+
+void print_table(std::ostream& os, const RunReport& report);
+void print_json(std::ostream& os, const RunReport& report);
+void print_csv(std::ostream& os, const RunReport& report);
+// Writes a PNG to `path` with gnuplot: hit rate per tier (stacked) and TTFT p50/p90/p99 per
+// baseline. kUnavailable when gnuplot cannot be run, kInternal when it fails.
+Status write_plot(const std::string& path, const RunReport& report);
+
+// "12.3 GB", "512 MB": decimal units, as link and capacity figures are quoted.
+std::string human_bytes(double bytes);
+
+}  // namespace kvtier::bench::run

@@ -1,0 +1,55 @@
+// SimWorld assembly. See sim_world.hpp.
+#include "bench/run/sim_world.hpp"
+
+#include <algorithm>
+
+namespace kvtier::bench::run {
+namespace {
+
+// As the Runtime does: deep enough to keep a link busy, shallow enough that a demand load is
+// never behind more than a few milliseconds of background work.
+constexpr uint64_t kMaxInflightBytes = 64ull << 20;
+
+}  // namespace
+
+Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
+  if (spec.hbm_frames == 0) return invalid_argument("the simulated HBM tier has no frames");
+  std::unique_ptr<SimWorld> w(new SimWorld(spec));
+  KVTIER_ASSIGN_OR_RETURN(w->hbm_, FrameAllocator::create(spec.hbm_frames));
+  KVTIER_ASSIGN_OR_RETURN(w->host_, FrameAllocator::create(spec.host_frames));
+  if (spec.nvme_extents > 0) {
+    KVTIER_ASSIGN_OR_RETURN(w->nvme_, ExtentAllocator::create({spec.nvme_extents},
+                                                              spec.geometry.block_bytes(), 0));
+  }
+  PageTableOptions pto;
+  pto.layers = spec.geometry.layers;
+  pto.shards = 16;
+  pto.expected_blocks = spec.hbm_frames / std::max<uint32_t>(1, spec.geometry.layers) +
+                        spec.host_frames / std::max<uint32_t>(1, spec.geometry.layers) +
+                        std::min<uint64_t>(spec.nvme_extents, 1u << 20);
+  KVTIER_ASSIGN_OR_RETURN(
+      w->table_, PageTable::create(pto, TierAllocators{w->hbm_.get(), w->host_.get(), w->nvme_.get()}));
+  SimLinkSpec links;
+  links.links = spec.links;
+  links.nvme_extents = spec.nvme_extents;
+  w->port_ = std::make_unique<SimTransferPort>(w->loop_, spec.geometry, links);
+  SchedulerOptions so;
+  so.geometry = spec.geometry;
+  so.policies = spec.policies;
+  so.watermarks = spec.watermarks;
+  so.max_inflight_bytes.fill(kMaxInflightBytes);
+  SchedulerParts parts{w->table_.get(), w->port_.get(), &w->loop_,
+                       w->hbm_.get(),   w->host_.get(), w->nvme_.get()};
+  KVTIER_ASSIGN_OR_RETURN(w->scheduler_, Scheduler::create(parts, so));
+  return w;
+}
+
+SimWorld::~SimWorld() {
+  // The scheduler's pending callbacks live in the loop's heap; drop the scheduler first, then the
+  // port and table it refers to (the loop's remaining events are destroyed unrun with the loop).
+  scheduler_.reset();
+  port_.reset();
+  table_.reset();
+}
+
+}  // namespace kvtier::bench::run

@@ -1,0 +1,60 @@
+// SimWorld: kvtier's real scheduler, page table and policies over modeled tiers in virtual time —
+// frame allocators sized like the modeled HBM, host and NVMe tiers, a SimTransferPort whose links
+// have the modeled bandwidths, and a SimEventLoop. One world per baseline run; it owns everything
+// and tears it down in reverse order. Single-threaded: the engine that drives it runs on the
+// loop's (its own) thread, so several worlds may run side by side on different threads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "kvtier/config.hpp"
+#include "kvtier/status.hpp"
+#include "scheduler/page_table.hpp"
+#include "scheduler/scheduler.hpp"
+#include "scheduler/sim_event_loop.hpp"
+#include "scheduler/sim_transfer_port.hpp"
+#include "tiers/extent_allocator.hpp"
+#include "tiers/frame_allocator.hpp"
+
+namespace kvtier::bench::run {
+
+struct SimWorldSpec {
+  Geometry geometry;
+  uint32_t hbm_frames = 0;
+  uint32_t host_frames = 0;    // 0: no host tier
+  uint32_t nvme_extents = 0;   // 0: no NVMe tier
+  std::array<LinkModel, kNumLinks> links{};  // indexed by Link
+  PoliciesConfig policies;
+  std::array<Watermarks, kNumTiers> watermarks{};
+};
+
+class SimWorld {
+ public:
+  static Result<std::unique_ptr<SimWorld>> create(const SimWorldSpec& spec);
+  ~SimWorld();
+  SimWorld(const SimWorld&) = delete;
+  SimWorld& operator=(const SimWorld&) = delete;
+
+  Scheduler& scheduler() { return *scheduler_; }
+  SimEventLoop& loop() { return loop_; }
+  SimTransferPort& port() { return *port_; }
+  PageTable& table() { return *table_; }
+  const FrameAllocator& hbm() const { return *hbm_; }
+  const SimWorldSpec& spec() const { return spec_; }
+
+ private:
+  explicit SimWorld(const SimWorldSpec& spec) : spec_(spec) {}
+
+  SimWorldSpec spec_;
+  std::unique_ptr<FrameAllocator> hbm_;
+  std::unique_ptr<FrameAllocator> host_;
+  std::unique_ptr<ExtentAllocator> nvme_;
+  std::unique_ptr<PageTable> table_;
+  SimEventLoop loop_;
+  std::unique_ptr<SimTransferPort> port_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+}  // namespace kvtier::bench::run
