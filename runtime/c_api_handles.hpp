@@ -1,0 +1,162 @@
+// The C ABI's internals (include/kvtier/kvtier.h): the structs behind the opaque handles, the
+// tables of live handles, and the plumbing that turns a Status or an escaping C++ exception into
+// a kvt_status plus this thread's kvt_last_error() text.
+//
+// Handles. A kvt_runtime or kvt_step pointer is never dereferenced before it is found in its
+// type's table of live handles, which owns the object through a shared_ptr; a call copies that
+// shared_ptr and works on the copy. So a NULL, destroyed or foreign pointer is an error message,
+// and a destroy racing with a call on another thread frees the object only after that call
+// returns. The tables are never destroyed (leaked singletons), so a call made during static
+// destruction still finds them.
+//
+// Shutdown. kvtier::Runtime frees its tiers and scheduler at shutdown, after which some of its
+// accessors (hbm_view, stats) would read freed state. Every call therefore holds the runtime's
+// `mu` shared and checks `shut_down`; shutdown takes `mu` exclusively, so it waits for the calls
+// in progress (each bounded by its own deadline) and every later call fails cleanly.
+//
+// Lock order: a handle table's mutex is released before anything else is taken; kvt_step::mu
+// (layer-table cache) may be held while kvt_runtime::mu is held shared, never the reverse.
+//
+// Rejected: integer handles (they must still be looked up, and typed pointers let the compiler
+// catch a step passed as a runtime); a magic number in each struct (a freed struct may be
+// reused, and reading it is already undefined behaviour).
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/kvtier.h"
+#include "kvtier/kvtier.hpp"
+
+struct kvt_runtime {
+  mutable std::shared_mutex mu;  // shared: a call in progress; exclusive: shutdown and destroy
+  std::unique_ptr<kvtier::Runtime> runtime;  // reset by destroy, after shutdown
+  bool shut_down = false;                    // guarded by mu
+};
+
+struct kvt_step {
+  std::shared_ptr<kvt_runtime> owner;
+  kvtier::StepInfo info;
+  std::mutex mu;  // guards tables and finished
+  // One per layer, fetched on the first kvt_step_layer_table of that layer: the C caller holds
+  // pointers into these vectors until kvt_step_destroy, so they are never replaced.
+  std::vector<std::unique_ptr<kvtier::LayerTable>> tables;
+  bool finished = false;  // ended or aborted
+};
+
+namespace kvtier::capi {
+
+template <typename T>
+class HandleTable {
+ public:
+  explicit HandleTable(std::string_view type_name) : type_name_(type_name) {}
+
+  T* add(std::shared_ptr<T> handle) {
+    T* raw = handle.get();
+    std::unique_lock lock(mu_);
+    live_.emplace(raw, std::move(handle));
+    return raw;
+  }
+
+  Result<std::shared_ptr<T>> find(const T* handle, std::string_view argument) const {
+    if (handle == nullptr) return null_handle(argument);
+    std::shared_lock lock(mu_);
+    auto it = live_.find(handle);
+    if (it == live_.end()) return stale_handle(handle, argument);
+    return it->second;
+  }
+
+  // Removes the handle from the table; the object lives on while calls in progress hold it.
+  Result<std::shared_ptr<T>> take(const T* handle, std::string_view argument) {
+    if (handle == nullptr) return null_handle(argument);
+    std::unique_lock lock(mu_);
+    auto it = live_.find(handle);
+    if (it == live_.end()) return stale_handle(handle, argument);
+    std::shared_ptr<T> out = std::move(it->second);
+    live_.erase(it);
+    return out;
+  }
+
+ private:
+  Status null_handle(std::string_view argument) const {
+    return invalid_argument(std::string(argument) + " is NULL");
+  }
+  Status stale_handle(const T* handle, std::string_view argument) const;
+
+  std::string_view type_name_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<const T*, std::shared_ptr<T>> live_;
+};
+
+template <typename T>
+Status HandleTable<T>::stale_handle(const T* handle, std::string_view argument) const {
+  char address[32];
+  std::snprintf(address, sizeof address, "%p", static_cast<const void*>(handle));
+  return invalid_argument(std::string(argument) + " (" + address + ") is not a live " +
+                          std::string(type_name_) + " handle: it was destroyed, or never was one");
+}
+
+HandleTable<kvt_runtime>& runtimes();
+HandleTable<kvt_step>& steps();
+
+// Records "<function>: <code name>: <message>" as this thread's last error; returns `code`.
+kvt_status record_error(const char* function, kvt_status code, std::string_view message) noexcept;
+kvt_status to_c_status(StatusCode code) noexcept;
+
+// Runs `fn` (returning Status) and converts its outcome; nothing escapes.
+template <typename Fn>
+kvt_status guarded(const char* function, Fn&& fn) noexcept {
+  try {
+    Status s = fn();
+    if (s.ok()) return KVT_OK;
+    return record_error(function, to_c_status(s.code()), s.message());
+  } catch (const std::bad_alloc&) {
+    return record_error(function, KVT_RESOURCE_EXHAUSTED, "out of memory");
+  } catch (const std::exception& e) {
+    return record_error(function, KVT_INTERNAL, e.what());
+  } catch (...) {
+    return record_error(function, KVT_INTERNAL, "an unknown C++ exception");
+  }
+}
+
+inline Status require(const void* pointer, std::string_view argument) {
+  if (pointer == nullptr) return invalid_argument(std::string(argument) + " is NULL");
+  return ok_status();
+}
+
+// A (pointer, count) array: NULL is allowed only with a count of 0.
+inline Status require_array(const void* pointer, std::size_t count, std::string_view argument) {
+  if (pointer == nullptr && count > 0) {
+    return invalid_argument(std::string(argument) + " is NULL but its count is " +
+                            std::to_string(count));
+  }
+  return ok_status();
+}
+
+inline BlockKey from_c(const kvt_block_key& k) { return BlockKey{k.lo, k.hi}; }
+inline kvt_block_key to_c(const BlockKey& k) { return kvt_block_key{k.lo, k.hi}; }
+
+Result<std::vector<BlockKey>> copy_keys(const kvt_block_key* keys, std::size_t n,
+                                        std::string_view argument);
+
+// Writes `keys` to (out, capacity); *n_keys is their number even when the buffer is too short.
+Status block_keys_to_c(const std::vector<BlockKey>& keys, kvt_block_key* out, std::size_t capacity,
+                       std::size_t* n_keys);
+
+// Runs `fn(Runtime&)` with the runtime held shared and open; kFailedPrecondition after shutdown.
+template <typename Fn>
+Status with_runtime(const kvt_runtime* handle, Fn&& fn) {
+  KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<kvt_runtime> rt, runtimes().find(handle, "runtime"));
+  std::shared_lock lock(rt->mu);
+  if (rt->shut_down) return failed_precondition("the runtime was shut down");
+  return fn(*rt->runtime);
+}
+
+}  // namespace kvtier::capi

@@ -1,0 +1,476 @@
+/* The C ABI end to end, from C11: open a runtime from YAML text over a store in a temporary
+ * directory, prefill a prompt by writing K/V bytes into HBM frames through the HBM view, close it,
+ * reopen it and find it cached with the same bytes, again after a restart (from NVMe); then bad
+ * input — each a clear code and kvt_last_error() text — and calls after shutdown.
+ * Exit status: 0 all checks passed, 1 a check failed, 77 skipped (the NVMe store cannot be
+ * opened here). */
+#define _XOPEN_SOURCE 700
+
+#include <ftw.h>
+#include <kvtier/kvtier.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { kSkip = 77, kBlocks = 6, kPageTokens = 16, kTokens = kBlocks * kPageTokens };
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+/* A call that must succeed; on failure the test cannot go on meaningfully. */
+#define MUST(call)                                                              \
+  do {                                                                          \
+    kvt_status must_status_ = (call);                                           \
+    if (must_status_ != KVT_OK) {                                               \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call, \
+              kvt_status_name(must_status_), kvt_last_error());                 \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+/* A call that must fail with `code`, naming `function` and containing `text`. */
+static void expect_error(int line, kvt_status got, kvt_status code, const char* function,
+                         const char* text) {
+  const char* message = kvt_last_error();
+  if (got != code) {
+    fprintf(stderr, "%s:%d: expected %s, got %s (%s)\n", __FILE__, line, kvt_status_name(code),
+            kvt_status_name(got), message);
+    ++failures;
+    return;
+  }
+  if (strncmp(message, function, strlen(function)) != 0 ||
+      strstr(message, kvt_status_name(code)) == NULL || strstr(message, text) == NULL) {
+    fprintf(stderr, "%s:%d: the message \"%s\" should start with %s, name %s and say \"%s\"\n",
+            __FILE__, line, message, function, kvt_status_name(code), text);
+    ++failures;
+  }
+}
+#define EXPECT_ERROR(call, code, function, text) \
+  expect_error(__LINE__, (call), (code), (function), (text))
+
+/* The K/V bytes a token contributes to a page: a function of its content and position only. */
+static uint8_t kv_byte(uint32_t token, uint64_t position, uint32_t layer, int value, size_t i) {
+  uint64_t x = ((uint64_t)token << 32) ^ (position * 0x9E3779B97F4A7C15ull) ^
+               ((uint64_t)layer << 56) ^ (value ? 0xABCDull : 0) ^ (i * 0x2545F491ull);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return (uint8_t)x;
+}
+
+static uint8_t* token_slot(const kvt_hbm_view* view, const kvt_geometry* g,
+                           const kvt_layer_table* t, uint32_t item, uint64_t pos, int value) {
+  const int32_t frame = t->indices[t->indptr[item] + (int32_t)(pos / g->page_tokens)];
+  uint8_t* page = (uint8_t*)view->base + (size_t)frame * view->frame_stride;
+  const size_t slot = (size_t)(pos % g->page_tokens) + (value ? g->page_tokens : 0);
+  return page + slot * g->token_bytes;
+}
+
+static void write_tokens(const kvt_hbm_view* view, const kvt_geometry* g, const kvt_layer_table* t,
+                         uint32_t layer, const uint32_t* tokens, uint64_t first, uint64_t count) {
+  for (uint64_t pos = first; pos < first + count; ++pos) {
+    for (int value = 0; value < 2; ++value) {
+      uint8_t* dst = token_slot(view, g, t, 0, pos, value);
+      for (size_t i = 0; i < g->token_bytes; ++i)
+        dst[i] = kv_byte(tokens[pos], pos, layer, value, i);
+    }
+  }
+}
+
+/* The first position in [0, count) whose bytes differ, or -1. */
+static int64_t check_tokens(const kvt_hbm_view* view, const kvt_geometry* g,
+                            const kvt_layer_table* t, uint32_t layer, const uint32_t* tokens,
+                            uint64_t count) {
+  for (uint64_t pos = 0; pos < count; ++pos) {
+    for (int value = 0; value < 2; ++value) {
+      const uint8_t* src = token_slot(view, g, t, 0, pos, value);
+      for (size_t i = 0; i < g->token_bytes; ++i) {
+        if (src[i] != kv_byte(tokens[pos], pos, layer, value, i)) return (int64_t)pos;
+      }
+    }
+  }
+  return -1;
+}
+
+/* One step for one sequence: checks the `context` tokens already there, writes `n_new` more. */
+static void run_step(kvt_runtime* rt, kvt_sequence_id seq, const uint32_t* tokens, uint64_t context,
+                     uint32_t n_new) {
+  kvt_geometry g;
+  kvt_hbm_view view;
+  MUST(kvt_runtime_geometry(rt, &g));
+  MUST(kvt_runtime_hbm_view(rt, &view));
+  CHECK(view.on_device == 0, "the test writes frames from the CPU");
+  const kvt_step_item item = {seq, n_new};
+  kvt_step* step = NULL;
+  MUST(kvt_step_begin(rt, &item, 1, &step));
+  kvt_step_info info;
+  MUST(kvt_step_get_info(step, &info));
+  kvt_step_item_info item_info;
+  MUST(kvt_step_get_item(step, 0, &item_info));
+  CHECK(item_info.context_tokens == context, "context %llu, expected %llu",
+        (unsigned long long)item_info.context_tokens, (unsigned long long)context);
+  CHECK(info.batch == 1 && info.layers == g.layers, "batch %u layers %u", info.batch, info.layers);
+  for (uint32_t l = 0; l < info.layers; ++l) {
+    MUST(kvt_step_wait_layer(step, l));
+    kvt_layer_table table;
+    MUST(kvt_step_layer_table(step, l, &table));
+    CHECK(table.batch == 1 && table.indptr[1] - table.indptr[0] == (int32_t)item_info.pages,
+          "layer %u: %u items, %d pages", l, table.batch, table.indptr[1] - table.indptr[0]);
+    const int64_t bad = check_tokens(&view, &g, &table, l, tokens, context);
+    CHECK(bad < 0, "layer %u: token %lld differs from what was written", l, (long long)bad);
+    write_tokens(&view, &g, &table, l, tokens, context, n_new);
+    MUST(kvt_step_end_layer(step, l));
+  }
+  MUST(kvt_step_end(step, NULL, 0));
+  MUST(kvt_step_destroy(step));
+}
+
+static char yaml[4096];
+
+static kvt_status open_runtime(kvt_runtime** rt) {
+  static const char* overrides[] = {"policies.pin_quota=0.5", "metrics.listen=off"};
+  kvt_runtime_params params;
+  kvt_runtime_default_params(&params);
+  params.use_environment = 0;
+  return kvt_runtime_open_yaml(yaml, overrides, 2, &params, rt);
+}
+
+/* Called from kvtier's threads. */
+static atomic_int log_lines = 0;
+static void count_log_lines(int32_t level, const char* message, void* user) {
+  (void)level;
+  (void)message;
+  atomic_fetch_add((atomic_int*)user, 1);
+}
+
+static int remove_entry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+static void test_version_and_keys(void) {
+  char expected[64];
+  snprintf(expected, sizeof expected, "%d.%d.%d", KVT_VERSION_MAJOR, KVT_VERSION_MINOR,
+           KVT_VERSION_PATCH);
+  CHECK(strcmp(kvt_version(), expected) == 0, "kvt_version() %s, header %s", kvt_version(),
+        expected);
+  CHECK(kvt_version_number() == KVT_VERSION_NUMBER, "%d", kvt_version_number());
+  CHECK(strcmp(kvt_status_name(KVT_NOT_FOUND), "not_found") == 0, "%s",
+        kvt_status_name(KVT_NOT_FOUND));
+  CHECK(strcmp(kvt_status_name((kvt_status)5), "unknown") == 0, "a positive code");
+
+  uint32_t tokens[40];
+  for (uint32_t i = 0; i < 40; ++i) tokens[i] = i * 7u + 1u;
+  size_t n = 0;
+  EXPECT_ERROR(kvt_chain_block_keys("ns", tokens, 40, 16, NULL, 0, &n), KVT_OUT_OF_RANGE,
+               "kvt_chain_block_keys", "2 are needed");
+  CHECK(n == 2, "a short buffer still reports the count (%zu)", n);
+  kvt_block_key keys[2];
+  MUST(kvt_chain_block_keys("ns", tokens, 40, 16, keys, 2, &n));
+  CHECK(keys[0].lo != keys[1].lo || keys[0].hi != keys[1].hi, "chained keys differ");
+  CHECK((keys[0].hi >> 48) == (keys[1].hi >> 48) && (keys[0].hi >> 48) != 0,
+        "one namespace tag, never 0");
+  char text[33];
+  EXPECT_ERROR(kvt_block_key_format(&keys[0], text, 10), KVT_OUT_OF_RANGE, "kvt_block_key_format",
+               "33 bytes");
+  MUST(kvt_block_key_format(&keys[0], text, sizeof text));
+  CHECK(strlen(text) == 32, "%s", text);
+  EXPECT_ERROR(kvt_chain_block_keys(NULL, tokens, 40, 16, keys, 2, &n), KVT_INVALID_ARGUMENT,
+               "kvt_chain_block_keys", "key_namespace is NULL");
+  EXPECT_ERROR(kvt_chain_block_keys("ns", NULL, 40, 16, keys, 2, &n), KVT_INVALID_ARGUMENT,
+               "kvt_chain_block_keys", "tokens is NULL");
+  EXPECT_ERROR(kvt_set_log_level(7), KVT_INVALID_ARGUMENT, "kvt_set_log_level", "level 7");
+}
+
+static void test_bad_configs(void) {
+  kvt_runtime* rt = NULL;
+  kvt_runtime_params params;
+  kvt_runtime_default_params(&params);
+  params.use_environment = 0;
+  EXPECT_ERROR(kvt_runtime_open_yaml("tiers:\n  host:\n    capcity: 1GiB\n", NULL, 0, &params, &rt),
+               KVT_INVALID_ARGUMENT, "kvt_runtime_open_yaml",
+               "<yaml text>:3:5: tiers.host.capcity");
+  const char* bad_override[] = {"tiers.host.capacity=abc"};
+  EXPECT_ERROR(kvt_runtime_open_yaml("", bad_override, 1, &params, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "tiers.host.capacity=abc");
+  const char* null_override[] = {NULL};
+  EXPECT_ERROR(kvt_runtime_open_yaml("", null_override, 1, &params, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "overrides[0] is NULL");
+  EXPECT_ERROR(kvt_runtime_open_file("/nonexistent/kvtier.yaml", NULL, 0, &params, &rt),
+               KVT_NOT_FOUND, "kvt_runtime_open_file", "/nonexistent/kvtier.yaml");
+  kvt_runtime_params zeroed;
+  memset(&zeroed, 0, sizeof zeroed);
+  EXPECT_ERROR(kvt_runtime_open_yaml("", NULL, 0, &zeroed, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "kvt_runtime_default_params");
+  params.wait_timeout_ms = 0;
+  EXPECT_ERROR(kvt_runtime_open_yaml("", NULL, 0, &params, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "params.wait_timeout_ms is 0");
+  EXPECT_ERROR(kvt_runtime_open_yaml(NULL, NULL, 0, NULL, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "yaml_text is NULL");
+  CHECK(rt == NULL, "no handle comes out of a failed open");
+}
+
+/* Prefill, close, reopen and find the prompt cached (bytes equal); pins and hints. */
+static void test_prefill_and_reuse(kvt_runtime* rt, const uint32_t* tokens) {
+  kvt_geometry g;
+  MUST(kvt_runtime_geometry(rt, &g));
+  CHECK(g.layers == 4 && g.page_tokens == kPageTokens && g.dtype == KVT_DTYPE_BF16 &&
+            g.page_bytes == 8192,
+        "geometry from the YAML text: %u layers, %u page tokens, %llu page bytes", g.layers,
+        g.page_tokens, (unsigned long long)g.page_bytes);
+
+  size_t n_keys = 0;
+  kvt_block_key keys[kBlocks];
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  CHECK(n_keys == kBlocks, "%zu keys", n_keys);
+  kvt_block_key root;
+  kvt_block_key first;
+  MUST(kvt_runtime_namespace_root(rt, &root));
+  MUST(kvt_runtime_block_key(rt, &root, tokens, kPageTokens, &first));
+  CHECK(first.lo == keys[0].lo && first.hi == keys[0].hi, "block_key(root) == block_keys[0]");
+
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, kBlocks, &seq));
+  CHECK(seq.reused_blocks == 0 && seq.prompt_blocks == kBlocks, "a cold cache reuses nothing");
+  run_step(rt, seq.id, tokens, 0, kTokens);
+  MUST(kvt_sequence_close(rt, seq.id));
+
+  kvt_match m;
+  MUST(kvt_runtime_match(rt, keys, kBlocks, &m));
+  CHECK(m.blocks == kBlocks, "the closed prompt is cached (%u blocks)", m.blocks);
+  MUST(kvt_sequence_open(rt, keys, kBlocks, &seq));
+  CHECK(seq.reused_blocks == kBlocks && seq.reused_tokens == kTokens, "reused %u blocks",
+        seq.reused_blocks);
+  run_step(rt, seq.id, tokens, seq.reused_tokens, 1); /* reads the reused bytes back */
+  MUST(kvt_sequence_close(rt, seq.id));
+
+  kvt_pin_id pin = 0;
+  MUST(kvt_prefix_pin(rt, keys, kBlocks, 60000, &pin));
+  kvt_stats stats;
+  MUST(kvt_runtime_stats(rt, &stats));
+  CHECK(stats.pinned_prefix_blocks == kBlocks, "%llu pinned blocks",
+        (unsigned long long)stats.pinned_prefix_blocks);
+  MUST(kvt_prefix_unpin(rt, pin));
+  EXPECT_ERROR(kvt_prefix_unpin(rt, pin), KVT_NOT_FOUND, "kvt_prefix_unpin", "");
+  EXPECT_ERROR(kvt_prefix_pin(rt, keys, kBlocks, 0, &pin), KVT_INVALID_ARGUMENT, "kvt_prefix_pin",
+               "ttl_ms is 0");
+
+  const kvt_hinted_request waiting = {42, kvt_clock_now_ns() + 1000000, keys, kBlocks};
+  MUST(kvt_runtime_hint(rt, &waiting, 1));
+  MUST(kvt_runtime_hint(rt, NULL, 0));
+
+  MUST(kvt_runtime_stats(rt, &stats));
+  CHECK(stats.open_sequences == 0, "%llu open", (unsigned long long)stats.open_sequences);
+  CHECK(stats.hit_tokens[KVT_TIER_HBM] + stats.hit_tokens[KVT_TIER_HOST] +
+                stats.hit_tokens[KVT_TIER_NVME] >=
+            kTokens,
+        "the reuse was counted as hits");
+  for (int t = 0; t < KVT_NUM_TIERS; ++t) {
+    CHECK(stats.used_bytes[t] <= stats.capacity_bytes[t], "tier %d over capacity", t);
+  }
+}
+
+static void test_bad_input(kvt_runtime* rt, const uint32_t* tokens) {
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+
+  /* Unknown and closed sequences. */
+  EXPECT_ERROR(kvt_sequence_close(rt, 12345), KVT_NOT_FOUND, "kvt_sequence_close", "12345");
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 2, &seq));
+  MUST(kvt_sequence_close(rt, seq.id));
+  EXPECT_ERROR(kvt_sequence_close(rt, seq.id), KVT_NOT_FOUND, "kvt_sequence_close", "");
+  kvt_step* step = NULL;
+  const kvt_step_item closed = {seq.id, 1};
+  EXPECT_ERROR(kvt_step_begin(rt, &closed, 1, &step), KVT_NOT_FOUND, "kvt_step_begin", "");
+  CHECK(step == NULL, "no step handle from a failed begin");
+
+  /* A step over a sequence twice: in one batch, and while it is in another step. */
+  MUST(kvt_sequence_open(rt, keys, 2, &seq));
+  const kvt_step_item twice[2] = {{seq.id, 1}, {seq.id, 1}};
+  EXPECT_ERROR(kvt_step_begin(rt, twice, 2, &step), KVT_INVALID_ARGUMENT, "kvt_step_begin", "");
+  const kvt_step_item one = {seq.id, 1};
+  MUST(kvt_step_begin(rt, &one, 1, &step));
+  kvt_step* again = NULL;
+  EXPECT_ERROR(kvt_step_begin(rt, &one, 1, &again), KVT_FAILED_PRECONDITION, "kvt_step_begin", "");
+  kvt_layer_table table;
+  EXPECT_ERROR(kvt_step_layer_table(step, 99, &table), KVT_OUT_OF_RANGE, "kvt_step_layer_table",
+               "layer 99");
+  EXPECT_ERROR(kvt_step_wait_layer(step, 99), KVT_OUT_OF_RANGE, "kvt_step_wait_layer", "99");
+  kvt_step_item_info item;
+  EXPECT_ERROR(kvt_step_get_item(step, 3, &item), KVT_OUT_OF_RANGE, "kvt_step_get_item", "item 3");
+  MUST(kvt_step_abort(step));
+  EXPECT_ERROR(kvt_step_end(step, NULL, 0), KVT_NOT_FOUND, "kvt_step_end", "");
+  MUST(kvt_step_destroy(step));
+  /* The destroyed handle, a handle of another type, NULL handles and NULL outputs. */
+  EXPECT_ERROR(kvt_step_wait_layer(step, 0), KVT_INVALID_ARGUMENT, "kvt_step_wait_layer",
+               "not a live kvt_step handle");
+  EXPECT_ERROR(kvt_step_destroy(step), KVT_INVALID_ARGUMENT, "kvt_step_destroy", "not a live");
+  kvt_stats stats;
+  EXPECT_ERROR(kvt_runtime_stats((const kvt_runtime*)(const void*)step, &stats),
+               KVT_INVALID_ARGUMENT, "kvt_runtime_stats", "not a live kvt_runtime handle");
+  EXPECT_ERROR(kvt_runtime_stats(rt, NULL), KVT_INVALID_ARGUMENT, "kvt_runtime_stats",
+               "out is NULL");
+  EXPECT_ERROR(kvt_sequence_open(NULL, keys, 2, &seq), KVT_INVALID_ARGUMENT, "kvt_sequence_open",
+               "runtime is NULL");
+  EXPECT_ERROR(kvt_sequence_open(rt, NULL, 2, &seq), KVT_INVALID_ARGUMENT, "kvt_sequence_open",
+               "keys is NULL");
+  CHECK(kvt_step_destroy(NULL) == KVT_OK, "destroying NULL is a no-op");
+  MUST(kvt_sequence_close(rt, one.sequence));
+
+  /* Keys of another namespace. */
+  kvt_block_key foreign[kBlocks];
+  MUST(kvt_chain_block_keys("another-model", tokens, kTokens, kPageTokens, foreign, kBlocks,
+                            &n_keys));
+  EXPECT_ERROR(kvt_sequence_open(rt, foreign, kBlocks, &seq), KVT_INVALID_ARGUMENT,
+               "kvt_sequence_open", "another namespace");
+  kvt_match m;
+  EXPECT_ERROR(kvt_runtime_match(rt, foreign, kBlocks, &m), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_match", "another namespace");
+
+  /* A step that cannot fit: one layer needs more than the 64 HBM frames. */
+  enum { kHuge = 80 * kPageTokens };
+  uint32_t* long_prompt = malloc(sizeof(uint32_t) * kHuge);
+  for (uint32_t i = 0; i < kHuge; ++i) long_prompt[i] = 1000u + i;
+  kvt_block_key* long_keys = malloc(sizeof(kvt_block_key) * 80);
+  MUST(kvt_runtime_block_keys(rt, long_prompt, kHuge, long_keys, 80, &n_keys));
+  MUST(kvt_sequence_open(rt, long_keys, 80, &seq));
+  const kvt_step_item huge = {seq.id, kHuge};
+  EXPECT_ERROR(kvt_step_begin(rt, &huge, 1, &step), KVT_RESOURCE_EXHAUSTED, "kvt_step_begin", "");
+  MUST(kvt_sequence_close(rt, seq.id));
+  free(long_keys);
+  free(long_prompt);
+
+  MUST(kvt_runtime_stats(rt, &stats));
+  CHECK(stats.open_sequences == 0, "%llu sequences left open",
+        (unsigned long long)stats.open_sequences);
+}
+
+/* Shutdown with a step still open, then every call fails cleanly. */
+static void test_after_shutdown(kvt_runtime* rt, const uint32_t* tokens) {
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  const kvt_step_item one = {seq.id, 1};
+  kvt_step* step = NULL;
+  MUST(kvt_step_begin(rt, &one, 1, &step));
+  MUST(kvt_step_abort(step));
+  MUST(kvt_sequence_close(rt, seq.id));
+
+  MUST(kvt_runtime_shutdown(rt));
+  MUST(kvt_runtime_shutdown(rt)); /* idempotent */
+  kvt_stats stats;
+  EXPECT_ERROR(kvt_runtime_stats(rt, &stats), KVT_FAILED_PRECONDITION, "kvt_runtime_stats",
+               "shut down");
+  kvt_hbm_view view;
+  EXPECT_ERROR(kvt_runtime_hbm_view(rt, &view), KVT_FAILED_PRECONDITION, "kvt_runtime_hbm_view",
+               "shut down");
+  EXPECT_ERROR(kvt_sequence_open(rt, keys, kBlocks, &seq), KVT_FAILED_PRECONDITION,
+               "kvt_sequence_open", "shut down");
+  EXPECT_ERROR(kvt_step_begin(rt, &one, 1, &step), KVT_FAILED_PRECONDITION, "kvt_step_begin",
+               "shut down");
+  EXPECT_ERROR(kvt_step_wait_layer(step, 0), KVT_FAILED_PRECONDITION, "kvt_step_wait_layer",
+               "shut down");
+  MUST(kvt_step_destroy(step));
+  MUST(kvt_runtime_destroy(rt));
+  EXPECT_ERROR(kvt_runtime_stats(rt, &stats), KVT_INVALID_ARGUMENT, "kvt_runtime_stats",
+               "not a live kvt_runtime handle");
+  CHECK(kvt_runtime_destroy(NULL) == KVT_OK, "destroying NULL is a no-op");
+}
+
+/* After a restart the prompt is found on NVMe and its bytes come back. */
+static void test_restart(const uint32_t* tokens) {
+  kvt_runtime* rt = NULL;
+  MUST(open_runtime(&rt));
+  kvt_stats stats;
+  MUST(kvt_runtime_stats(rt, &stats));
+  CHECK(stats.nvme_recovered_blocks >= kBlocks, "%llu blocks recovered",
+        (unsigned long long)stats.nvme_recovered_blocks);
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_match m;
+  MUST(kvt_runtime_match(rt, keys, kBlocks, &m));
+  CHECK(m.blocks == kBlocks && m.by_tier[KVT_TIER_NVME] == kBlocks, "%u blocks cached, %u on nvme",
+        m.blocks, m.by_tier[KVT_TIER_NVME]);
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, kBlocks, &seq));
+  CHECK(seq.reused_blocks == kBlocks, "the prefix is loaded, not recomputed (%u reused)",
+        seq.reused_blocks);
+  run_step(rt, seq.id, tokens, seq.reused_tokens, 1);
+  MUST(kvt_sequence_close(rt, seq.id));
+  MUST(kvt_runtime_destroy(rt));
+}
+
+int main(void) {
+  const char* tmp = getenv("TMPDIR");
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/kvtier-capi-XXXXXX", tmp != NULL && *tmp != '\0' ? tmp : "/tmp");
+  if (mkdtemp(dir) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  snprintf(yaml, sizeof yaml,
+           "model:\n"
+           "  name: c-api-test\n"
+           "  layers: 4\n"
+           "  kv_heads: 2\n"
+           "  head_dim: 64\n"
+           "  dtype: bf16\n"
+           "  page_tokens: %d\n"
+           "tiers:\n"
+           "  hbm: {backend: emulated, capacity: 512KiB}\n"
+           "  host: {capacity: 2MiB, huge_pages: false, lock_memory: false}\n"
+           "  nvme: {capacity: 16MiB, paths: [\"%s/store0.kvs\"], queue_depth: 16}\n",
+           kPageTokens, dir);
+
+  uint32_t tokens[kTokens + 1];
+  uint32_t x = 12345u;
+  for (int i = 0; i <= kTokens; ++i) {
+    x = x * 1664525u + 1013904223u;
+    tokens[i] = (x >> 8) % 32000u;
+  }
+
+  test_version_and_keys();
+  test_bad_configs();
+
+  kvt_runtime* rt = NULL;
+  const kvt_status opened = open_runtime(&rt);
+  if (opened == KVT_UNAVAILABLE || opened == KVT_IO_ERROR) {
+    fprintf(stderr, "skipped: the NVMe store cannot be opened here: %s\n", kvt_last_error());
+    return kSkip;
+  }
+  MUST(opened);
+  test_prefill_and_reuse(rt, tokens);
+  test_bad_input(rt, tokens);
+  test_after_shutdown(rt, tokens);
+
+  kvt_set_log_callback(count_log_lines, &log_lines);
+  test_restart(tokens);
+  kvt_set_log_callback(NULL, NULL);
+  CHECK(atomic_load(&log_lines) > 0, "the restart's recovery line reached the log callback");
+
+  if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) perror("removing the store");
+  if (failures > 0) {
+    fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  printf("c_api_test: all checks passed (kvtier %s)\n", kvt_version());
+  return 0;
+}
