@@ -74,8 +74,9 @@ fuzz-long: deps
 	cmake --preset fuzz
 	cmake --build --preset fuzz -j $(JOBS) --target kvtier_fuzzers
 	@for f in build-fuzz/bin/fuzz_*; do \
-	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
+	  name=$${f##*/fuzz_}; work=build-fuzz/fuzz-corpus/$$name; mkdir -p $$work; \
+	  echo "== $$f ($(FUZZ_SECONDS) s, corpus tests/fuzz/corpus/$$name)"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$work tests/fuzz/corpus/$$name || exit 1; \
 	done
 
 install: build
