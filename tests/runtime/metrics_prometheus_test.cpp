@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -192,19 +193,31 @@ TEST(MetricsPrometheus, RealServerScrapesAndComputesPerTierHitRates) {
   const std::string config_path =
       dir.write("prometheus.yml", test_prometheus_config((*exporter)->port()));
   const std::string log_path = (dir.path() / "prometheus.log").string();
-  const uint16_t api_port = testing::free_loopback_port();
-  ASSERT_NE(api_port, 0);
-  testing::ChildProcess server(
-      {prometheus, "--config.file=" + config_path,
-       "--storage.tsdb.path=" + (dir.path() / "tsdb").string(),
-       "--web.listen-address=127.0.0.1:" + std::to_string(api_port), "--log.level=warn"},
-      log_path);
-  ASSERT_TRUE(server.started());
   auto server_log = [&] { return "prometheus log:\n" + testing::read_text(log_path); };
+  // The API port is picked free just before the server binds it; should another process take it
+  // in between, the server exits and the next attempt picks another.
+  std::unique_ptr<testing::ChildProcess> server;
+  uint16_t api_port = 0;
+  for (int attempt = 0; attempt < 3 && !server; ++attempt) {
+    api_port = testing::free_loopback_port();
+    ASSERT_NE(api_port, 0);
+    auto child = std::make_unique<testing::ChildProcess>(
+        std::vector<std::string>{prometheus, "--config.file=" + config_path,
+                                 "--storage.tsdb.path=" + (dir.path() / "tsdb").string(),
+                                 "--web.listen-address=127.0.0.1:" + std::to_string(api_port),
+                                 "--log.level=warn"},
+        log_path);
+    ASSERT_TRUE(child->started());
+    bool exited = false;
+    const bool ready = eventually(std::chrono::seconds(20), [&] {
+      exited = !child->running();
+      return exited || testing::http_get(api_port, "/-/ready").status == 200;
+    });
+    ASSERT_TRUE(ready) << "prometheus did not become ready\n" << server_log();
+    if (!exited) server = std::move(child);
+  }
+  ASSERT_TRUE(server) << "prometheus exited at start three times\n" << server_log();
 
-  ASSERT_TRUE(eventually(std::chrono::seconds(20), [&] {
-    return server.running() && testing::http_get(api_port, "/-/ready").status == 200;
-  })) << server_log();
   ASSERT_TRUE(eventually(std::chrono::seconds(10),
                          [&] {
                            const QueryResult up = query(api_port, "up{job=\"kvtier\"}");
@@ -266,8 +279,8 @@ TEST(MetricsPrometheus, RealServerScrapesAndComputesPerTierHitRates) {
   ASSERT_TRUE(bytes.ok && bytes.samples.size() == 1) << bytes.raw;
   EXPECT_EQ(bytes.samples[0].second, 65536 * steps);
 
-  server.stop();
-  EXPECT_FALSE(server.running());
+  server->stop();
+  EXPECT_FALSE(server->running());
 }
 
 }  // namespace
