@@ -11,8 +11,11 @@
 // Rejected: widening each tile to an f32 scratch first (one compute path for every dtype, but an
 // extra store and reload of every element, with the misses exposed in the conversion loop), and
 // prefetching a whole tile of all heads at once (it overflows L1 and the miss queues). Measured
-// on one Zen 4 core, bf16, GQA 4, head_dim 128, pages in DRAM: 9.8 GiB/s without prefetching,
-// 20.4 GiB/s with it, 24.7 GiB/s with everything in cache; two steps of lead gain nothing.
+// on one Zen 4 core, bf16, head_dim 128, pages in DRAM: GQA 4 runs at 9.8 GiB/s without
+// prefetching, 20 GiB/s with it, 23-25 GiB/s with everything in cache, which is the FMA limit
+// (2 x group x head_dim FMAs per token and head) against 37 GiB/s of streaming read; GQA 1 at
+// 22 GiB/s from DRAM, 37 GiB/s from cache, limited by the strided (per head) page reads. Two
+// steps of lead gain nothing.
 
 // Register blocks must stay in registers: GCC at -O2 does not fully unroll the small constant
 // loops over them by itself and keeps the blocks in memory instead (measured 3x slower).
@@ -234,24 +237,47 @@ inline void score_rows(const float* q, const uint8_t* const* k, uint32_t tokens,
   for (; t < tokens; ++t) score_block<V, D, RB, 1>(q, k + t, dim, scores + t);
 }
 
-// o_r = o_r * alpha_r + sum_t p[r][t] * v_t for RB rows; v_t widened once per row block.
+// o_r = o_r * alpha_r + sum_t p[r][t] * v_t for RB rows over DC vectors of dims at once: RB * DC
+// independent accumulators, so the chain of FMAs over the tokens never waits on FMA latency (one
+// row alone would run at a quarter of the FMA rate). v_t widened once per row block.
+template <class V, Dtype D, int RB, int DC>
+inline void accumulate_chunk(const float* p, const float* alpha, const uint8_t* const* v,
+                             uint32_t tokens, uint32_t dim, uint32_t d, float* o) {
+  constexpr std::size_t kEs = elem_bytes<D>();
+  typename V::F acc[RB][DC];
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    const auto a = V::set1(alpha[r]);
+    KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
+      acc[r][c] = V::mul(V::load(o + r * dim + d + c * V::kWidth), a);
+    }
+  }
+  for (uint32_t t = 0; t < tokens; ++t) {
+    typename V::F vv[DC];
+    KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
+      vv[c] = load_elems<V, D>(v[t] + (d + c * V::kWidth) * kEs);
+    }
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+      const auto w = V::set1(p[r * kTileTokens + t]);
+      KVTIER_UNROLL for (int c = 0; c < DC; ++c) acc[r][c] = V::fmadd(w, vv[c], acc[r][c]);
+    }
+  }
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    KVTIER_UNROLL for (int c = 0; c < DC; ++c) V::store(o + r * dim + d + c * V::kWidth, acc[r][c]);
+  }
+}
+
 template <class V, Dtype D, int RB>
 inline void accumulate_rows(const float* p, const float* alpha, const uint8_t* const* v,
                             uint32_t tokens, uint32_t dim, float* o, PrefetchQueue& pf) {
-  constexpr std::size_t kEs = elem_bytes<D>();
-  for (uint32_t d = 0; d < dim; d += V::kWidth) {
+  constexpr uint32_t kDc = RB >= 4 ? 2 : 4;
+  uint32_t d = 0;
+  for (; d + kDc * V::kWidth <= dim; d += kDc * V::kWidth) {
     pf.issue();
-    typename V::F acc[RB];
-    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
-      acc[r] = V::mul(V::load(o + r * dim + d), V::set1(alpha[r]));
-    }
-    for (uint32_t t = 0; t < tokens; ++t) {
-      const auto vv = load_elems<V, D>(v[t] + d * kEs);
-      KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
-        acc[r] = V::fmadd(V::set1(p[r * kTileTokens + t]), vv, acc[r]);
-      }
-    }
-    KVTIER_UNROLL for (int r = 0; r < RB; ++r) V::store(o + r * dim + d, acc[r]);
+    accumulate_chunk<V, D, RB, kDc>(p, alpha, v, tokens, dim, d, o);
+  }
+  for (; d < dim; d += V::kWidth) {
+    pf.issue();
+    accumulate_chunk<V, D, RB, 1>(p, alpha, v, tokens, dim, d, o);
   }
 }
 
@@ -367,9 +393,10 @@ void attend_item_t(const ItemArgs& a) {
   const std::size_t v_offset = token_bytes * a.page_tokens;
   float* scores = a.work;
   float* alpha = scores + static_cast<std::size_t>(rows) * kTileTokens;
-  // pf.issue() calls one step makes: one per 4-token score block, one per V chunk, per row block.
+  // pf.issue() calls one step makes, per row block: one per 4-token score block, and one per group
+  // of V vectors (2 or 4 of them; a lower estimate only drains the queue early).
   const uint32_t row_blocks = (rows + 3) / 4;
-  const uint32_t pf_calls = row_blocks * (kTileTokens / 4 + dim / V::kWidth);
+  const uint32_t pf_calls = row_blocks * (kTileTokens / 4 + dim / V::kWidth / 4);
 
   // Steps are (tile, head) in that order; step i prefetches step i + 1.
   TileAddresses tiles[2];
