@@ -1,9 +1,5 @@
 // C ABI, part 2: the runtime handle (open, shutdown, destroy), what it describes (geometry, HBM
 // view, stats), its block keys, and the cache calls (match, sequences, hints, prefix pins).
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -12,12 +8,11 @@
 #include "kvtier/kvtier.h"
 #include "kvtier/kvtier.hpp"
 #include "runtime/c_api_handles.hpp"
+#include "runtime/c_api_yaml.hpp"
 #include "runtime/config_loader.hpp"
 
 namespace kvtier::capi {
 namespace {
-
-constexpr std::string_view kYamlTextName = "<yaml text>";
 
 Result<RuntimeOptions> options_from(const kvt_runtime_params* params, bool* use_environment) {
   kvt_runtime_params p;
@@ -67,59 +62,6 @@ Result<std::vector<std::string>> copy_overrides(const char* const* overrides, st
     out.emplace_back(overrides[i]);
   }
   return out;
-}
-
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::string errno_text(int err) {
-  return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
-}
-
-// The loader layers a file over the default, then the environment and the overrides; YAML text
-// joins those layers as an anonymous in-memory file (memfd), so it is held to exactly the rules
-// of a file. Its /proc path is renamed "<yaml text>" in messages.
-Result<Config> load_yaml_text(std::string_view text, std::vector<std::string> overrides,
-                              bool use_environment) {
-  if (text.size() > kMaxConfigBytes) {
-    return invalid_argument(std::string(kYamlTextName) + ": larger than the " +
-                            std::to_string(kMaxConfigBytes) + "-byte limit for a configuration");
-  }
-  ScopedFd fd(::memfd_create("kvtier-yaml", MFD_CLOEXEC));
-  if (fd.get() < 0) return io_error("memfd_create for the YAML text: " + errno_text(errno));
-  std::size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd.get(), text.data() + written, text.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return io_error("writing the YAML text to its memfd: " + errno_text(errno));
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd.get());
-  ConfigSources sources;
-  sources.file = path;
-  sources.overrides = std::move(overrides);
-  sources.use_environment = use_environment;
-  auto config = load_config(sources);
-  if (config.ok()) return config;
-  std::string message = config.status().message();
-  for (std::size_t at = message.find(path); at != std::string::npos;
-       at = message.find(path, at + kYamlTextName.size())) {
-    message.replace(at, path.size(), kYamlTextName);
-  }
-  return Status(config.status().code(), std::move(message));
 }
 
 Status open_runtime(const Config& config, const RuntimeOptions& options, kvt_runtime** out) {
@@ -196,8 +138,8 @@ kvt_status kvt_runtime_open_yaml(const char* yaml_text, const char* const* overr
     bool use_environment = true;
     KVTIER_ASSIGN_OR_RETURN(auto options, kvtier::capi::options_from(params, &use_environment));
     KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_overrides(overrides, n_overrides));
-    KVTIER_ASSIGN_OR_RETURN(
-        auto config, kvtier::capi::load_yaml_text(yaml_text, std::move(list), use_environment));
+    KVTIER_ASSIGN_OR_RETURN(auto config,
+                            kvtier::load_yaml_text(yaml_text, std::move(list), use_environment));
     return kvtier::capi::open_runtime(config, options, out);
   });
 }

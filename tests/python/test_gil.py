@@ -1,0 +1,58 @@
+"""The GIL is released while a call waits: another Python thread runs while one thread is blocked
+in wait_layer on a slow load.
+
+The load is made slow on purpose: blocks persisted to NVMe by a first runtime are reopened by a
+second one whose HBM<->host link is throttled to 20 KB/s (2 KiB pages: about 0.1 s each), and
+whose prefill speed is set so low that loading always beats recomputing. While the main thread
+waits for layer 0, a watcher thread asks for layer 0's table: it can only run during the wait if
+the GIL was released, and then finds the layer still loading. With the GIL held through the wait,
+the watcher would run only after the wait returned, and find the layer ready."""
+
+import threading
+
+
+import kvtier
+from conftest import config_yaml, first_mismatch, make_tokens, open_runtime, run_step
+
+
+def test_wait_layer_releases_the_gil(tmp_path):
+    text = config_yaml(tmp_path, layers=2, kv_heads=1, head_dim=16)  # 2 KiB pages
+    tokens = make_tokens(4 * 16, seed=8)
+    with open_runtime(text) as rt:
+        seq = rt.open_sequence(rt.block_keys(tokens))
+        assert run_step(rt, seq.id, tokens, 0, len(tokens)) == []
+        rt.close_sequence(seq.id)
+
+    slow = ["tiers.hbm.link_gbps=0.00002", "policies.prefill_tokens_per_s=0.001"]
+    with open_runtime(text, slow) as rt:
+        seq = rt.open_sequence(rt.block_keys(tokens))
+        assert seq.reused_blocks == 4 and seq.reused_by_tier["nvme"] == 4
+        frames = rt.hbm_frames()
+        step = rt.begin_step([(seq.id, 1)])
+        waiting = threading.Event()
+        observed = []
+
+        def watcher():
+            waiting.wait()
+            try:
+                step.layer_table(0)
+                observed.append("ready")
+            except kvtier.FailedPreconditionError:
+                observed.append("still loading")
+
+        thread = threading.Thread(target=watcher)
+        thread.start()
+        waiting.set()
+        step.wait_layer(0)
+        thread.join()
+        assert observed == ["still loading"], "the watcher could not run during wait_layer"
+        step.wait_layer(1)
+        # The slow load delivered the bytes that were written before the restart.
+        for layer in range(2):
+            table = step.layer_table(layer)
+            assert first_mismatch(frames, rt.geometry, table, 0, layer, tokens, 64) == -1
+            step.end_layer(layer)
+        step.end()
+        del frames
+        rt.close_sequence(seq.id)
+        assert rt.stats()["stall_nanos"] > 0
