@@ -51,10 +51,14 @@ BaselineSpec make(BaselineKind kind, const PoliciesConfig& configured, double pr
 
 std::string_view baseline_name(BaselineKind kind) {
   switch (kind) {
-    case BaselineKind::kRecompute: return "recompute";
-    case BaselineKind::kHbmLru: return "hbm_lru";
-    case BaselineKind::kHbmHost: return "hbm_host";
-    case BaselineKind::kKvtier: return "kvtier";
+    case BaselineKind::kRecompute:
+      return "recompute";
+    case BaselineKind::kHbmLru:
+      return "hbm_lru";
+    case BaselineKind::kHbmHost:
+      return "hbm_host";
+    case BaselineKind::kKvtier:
+      return "kvtier";
   }
   return "unknown";
 }
@@ -85,9 +89,10 @@ Result<std::vector<BaselineSpec>> make_baselines(std::string_view names,
       if (!dup) out.push_back(make(k, configured, prefill_tokens_per_s));
     }
     if (!found) {
-      std::string msg = "no baseline named \"" + std::string(name) + "\" (known: " +
-                        join_words(known) + ")";
-      if (auto near = closest_match(name, known)) msg += "; did you mean " + std::string(*near) + "?";
+      std::string msg =
+          "no baseline named \"" + std::string(name) + "\" (known: " + join_words(known) + ")";
+      if (auto near = closest_match(name, known))
+        msg += "; did you mean " + std::string(*near) + "?";
       return invalid_argument(msg);
     }
   }

@@ -33,7 +33,7 @@ struct BaselineSpec {
   bool reuse = true;    // the engine gives content keys (prefix caching on)
   bool host = true;
   bool nvme = true;
-  bool hints = true;    // the waiting queue is hinted (prefetch, lookahead)
+  bool hints = true;  // the waiting queue is hinted (prefetch, lookahead)
   PoliciesConfig policies;
 };
 

@@ -45,7 +45,7 @@ void Batcher::finish_one() {
   if (progress_ != nullptr) progress_->fetch_add(1, std::memory_order_relaxed);
 }
 
-Status Batcher::admit(const OpenFn& open) {
+Status Batcher::admit(const OpenFn& open, Nanos now) {
   const uint32_t pt = config_.page_tokens;
   while (!waiting_.empty() && running_.size() < config_.max_sequences) {
     const std::size_t i = waiting_.front();
@@ -82,6 +82,9 @@ Status Batcher::admit(const OpenFn& open) {
     }
     live.seq = opened->id;
     live.ctx = opened->reused_tokens;
+    live.reused_blocks = opened->reused_blocks;
+    live.admitted = now;
+    live.holding = config_.hold_nvme && opened->reused_by_tier[tier_index(Tier::kNvme)] > 0;
     live.prompt_left = req.input_tokens - std::min(req.input_tokens, opened->reused_tokens);
     RequestRecord& rec = result_.records[i];
     for (Tier t : kAllTiers) {
@@ -115,9 +118,20 @@ std::vector<HintedRequest> Batcher::hints(Nanos now, double prefill_tokens_per_s
   return out;
 }
 
+std::size_t Batcher::hold(const std::function<bool(const LiveRequest&)>& ready, Nanos now,
+                          Nanos max_hold) {
+  std::size_t runnable = 0;
+  for (LiveRequest& r : running_) {
+    if (r.holding && (now - r.admitted >= max_hold || ready(r))) r.holding = false;
+    if (!r.holding) ++runnable;
+  }
+  return runnable;
+}
+
 bool Batcher::windowed_batch() const {
   uint64_t pages = 0;
   for (const LiveRequest& r : running_) {
+    if (r.holding) continue;
     const uint64_t add = std::min<uint64_t>(r.prompt_left, config_.max_batched_tokens) + 1;
     pages += ceil_div(r.ctx + add, config_.page_tokens);
   }
@@ -145,7 +159,7 @@ StepPlan Batcher::plan(Nanos now, uint32_t max_iterations, const CostFn& cost) {
       }
     };
     for (LiveRequest& r : running_) {
-      if (r.done || r.prompt_left > 0) continue;
+      if (r.done || r.holding || r.prompt_left > 0) continue;
       w.decode_tokens += 1;
       w.decode_context += r.ctx;
       r.ctx += 1;
@@ -158,7 +172,7 @@ StepPlan Batcher::plan(Nanos now, uint32_t max_iterations, const CostFn& cost) {
                           : 0;
     for (LiveRequest& r : running_) {
       if (budget == 0) break;
-      if (r.done || r.prompt_left == 0) continue;
+      if (r.done || r.holding || r.prompt_left == 0) continue;
       const uint64_t chunk = std::min(r.prompt_left, budget);
       w.prefill_tokens += chunk;
       w.prefill_pairs += chunk_pairs(r.ctx, chunk);
@@ -177,8 +191,8 @@ StepPlan Batcher::plan(Nanos now, uint32_t max_iterations, const CostFn& cost) {
     plan.prefill_tokens += w.prefill_tokens;
     plan.iterations.push_back(w);
     plan.ends.push_back(plan.model_time);
-    const bool all_done =
-        std::all_of(running_.begin(), running_.end(), [](const LiveRequest& r) { return r.done; });
+    const bool all_done = std::all_of(running_.begin(), running_.end(),
+                                      [](const LiveRequest& r) { return r.done || r.holding; });
     if (all_done || now + plan.model_time >= next || (finished_any && !waiting_.empty())) break;
   }
   for (LiveRequest& r : running_) {
@@ -200,12 +214,11 @@ Result<IterationWork> Batcher::accept(const StepPlan& plan, const StepInfo& info
     const StepItemInfo& it = info.items[i];
     LiveRequest& r = *plan.requests[i];
     if (it.sequence != r.seq || it.context_tokens + it.recomputed_tokens != r.ctx_before) {
-      return internal_error("step " + std::to_string(info.id) + ": item " + std::to_string(i) +
-                            " (sequence " + std::to_string(it.sequence) + ") starts at " +
-                            std::to_string(it.context_tokens) + " + " +
-                            std::to_string(it.recomputed_tokens) +
-                            " recomputed tokens; the engine counted " +
-                            std::to_string(r.ctx_before) + " for sequence " + std::to_string(r.seq));
+      return internal_error(
+          "step " + std::to_string(info.id) + ": item " + std::to_string(i) + " (sequence " +
+          std::to_string(it.sequence) + ") starts at " + std::to_string(it.context_tokens) + " + " +
+          std::to_string(it.recomputed_tokens) + " recomputed tokens; the engine counted " +
+          std::to_string(r.ctx_before) + " for sequence " + std::to_string(r.seq));
     }
     if (it.recomputed_tokens == 0) continue;
     extra.prefill_tokens += it.recomputed_tokens;

@@ -13,6 +13,10 @@
 //              output token; a fully cached prompt gets it from its first decode pass. The plan
 //              of a step is 1..max_iterations iterations: it stops at an arrival, and when a
 //              request finishes while others wait;
+//   holding  an engine may keep an admitted request out of steps until its reused prefix has
+//              come up from NVMe (the prefetch open_sequence started), as serving engines load
+//              remote KV asynchronously: the batch keeps decoding meanwhile instead of stalling on
+//              a disk read. `ready` says when a holding request may run;
 //   completion after end_step the step's token times are set from the iterations' ends, and
 //              finished requests are closed and leave.
 // It never calls the scheduler itself: the engines pass the calls in, so the same plan drives the
@@ -39,13 +43,14 @@ namespace kvtier::bench::run {
 
 struct BatcherConfig {
   uint32_t page_tokens = 16;
-  uint32_t layers = 1;            // simulated layers (pages per block)
+  uint32_t layers = 1;  // simulated layers (pages per block)
   uint64_t hbm_frames = 0;
-  uint64_t host_frames = 0;       // 0: no host tier (no layer-window streaming)
+  uint64_t host_frames = 0;  // 0: no host tier (no layer-window streaming)
   double admit_fraction = 0.95;
   uint32_t max_sequences = 256;
   uint32_t max_batched_tokens = 8192;
-  bool reuse = true;              // give the scheduler content keys
+  bool reuse = true;       // give the scheduler content keys
+  bool hold_nvme = false;  // keep requests out of steps while their prefix is on NVMe
 };
 
 // A request the engine has admitted.
@@ -57,6 +62,9 @@ struct LiveRequest {
   uint64_t prompt_left = 0;
   uint64_t out_done = 0;
   uint64_t frames = 0;  // HBM frames its full KV takes (admission accounting)
+  uint32_t reused_blocks = 0;
+  bool holding = false;  // waiting for its reused prefix to leave NVMe (see Batcher::hold)
+  Nanos admitted = 0;
   // The step being planned.
   uint64_t step_new = 0;
   uint64_t ctx_before = 0;
@@ -71,7 +79,7 @@ struct StepPlan {
   std::vector<IterationWork> iterations;
   std::vector<Nanos> ends;  // modeled time at the end of each iteration, from the step's start
   Nanos model_time = 0;
-  Nanos prefill_time = 0;   // modeled prefill GPU time of the step
+  Nanos prefill_time = 0;  // modeled prefill GPU time of the step
   uint64_t prefill_tokens = 0;
 };
 
@@ -88,7 +96,11 @@ class Batcher {
   bool has_waiting() const { return !waiting_.empty(); }
   std::optional<Nanos> next_arrival() const;
   void take_arrivals(Nanos now);
-  Status admit(const OpenFn& open);
+  // `now` stamps the admission (for the hold's bound).
+  Status admit(const OpenFn& open, Nanos now = 0);
+  // Marks admitted requests as holding while `ready` is false for them, at most `max_hold` after
+  // their admission; returns how many are runnable now.
+  std::size_t hold(const std::function<bool(const LiveRequest&)>& ready, Nanos now, Nanos max_hold);
 
   // The first `window` waiting requests with their expected starts (after the prefill of those
   // before them at `prefill_tokens_per_s`); clears hints_dirty().

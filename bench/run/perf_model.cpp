@@ -22,9 +22,9 @@ Result<PerfModel> PerfModel::create(const GpuPreset& gpu, const ModelPreset& mod
   }
   m.hbm_kv_bytes_ = gpu.hbm_bytes - taken;
   if (gpu.layer_group == 0 || model.layers % gpu.layer_group != 0) {
-    return invalid_argument("engine.layer_group (" + std::to_string(gpu.layer_group) +
-                            ") of " + gpu.source + " must divide the " +
-                            std::to_string(model.layers) + " layers of " + model.name);
+    return invalid_argument("engine.layer_group (" + std::to_string(gpu.layer_group) + ") of " +
+                            gpu.source + " must divide the " + std::to_string(model.layers) +
+                            " layers of " + model.name);
   }
   m.sim_geometry_.layers = model.layers / gpu.layer_group;
   m.sim_geometry_.kv_heads = model.kv_heads * gpu.layer_group;
@@ -40,13 +40,13 @@ Result<PerfModel> PerfModel::create(const GpuPreset& gpu, const ModelPreset& mod
 }
 
 Nanos PerfModel::iteration_time(const IterationWork& w) const {
-  const double flops = linear_flops_per_token_ * static_cast<double>(w.tokens()) +
-                       attention_flops_per_pair_ *
-                           (w.prefill_pairs + static_cast<double>(w.decode_context + w.decode_tokens));
-  const double bytes =
-      static_cast<double>(weight_bytes_) +
-      static_cast<double>(kv_bytes_per_token()) *
-          static_cast<double>(w.prefill_context + w.decode_context + w.tokens());
+  const double flops =
+      linear_flops_per_token_ * static_cast<double>(w.tokens()) +
+      attention_flops_per_pair_ *
+          (w.prefill_pairs + static_cast<double>(w.decode_context + w.decode_tokens));
+  const double bytes = static_cast<double>(weight_bytes_) +
+                       static_cast<double>(kv_bytes_per_token()) *
+                           static_cast<double>(w.prefill_context + w.decode_context + w.tokens());
   const double seconds = std::max(flops / achieved_flops_, bytes / achieved_hbm_bw_);
   return static_cast<Nanos>(seconds * 1e9 + gpu_.iteration_overhead_us * 1e3);
 }
@@ -62,7 +62,8 @@ double PerfModel::prefill_tokens_per_s() const {
   // only when it beats the best case of recomputing.
   const double n = std::max<double>(1.0, gpu_.max_batched_tokens);
   const double flops_per_token =
-      linear_flops_per_token_ + attention_flops_per_pair_ * chunk_pairs(0, static_cast<uint64_t>(n)) / n;
+      linear_flops_per_token_ +
+      attention_flops_per_pair_ * chunk_pairs(0, static_cast<uint64_t>(n)) / n;
   return achieved_flops_ / flops_per_token;
 }
 

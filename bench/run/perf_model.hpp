@@ -32,11 +32,11 @@ namespace kvtier::bench::run {
 // The work of one engine iteration.
 struct IterationWork {
   uint64_t prefill_tokens = 0;
-  double prefill_pairs = 0;         // attention (query, key) pairs of the prefill chunks
-  uint64_t prefill_context = 0;     // cached tokens the chunks attend to (KV read once per chunk)
+  double prefill_pairs = 0;      // attention (query, key) pairs of the prefill chunks
+  uint64_t prefill_context = 0;  // cached tokens the chunks attend to (KV read once per chunk)
   uint64_t decode_tokens = 0;
-  uint64_t decode_context = 0;      // sum over decode sequences of their context
-  uint64_t recompute_tokens = 0;    // prompt tokens recomputed instead of loaded (in prefill_*)
+  uint64_t decode_context = 0;    // sum over decode sequences of their context
+  uint64_t recompute_tokens = 0;  // prompt tokens recomputed instead of loaded (in prefill_*)
 
   uint64_t tokens() const { return prefill_tokens + decode_tokens; }
 };

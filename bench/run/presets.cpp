@@ -48,7 +48,8 @@ Status parse_number(const std::string& text, double* out) {
 
 template <typename Preset>
 Field<Preset> number(std::string_view path, double Preset::*member) {
-  return {path, [member](Preset& p, const std::string& t) { return parse_number(t, &(p.*member)); }};
+  return {path,
+          [member](Preset& p, const std::string& t) { return parse_number(t, &(p.*member)); }};
 }
 
 template <typename Preset>
@@ -134,14 +135,16 @@ Status apply_yaml(std::string_view yaml, std::string_view source,
                             [&](const Field<Preset>& x) { return x.path == path; });
       if (f == fields.end()) {
         std::string msg = where(source, k.Mark()) + ": unknown key " + path;
-        if (auto near = closest_match(path, paths)) msg += "; did you mean " + std::string(*near) + "?";
+        if (auto near = closest_match(path, paths))
+          msg += "; did you mean " + std::string(*near) + "?";
         return invalid_argument(msg);
       }
       if (!value.IsScalar()) {
         return invalid_argument(where(source, value.Mark()) + ": " + path + ": expected a value");
       }
       Status s = f->set(out, value.Scalar());
-      if (!s.ok()) return invalid_argument(where(source, value.Mark()) + ": " + path + ": " + s.message());
+      if (!s.ok())
+        return invalid_argument(where(source, value.Mark()) + ": " + path + ": " + s.message());
       seen[path] = true;
     }
     return ok_status();
@@ -236,8 +239,9 @@ Result<GpuPreset> parse_gpu_preset(std::string_view yaml, std::string_view sourc
   KVTIER_RETURN_IF_ERROR(apply_yaml(yaml, source, fields, g));
   g.source = std::string(source);
   if (g.reserved_bytes >= g.hbm_bytes) {
-    return invalid_argument(std::string(source) + ": gpu.reserved (" + format_size(g.reserved_bytes) +
-                            ") must be below gpu.hbm (" + format_size(g.hbm_bytes) + ")");
+    return invalid_argument(std::string(source) + ": gpu.reserved (" +
+                            format_size(g.reserved_bytes) + ") must be below gpu.hbm (" +
+                            format_size(g.hbm_bytes) + ")");
   }
   return g;
 }
@@ -275,9 +279,9 @@ Result<ModelPreset> parse_model_preset(std::string_view yaml, std::string_view s
   KVTIER_RETURN_IF_ERROR(apply_yaml(yaml, source, fields, m));
   m.source = std::string(source);
   if (m.qo_heads % m.kv_heads != 0) {
-    return invalid_argument(std::string(source) + ": model.qo_heads (" + std::to_string(m.qo_heads) +
-                            ") must be a multiple of model.kv_heads (" +
-                            std::to_string(m.kv_heads) + ")");
+    return invalid_argument(
+        std::string(source) + ": model.qo_heads (" + std::to_string(m.qo_heads) +
+        ") must be a multiple of model.kv_heads (" + std::to_string(m.kv_heads) + ")");
   }
   return m;
 }

@@ -47,17 +47,19 @@ void ProgressBar::stop() {
 
 void ProgressBar::draw(bool final) {
   uint64_t done = 0;
-  for (std::size_t i = 0; i < names_.size(); ++i) done += std::min(total_, counters_[i].load(std::memory_order_relaxed));
+  for (std::size_t i = 0; i < names_.size(); ++i)
+    done += std::min(total_, counters_[i].load(std::memory_order_relaxed));
   const double frac = static_cast<double>(done) / static_cast<double>(total_ * names_.size());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   std::ostringstream line;
   constexpr int kWidth = 24;
   const int filled = static_cast<int>(frac * kWidth);
   line << "[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] "
        << static_cast<int>(frac * 100) << "%";
   for (std::size_t i = 0; i < names_.size(); ++i) {
-    line << "  " << names_[i] << " " << std::min(total_, counters_[i].load(std::memory_order_relaxed))
-         << "/" << total_;
+    line << "  " << names_[i] << " "
+         << std::min(total_, counters_[i].load(std::memory_order_relaxed)) << "/" << total_;
   }
   char t[32];
   std::snprintf(t, sizeof t, "  %.0fs", secs);

@@ -37,20 +37,20 @@
 namespace kvtier::bench::run {
 
 struct RealRunOptions {
-  double link_factor = 2.0;      // link bandwidth / measured demand
-  uint64_t max_requests = 0;     // 0: 24 (all of long_context's)
+  double link_factor = 2.0;   // link bandwidth / measured demand
+  uint64_t max_requests = 0;  // 0: 24 (all of long_context's)
   uint64_t seed = 1;
   std::string workload = "long_context";  // "mix" means the real default (long_context)
-  WorkloadParams params;         // over the real defaults of long_context
+  WorkloadParams params;                  // over the real defaults of long_context
   std::string trace;
   double time_scale = 1.0;
   bool show_progress = true;
-  uint64_t hbm_bytes = 0;        // 0: the workload's hbm_fraction of its KV, else 8 MiB
-  uint64_t host_bytes = 0;       // 0: 512 MiB
-  uint64_t nvme_bytes = 0;       // 0: 1 GiB
+  uint64_t hbm_bytes = 0;   // 0: the workload's hbm_fraction of its KV, else 8 MiB
+  uint64_t host_bytes = 0;  // 0: 512 MiB
+  uint64_t nvme_bytes = 0;  // 0: 1 GiB
   uint32_t qo_heads = 16;
   uint32_t max_batched_tokens = 512;
-  std::string work_dir;          // "" = $TMPDIR or /tmp
+  std::string work_dir;  // "" = $TMPDIR or /tmp
 };
 
 Result<RunReport> run_real(const Config& base, const std::string& config_source,

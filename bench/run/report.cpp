@@ -105,13 +105,22 @@ class Json {
     os_ << '"';
     for (char c : s) {
       switch (c) {
-        case '"': os_ << "\\\""; break;
-        case '\\': os_ << "\\\\"; break;
-        case '\n': os_ << "\\n"; break;
-        case '\t': os_ << "\\t"; break;
+        case '"':
+          os_ << "\\\"";
+          break;
+        case '\\':
+          os_ << "\\\\";
+          break;
+        case '\n':
+          os_ << "\\n";
+          break;
+        case '\t':
+          os_ << "\\t";
+          break;
         default:
           if (static_cast<unsigned char>(c) < 0x20) {
-            os_ << "\\u00" << "0123456789abcdef"[(c >> 4) & 0xf] << "0123456789abcdef"[c & 0xf];
+            os_ << "\\u00"
+                << "0123456789abcdef"[(c >> 4) & 0xf] << "0123456789abcdef"[c & 0xf];
           } else {
             os_ << c;
           }
@@ -141,28 +150,37 @@ std::vector<Column> columns() {
   const auto secs = [](double v) { return fixed(v, v >= 100 ? 0 : 2); };
   const auto bytes = [](double v) { return human_bytes(v); };
   const auto link_bytes = [](Link l) {
-    return [l](const BaselineResult& b) { return static_cast<double>(b.link_bytes[static_cast<int>(l)]); };
+    return [l](const BaselineResult& b) {
+      return static_cast<double>(b.link_bytes[static_cast<int>(l)]);
+    };
   };
   const auto hit = [](Tier t) { return [t](const BaselineResult& b) { return b.hit_rate(t); }; };
   return {
-      {"completed", "requests served", [](const BaselineResult& b) { return double(b.completed()); }, count},
-      {"rejected", "requests rejected", [](const BaselineResult& b) { return double(b.rejected()); }, count},
-      {"mean_ttft_ms", "TTFT mean (ms)", [](const BaselineResult& b) { return b.ttft_ms().mean; }, ms},
+      {"completed", "requests served",
+       [](const BaselineResult& b) { return double(b.completed()); }, count},
+      {"rejected", "requests rejected",
+       [](const BaselineResult& b) { return double(b.rejected()); }, count},
+      {"mean_ttft_ms", "TTFT mean (ms)", [](const BaselineResult& b) { return b.ttft_ms().mean; },
+       ms},
       {"p50_ttft_ms", "TTFT p50 (ms)", [](const BaselineResult& b) { return b.ttft_ms().p50; }, ms},
       {"p90_ttft_ms", "TTFT p90 (ms)", [](const BaselineResult& b) { return b.ttft_ms().p90; }, ms},
       {"p99_ttft_ms", "TTFT p99 (ms)", [](const BaselineResult& b) { return b.ttft_ms().p99; }, ms},
-      {"mean_tpot_ms", "TPOT mean (ms)", [](const BaselineResult& b) { return b.tpot_ms().mean; }, ms},
+      {"mean_tpot_ms", "TPOT mean (ms)", [](const BaselineResult& b) { return b.tpot_ms().mean; },
+       ms},
       {"p50_tpot_ms", "TPOT p50 (ms)", [](const BaselineResult& b) { return b.tpot_ms().p50; }, ms},
       {"p90_tpot_ms", "TPOT p90 (ms)", [](const BaselineResult& b) { return b.tpot_ms().p90; }, ms},
       {"p99_tpot_ms", "TPOT p99 (ms)", [](const BaselineResult& b) { return b.tpot_ms().p99; }, ms},
-      {"p50_e2e_ms", "end-to-end p50 (ms)", [](const BaselineResult& b) { return b.e2e_ms().p50; }, ms},
-      {"requests_per_s", "requests / s", [](const BaselineResult& b) { return b.requests_per_s(); }, rate},
+      {"p50_e2e_ms", "end-to-end p50 (ms)", [](const BaselineResult& b) { return b.e2e_ms().p50; },
+       ms},
+      {"requests_per_s", "requests / s", [](const BaselineResult& b) { return b.requests_per_s(); },
+       rate},
       {"output_tokens_per_s", "output tokens / s",
        [](const BaselineResult& b) { return b.output_tokens_per_s(); }, rate},
       {"total_tokens_per_s", "total tokens / s",
        [](const BaselineResult& b) { return b.total_tokens_per_s(); }, rate},
       {"duration_s", "duration (s)", [](const BaselineResult& b) { return b.duration_s(); }, secs},
-      {"hit_rate_total", "hit rate, tokens", [](const BaselineResult& b) { return b.hit_rate(); }, pct},
+      {"hit_rate_total", "hit rate, tokens", [](const BaselineResult& b) { return b.hit_rate(); },
+       pct},
       {"hit_rate_hbm", "  from HBM", hit(Tier::kHbm), pct},
       {"hit_rate_host", "  from host", hit(Tier::kHost), pct},
       {"hit_rate_nvme", "  from NVMe", hit(Tier::kNvme), pct},
@@ -170,19 +188,23 @@ std::vector<Column> columns() {
        [](const BaselineResult& b) { return nanos_to_seconds(b.prefill_gpu_ns); }, secs},
       {"prefill_tokens", "prompt tokens computed",
        [](const BaselineResult& b) { return double(b.prefill_tokens); }, count},
-      {"stall_s", "stall (s)", [](const BaselineResult& b) { return nanos_to_seconds(b.stall_ns); }, secs},
-      {"stall_fraction", "stall / step time", [](const BaselineResult& b) { return b.stall_fraction(); }, pct},
+      {"stall_s", "stall (s)", [](const BaselineResult& b) { return nanos_to_seconds(b.stall_ns); },
+       secs},
+      {"stall_fraction", "stall / step time",
+       [](const BaselineResult& b) { return b.stall_fraction(); }, pct},
       {"bytes_host_to_hbm", "bytes host->HBM", link_bytes(Link::kHostToHbm), bytes},
       {"bytes_hbm_to_host", "bytes HBM->host", link_bytes(Link::kHbmToHost), bytes},
       {"bytes_nvme_to_host", "bytes NVMe->host", link_bytes(Link::kNvmeToHost), bytes},
       {"bytes_host_to_nvme", "bytes host->NVMe", link_bytes(Link::kHostToNvme), bytes},
-      {"prefetches", "prefetches", [](const BaselineResult& b) { return double(b.prefetches); }, count},
+      {"prefetches", "prefetches", [](const BaselineResult& b) { return double(b.prefetches); },
+       count},
       {"prefetch_timeliness", "prefetch on time",
        [](const BaselineResult& b) { return b.prefetch_timeliness(); }, pct},
       {"recompute_instead_of_load_tokens", "recomputed, not loaded (tok)",
        [](const BaselineResult& b) { return double(b.recompute_tokens); }, count},
       {"steps", "scheduler steps", [](const BaselineResult& b) { return double(b.steps); }, count},
-      {"windowed_steps", "  windowed", [](const BaselineResult& b) { return double(b.windowed_steps); }, count},
+      {"windowed_steps", "  windowed",
+       [](const BaselineResult& b) { return double(b.windowed_steps); }, count},
       {"wall_s", "CPU time of the run (s)", [](const BaselineResult& b) { return b.wall_s; }, secs},
   };
 }
@@ -200,7 +222,8 @@ void comparison_lines(std::ostream& os, const RunReport& r) {
     const BaselineResult* o = find(r, other);
     if (o == nullptr) continue;
     const double ttft = ratio(kv->ttft_ms().p50, o->ttft_ms().p50);
-    const double prefill = ratio(static_cast<double>(kv->prefill_gpu_ns), static_cast<double>(o->prefill_gpu_ns));
+    const double prefill =
+        ratio(static_cast<double>(kv->prefill_gpu_ns), static_cast<double>(o->prefill_gpu_ns));
     os << "  kvtier vs " << pad(std::string(other), 9, false) << ": TTFT p50 x" << fixed(ttft, 2)
        << ", prefill GPU time x" << fixed(prefill, 2) << ", hit rate " << percent(kv->hit_rate())
        << " vs " << percent(o->hit_rate()) << "\n";
@@ -246,16 +269,20 @@ void print_table(std::ostream& os, const RunReport& r) {
     for (const BaselineResult& b : r.baselines) os << pad(c.show(c.get(b)), kCol, true);
     os << "\n";
   }
-  if (std::any_of(r.baselines.begin(), r.baselines.end(), [](const BaselineResult& b) { return b.has_overlap; })) {
+  if (std::any_of(r.baselines.begin(), r.baselines.end(),
+                  [](const BaselineResult& b) { return b.has_overlap; })) {
     const auto row = [&](std::string_view label, auto get) {
       os << pad(std::string(label), kLabel, false);
-      for (const BaselineResult& b : r.baselines) os << pad(b.has_overlap ? get(b) : "-", kCol, true);
+      for (const BaselineResult& b : r.baselines)
+        os << pad(b.has_overlap ? get(b) : "-", kCol, true);
       os << "\n";
     };
     row("load demand (GB/s)", [](const BaselineResult& b) { return fixed(b.demand_gbps, 2); });
     row("link bandwidth (GB/s)", [](const BaselineResult& b) { return fixed(b.link_gbps, 2); });
-    row("transfer-only time (s)", [](const BaselineResult& b) { return fixed(b.transfer_only_s, 2); });
-    row("transfer hidden by compute", [](const BaselineResult& b) { return percent(b.hidden_fraction); });
+    row("transfer-only time (s)",
+        [](const BaselineResult& b) { return fixed(b.transfer_only_s, 2); });
+    row("transfer hidden by compute",
+        [](const BaselineResult& b) { return percent(b.hidden_fraction); });
   }
   os << "\n";
   os << "What each tier bought (ratios < 1 are better for kvtier):\n";
@@ -356,8 +383,8 @@ void print_json(std::ostream& os, const RunReport& r) {
       j.begin_object();
       j.field("p50_ttft_ratio", ratio(kv->ttft_ms().p50, o->ttft_ms().p50));
       j.field("mean_ttft_ratio", ratio(kv->ttft_ms().mean, o->ttft_ms().mean));
-      j.field("prefill_gpu_ratio",
-              ratio(static_cast<double>(kv->prefill_gpu_ns), static_cast<double>(o->prefill_gpu_ns)));
+      j.field("prefill_gpu_ratio", ratio(static_cast<double>(kv->prefill_gpu_ns),
+                                         static_cast<double>(o->prefill_gpu_ns)));
       j.field("hit_rate_gain", kv->hit_rate() - o->hit_rate());
       j.end_object();
     }
@@ -401,16 +428,17 @@ Status write_plot(const std::string& path, const RunReport& r) {
     script << b.name << " " << std::max(t.p50, 1e-3) << " " << std::max(t.p90, 1e-3) << " "
            << std::max(t.p99, 1e-3) << "\n";
   }
-  script << "EOD\n"
-         << "set title 'Prompt tokens reused, by tier (%)'\nset style histogram rowstacked\n"
-         << "set yrange [0:100]\nset ylabel '% of prompt tokens'\n"
-         << "plot $hits using 2:xtic(1) title 'HBM' lc rgb '#2b8cbe', '' using 3 title 'host' "
-            "lc rgb '#7bccc4', '' using 4 title 'NVMe' lc rgb '#bae4bc'\n"
-         << "set title 'Time to first token (ms, log scale)'\nset style histogram clustered gap 1\n"
-         << "set autoscale y\nset logscale y\nset ylabel 'ms'\n"
-         << "plot $ttft using 2:xtic(1) title 'p50' lc rgb '#31a354', '' using 3 title 'p90' lc rgb "
-            "'#fd8d3c', '' using 4 title 'p99' lc rgb '#de2d26'\n"
-         << "unset multiplot\n";
+  script
+      << "EOD\n"
+      << "set title 'Prompt tokens reused, by tier (%)'\nset style histogram rowstacked\n"
+      << "set yrange [0:100]\nset ylabel '% of prompt tokens'\n"
+      << "plot $hits using 2:xtic(1) title 'HBM' lc rgb '#2b8cbe', '' using 3 title 'host' "
+         "lc rgb '#7bccc4', '' using 4 title 'NVMe' lc rgb '#bae4bc'\n"
+      << "set title 'Time to first token (ms, log scale)'\nset style histogram clustered gap 1\n"
+      << "set autoscale y\nset logscale y\nset ylabel 'ms'\n"
+      << "plot $ttft using 2:xtic(1) title 'p50' lc rgb '#31a354', '' using 3 title 'p90' lc rgb "
+         "'#fd8d3c', '' using 4 title 'p99' lc rgb '#de2d26'\n"
+      << "unset multiplot\n";
   FILE* p = popen("gnuplot 2>&1", "w");
   if (p == nullptr) return unavailable("cannot start gnuplot to draw " + path);
   const std::string text = script.str();
@@ -418,7 +446,8 @@ Status write_plot(const std::string& path, const RunReport& r) {
   const int rc = pclose(p);
   if (rc != 0) {
     if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127) {
-      return unavailable("gnuplot is not installed (Debian package gnuplot-nox); no plot written to " + path);
+      return unavailable(
+          "gnuplot is not installed (Debian package gnuplot-nox); no plot written to " + path);
     }
     return internal_error("gnuplot failed (status " + std::to_string(rc) + ") drawing " + path);
   }

@@ -38,8 +38,8 @@ struct RunReport {
   uint64_t kv_bytes_per_token = 0;
   // Simulation or runtime shape.
   uint32_t page_tokens = 0;
-  uint32_t layers = 0;       // model layers
-  uint32_t layer_group = 1;  // model layers per simulated layer
+  uint32_t layers = 0;             // model layers
+  uint32_t layer_group = 1;        // model layers per simulated layer
   std::vector<std::string> notes;  // extra lines for the table's header (links, capacities)
   std::vector<BaselineResult> baselines;
 };

@@ -10,7 +10,8 @@ namespace {
 
 double nearest_rank(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
-  const std::size_t rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  const std::size_t rank =
+      static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
   return sorted[std::clamp<std::size_t>(rank, 1, sorted.size()) - 1];
 }
 
@@ -38,8 +39,8 @@ uint64_t BaselineResult::completed() const {
 }
 
 uint64_t BaselineResult::rejected() const {
-  return static_cast<uint64_t>(
-      std::count_if(records.begin(), records.end(), [](const RequestRecord& r) { return r.rejected; }));
+  return static_cast<uint64_t>(std::count_if(records.begin(), records.end(),
+                                             [](const RequestRecord& r) { return r.rejected; }));
 }
 
 double BaselineResult::duration_s() const {

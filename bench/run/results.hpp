@@ -40,7 +40,7 @@ LatencySummary summarize(std::vector<double> values);
 struct BaselineResult {
   std::string name;
   std::string summary;
-  std::string clock;  // "virtual" | "real"
+  std::string clock;                             // "virtual" | "real"
   std::array<uint64_t, kNumTiers> tier_bytes{};  // capacity given to each tier (0: absent)
 
   std::vector<RequestRecord> records;  // in workload order
@@ -82,7 +82,7 @@ struct BaselineResult {
   double requests_per_s() const;
   double output_tokens_per_s() const;
   double total_tokens_per_s() const;
-  double stall_fraction() const;  // stall / (stall + compute) over every step
+  double stall_fraction() const;       // stall / (stall + compute) over every step
   double prefetch_timeliness() const;  // prefetches that arrived before a step needed them
 };
 

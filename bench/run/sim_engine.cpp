@@ -14,6 +14,11 @@
 namespace kvtier::bench::run {
 namespace {
 
+constexpr Nanos kForever = std::numeric_limits<Nanos>::max();
+// Longest a request waits out of the batch for its prefix to leave NVMe before it runs anyway
+// (and stalls the step on what is still loading).
+constexpr Nanos kMaxHold = 5 * kNanosPerSecond;
+
 // Drives one SimWorld through a workload: the Batcher decides what runs, this class runs it in
 // virtual time.
 class Engine {
@@ -25,18 +30,28 @@ class Engine {
         options_(options),
         sched_(world.scheduler()),
         loop_(world.loop()),
+        table_(world.table()),
         result_(result),
         batcher_(workload, batcher_config(model, baseline, world), result, options.progress) {}
 
   Status run() {
-    const OpenFn open = [this](std::span<const BlockKey> keys) { return sched_.open_sequence(keys); };
+    const OpenFn open = [this](std::span<const BlockKey> keys) {
+      return sched_.open_sequence(keys);
+    };
     const auto close = [this](SequenceId id) { return sched_.close_sequence(id); };
+    // A request may run once none of its reused blocks is only on NVMe any more.
+    const auto ready = [this](const LiveRequest& r) {
+      const auto keys = std::span(r.req->keys).first(r.reused_blocks);
+      const MatchResult m =
+          table_.match(keys, MatchOptions{.record_hits = false, .acquire = false});
+      return m.blocks < keys.size() || m.by_tier[tier_index(Tier::kNvme)] == 0;
+    };
     while (!batcher_.finished()) {
       if (options_.cancel != nullptr && options_.cancel->load(std::memory_order_relaxed)) {
         return cancelled("run of " + baseline_.name + " cancelled");
       }
       batcher_.take_arrivals(loop_.now());
-      KVTIER_RETURN_IF_ERROR(batcher_.admit(open));
+      KVTIER_RETURN_IF_ERROR(batcher_.admit(open, loop_.now()));
       if (baseline_.hints && batcher_.hints_dirty()) {
         const auto hinted =
             batcher_.hints(loop_.now(), model_.prefill_tokens_per_s(), options_.hint_window);
@@ -47,6 +62,19 @@ class Engine {
         const auto next = batcher_.next_arrival();
         if (!next) break;
         loop_.run_until(*next);
+        continue;
+      }
+      if (batcher_.hold(ready, loop_.now(), kMaxHold) == 0) {
+        // Every admitted request waits for its prefix to come up from NVMe: let time pass until
+        // the next event (a transfer completing) or arrival.
+        const Nanos until =
+            std::min(batcher_.next_arrival().value_or(kForever), loop_.now() + kMaxHold);
+        const Nanos event = loop_.next_event_time();
+        if (event >= 0 && event <= until) {
+          loop_.run_one();
+        } else {
+          loop_.run_until(until);
+        }
         continue;
       }
       KVTIER_RETURN_IF_ERROR(step(close));
@@ -66,6 +94,7 @@ class Engine {
     c.max_sequences = model.gpu().max_sequences;
     c.max_batched_tokens = model.gpu().max_batched_tokens;
     c.reuse = baseline.reuse;
+    c.hold_nvme = true;
     return c;
   }
 
@@ -73,12 +102,13 @@ class Engine {
     const Nanos now = loop_.now();
     const uint32_t max_iterations =
         batcher_.windowed_batch() ? 1 : std::max<uint32_t>(1, model_.gpu().max_step_iterations);
-    StepPlan plan = batcher_.plan(now, max_iterations,
-                                  [this](const IterationWork& w) { return model_.iteration_time(w); });
+    StepPlan plan = batcher_.plan(
+        now, max_iterations, [this](const IterationWork& w) { return model_.iteration_time(w); });
     if (plan.items.empty()) return internal_error("a step planned no work with requests running");
     for (const IterationWork& w : plan.iterations) plan.prefill_time += model_.prefill_time(w);
     auto info = sched_.begin_step(plan.items);
-    if (!info.ok()) return info.status().with_context("begin_step at t=" + std::to_string(now) + " ns");
+    if (!info.ok())
+      return info.status().with_context("begin_step at t=" + std::to_string(now) + " ns");
     KVTIER_ASSIGN_OR_RETURN(IterationWork late, batcher_.accept(plan, *info));
     // Prompt tokens the scheduler gave back (late loads) are computed before the first iteration.
     const Nanos extra = late.prefill_tokens > 0 ? model_.prefill_time(late) : 0;
@@ -92,18 +122,21 @@ class Engine {
       stall += loop_.now() - before;
       if (!finished) {
         sched_.abort_step(info->id).ignore();
-        return internal_error("layer " + std::to_string(l) + " of step " + std::to_string(info->id) +
+        return internal_error("layer " + std::to_string(l) + " of step " +
+                              std::to_string(info->id) +
                               " never became ready: the simulation ran out of events (" +
                               baseline_.name + ", t=" + std::to_string(loop_.now()) + " ns)");
       }
       Status w = (*ready)->wait(0);
       if (!w.ok()) {
         sched_.abort_step(info->id).ignore();
-        return w.with_context("layer " + std::to_string(l) + " of step " + std::to_string(info->id));
+        return w.with_context("layer " + std::to_string(l) + " of step " +
+                              std::to_string(info->id));
       }
       // Layers share the step's compute evenly; the last takes the rounding.
       const Nanos per_layer = compute / info->layers;
-      const Nanos mine = l + 1 == info->layers ? compute - per_layer * (info->layers - 1) : per_layer;
+      const Nanos mine =
+          l + 1 == info->layers ? compute - per_layer * (info->layers - 1) : per_layer;
       loop_.run_until(loop_.now() + mine);
       KVTIER_RETURN_IF_ERROR(sched_.end_layer(info->id, l).with_context("end_layer"));
     }
@@ -123,6 +156,7 @@ class Engine {
   const VirtualRunOptions& options_;
   Scheduler& sched_;
   SimEventLoop& loop_;
+  PageTable& table_;
   BaselineResult& result_;
   Batcher batcher_;
 };
@@ -139,8 +173,8 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
   const Geometry& g = model.sim_geometry();
   if (workload.page_tokens != g.page_tokens) {
     return invalid_argument("workload " + workload.name + " was built at " +
-                            std::to_string(workload.page_tokens) + " tokens per block, the model at " +
-                            std::to_string(g.page_tokens));
+                            std::to_string(workload.page_tokens) +
+                            " tokens per block, the model at " + std::to_string(g.page_tokens));
   }
   const GpuPreset& gpu = model.gpu();
   SimWorldSpec spec;
@@ -166,9 +200,12 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
   result.name = baseline.name;
   result.summary = baseline.summary;
   result.clock = "virtual";
-  result.tier_bytes[tier_index(Tier::kHbm)] = static_cast<uint64_t>(spec.hbm_frames) * g.page_bytes();
-  result.tier_bytes[tier_index(Tier::kHost)] = static_cast<uint64_t>(spec.host_frames) * g.page_bytes();
-  result.tier_bytes[tier_index(Tier::kNvme)] = static_cast<uint64_t>(spec.nvme_extents) * g.block_bytes();
+  result.tier_bytes[tier_index(Tier::kHbm)] =
+      static_cast<uint64_t>(spec.hbm_frames) * g.page_bytes();
+  result.tier_bytes[tier_index(Tier::kHost)] =
+      static_cast<uint64_t>(spec.host_frames) * g.page_bytes();
+  result.tier_bytes[tier_index(Tier::kNvme)] =
+      static_cast<uint64_t>(spec.nvme_extents) * g.block_bytes();
   Engine engine(workload, baseline, model, options, *world, result);
   KVTIER_RETURN_IF_ERROR(engine.run().with_context("baseline " + baseline.name));
 

@@ -44,7 +44,7 @@ struct VirtualRunOptions {
   uint64_t host_bytes = 0;
   uint64_t nvme_bytes = 0;
   std::array<Watermarks, kNumTiers> watermarks{};
-  uint32_t hint_window = 32;  // waiting requests shown to the scheduler
+  uint32_t hint_window = 32;                  // waiting requests shown to the scheduler
   std::atomic<uint64_t>* progress = nullptr;  // advanced once per finished or rejected request
   const std::atomic<bool>* cancel = nullptr;  // set: stop at the next step with kCancelled
 };

@@ -18,8 +18,8 @@ Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
   KVTIER_ASSIGN_OR_RETURN(w->hbm_, FrameAllocator::create(spec.hbm_frames));
   KVTIER_ASSIGN_OR_RETURN(w->host_, FrameAllocator::create(spec.host_frames));
   if (spec.nvme_extents > 0) {
-    KVTIER_ASSIGN_OR_RETURN(w->nvme_, ExtentAllocator::create({spec.nvme_extents},
-                                                              spec.geometry.block_bytes(), 0));
+    KVTIER_ASSIGN_OR_RETURN(
+        w->nvme_, ExtentAllocator::create({spec.nvme_extents}, spec.geometry.block_bytes(), 0));
   }
   PageTableOptions pto;
   pto.layers = spec.geometry.layers;
@@ -28,7 +28,8 @@ Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
                         spec.host_frames / std::max<uint32_t>(1, spec.geometry.layers) +
                         std::min<uint64_t>(spec.nvme_extents, 1u << 20);
   KVTIER_ASSIGN_OR_RETURN(
-      w->table_, PageTable::create(pto, TierAllocators{w->hbm_.get(), w->host_.get(), w->nvme_.get()}));
+      w->table_,
+      PageTable::create(pto, TierAllocators{w->hbm_.get(), w->host_.get(), w->nvme_.get()}));
   SimLinkSpec links;
   links.links = spec.links;
   links.nvme_extents = spec.nvme_extents;

@@ -72,7 +72,8 @@ class Zipf {
 // Parameters of one generator: declared with defaults, read with checks.
 class Params {
  public:
-  Params(std::string_view workload, const WorkloadParams& given) : workload_(workload), given_(given) {}
+  Params(std::string_view workload, const WorkloadParams& given)
+      : workload_(workload), given_(given) {}
 
   double number(std::string_view name, double fallback) {
     known_.push_back(name);
@@ -101,7 +102,8 @@ class Params {
       if (std::find(known_.begin(), known_.end(), name) == known_.end()) {
         std::string msg = "workload " + std::string(workload_) + " has no parameter " + name +
                           " (known: " + join_words(known_) + ")";
-        if (auto near = closest_match(name, known_)) msg += "; did you mean " + std::string(*near) + "?";
+        if (auto near = closest_match(name, known_))
+          msg += "; did you mean " + std::string(*near) + "?";
         return invalid_argument(msg);
       }
     }
@@ -178,7 +180,7 @@ Status gen_chat(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_
 Status gen_agent(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed) {
   Params p("agent", given);
   const uint64_t agents = p.tokens("agents", 48);
-  const double rate = p.number("rate", 0.4);  // agents starting per second
+  const double rate = p.number("rate", 0.4);                        // agents starting per second
   const uint64_t system_tokens = p.tokens("system_tokens", 12000);  // instructions + tool schemas
   const uint64_t task_tokens = p.tokens("task_tokens", 800);
   const double steps = p.number("steps", 12);
@@ -378,11 +380,14 @@ Result<WorkloadParams> parse_workload_params(std::string_view text) {
 
 std::vector<WorkloadInfo> workload_infos() {
   std::vector<WorkloadInfo> out;
-  out.push_back({"mix", "chat, agent and docs in one arrival stream (the default)",
-                 "the parameters of chat, agent and docs, prefixed: chat.users=80 docs.rate=1"});
+  out.push_back({"mix", "chat, agent and docs in one arrival stream (the default run)",
+                 "chat.users=200 chat.rate=0.12 chat.think_s=60 agent.agents=40 agent.rate=0.02 "
+                 "agent.steps=15 agent.tool_s=4 docs.documents=100 docs.doc_tokens=32000 "
+                 "docs.questions=800 docs.rate=0.4 docs.zipf=0.7 (any parameter of a part, "
+                 "prefixed)"});
   for (const Named& n : kGenerators) out.push_back(n.info);
-  out.push_back({"trace", "a JSONL trace with arrival times (--trace PATH)",
-                 "--time-scale, --max-requests"});
+  out.push_back(
+      {"trace", "a JSONL trace with arrival times (--trace PATH)", "--time-scale, --max-requests"});
   return out;
 }
 
@@ -395,11 +400,23 @@ Result<Workload> generate_workload(std::string_view name, const WorkloadParams& 
   w.description = describe(name, params);
   if (name == "mix") {
     // Parameters are routed by prefix ("chat.users=80").
-    std::array<WorkloadParams, 3> parts;
+    // The default run: about an hour of modeled traffic on one H200 — a corpus larger than HBM
+    // and host memory together (NVMe holds its tail), conversations and agents returning after
+    // a think time or a tool call.
+    std::array<WorkloadParams, 3> parts = {
+        WorkloadParams{{"users", "200"}, {"rate", "0.12"}, {"think_s", "60"}},
+        WorkloadParams{{"agents", "40"}, {"rate", "0.02"}, {"steps", "15"}, {"tool_s", "4"}},
+        WorkloadParams{{"documents", "100"},
+                       {"doc_tokens", "32000"},
+                       {"questions", "800"},
+                       {"rate", "0.4"},
+                       {"zipf", "0.7"}},
+    };
     const std::array<std::string_view, 3> prefixes = {"chat", "agent", "docs"};
     for (const auto& [k, v] : params) {
       const std::size_t dot = k.find('.');
-      const std::string_view prefix = dot == std::string::npos ? std::string_view() : std::string_view(k).substr(0, dot);
+      const std::string_view prefix =
+          dot == std::string::npos ? std::string_view() : std::string_view(k).substr(0, dot);
       auto it = std::find(prefixes.begin(), prefixes.end(), prefix);
       if (it == prefixes.end()) {
         return invalid_argument("workload mix: parameter " + k +
@@ -423,7 +440,8 @@ Result<Workload> generate_workload(std::string_view name, const WorkloadParams& 
   }
   std::vector<std::string_view> names;
   for (const WorkloadInfo& i : workload_infos()) names.push_back(i.name);
-  std::string msg = "no workload named \"" + std::string(name) + "\" (known: " + join_words(names) + ")";
+  std::string msg =
+      "no workload named \"" + std::string(name) + "\" (known: " + join_words(names) + ")";
   if (auto near = closest_match(name, names)) msg += "; did you mean " + std::string(*near) + "?";
   return invalid_argument(msg);
 }

@@ -1,0 +1,177 @@
+// The engine over the simulated scheduler, per baseline: the invariants every run must hold
+// (requests served once, token times ordered, tiers a baseline lacks never used, no reuse without
+// keys), the ordering a reuse-heavy workload must show, determinism, and contexts larger than HBM.
+#include <gtest/gtest.h>
+
+#include "bench/run/batcher.hpp"
+#include "run_test_util.hpp"
+
+namespace kvtier::bench::run {
+namespace {
+
+using testing::baseline;
+using testing::h200_8b;
+using testing::run_or_fail;
+using testing::tiny_chat;
+using testing::tiny_tiers;
+
+void expect_served_in_order(const BaselineResult& r) {
+  for (const RequestRecord& rec : r.records) {
+    ASSERT_FALSE(rec.rejected);
+    ASSERT_GE(rec.first_token, rec.arrival);
+    ASSERT_GE(rec.finish, rec.first_token);
+    uint64_t reused = 0;
+    for (uint64_t t : rec.reused_tokens) reused += t;
+    EXPECT_LE(reused, rec.input_tokens);
+  }
+  EXPECT_EQ(r.completed(), r.requests());
+}
+
+uint64_t link(const BaselineResult& r, Link l) { return r.link_bytes[static_cast<int>(l)]; }
+
+TEST(Engine, RecomputeReusesNothingAndComputesEveryPromptToken) {
+  const PerfModel m = h200_8b();
+  const Workload w = tiny_chat(m);
+  const BaselineResult r = run_or_fail(w, baseline(m, "recompute"), m, tiny_tiers(m));
+  expect_served_in_order(r);
+  EXPECT_EQ(r.hit_rate(), 0.0);
+  EXPECT_EQ(r.prefill_tokens, w.total_input_tokens());
+  for (Link l : kAllLinks) EXPECT_EQ(link(r, l), 0u) << link_name(l);
+  EXPECT_EQ(r.tier_bytes[tier_index(Tier::kHost)], 0u);
+  EXPECT_EQ(r.tier_bytes[tier_index(Tier::kNvme)], 0u);
+}
+
+TEST(Engine, EachBaselineUsesOnlyItsTiers) {
+  const PerfModel m = h200_8b();
+  const Workload w = tiny_chat(m);
+  const BaselineResult lru = run_or_fail(w, baseline(m, "hbm_lru"), m, tiny_tiers(m));
+  const BaselineResult host = run_or_fail(w, baseline(m, "hbm_host"), m, tiny_tiers(m));
+  const BaselineResult kv = run_or_fail(w, baseline(m, "kvtier"), m, tiny_tiers(m));
+  for (const BaselineResult* r : {&lru, &host, &kv}) expect_served_in_order(*r);
+  EXPECT_EQ(lru.hit_rate(Tier::kHost) + lru.hit_rate(Tier::kNvme), 0.0);
+  for (Link l : kAllLinks) EXPECT_EQ(link(lru, l), 0u) << link_name(l);
+  EXPECT_EQ(host.hit_rate(Tier::kNvme), 0.0);
+  EXPECT_EQ(link(host, Link::kNvmeToHost) + link(host, Link::kHostToNvme), 0u);
+  EXPECT_GT(link(host, Link::kHbmToHost), 0u) << "HBM never overflowed: the test is too small";
+  // Prefill work shrinks by what is reused: each reused token is a prompt token not computed.
+  for (const BaselineResult* r : {&lru, &host, &kv}) {
+    uint64_t reused = 0;
+    for (Tier t : kAllTiers) reused += r->hit_tokens(t);
+    EXPECT_EQ(r->prefill_tokens + reused, w.total_input_tokens()) << r->name;
+  }
+}
+
+TEST(Engine, MoreTiersReuseMoreOnAReuseHeavyWorkload) {
+  const PerfModel m = h200_8b();
+  const Workload w = tiny_chat(m);
+  const BaselineResult none = run_or_fail(w, baseline(m, "recompute"), m, tiny_tiers(m));
+  const BaselineResult lru = run_or_fail(w, baseline(m, "hbm_lru"), m, tiny_tiers(m));
+  const BaselineResult host = run_or_fail(w, baseline(m, "hbm_host"), m, tiny_tiers(m));
+  const BaselineResult kv = run_or_fail(w, baseline(m, "kvtier"), m, tiny_tiers(m));
+  EXPECT_GT(lru.hit_rate(), 0.0);
+  EXPECT_GE(host.hit_rate(), lru.hit_rate());
+  EXPECT_GE(kv.hit_rate(), lru.hit_rate());
+  EXPECT_GT(kv.hit_rate(Tier::kHost) + kv.hit_rate(Tier::kNvme), 0.0);
+  EXPECT_LT(kv.prefill_gpu_ns, lru.prefill_gpu_ns);
+  EXPECT_LT(lru.prefill_gpu_ns, none.prefill_gpu_ns);
+}
+
+TEST(Engine, DeterministicForASeed) {
+  const PerfModel m = h200_8b();
+  const Workload w = tiny_chat(m, 3);
+  const BaselineSpec b = baseline(m, "kvtier");
+  const BaselineResult a = run_or_fail(w, b, m, tiny_tiers(m));
+  const BaselineResult c = run_or_fail(w, b, m, tiny_tiers(m));
+  ASSERT_EQ(a.records.size(), c.records.size());
+  for (std::size_t i = 0; i < a.records.size(); ++i) {
+    EXPECT_EQ(a.records[i].first_token, c.records[i].first_token) << i;
+    EXPECT_EQ(a.records[i].finish, c.records[i].finish) << i;
+    EXPECT_EQ(a.records[i].reused_tokens, c.records[i].reused_tokens) << i;
+  }
+  EXPECT_EQ(a.link_bytes, c.link_bytes);
+  EXPECT_EQ(a.stall_ns, c.stall_ns);
+  EXPECT_EQ(a.steps, c.steps);
+  EXPECT_EQ(a.prefetches, c.prefetches);
+}
+
+TEST(Engine, ContextLargerThanHbmRunsLayerByLayerWhereAHostTierExists) {
+  const PerfModel m = h200_8b();
+  auto w = generate_workload("long_context",
+                             {{"context", "40000"}, {"questions", "1"}, {"answer_tokens", "8"}}, 1,
+                             m.sim_geometry().page_tokens);
+  ASSERT_TRUE(w.ok());
+  VirtualRunOptions o = tiny_tiers(m);
+  const uint64_t kv = w->max_request_tokens() * m.kv_bytes_per_token();
+  o.hbm_kv_bytes = kv / 5;  // HBM a fifth of the context's KV
+  o.host_bytes = 2 * kv;
+  for (const char* name : {"hbm_host", "kvtier"}) {
+    const BaselineResult r = run_or_fail(*w, baseline(m, name), m, o);
+    expect_served_in_order(r);
+    EXPECT_GT(r.windowed_steps, 0u) << name;
+    EXPECT_GT(link(r, Link::kHostToHbm), kv) << name << ": decode streams the context from host";
+  }
+  for (const char* name : {"recompute", "hbm_lru"}) {
+    const BaselineResult r = run_or_fail(*w, baseline(m, name), m, o);
+    EXPECT_EQ(r.rejected(), 1u) << name << ": no host tier to stream from";
+    EXPECT_EQ(r.completed(), 0u);
+  }
+}
+
+TEST(Batcher, AdmitsInOrderWhileKvFitsAndPlansChunkedPrefill) {
+  Workload w;
+  w.page_tokens = 16;
+  for (int i = 0; i < 3; ++i) {
+    Request r;
+    r.id = i;
+    r.input_tokens = 100;
+    r.output_tokens = 4;
+    w.requests.push_back(r);
+  }
+  BatcherConfig c;
+  c.page_tokens = 16;
+  c.layers = 2;
+  c.hbm_frames = 30;  // 7 pages x 2 layers = 14 frames per request: two fit at 0.95
+  c.max_batched_tokens = 64;
+  BaselineResult result;
+  Batcher b(w, c, result, nullptr);
+  b.take_arrivals(0);
+  SequenceId next = 1;
+  ASSERT_TRUE(b.admit([&](std::span<const BlockKey>) -> Result<OpenedSequence> {
+                 OpenedSequence o;
+                 o.id = next++;
+                 return o;
+               }).ok());
+  EXPECT_EQ(b.running().size(), 2u);
+  EXPECT_TRUE(b.has_waiting());
+  const StepPlan p = b.plan(0, 1, [](const IterationWork&) { return Nanos{10}; });
+  ASSERT_EQ(p.items.size(), 1u) << "the first prompt takes the whole budget";
+  EXPECT_EQ(p.items[0].new_tokens, 64u);
+  ASSERT_EQ(p.iterations.size(), 1u);
+  EXPECT_EQ(p.iterations[0].prefill_tokens, 64u);
+  EXPECT_DOUBLE_EQ(p.iterations[0].prefill_pairs, chunk_pairs(0, 64));
+}
+
+TEST(Batcher, RejectsWhatNoTierCanHold) {
+  Workload w;
+  w.page_tokens = 16;
+  Request r;
+  r.input_tokens = 1000;
+  r.output_tokens = 1;
+  w.requests.push_back(r);
+  BatcherConfig c;
+  c.page_tokens = 16;
+  c.layers = 2;
+  c.hbm_frames = 40;
+  c.host_frames = 0;
+  BaselineResult result;
+  Batcher b(w, c, result, nullptr);
+  b.take_arrivals(0);
+  ASSERT_TRUE(b.admit([](std::span<const BlockKey>) -> Result<OpenedSequence> {
+                 return internal_error("must not open");
+               }).ok());
+  EXPECT_TRUE(b.finished());
+  EXPECT_TRUE(result.records[0].rejected);
+}
+
+}  // namespace
+}  // namespace kvtier::bench::run
