@@ -1,0 +1,149 @@
+// End to end: the reference engine serves several sequences (about 2,000 generated tokens, shared
+// prompt prefixes) over a runtime whose HBM tier is far too small for them, so pages go down to the
+// host pool and NVMe and come back every few steps; the tokens and final logits must equal, bit for
+// bit, those of a run whose HBM holds everything. Then a runtime restarted on the same NVMe store
+// serves the prompts' cached blocks from NVMe instead of the engine recomputing them — counted by
+// the runtime and by the engine — with the same outputs again.
+//
+// KVTIER_E2E_SCALE (a compile definition) multiplies the generated tokens for the slow variant.
+#include <gtest/gtest.h>
+
+#include "tests/e2e/e2e_util.hpp"
+
+#ifndef KVTIER_E2E_SCALE
+#define KVTIER_E2E_SCALE 1
+#endif
+
+namespace kvtier::e2e {
+namespace {
+
+constexpr uint32_t kScale = KVTIER_E2E_SCALE;
+
+// HBM for about an eighth of the KV the workload holds at its peak (but one layer of the longest
+// sequence), host for a sixth: whatever runs must keep coming back from NVMe.
+TierSizes small_tiers() {
+  TierSizes s;
+  s.hbm_frames = 96 * kScale;
+  s.host_frames = 128 * kScale;
+  s.nvme_bytes = 64ull << 20;
+  return s;
+}
+
+TierSizes roomy_tiers() {
+  TierSizes s;
+  s.hbm_frames = 4096 * kScale;
+  s.host_frames = 256;
+  s.nvme_bytes = 64ull << 20;
+  return s;
+}
+
+class Offload : public ::testing::Test {
+ protected:
+  // The reference outputs: HBM large enough for everything, computed once for the suite.
+  static void SetUpTestSuite() {
+    ScratchDir dir("e2e-roomy");
+    auto rt = open_runtime(engine_config(dir.path(), roomy_tiers()));
+    if (rt == nullptr) return;
+    RunResult r = run_engine(*rt, workload(kScale));
+    EXPECT_EQ(r.engine.windowed_steps, 0u) << "the roomy run must not need to offload";
+    EXPECT_EQ(r.runtime.demotions[tier_index(Tier::kHost)], 0u);
+    reference_ = new std::vector<RequestOutput>(std::move(r.outputs));
+    EXPECT_TRUE(rt->shutdown().ok());
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+  }
+  void SetUp() override {
+    if (reference_ == nullptr) GTEST_SKIP() << "the NVMe store cannot be opened here";
+    ASSERT_EQ(reference_->size(), workload(kScale).size());
+    ASSERT_GE(generated(*reference_), 2000u * kScale - 10);
+  }
+
+  static std::vector<RequestOutput>* reference_;
+};
+
+std::vector<RequestOutput>* Offload::reference_ = nullptr;
+
+TEST_F(Offload, TinyHbmGivesTheSameTokensAndLogitsBitForBit) {
+  ScratchDir dir("e2e-small");
+  auto rt = open_runtime(engine_config(dir.path(), small_tiers()));
+  ASSERT_NE(rt, nullptr);
+  const RunResult r = run_engine(*rt, workload(kScale));
+  expect_identical(*reference_, r.outputs, "HBM of 96 frames vs. HBM for everything");
+
+  // The run really did travel: layer-by-layer steps, pages down to host and NVMe and back up.
+  const RuntimeStats& s = r.runtime;
+  EXPECT_GT(r.engine.windowed_steps, 0u);
+  EXPECT_GT(r.engine.shrunk_batches, 0u) << "the batch never had to wait for HBM";
+  EXPECT_GT(s.demotions[tier_index(Tier::kHost)], 0u) << "nothing went down to the host pool";
+  EXPECT_GT(s.demotions[tier_index(Tier::kNvme)], 0u) << "nothing went down to NVMe";
+  EXPECT_GT(s.promotions[tier_index(Tier::kHost)], 0u) << "nothing came back up from NVMe";
+  EXPECT_GT(s.promotions[tier_index(Tier::kHbm)], 0u) << "nothing came back up into HBM";
+  EXPECT_EQ(s.failed_loads, 0u);
+  EXPECT_EQ(s.checksum_failures, 0u);
+  EXPECT_EQ(s.io_errors, 0u);
+
+  // Prefix reuse: the request that arrives after the 96-token prefix was computed loads it, as
+  // does the one that waited for a slot for its 64-token prefix.
+  ASSERT_EQ(r.outputs.size(), 6u);
+  EXPECT_GE(r.outputs[4].reused_tokens, 96u);
+  EXPECT_GE(r.outputs[5].reused_tokens, 64u);
+  EXPECT_EQ(r.engine.prefilled_tokens + r.engine.reused_tokens, r.engine.prompt_tokens);
+  EXPECT_EQ(s.open_sequences, 0u);
+  ASSERT_TRUE(rt->shutdown().ok());
+}
+
+TEST_F(Offload, AfterARestartPromptsComeFromNvmeNotRecomputed) {
+  ScratchDir dir("e2e-restart");
+  const Config config = engine_config(dir.path(), small_tiers());
+  const std::vector<Request> requests = workload(kScale);
+  uint64_t first_prefilled = 0;
+  {
+    auto rt = open_runtime(config);
+    ASSERT_NE(rt, nullptr);
+    const RunResult r = run_engine(*rt, requests);
+    expect_identical(*reference_, r.outputs, "first run on the store");
+    first_prefilled = r.engine.prefilled_tokens;
+    ASSERT_TRUE(rt->shutdown().ok());  // persists every cached block to NVMe
+  }
+
+  auto rt = open_runtime(config);
+  ASSERT_NE(rt, nullptr);
+  const RuntimeStats opened = rt->stats();
+  EXPECT_GT(opened.nvme_recovered_blocks, 0u);
+  // Every full block of every prompt (but the one holding its last token) is on NVMe, and only
+  // there: the shared 96-token prefix first of all.
+  const std::vector<uint32_t> shared(requests[0].prompt.begin(), requests[0].prompt.begin() + 96);
+  auto m = rt->match(rt->block_keys(shared));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->blocks, 6u);
+  EXPECT_EQ(m->by_tier[tier_index(Tier::kNvme)], 6u);
+
+  const RunResult r = run_engine(*rt, requests);
+  expect_identical(*reference_, r.outputs, "after a restart on the same store");
+
+  // Nothing cached was recomputed: each prompt was prefilled only past its last full cached block.
+  uint64_t expected_prefill = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const uint64_t len = requests[i].prompt.size();
+    const uint64_t cached = (len - 1) / kPageTokens * kPageTokens;
+    EXPECT_EQ(r.outputs[i].reused_tokens, cached) << "request " << requests[i].id;
+    EXPECT_EQ(r.outputs[i].prefilled_tokens, len - cached) << "request " << requests[i].id;
+    expected_prefill += len - cached;
+  }
+  EXPECT_EQ(r.engine.prefilled_tokens, expected_prefill);
+  EXPECT_LT(r.engine.prefilled_tokens, first_prefilled);
+  EXPECT_EQ(r.engine.recomputed_tokens, 0u);
+  EXPECT_EQ(r.runtime.recompute_tokens, 0u);
+  // The first request opened straight after the restart found its whole prefix on NVMe.
+  EXPECT_EQ(r.outputs[0].reused_by_tier[tier_index(Tier::kNvme)] * uint64_t{kPageTokens},
+            r.outputs[0].reused_tokens);
+  EXPECT_GE(r.runtime.hit_tokens[tier_index(Tier::kNvme)], 96u);
+  EXPECT_EQ(r.runtime.failed_loads, 0u);
+  EXPECT_EQ(r.runtime.checksum_failures, 0u);
+  ASSERT_TRUE(rt->shutdown().ok());
+}
+
+}  // namespace
+}  // namespace kvtier::e2e
