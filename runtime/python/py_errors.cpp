@@ -50,8 +50,8 @@ void register_errors(py::module_& m) {
   m.attr("Error") = py::handle(g_base);
   for (const ErrorClass& c : classes) {
     py::tuple bases = c.builtin != nullptr
-                          ? py::make_tuple(py::handle(g_base), py::handle(c.builtin))
-                          : py::make_tuple(py::handle(g_base));
+                          ? py::tuple(py::make_tuple(py::handle(g_base), py::handle(c.builtin)))
+                          : py::tuple(py::make_tuple(py::handle(g_base)));
     PyObject* cls = new_class(c.name, bases.ptr(), status_code_name(c.code).data());
     g_classes[static_cast<int>(c.code)] = cls;
     m.attr(c.name) = py::handle(cls);
