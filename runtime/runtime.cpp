@@ -16,6 +16,8 @@
 #include "kvtier/log.hpp"
 #include "runtime/config_loader.hpp"
 #include "runtime/config_validate.hpp"
+#include "runtime/metrics_exporter.hpp"
+#include "runtime/metrics_tiers.hpp"
 #include "scheduler/asio_event_loop.hpp"
 #include "scheduler/engine_transfer_port.hpp"
 #include "scheduler/page_table.hpp"
@@ -51,6 +53,8 @@ struct Runtime::Impl {
   std::unique_ptr<AsioEventLoop> loop;
   std::unique_ptr<EngineTransferPort> port;
   std::unique_ptr<Scheduler> scheduler;
+  // Declared after what it reads, so it is destroyed (and stops serving) first.
+  std::unique_ptr<MetricsExporter> metrics;
   uint16_t namespace_tag = 0;
   BlockKey root;
   uint64_t recovered = 0;
@@ -166,6 +170,10 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
       log(LogLevel::kInfo, "recovered " + std::to_string(adopted) + " blocks from the nvme store");
     }
   }
+  KVTIER_ASSIGN_OR_RETURN(impl->metrics,
+                          MetricsExporter::create(config.metrics,
+                                                  runtime_metrics_sources(&impl->scheduler->stats(),
+                                                                          *impl->tiers)));
   return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
 }
 
@@ -337,12 +345,16 @@ RuntimeStats Runtime::stats() const {
   return r;
 }
 
-uint16_t Runtime::metrics_port() const { return 0; }
+uint16_t Runtime::metrics_port() const {
+  const MetricsExporter* m = impl_->metrics.get();
+  return m != nullptr && m->serving() ? m->port() : 0;
+}
 
 Status Runtime::shutdown() {
   std::lock_guard<std::mutex> lock(impl_->shutdown_mu);
   if (impl_->shut_down.exchange(true)) return ok_status();
   Impl& im = *impl_;
+  im.metrics.reset();  // stop serving before what it reads goes away
   const auto deadline = std::chrono::steady_clock::now() + im.options.shutdown_timeout;
   if (im.options.persist_on_shutdown) {
     uint64_t started = 0;

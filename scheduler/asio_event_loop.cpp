@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <future>
 #include <condition_variable>
 #include <mutex>
 #include <unordered_map>
@@ -28,16 +29,13 @@ Result<std::unique_ptr<AsioEventLoop>> AsioEventLoop::create() {
   auto impl = std::make_unique<Impl>();
   Impl* raw = impl.get();
   std::unique_ptr<AsioEventLoop> loop(new AsioEventLoop(std::move(impl)));
-  std::mutex mu;
-  std::condition_variable cv;
-  bool started = false;
-  raw->thread = std::thread([raw, &mu, &cv, &started] {
+  // The thread announces its id before the first task can run; a promise (not a condition
+  // variable on this stack frame) so the announcement outlives this function's return.
+  std::promise<void> started;
+  std::future<void> running = started.get_future();
+  raw->thread = std::thread([raw, started = std::move(started)]() mutable {
     raw->loop_thread_id.store(std::this_thread::get_id());
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      started = true;
-    }
-    cv.notify_all();
+    started.set_value();
     // Loop tasks report errors through Status; an exception escaping one is a bug in kvtier. Log it
     // and keep the loop alive rather than take the host process down.
     while (true) {
@@ -49,8 +47,7 @@ Result<std::unique_ptr<AsioEventLoop>> AsioEventLoop::create() {
       }
     }
   });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return started; });
+  running.wait();
   return loop;
 }
 

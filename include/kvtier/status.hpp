@@ -8,11 +8,13 @@
 // file:line:col, the file with its offset and errno, the block key and tier. `with_context` prepends
 // what the caller knows ("while opening tier nvme: ...") without losing the code.
 //
-// Checked statuses: when built with KVTIER_ASSERT_STATUS_CHECKED (sanitizer and debug presets), a
-// Status whose result nobody looked at (ok(), code(), message(), ignore()) aborts in its destructor
-// and names the code, so a dropped error is found in tests rather than in production. Copying marks
-// the source checked and leaves the copy unchecked; moving hands the obligation to the target.
-// Release builds carry no flag and no cost.
+// Checked statuses: when built with KVTIER_ASSERT_STATUS_CHECKED (sanitizer and debug presets), an
+// error Status whose result nobody looked at (ok(), code(), message(), ignore()) aborts in its
+// destructor and names the code, so a dropped error is found in tests rather than in production.
+// Copying marks the source checked and leaves the copy unchecked; moving hands the obligation to
+// the target. OK statuses (default-constructed) carry no obligation: a dropped OK loses nothing,
+// and holders that start OK and are overwritten later (results, members) stay simple. Release
+// builds carry no flag and no cost.
 #pragma once
 
 #include <cstdio>
@@ -65,10 +67,13 @@ constexpr std::string_view status_code_name(StatusCode code) {
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {
+    if (code_ != StatusCode::kOk) reset_checked();
+  }
 
   Status(const Status& other) : code_(other.code_), message_(other.message_) {
     other.mark_checked();
+    if (code_ != StatusCode::kOk) reset_checked();
   }
   Status& operator=(const Status& other) {
     if (this != &other) {
@@ -76,7 +81,11 @@ class [[nodiscard]] Status {
       code_ = other.code_;
       message_ = other.message_;
       other.mark_checked();
-      reset_checked();
+      if (code_ == StatusCode::kOk) {
+        mark_checked();
+      } else {
+        reset_checked();
+      }
     }
     return *this;
   }
@@ -147,7 +156,7 @@ class [[nodiscard]] Status {
       std::abort();
     }
   }
-  mutable bool checked_ = false;
+  mutable bool checked_ = true;  // set false by the error constructor
 #else
   void mark_checked() const {}
   void reset_checked() {}

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "metrics_test_util.hpp"
 #include "runtime_test_util.hpp"
 
 namespace kvtier {
@@ -214,6 +215,43 @@ TEST(Runtime, PinnedPrefixExpiresAfterItsTtl) {
   }
   EXPECT_EQ(rt->stats().pinned_prefix_blocks, 0u);
   EXPECT_EQ(rt->unpin_prefix(*pin).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// The runtime serves its counters on metrics.listen: a known number of hit tokens, scraped over
+// HTTP while the runtime runs, shows up as exactly that number.
+TEST(RuntimeMetrics, ServedOverHttpWhileRunning) {
+  testing::ScratchDir dir("runtime-metrics");
+  Config c = testing::small_config(dir.path());
+  c.tiers.nvme.enabled = false;
+  c.metrics.listen = "127.0.0.1:0";
+  auto opened = Runtime::open(c);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto rt = std::move(opened).value();
+  ASSERT_NE(rt->metrics_port(), 0) << "the exporter did not bind a loopback port";
+  const auto tokens = testing::make_tokens(4 * 16, 3);
+  for (int round = 0; round < 2; ++round) {
+    auto seq = rt->open_sequence(rt->block_keys(tokens));
+    ASSERT_TRUE(seq.ok());
+    bool ok = true;
+    ASSERT_TRUE(testing::run_checked_step(*rt, seq->id, tokens, seq->reused_tokens,
+                                          static_cast<uint32_t>(tokens.size() -
+                                                                seq->reused_tokens) + 1,
+                                          &ok)
+                    .ok());
+    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  }
+  const testing::HttpResponse r = testing::http_get(rt->metrics_port(), "/metrics");
+  ASSERT_EQ(r.status, 200) << r.error;
+  // The second round found the 4-block prompt in HBM: 64 hit tokens there, 128 looked up in all.
+  EXPECT_EQ(testing::sample_value(r.body, "kvtier_hit_tokens_total{tier=\"hbm\"}"), 64.0);
+  EXPECT_EQ(testing::sample_value(r.body, "kvtier_lookup_tokens_total"), 128.0);
+  EXPECT_EQ(rt->stats().hit_tokens[tier_index(Tier::kHbm)], 64u);
 }
 
 }  // namespace
