@@ -234,10 +234,8 @@ class RunCommand final : public Command {
     KVTIER_ASSIGN_OR_RETURN(PerfModel model, PerfModel::create(gpu, model_preset));
     KVTIER_ASSIGN_OR_RETURN(Workload workload, build_workload(params, gpu.page_tokens));
     if (workload.requests.empty()) return invalid_argument("the workload has no requests");
-    // The real clock measures loads hidden behind compute: by default the baselines that load.
-    KVTIER_ASSIGN_OR_RETURN(auto specs,
-                            make_baselines(o_.baselines.empty() ? "hbm_host,kvtier" : o_.baselines,
-                                           ctx.config.policies, model.prefill_tokens_per_s()));
+    KVTIER_ASSIGN_OR_RETURN(auto specs, make_baselines(o_.baselines, ctx.config.policies,
+                                                       model.prefill_tokens_per_s()));
     VirtualRunOptions vo;
     vo.hbm_kv_bytes = o_.hbm > 0 ? o_.hbm : model.hbm_kv_bytes();
     vo.host_bytes = o_.host > 0 ? o_.host : gpu.host_kv_bytes;
@@ -316,6 +314,10 @@ class RunCommand final : public Command {
     ro.trace = o_.trace;
     ro.time_scale = o_.time_scale;
     ro.show_progress = !o_.no_progress;
+    ro.hbm_bytes = o_.hbm;
+    ro.host_bytes = o_.host;
+    ro.nvme_bytes = o_.nvme;
+    // The real clock measures loads hidden behind compute: by default the baselines that load.
     // The real clock measures loads hidden behind compute: by default the baselines that load.
     KVTIER_ASSIGN_OR_RETURN(
         auto specs, make_baselines(o_.baselines.empty() ? "hbm_host,kvtier" : o_.baselines,

@@ -279,6 +279,7 @@ void print_table(std::ostream& os, const RunReport& r) {
     };
     row("load demand (GB/s)", [](const BaselineResult& b) { return fixed(b.demand_gbps, 2); });
     row("link bandwidth (GB/s)", [](const BaselineResult& b) { return fixed(b.link_gbps, 2); });
+    row("link achieved (GB/s)", [](const BaselineResult& b) { return fixed(b.achieved_gbps, 2); });
     row("transfer-only time (s)",
         [](const BaselineResult& b) { return fixed(b.transfer_only_s, 2); });
     row("transfer hidden by compute",
@@ -369,6 +370,7 @@ void print_json(std::ostream& os, const RunReport& r) {
       j.field("hidden_fraction", b.hidden_fraction);
       j.field("demand_gbps", b.demand_gbps);
       j.field("link_gbps", b.link_gbps);
+      j.field("achieved_gbps", b.achieved_gbps);
     }
     j.end_object();
   }

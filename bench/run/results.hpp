@@ -65,6 +65,7 @@ struct BaselineResult {
   double hidden_fraction = 0;  // share of that transfer time hidden behind compute
   double demand_gbps = 0;      // bytes loaded per second of compute
   double link_gbps = 0;        // the link's configured bandwidth
+  double achieved_gbps = 0;    // bytes loaded / transfer-only time: what the copy path delivered
 
   // ---- Derived ----
   uint64_t requests() const { return records.size(); }
