@@ -8,6 +8,8 @@
 // KVTIER_E2E_SCALE (a compile definition) multiplies the generated tokens for the slow variant.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "tests/e2e/e2e_util.hpp"
 
 #ifndef KVTIER_E2E_SCALE
@@ -81,6 +83,17 @@ TEST_F(KVTIER_E2E_SUITE, TinyHbmGivesTheSameTokensAndLogitsBitForBit) {
 
   // The run really did travel: layer-by-layer steps, pages down to host and NVMe and back up.
   const RuntimeStats& s = r.runtime;
+  std::printf(
+      "steps %llu (windowed %llu, items deferred for HBM %llu), generated %llu, prefilled %llu, "
+      "reused %llu; pages down to host %llu, blocks to nvme %llu, pages up to host %llu, to hbm "
+      "%llu; stalls %.3f s\n",
+      (unsigned long long)r.engine.steps, (unsigned long long)r.engine.windowed_steps,
+      (unsigned long long)r.engine.shrunk_batches, (unsigned long long)r.engine.generated_tokens,
+      (unsigned long long)r.engine.prefilled_tokens, (unsigned long long)r.engine.reused_tokens,
+      (unsigned long long)s.demotions[tier_index(Tier::kHost)],
+      (unsigned long long)s.demotions[tier_index(Tier::kNvme)],
+      (unsigned long long)s.promotions[tier_index(Tier::kHost)],
+      (unsigned long long)s.promotions[tier_index(Tier::kHbm)], s.stall_nanos / 1e9);
   EXPECT_GT(r.engine.windowed_steps, 0u);
   EXPECT_GT(r.engine.shrunk_batches, 0u) << "the batch never had to wait for HBM";
   EXPECT_GT(s.demotions[tier_index(Tier::kHost)], 0u) << "nothing went down to the host pool";
