@@ -31,7 +31,17 @@ LinkModel EngineTransferPort::link_model(Link link) const {
   return LinkModel{measured_[i].load(std::memory_order_relaxed), latency_[i]};
 }
 
-void EngineTransferPort::record(Link link, uint64_t bytes, Nanos elapsed) {
+void EngineTransferPort::record(Link link, uint64_t bytes, Nanos submitted, Nanos completed) {
+  // Service time, not latency: a transfer queued behind others on the same link started being
+  // served when the previous one finished, so time spent waiting in the queue is not counted as
+  // slow transfer (with transfers in flight back to back, submit-to-completion would measure the
+  // queue, and compute-or-load would then refuse loads that are in fact fast).
+  const int i = static_cast<int>(link);
+  Nanos prev = last_completion_[i].load(std::memory_order_relaxed);
+  while (completed > prev &&
+         !last_completion_[i].compare_exchange_weak(prev, completed, std::memory_order_relaxed)) {
+  }
+  const Nanos elapsed = completed - std::max(submitted, prev);
   if (elapsed <= 0 || bytes == 0) return;
   const double sample = static_cast<double>(bytes) / nanos_to_seconds(elapsed);
   auto& m = measured_[static_cast<int>(link)];
@@ -42,14 +52,9 @@ void EngineTransferPort::record(Link link, uint64_t bytes, Nanos elapsed) {
 
 TransferOptions EngineTransferPort::options_for(Link link, uint64_t bytes, TransferDone done) {
   TransferOptions options;
-  const auto start = std::chrono::steady_clock::now();
-  options.on_complete = [this, link, bytes, start, done = std::move(done)](const Status& s) {
-    if (s.ok()) {
-      record(link, bytes,
-             std::chrono::duration_cast<std::chrono::nanoseconds>(
-                 std::chrono::steady_clock::now() - start)
-                 .count());
-    }
+  const Nanos submitted = clock_.now();
+  options.on_complete = [this, link, bytes, submitted, done = std::move(done)](const Status& s) {
+    if (s.ok()) record(link, bytes, submitted, clock_.now());
     loop_.post([done, s] { done(s); });
   };
   return options;

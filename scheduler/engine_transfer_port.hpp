@@ -5,7 +5,9 @@
 // transfer alive until it completes, and the loop learns of it as a posted task (Asio's post wakes
 // the loop's reactor through its eventfd). Link models come from the configuration when it names a
 // bandwidth, else from an estimate measured over completed transfers (an exponential moving
-// average), so compute-or-load decisions follow what the hardware actually does.
+// average of bytes per service time: from when the link could start serving a transfer — its
+// submission, or the previous completion — to its completion), so compute-or-load decisions
+// follow what the hardware actually does, not how long transfers queued.
 #pragma once
 
 #include <array>
@@ -41,7 +43,7 @@ class EngineTransferPort final : public TransferPort {
 
  private:
   TransferOptions options_for(Link link, uint64_t bytes, TransferDone done);
-  void record(Link link, uint64_t bytes, Nanos elapsed);
+  void record(Link link, uint64_t bytes, Nanos submitted, Nanos completed);
 
   TransferEngine& engine_;
   BlockStore* store_;
@@ -51,6 +53,9 @@ class EngineTransferPort final : public TransferPort {
   // Measured bandwidth in bytes/s per link, stored as double bits (atomic: engine threads record).
   std::array<std::atomic<double>, kNumLinks> measured_{};
   std::array<Nanos, kNumLinks> latency_{};
+  // When the latest transfer on each link completed (steady clock), for service-time samples.
+  std::array<std::atomic<Nanos>, kNumLinks> last_completion_{};
+  SteadyClock clock_;
 };
 
 }  // namespace kvtier

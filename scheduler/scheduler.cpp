@@ -273,7 +273,14 @@ Status Scheduler::close_sequence(SequenceId id) {
                                std::to_string(seq->active_step) + "; end the step first");
   }
   Status first;
+  for (PendingPublish& p : pending_publish_) {
+    if (p.sequence == id) p.orphaned = true;
+  }
   for (const BlockKey& key : seq->blocks) {
+    const bool pending = std::any_of(
+        pending_publish_.begin(), pending_publish_.end(),
+        [&](const PendingPublish& p) { return p.orphaned && p.private_key == key; });
+    if (pending) continue;  // full and valid: it is published once its transfers end
     auto left = parts_.table->release(key);
     if (!left.ok()) {
       if (first.ok()) first = left.status();

@@ -177,6 +177,7 @@ class Scheduler {
   void recompute_late_prefix(Sequence& seq, StepItemInfo& item);
   Status publish_full_blocks(Sequence& seq, uint64_t old_tokens, const StepCompletion* completion);
   Status publish_block(Sequence& seq, uint64_t index, const BlockKey& content);
+  void publish_orphan(const BlockKey& private_key, const BlockKey& content);
   // True while a transfer or a read names the block (by the key it has now).
   bool block_busy(const BlockKey& key) const;
   // Publishes the deferred blocks whose transfers have ended and whose sequence is between steps.
@@ -193,7 +194,11 @@ class Scheduler {
                      std::function<void(uint32_t frame)> on_filling, Done done);
   void ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio, Done done);
   // The second half of an HBM load: host copy first, then an HBM frame and the copy up.
-  void load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio, int attempt);
+  void load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
+  // With an HBM frame held for (key, layer): copy the host copy up, fetching it again first if it
+  // left host memory meanwhile.
+  void copy_up(const BlockKey& key, uint32_t layer, TransferPriority prio, uint32_t hbm_frame,
+               int refetches);
   void prefetch_block(const BlockKey& key, bool into_hbm);
   void request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
                      FrameGranted granted);
@@ -263,6 +268,9 @@ class Scheduler {
     uint64_t index = 0;
     BlockKey private_key;
     BlockKey content;
+    // The sequence closed first: this entry holds the block's reference now, and publishes the
+    // block (or drops it, when another copy was cached meanwhile) on its own.
+    bool orphaned = false;
   };
   std::vector<PendingPublish> pending_publish_;
   // Copies being read by a transfer (host pages copied up or written to NVMe, HBM pages copied

@@ -207,15 +207,12 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
   ops_.emplace(pk, std::move(op));
   if (prio != TransferPriority::kDemand) stats_.prefetches.fetch_add(1, std::memory_order_relaxed);
 
-  load_via_host(key, layer, prio, 0);
+  load_via_host(key, layer, prio);
 }
 
-void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio,
-                              int attempt) {
-  // Bound on restarts of one load whose host copy left while it waited for an HBM frame.
-  constexpr int kMaxAttempts = 8;
+void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio) {
   const PageKey pk{key, layer, Tier::kHbm};
-  ensure_in_host(key, layer, prio, [this, key, layer, prio, pk, attempt](const Status& s) {
+  ensure_in_host(key, layer, prio, [this, key, layer, prio, pk](const Status& s) {
     if (!s.ok()) {
       finish_op(pk, s);
       return;
@@ -224,68 +221,84 @@ void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPrior
     auto it = ops_.find(pk);
     const TransferPriority now_prio =
         it != ops_.end() && !it->second->prefetch ? TransferPriority::kDemand : prio;
-    request_frame(Tier::kHbm, key, layer, now_prio, [this, key, layer, pk, now_prio,
-                                                     attempt](Result<uint32_t> frame) {
-      if (!frame.ok()) {
-        finish_op(pk, frame.status());
-        return;
-      }
-      const uint32_t hbm_frame = *frame;
-      const PageSnapshot src = page_snapshot(key, layer);
-      if (src.host != CopyState::kReady) {
-        // The host copy left (evicted down, or dropped) while this load waited for a frame:
-        // give the frame back and fetch it again from where it went.
-        parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
-        serve_frame_waiters(Tier::kHbm);
-        if (attempt + 1 >= kMaxAttempts) {
-          finish_op(pk, unavailable("page " + to_string(key) + " layer " + std::to_string(layer) +
-                                    " kept leaving host memory before it could be loaded"));
-          return;
-        }
-        load_via_host(key, layer, now_prio, attempt + 1);
-        return;
-      }
-      if (auto it = ops_.find(pk); it != ops_.end()) {
-        it->second->frame = hbm_frame;
-        auto fns = std::move(it->second->on_frame);
-        for (auto& fn : fns) fn(hbm_frame);
-      }
-      reading_[key] += 1;
-      const JobId job = links_.enqueue(
-          Link::kHostToHbm, now_prio, parts_.port->page_bytes(),
-          [this, key, layer, pk, host_frame = src.host_frame,
-           hbm_frame](std::function<void()> finished) {
-            const FrameMove move{host_frame, hbm_frame};
-            Status submitted = parts_.port->copy_pages(
-                Link::kHostToHbm, std::span(&move, 1),
-                [this, key, layer, pk, finished](const Status& s) {
-                  finished();
-                  if (--reading_[key] == 0) reading_.erase(key);
-                  if (s.ok()) {
-                    Status c = parts_.table->complete_fill(key, CopyId::hbm(layer));
-                    stats_.promotions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
-                    sync_membership(key, Tier::kHbm);
-                    finish_op(pk, c);
-                  } else {
-                    stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
-                    // A pinned page cannot be aborted now; release_layer aborts it after unpinning.
-                    parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
-                    finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
-                                                 std::to_string(layer) + " into hbm"));
-                  }
-                  serve_frame_waiters(Tier::kHost);
-                  serve_frame_waiters(Tier::kHbm);
-                });
-            if (!submitted.ok()) {
+    request_frame(Tier::kHbm, key, layer, now_prio,
+                  [this, key, layer, pk, now_prio](Result<uint32_t> frame) {
+                    if (!frame.ok()) {
+                      finish_op(pk, frame.status());
+                      return;
+                    }
+                    if (auto it = ops_.find(pk); it != ops_.end()) {
+                      it->second->frame = *frame;
+                      auto fns = std::move(it->second->on_frame);
+                      for (auto& fn : fns) fn(*frame);
+                    }
+                    copy_up(key, layer, now_prio, *frame, 0);
+                  });
+  });
+}
+
+void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority prio,
+                        uint32_t hbm_frame, int refetches) {
+  // The HBM frame is held from here on, so a host copy that left while this load waited (evicted
+  // down, or dropped) is fetched again and copied the moment it is back: no frame is given up and
+  // taken again, so loads cannot chase each other's frames.
+  constexpr int kMaxRefetches = 16;
+  const PageKey pk{key, layer, Tier::kHbm};
+  const PageSnapshot src = page_snapshot(key, layer);
+  if (src.host != CopyState::kReady) {
+    if (refetches >= kMaxRefetches) {
+      parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+      finish_op(pk, unavailable("page " + to_string(key) + " layer " + std::to_string(layer) +
+                                " left host memory " + std::to_string(refetches) +
+                                " times before it could be loaded"));
+      return;
+    }
+    ensure_in_host(key, layer, prio,
+                   [this, key, layer, prio, hbm_frame, refetches, pk](const Status& s) {
+                     if (!s.ok()) {
+                       parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+                       finish_op(pk, s);
+                       serve_frame_waiters(Tier::kHbm);
+                       return;
+                     }
+                     copy_up(key, layer, prio, hbm_frame, refetches + 1);
+                   });
+    return;
+  }
+  reading_[key] += 1;
+  const JobId job = links_.enqueue(
+      Link::kHostToHbm, prio, parts_.port->page_bytes(),
+      [this, key, layer, pk, host_frame = src.host_frame,
+       hbm_frame](std::function<void()> finished) {
+        const FrameMove move{host_frame, hbm_frame};
+        Status submitted = parts_.port->copy_pages(
+            Link::kHostToHbm, std::span(&move, 1),
+            [this, key, layer, pk, finished](const Status& s) {
               finished();
               if (--reading_[key] == 0) reading_.erase(key);
-              parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
-              finish_op(pk, submitted);
-            }
-          });
-      if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
-    });
-  });
+              if (s.ok()) {
+                Status c = parts_.table->complete_fill(key, CopyId::hbm(layer));
+                stats_.promotions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+                sync_membership(key, Tier::kHbm);
+                finish_op(pk, c);
+              } else {
+                stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
+                // A pinned page cannot be aborted now; release_layer aborts it after unpinning.
+                parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+                finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
+                                             std::to_string(layer) + " into hbm"));
+              }
+              serve_frame_waiters(Tier::kHost);
+              serve_frame_waiters(Tier::kHbm);
+            });
+        if (!submitted.ok()) {
+          finished();
+          if (--reading_[key] == 0) reading_.erase(key);
+          parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+          finish_op(pk, submitted);
+        }
+      });
+  if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
 }
 
 void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio,

@@ -422,6 +422,15 @@ bool Scheduler::block_busy(const BlockKey& key) const {
 void Scheduler::publish_pending() {
   for (std::size_t i = 0; i < pending_publish_.size();) {
     const PendingPublish p = pending_publish_[i];
+    if (p.orphaned) {
+      if (block_busy(p.private_key)) {
+        ++i;
+        continue;
+      }
+      pending_publish_.erase(pending_publish_.begin() + static_cast<long>(i));
+      publish_orphan(p.private_key, p.content);
+      continue;
+    }
     auto it = sequences_.find(p.sequence);
     if (it == sequences_.end() || p.index >= it->second->blocks.size() ||
         it->second->blocks[p.index] != p.private_key) {
@@ -436,6 +445,23 @@ void Scheduler::publish_pending() {
     pending_publish_.erase(pending_publish_.begin() + static_cast<long>(i));
     publish_block(seq, p.index, p.content).ignore();
   }
+}
+
+void Scheduler::publish_orphan(const BlockKey& key, const BlockKey& content) {
+  // Its sequence has closed: publish it as any full block (unless the content key is already
+  // cached), then give up the reference the pending entry held.
+  auto outcome = parts_.table->publish(key, content);
+  if (outcome.ok() && *outcome == PublishOutcome::kPublished) {
+    facts_[content] = facts_of(key);
+    facts_.erase(key);
+    stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
+    parts_.table->release(content).status().ignore();
+    after_change(content);
+    return;
+  }
+  outcome.status().ignore();
+  parts_.table->release(key).status().ignore();
+  after_change(key);  // private and unreferenced: its copies are dropped
 }
 
 Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& content) {

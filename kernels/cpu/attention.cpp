@@ -20,11 +20,10 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr uint32_t kDefaultMinSplitTokens = 256;
+constexpr uint32_t kDefaultMinSplitTokens = 1024;
 // Query rows (tokens x heads) an item keeps state for: bounds the per-thread state to
 // 256 x (head_dim + 2) floats, at most 258 KiB, which an L2 holds.
 constexpr uint32_t kMaxItemRows = 256;
-constexpr uint32_t kItemsPerThread = 4;
 
 // A block of query tokens of one sequence, split along the KV axis into `splits` items.
 struct QueryBlock {
@@ -57,7 +56,6 @@ Plan make_plan(const AttentionParams& p, const CpuOptions& options) {
   const uint32_t tokens_per_block = std::max(1u, kMaxItemRows / p.num_qo_heads);
   const std::size_t state_floats =
       static_cast<std::size_t>(tokens_per_block) * p.num_qo_heads * (p.kv.head_dim + 2);
-  uint64_t total_tokens = 0;
   for (uint32_t b = 0; b < p.kv.batch; ++b) {
     const uint32_t len = sequence_length(p.kv, b);
     const uint32_t chunk = p.q_indptr != nullptr ? p.q_indptr[b + 1] - p.q_indptr[b] : 1;
@@ -71,16 +69,15 @@ Plan make_plan(const AttentionParams& p, const CpuOptions& options) {
       qb.kv_len = len;
       qb.chunk_len = chunk;
       qb.visible_hi = len - chunk + i + qb.tokens;
-      total_tokens += qb.visible_hi;
       plan.blocks.push_back(qb);
     }
   }
-  const uint64_t threads =
-      static_cast<uint64_t>(std::max(1, tbb::this_task_arena::max_concurrency()));
+  // The split length depends on the options only — never on the thread count or on the rest of
+  // the batch — so a sequence's result is the same bit for bit however it is batched and on
+  // however many cores it runs (the merge of its splits runs in split order).
   const uint64_t min_split =
       options.min_split_tokens != 0 ? options.min_split_tokens : kDefaultMinSplitTokens;
-  uint64_t split = std::max<uint64_t>(
-      min_split, (total_tokens + threads * kItemsPerThread - 1) / (threads * kItemsPerThread));
+  uint64_t split = std::min<uint64_t>(min_split, uint64_t{1} << 31);
   split = (split + kTileTokens - 1) / kTileTokens * kTileTokens;
   for (uint32_t qi = 0; qi < plan.blocks.size(); ++qi) {
     QueryBlock& qb = plan.blocks[qi];

@@ -23,8 +23,10 @@ namespace kvtier::kernels::cpu {
 
 struct CpuOptions {
   Isa isa = Isa::kAuto;  // a specific ISA the CPU lacks is `unavailable`
-  // Minimum KV tokens per split of one sequence; 0 = the default. Smaller means more parallelism
-  // for few long sequences, at the cost of merging more partial states.
+  // KV tokens per split of one sequence (a long sequence is cut into splits that run in parallel
+  // and are merged exactly); 0 = the default (1024). Smaller means more parallelism for few long
+  // sequences, at the cost of merging more partial states. Results depend on this value and the
+  // inputs only, not on threads or batching.
   uint32_t min_split_tokens = 0;
 };
 

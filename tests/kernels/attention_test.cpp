@@ -5,9 +5,11 @@
 #include "kernels/cpu/attention.hpp"
 
 #include <gtest/gtest.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <thread>
@@ -245,6 +247,32 @@ TEST(AttentionConcurrency, IndependentCallsFromSeveralThreadsAgree) {
   t1.join();
   t2.join();
   EXPECT_EQ(a.out(), b.out());
+}
+
+TEST(AttentionDeterminism, ResultsDoNotDependOnThreadsOrOnTheRestOfTheBatch) {
+  // A sequence's output must be the same bit for bit whether it runs alone or beside others, on
+  // one core or several: the split plan depends on its own length and the options only.
+  KvShape s;
+  s.head_dim = 64;
+  s.group = 4;
+  s.dtype = Dtype::kBF16;
+  PagedKvFixture batch(s, {3000, 40, 2500}, {}, 61);
+  PagedKvFixture alone(s, {3000}, {}, 61);
+  // Same K/V and q for the first sequence in both: copy them over.
+  const std::size_t q_row = static_cast<std::size_t>(alone.num_qo_heads()) * s.head_dim;
+  std::copy(batch.q().begin(), batch.q().begin() + static_cast<long>(q_row),
+            alone.mutable_q().begin());
+  alone.copy_sequence_from(batch, 0, 0);
+  std::vector<float> wide;
+  {
+    tbb::task_arena two(2);
+    two.execute([&] { ASSERT_TRUE(cpu::decode_attention(batch.params()).ok()); });
+    wide.assign(batch.out().begin(), batch.out().begin() + static_cast<long>(q_row));
+  }
+  tbb::task_arena one(1);
+  one.execute([&] { ASSERT_TRUE(cpu::decode_attention(alone.params()).ok()); });
+  EXPECT_EQ(0, std::memcmp(wide.data(), alone.out().data(), q_row * sizeof(float)))
+      << "decode output changed with the batch or the thread count";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -188,7 +188,22 @@ class PagedKvFixture {
   const std::vector<uint32_t>& last_page_len() const { return last_page_len_; }
   const std::vector<uint32_t>& q_indptr() const { return q_indptr_; }
   const std::vector<float>& q() const { return q_; }
+  std::vector<float>& mutable_q() { return q_; }
   const PagedKv& kv() const { return kv_; }
+
+  // Copies the pages (and fp8 scales) of sequence `src` of `other` into the frames of sequence
+  // `dst` here; both must have the same length and shape.
+  void copy_sequence_from(const PagedKvFixture& other, uint32_t src, uint32_t dst) {
+    const uint32_t pages = indptr_[dst + 1] - indptr_[dst];
+    for (uint32_t j = 0; j < pages; ++j) {
+      const uint32_t from = other.indices_[other.indptr_[src] + j];
+      const uint32_t to = indices_[indptr_[dst] + j];
+      std::memcpy(arena_.data() + to * kv_.frame_stride,
+                  other.arena_.data() + from * other.kv_.frame_stride, kv_.page_bytes());
+      scales_[2 * to] = other.scales_[2 * from];
+      scales_[2 * to + 1] = other.scales_[2 * from + 1];
+    }
+  }
 
  private:
   KvShape shape_;

@@ -128,6 +128,9 @@ TEST(SchedulerSim, ContextFourTimesLargerThanHbmDecodesLayerByLayer) {
   ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
   w.settle();
   expect_consistent(w);
+  // Every prompt block was published (some only after their last transfers ended, past the close)
+  // and stays cached.
+  EXPECT_EQ(w.scheduler().match(keys).blocks, 32u);
 }
 
 TEST(SchedulerSim, OneLayerThatCannotFitIsAClearError) {
