@@ -1,3 +1,7 @@
+#if defined(KVTIER_KERNELS_X86)
+#include <cpuid.h>
+#endif
+
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -8,18 +12,25 @@
 namespace kvtier::kernels::cpu {
 namespace {
 
+#if defined(KVTIER_KERNELS_X86)
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool cpu_can_run(Isa isa) {
 #if defined(KVTIER_KERNELS_X86)
   switch (isa) {
     case Isa::kScalar:
       return true;
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::kAuto:
       return true;
   }
