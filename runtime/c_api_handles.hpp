@@ -11,8 +11,9 @@
 //
 // Shutdown. kvtier::Runtime frees its tiers and scheduler at shutdown, after which some of its
 // accessors (hbm_view, stats) would read freed state. Every call therefore holds the runtime's
-// `mu` shared and checks `shut_down`; shutdown takes `mu` exclusively, so it waits for the calls
-// in progress (each bounded by its own deadline) and every later call fails cleanly.
+// `mu` shared and checks `shut_down`; shutdown raises `closing` (new calls fail at once, so they
+// cannot starve it) and takes `mu` exclusively, so it waits only for the calls in progress (each
+// bounded by its own deadline) and every later call fails cleanly.
 //
 // Lock order: a handle table's mutex is released before anything else is taken; kvt_step::mu
 // (layer-table cache) may be held while kvt_runtime::mu is held shared, never the reverse.
@@ -22,6 +23,7 @@
 // reused, and reading it is already undefined behaviour).
 #pragma once
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -37,6 +39,10 @@
 
 struct kvt_runtime {
   mutable std::shared_mutex mu;  // shared: a call in progress; exclusive: shutdown and destroy
+  // Set before shutdown waits for `mu`: new calls fail at once instead of queueing for the shared
+  // lock, so a stream of calls on other threads cannot starve the shutdown (glibc's rwlock
+  // prefers readers).
+  std::atomic<bool> closing{false};
   std::unique_ptr<kvtier::Runtime> runtime;  // reset by destroy, after shutdown
   bool shut_down = false;                    // guarded by mu
 };
@@ -150,12 +156,24 @@ Result<std::vector<BlockKey>> copy_keys(const kvt_block_key* keys, std::size_t n
 Status block_keys_to_c(const std::vector<BlockKey>& keys, kvt_block_key* out, std::size_t capacity,
                        std::size_t* n_keys);
 
+// The runtime held shared for one call; kFailedPrecondition once a shutdown has begun.
+inline Result<std::shared_lock<std::shared_mutex>> lock_open(const kvt_runtime& rt,
+                                                             std::string_view what = "runtime") {
+  const auto closed = [&] {
+    return failed_precondition("the " + std::string(what) + " was shut down");
+  };
+  if (rt.closing.load(std::memory_order_acquire)) return closed();
+  std::shared_lock lock(rt.mu);
+  if (rt.shut_down) return closed();
+  return lock;
+}
+
 // Runs `fn(Runtime&)` with the runtime held shared and open; kFailedPrecondition after shutdown.
 template <typename Fn>
 Status with_runtime(const kvt_runtime* handle, Fn&& fn) {
   KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<kvt_runtime> rt, runtimes().find(handle, "runtime"));
-  std::shared_lock lock(rt->mu);
-  if (rt->shut_down) return failed_precondition("the runtime was shut down");
+  auto lock = lock_open(*rt);
+  if (!lock.ok()) return std::move(lock).status();
   return fn(*rt->runtime);
 }
 

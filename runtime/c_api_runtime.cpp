@@ -147,6 +147,7 @@ kvt_status kvt_runtime_open_yaml(const char* yaml_text, const char* const* overr
 kvt_status kvt_runtime_shutdown(kvt_runtime* runtime) {
   return guarded("kvt_runtime_shutdown", [&]() -> Status {
     KVTIER_ASSIGN_OR_RETURN(auto rt, kvtier::capi::runtimes().find(runtime, "runtime"));
+    rt->closing.store(true, std::memory_order_release);
     std::unique_lock lock(rt->mu);
     return kvtier::capi::shutdown_locked(*rt);
   });
@@ -156,6 +157,7 @@ kvt_status kvt_runtime_destroy(kvt_runtime* runtime) {
   if (runtime == nullptr) return KVT_OK;
   return guarded("kvt_runtime_destroy", [&]() -> Status {
     KVTIER_ASSIGN_OR_RETURN(auto rt, kvtier::capi::runtimes().take(runtime, "runtime"));
+    rt->closing.store(true, std::memory_order_release);
     std::unique_lock lock(rt->mu);
     Status s = kvtier::capi::shutdown_locked(*rt);
     rt->runtime.reset();  // steps that still hold the handle see shut_down and never reach it

@@ -17,11 +17,8 @@ template <typename Fn>
 Status with_step(const kvt_step* handle, Fn&& fn) {
   KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<kvt_step> step, steps().find(handle, "step"));
   kvt_runtime& owner = *step->owner;
-  std::shared_lock lock(owner.mu);
-  if (owner.shut_down) {
-    return failed_precondition("the runtime of step " + std::to_string(step->info.id) +
-                               " was shut down");
-  }
+  auto lock = lock_open(owner, "runtime of step " + std::to_string(step->info.id));
+  if (!lock.ok()) return std::move(lock).status();
   return fn(*owner.runtime, *step);
 }
 
@@ -56,8 +53,8 @@ kvt_status kvt_step_begin(kvt_runtime* runtime, const kvt_step_item* items, size
       batch[i] = kvtier::StepItem{items[i].sequence, items[i].new_tokens};
     }
     KVTIER_ASSIGN_OR_RETURN(auto owner, kvtier::capi::runtimes().find(runtime, "runtime"));
-    std::shared_lock lock(owner->mu);
-    if (owner->shut_down) return kvtier::failed_precondition("the runtime was shut down");
+    auto lock = kvtier::capi::lock_open(*owner);
+    if (!lock.ok()) return std::move(lock).status();
     KVTIER_ASSIGN_OR_RETURN(kvtier::StepInfo info, owner->runtime->begin_step(batch));
     const kvtier::StepId id = info.id;
     // From here the step is pinned in the runtime: if the handle cannot be made, abort it.
@@ -181,14 +178,15 @@ kvt_status kvt_step_destroy(kvt_step* step) {
   return guarded("kvt_step_destroy", [&]() -> Status {
     KVTIER_ASSIGN_OR_RETURN(auto s, kvtier::capi::steps().take(step, "step"));
     kvt_runtime& owner = *s->owner;
-    std::shared_lock lock(owner.mu);
     bool finished = false;
     {
       std::lock_guard<std::mutex> step_lock(s->mu);
       finished = s->finished;
     }
-    // A step left open would keep its pages pinned until the runtime shuts down.
-    if (!finished && !owner.shut_down) {
+    // A step left open would keep its pages pinned until the runtime shuts down; once the
+    // runtime is shutting down there is nothing left to unpin.
+    auto lock = kvtier::capi::lock_open(owner);
+    if (!finished && lock.ok()) {
       Status aborted = owner.runtime->abort_step(s->info.id);
       // kNotFound: the step already ended through a call that failed after ending it.
       if (!aborted.ok() && aborted.code() != kvtier::StatusCode::kNotFound) return aborted;

@@ -54,6 +54,9 @@ T value_or_throw(Result<T>&& r) {
 
 struct RuntimeState {
   mutable std::shared_mutex mu;  // shared: a call in progress; exclusive: shutdown
+  // Raised before shutdown waits for `mu`, so new calls fail at once and a stream of calls on
+  // other threads cannot starve it (glibc's rwlock prefers readers).
+  std::atomic<bool> closing{false};
   std::unique_ptr<Runtime> runtime;
   bool shut_down = false;     // guarded by mu
   std::atomic<int> views{0};  // NumPy arrays over the HBM arena still alive
@@ -101,12 +104,18 @@ std::unique_ptr<PyStep> begin_step(PyRuntime& self,
                                    const std::vector<std::pair<SequenceId, uint32_t>>& items);
 
 // Runs fn(Runtime&) with the runtime held open; FailedPreconditionError after shutdown.
+// The runtime held shared for one call; FailedPreconditionError once a shutdown has begun.
+inline std::shared_lock<std::shared_mutex> lock_open(RuntimeState& state) {
+  if (!state.closing.load(std::memory_order_acquire)) {
+    std::shared_lock lock(state.mu);
+    if (!state.shut_down) return lock;
+  }
+  throw StatusError(failed_precondition("the runtime was shut down"));
+}
+
 template <typename Fn>
 auto with_runtime(const std::shared_ptr<RuntimeState>& state, Fn&& fn) {
-  std::shared_lock lock(state->mu);
-  if (state->shut_down) {
-    throw StatusError(failed_precondition("the runtime was shut down"));
-  }
+  auto lock = lock_open(*state);
   return fn(*state->runtime);
 }
 

@@ -118,8 +118,7 @@ py::array hbm_frames(PyRuntime& self, bool raw) {
   Geometry g;
   std::unique_ptr<HbmLease> lease_ptr;
   {
-    std::shared_lock lock(state->mu);
-    if (state->shut_down) throw StatusError(failed_precondition("the runtime was shut down"));
+    auto lock = lock_open(*state);
     view = state->runtime->hbm_view();
     g = state->runtime->geometry();
     if (view.on_device) {
@@ -152,17 +151,29 @@ py::array hbm_frames(PyRuntime& self, bool raw) {
 
 void shutdown(PyRuntime& self) {
   const std::shared_ptr<RuntimeState>& state = self.state;
-  Status s;
-  {
-    py::gil_scoped_release unlocked;
-    std::unique_lock lock(state->mu);
-    if (state->shut_down) return;
+  const auto refuse_while_viewed = [&] {
     const int views = state->views.load(std::memory_order_acquire);
     if (views > 0) {
       throw py::buffer_error(
           "cannot shut down: " + std::to_string(views) +
           " NumPy array(s) from hbm_frames() still view the HBM arena, which shutdown frees; "
           "release them (del) first");
+    }
+  };
+  Status s;
+  {
+    py::gil_scoped_release unlocked;
+    // Arrays are only made under the shared lock: checked before closing (the usual refusal
+    // leaves the runtime untouched) and again under the exclusive lock (one made meanwhile).
+    refuse_while_viewed();
+    const bool was_closing = state->closing.exchange(true, std::memory_order_acq_rel);
+    std::unique_lock lock(state->mu);
+    if (state->shut_down) return;
+    try {
+      refuse_while_viewed();
+    } catch (...) {
+      if (!was_closing) state->closing.store(false, std::memory_order_release);
+      throw;
     }
     state->shut_down = true;
     s = state->runtime->shutdown();
@@ -284,11 +295,9 @@ void register_runtime(py::module_& m) {
       .def("shutdown", &shutdown,
            "Finishes or cancels transfers, persists cached blocks to NVMe and stops the runtime. "
            "Idempotent. BufferError while arrays from hbm_frames() are alive.")
-      .def_property_readonly("closed",
-                             [](PyRuntime& self) {
-                               std::shared_lock lock(self.state->mu);
-                               return self.state->shut_down;
-                             })
+      .def_property_readonly(
+          "closed",
+          [](PyRuntime& self) { return self.state->closing.load(std::memory_order_acquire); })
       .def_property_readonly("geometry",
                              [](PyRuntime& self) {
                                return with_runtime(self.state,

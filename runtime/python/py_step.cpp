@@ -27,8 +27,11 @@ PyStep::~PyStep() {
     // Dropped by the garbage collector with the GIL held; the abort waits on the loop.
     std::optional<py::gil_scoped_release> unlocked;
     if (holds_gil()) unlocked.emplace();
-    std::shared_lock runtime_lock(state->mu);
-    if (!state->shut_down) {
+    const bool open_runtime =
+        !state->closing.load(std::memory_order_acquire);  // else nothing is left to unpin
+    std::shared_lock runtime_lock(state->mu, std::defer_lock);
+    if (open_runtime) runtime_lock.lock();
+    if (open_runtime && !state->shut_down) {
       Status s = state->runtime->abort_step(info.id);
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
         log(LogLevel::kWarn,

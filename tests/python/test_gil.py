@@ -10,7 +10,6 @@ the watcher would run only after the wait returned, and find the layer ready."""
 
 import threading
 
-
 import kvtier
 from conftest import config_yaml, first_mismatch, make_tokens, open_runtime, run_step
 
@@ -56,3 +55,38 @@ def test_wait_layer_releases_the_gil(tmp_path):
         del frames
         rt.close_sequence(seq.id)
         assert rt.stats()["stall_nanos"] > 0
+
+
+def test_calls_racing_a_shutdown_fail_cleanly(tmp_path):
+    rt = open_runtime(config_yaml(tmp_path, nvme=False))
+    done = []
+    errors = []
+    started = threading.Semaphore(0)
+
+    def racer():
+        calls = 0
+        while True:
+            try:
+                rt.stats()
+                rt.match([])
+                rt.hbm_view()
+            except kvtier.FailedPreconditionError:
+                done.append(calls)
+                return
+            except Exception as e:  # anything else is a failure
+                errors.append(e)
+                return
+            calls += 1
+            if calls == 50:
+                started.release()
+
+    threads = [threading.Thread(target=racer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        started.acquire()  # every racer is in its loop
+    rt.shutdown()  # must not starve behind the racers' calls
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(done) == 4

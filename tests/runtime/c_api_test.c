@@ -8,6 +8,8 @@
 
 #include <ftw.h>
 #include <kvtier/kvtier.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,6 +396,54 @@ static void test_after_shutdown(kvt_runtime* rt, const uint32_t* tokens) {
   CHECK(kvt_runtime_destroy(NULL) == KVT_OK, "destroying NULL is a no-op");
 }
 
+/* Calls racing with a shutdown on other threads: each returns KVT_OK or, once the shutdown has
+ * begun, KVT_FAILED_PRECONDITION; none reads the runtime's freed state. */
+enum { kRacers = 4, kCallsBeforeShutdown = 200 };
+static atomic_int calls_done = 0;
+
+static void* race_calls(void* arg) {
+  kvt_runtime* rt = arg;
+  const kvt_block_key key = {1, 0};
+  for (long i = 0;; ++i) {
+    kvt_stats stats;
+    kvt_hbm_view view;
+    kvt_match m;
+    const kvt_status got[3] = {kvt_runtime_stats(rt, &stats), kvt_runtime_hbm_view(rt, &view),
+                               kvt_runtime_match(rt, &key, 0, &m)};
+    int stopped = 0;
+    for (int c = 0; c < 3; ++c) {
+      if (got[c] == KVT_FAILED_PRECONDITION) {
+        stopped = 1;
+      } else if (got[c] != KVT_OK) {
+        fprintf(stderr, "racing call %d returned %s: %s\n", c, kvt_status_name(got[c]),
+                kvt_last_error());
+        return (void*)1;
+      }
+    }
+    if (stopped) return NULL;
+    atomic_fetch_add(&calls_done, 1);
+  }
+}
+
+static void test_calls_racing_shutdown(void) {
+  const char* overrides[] = {"tiers.nvme.enabled=false", "metrics.listen=off"};
+  kvt_runtime_params params;
+  kvt_runtime_default_params(&params);
+  params.use_environment = 0;
+  kvt_runtime* rt = NULL;
+  MUST(kvt_runtime_open_yaml(yaml, overrides, 2, &params, &rt));
+  pthread_t threads[kRacers];
+  for (int i = 0; i < kRacers; ++i) pthread_create(&threads[i], NULL, race_calls, rt);
+  while (atomic_load(&calls_done) < kCallsBeforeShutdown) sched_yield();
+  MUST(kvt_runtime_shutdown(rt));
+  for (int i = 0; i < kRacers; ++i) {
+    void* result = NULL;
+    pthread_join(threads[i], &result);
+    CHECK(result == NULL, "racer %d saw an unexpected status", i);
+  }
+  MUST(kvt_runtime_destroy(rt));
+}
+
 /* After a restart the prompt is found on NVMe and its bytes come back. */
 static void test_restart(const uint32_t* tokens) {
   kvt_runtime* rt = NULL;
@@ -460,6 +510,8 @@ int main(void) {
   test_prefill_and_reuse(rt, tokens);
   test_bad_input(rt, tokens);
   test_after_shutdown(rt, tokens);
+
+  test_calls_racing_shutdown();
 
   kvt_set_log_callback(count_log_lines, &log_lines);
   test_restart(tokens);
