@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include "kvtier/kvtier.hpp"
@@ -60,6 +61,10 @@ struct Runtime::Impl {
   uint64_t recovered = 0;
   std::atomic<bool> shut_down{false};
   std::mutex shutdown_mu;
+  // Every call that touches the parts below holds this shared; shutdown takes it exclusively
+  // before it frees them, so no call ever runs against a freed part.
+  mutable std::shared_mutex life_mu;
+  RuntimeStats final_stats;  // the counters as shutdown left them
 
   Nanos call_timeout() const {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(options.call_timeout).count();
@@ -72,10 +77,21 @@ struct Runtime::Impl {
     return ok_status();
   }
 
-  // Runs `fn` on the loop, after checking the runtime is open.
+  // Holds the runtime open for the duration of one call (see life_mu).
+  struct Call {
+    std::shared_lock<std::shared_mutex> lock;
+    Status status;
+  };
+  Call enter() const {
+    Call c{std::shared_lock<std::shared_mutex>(life_mu), alive()};
+    return c;
+  }
+
+  // Runs `fn` on the loop, while the runtime is held open.
   template <typename Fn>
   Status on_loop(Fn&& fn) {
-    KVTIER_RETURN_IF_ERROR(alive());
+    Call call = enter();
+    KVTIER_RETURN_IF_ERROR(call.status);
     return loop->run_sync(std::forward<Fn>(fn), call_timeout());
   }
 
@@ -91,6 +107,9 @@ struct Runtime::Impl {
     }
     return ok_status();
   }
+
+  // The counters now (loop thread: no; any thread, the runtime held open).
+  RuntimeStats snapshot() const;
 
   std::string key_namespace() const {
     return config.model.key_namespace.empty() ? config.model.name : config.model.key_namespace;
@@ -212,7 +231,8 @@ Result<BlockKey> Runtime::block_key(const BlockKey& parent,
 BlockKey Runtime::namespace_root() const { return impl_->root; }
 
 Result<MatchResult> Runtime::match(std::span<const BlockKey> keys) {
-  KVTIER_RETURN_IF_ERROR(impl_->alive());
+  Impl::Call call = impl_->enter();
+  KVTIER_RETURN_IF_ERROR(call.status);
   KVTIER_RETURN_IF_ERROR(impl_->check_keys(keys, "match"));
   return impl_->scheduler->match(keys);
 }
@@ -241,12 +261,14 @@ Result<StepInfo> Runtime::begin_step(std::span<const StepItem> batch) {
 }
 
 Status Runtime::wait_layer(StepId step, uint32_t layer) {
-  KVTIER_RETURN_IF_ERROR(impl_->alive());
+  Impl::Call call = impl_->enter();
+  KVTIER_RETURN_IF_ERROR(call.status);
   return impl_->scheduler->wait_layer(step, layer);
 }
 
 Result<LayerTable> Runtime::layer_table(StepId step, uint32_t layer) const {
-  KVTIER_RETURN_IF_ERROR(impl_->alive());
+  Impl::Call call = impl_->enter();
+  KVTIER_RETURN_IF_ERROR(call.status);
   return impl_->scheduler->layer_table(step, layer);
 }
 
@@ -288,6 +310,8 @@ Status Runtime::unpin_prefix(PrefixPinId pin) {
 }
 
 HbmView Runtime::hbm_view() const {
+  Impl::Call call = impl_->enter();
+  if (!call.status.ok()) return HbmView{};  // shut down: there is no arena any more
   const HbmArena& hbm = *impl_->tiers->hbm;
   HbmView v;
   v.base = hbm.base();
@@ -299,8 +323,14 @@ HbmView Runtime::hbm_view() const {
 }
 
 RuntimeStats Runtime::stats() const {
+  Impl::Call call = impl_->enter();
+  if (!call.status.ok()) return impl_->final_stats;
+  return impl_->snapshot();
+}
+
+RuntimeStats Runtime::Impl::snapshot() const {
   RuntimeStats r;
-  const SchedulerStats& s = impl_->scheduler->stats();
+  const SchedulerStats& s = scheduler->stats();
   const auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   r.lookup_tokens = get(s.lookup_tokens);
   for (Tier t : kAllTiers) {
@@ -310,13 +340,13 @@ RuntimeStats Runtime::stats() const {
     r.demotions[i] = get(s.demotions[i]);
     r.evictions[i] = get(s.evictions[i]);
   }
-  const TierStack& t = *impl_->tiers;
+  const TierStack& t = *tiers;
   r.used_bytes[tier_index(Tier::kHbm)] = t.hbm->used_bytes();
   r.capacity_bytes[tier_index(Tier::kHbm)] = t.hbm->capacity_bytes();
   r.used_bytes[tier_index(Tier::kHost)] = t.host->used_bytes();
   r.capacity_bytes[tier_index(Tier::kHost)] = t.host->capacity_bytes();
   if (t.nvme != nullptr) {
-    const uint64_t extent = t.nvme->capacity_blocks() == 0 ? 0 : geometry().block_bytes();
+    const uint64_t extent = t.nvme->capacity_blocks() == 0 ? 0 : config.model.geometry.block_bytes();
     r.used_bytes[tier_index(Tier::kNvme)] = t.nvme->used_blocks() * extent;
     r.capacity_bytes[tier_index(Tier::kNvme)] = t.nvme->capacity_blocks() * extent;
   }
@@ -326,18 +356,17 @@ RuntimeStats Runtime::stats() const {
   r.failed_loads = get(s.failed_loads);
   r.checksum_failures = get(t.stats->checksum_failures);
   r.io_errors = get(t.stats->io_errors);
-  r.nvme_recovered_blocks = impl_->recovered;
-  if (!impl_->shut_down.load(std::memory_order_acquire)) {
+  r.nvme_recovered_blocks = recovered;
+  {
     uint64_t open = 0;
     uint64_t pinned = 0;
-    impl_->loop
-        ->run_sync(
+    loop->run_sync(
             [&] {
-              open = impl_->scheduler->open_sequences();
-              pinned = impl_->scheduler->pinned_prefix_blocks();
+              open = scheduler->open_sequences();
+              pinned = scheduler->pinned_prefix_blocks();
               return ok_status();
             },
-            impl_->call_timeout())
+            call_timeout())
         .ignore();
     r.open_sequences = open;
     r.pinned_prefix_blocks = pinned;
@@ -346,6 +375,8 @@ RuntimeStats Runtime::stats() const {
 }
 
 uint16_t Runtime::metrics_port() const {
+  Impl::Call call = impl_->enter();
+  if (!call.status.ok()) return 0;
   const MetricsExporter* m = impl_->metrics.get();
   return m != nullptr && m->serving() ? m->port() : 0;
 }
@@ -354,6 +385,12 @@ Status Runtime::shutdown() {
   std::lock_guard<std::mutex> lock(impl_->shutdown_mu);
   if (impl_->shut_down.exchange(true)) return ok_status();
   Impl& im = *impl_;
+  // New calls fail from here on. Open steps are aborted so engine threads blocked in wait_layer
+  // return now; then wait for every call in flight to leave before anything is freed.
+  im.loop->run_sync([&] { im.scheduler->abort_all_steps(); return ok_status(); },
+                    im.call_timeout())
+      .ignore();
+  std::unique_lock<std::shared_mutex> exclusive(im.life_mu);
   im.metrics.reset();  // stop serving before what it reads goes away
   const auto deadline = std::chrono::steady_clock::now() + im.options.shutdown_timeout;
   if (im.options.persist_on_shutdown) {
@@ -387,6 +424,7 @@ Status Runtime::shutdown() {
   // Stop the producers of completions first: the engine's destructor waits for its queued copies
   // and the store's for its I/O threads; their completions post to the loop, which still runs
   // them against a live scheduler. Then drain the loop, and take the rest down in reverse order.
+  im.final_stats = im.snapshot();
   im.tiers->engine.reset();
   im.tiers->nvme.reset();
   im.loop->run_sync([] { return ok_status(); }, im.call_timeout()).ignore();

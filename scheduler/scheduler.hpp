@@ -111,6 +111,8 @@ class Scheduler {
   // Gives a step up (the engine failed it, e.g. a layer that could not load): unpins, discards the
   // pages it was to write and leaves every sequence as it was before the step.
   Status abort_step(StepId step);
+  // Aborts every open step (shutdown): engine threads blocked in wait_layer return kCancelled.
+  void abort_all_steps();
   // Replaces the set of waiting requests the policies and the prefetcher see.
   Status hint(std::span<const HintedRequest> waiting);
   // A block found on NVMe at start-up (the store's recovered index): cached, on NVMe only.

@@ -570,8 +570,21 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
   return first;
 }
 
+void Scheduler::abort_all_steps() {
+  std::vector<StepId> open;
+  for (const auto& [id, step] : steps_) open.push_back(id);
+  for (StepId id : open) abort_step(id).ignore();
+}
+
 Status Scheduler::abort_step(StepId id) {
   KVTIER_ASSIGN_OR_RETURN(Step * step, find_step(id));
+  // Anyone still waiting on a layer of this step learns now, not at its timeout.
+  for (uint32_t l = 0; l < step->layers; ++l) {
+    if (!step->shared->ready[l]->finished()) {
+      step->shared->ready[l]->page_failed(
+          cancelled("step " + std::to_string(id) + " was aborted"));
+    }
+  }
   for (uint32_t l = 0; l < step->layers; ++l) {
     if (step->planned[l] && !step->released[l]) {
       step->released[l] = 1;

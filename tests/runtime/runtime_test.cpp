@@ -256,3 +256,43 @@ TEST(RuntimeMetrics, ServedOverHttpWhileRunning) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// Shutdown while an engine thread waits on a layer: the waiter returns at once, and every later
+// call — including hbm_view and stats, which hold no Status — is safe.
+TEST(RuntimeShutdown, WakesWaitersAndLaterCallsAreSafe) {
+  testing::ScratchDir dir("runtime-shutdown");
+  Config c = testing::small_config(dir.path());
+  c.tiers.nvme.enabled = false;
+  auto opened = Runtime::open(c);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto rt = std::move(opened).value();
+  // 40 blocks need 40 of the 64 HBM frames per layer: a window of one layer at a time, so the last
+  // layer is not even planned until the engine ends the ones before it.
+  const auto tokens = testing::make_tokens(40 * 16, 8);
+  auto seq = rt->open_sequence(rt->block_keys(tokens));
+  ASSERT_TRUE(seq.ok());
+  const StepItem item{seq->id, static_cast<uint32_t>(tokens.size())};
+  auto step = rt->begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  ASSERT_TRUE(step->windowed);
+  Status waited;
+  std::thread waiter([&] { waited = rt->wait_layer(step->id, step->layers - 1); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(rt->shutdown().ok());
+  waiter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(waited.ok());
+  EXPECT_EQ(waited.code(), StatusCode::kCancelled) << waited.to_string();
+  EXPECT_EQ(rt->hbm_view().base, nullptr);
+  EXPECT_EQ(rt->stats().open_sequences, 1u) << "the final counters stay readable";
+  EXPECT_EQ(rt->metrics_port(), 0);
+  EXPECT_EQ(rt->wait_layer(step->id, 0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rt->layer_table(step->id, 0).status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kvtier
