@@ -3,14 +3,24 @@
 namespace kvtier {
 
 uint32_t GhostHistory::count(const BlockKey& key) const {
-  const auto it = map_.find(fingerprint(key));
-  return it == map_.end() ? 0 : it->second;
+  const Entry* e = find(key);
+  return e == nullptr ? 0 : e->count;
 }
 
-void GhostHistory::put(const BlockKey& key, uint32_t count) {
+const GhostHistory::Entry* GhostHistory::find(const BlockKey& key) const {
+  const auto it = map_.find(fingerprint(key));
+  return it == map_.end() ? nullptr : &it->second;
+}
+
+GhostHistory::Entry* GhostHistory::find(const BlockKey& key) {
+  const auto it = map_.find(fingerprint(key));
+  return it == map_.end() ? nullptr : &it->second;
+}
+
+void GhostHistory::put(const BlockKey& key, const Entry& entry) {
   if (capacity_ == 0) return;
   const uint64_t fp = fingerprint(key);
-  const auto [it, inserted] = map_.insert_or_assign(fp, count);
+  const auto [it, inserted] = map_.insert_or_assign(fp, entry);
   if (!inserted) return;  // already in the ring; keeps its position
   if (ring_.size() < capacity_) {
     ring_.push_back(fp);
@@ -25,12 +35,14 @@ void GhostHistory::put(const BlockKey& key, uint32_t count) {
   // never larger.
 }
 
-uint32_t GhostHistory::take(const BlockKey& key) {
+uint32_t GhostHistory::take(const BlockKey& key) { return take_entry(key).count; }
+
+GhostHistory::Entry GhostHistory::take_entry(const BlockKey& key) {
   const auto it = map_.find(fingerprint(key));
-  if (it == map_.end()) return 0;
-  const uint32_t c = it->second;
+  if (it == map_.end()) return Entry{};
+  const Entry e = it->second;
   map_.erase(it);
-  return c;
+  return e;
 }
 
 }  // namespace kvtier

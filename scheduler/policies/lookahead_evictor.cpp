@@ -6,43 +6,98 @@
 #include "scheduler/policies/hint_board.hpp"
 
 namespace kvtier {
+namespace {
+
+uint64_t horizon_of(const EvictorOptions& options) {
+  return LookaheadEvictor::kHorizonCapacities * std::max<uint64_t>(options.capacity_blocks, 1);
+}
+
+uint32_t saturating_increment(uint32_t v) { return v == UINT32_MAX ? v : v + 1; }
+
+}  // namespace
 
 LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options)
     : hints_(options.hints),
-      weight_(kKappa * static_cast<double>(options.capacity_blocks)),
       index_(options.expected_blocks),
-      ghost_(std::max<uint64_t>(kMinGhost, kGhostFactor * options.capacity_blocks)) {}
+      ghost_(std::max<uint64_t>(kMinGhost, kGhostFactor * options.capacity_blocks)),
+      model_(kClasses, horizon_of(options), kHalfLifeHorizons * horizon_of(options)) {}
 
-uint32_t LookaheadEvictor::class_of(uint32_t uses) {
-  if (uses <= 1) return 0;
-  return std::min<uint32_t>(kClasses - 1, static_cast<uint32_t>(std::bit_width(uses)) - 1);
+uint32_t LookaheadEvictor::class_of(uint32_t uses, bool ended) {
+  const uint32_t bucket =
+      uses <= 1
+          ? 0
+          : std::min<uint32_t>(kUseBuckets - 1, static_cast<uint32_t>(std::bit_width(uses)) - 1);
+  return 2 * bucket + (ended ? 1 : 0);
 }
 
 bool LookaheadEvictor::hinted(const BlockKey& key) const {
   return hints_ != nullptr && hints_->contains(key);
 }
 
-void LookaheadEvictor::place(uint32_t slot, uint32_t uses) {
-  uses_[slot] = uses;
-  uint32_t cls = class_of(uses);
+void LookaheadEvictor::tick() {
+  ++now_;
+  model_.advance(now_);
+}
+
+uint32_t LookaheadEvictor::list_for(uint32_t cls, uint32_t parent_slot) const {
+  if (parent_slot == KeyIndex::kNone) return cls;
+  const uint32_t parent_list = list_[parent_slot];
+  return model_.expected_gap(parent_list) > model_.expected_gap(cls) ? parent_list : cls;
+}
+
+void LookaheadEvictor::place(uint32_t slot, uint64_t time) {
   const uint32_t ps = links_.parent_slot(index_, slot);
-  if (ps != KeyIndex::kNone) cls = std::min<uint32_t>(cls, class_[ps]);
-  class_[slot] = static_cast<uint8_t>(cls);
-  if (ps != KeyIndex::kNone && ps == last_touched_ && class_[ps] == cls) {
-    time_[slot] = time_[ps];
-    lists_.insert_older_than(cls, ps, slot);
+  const uint32_t list = list_for(class_[slot], ps);
+  list_[slot] = static_cast<uint8_t>(list);
+  if (ps != KeyIndex::kNone && ps == last_placed_ && list_[ps] == list) {
+    rank_time_[slot] = rank_time_[ps];
+    lists_.insert_older_than(list, ps, slot);
   } else {
-    time_[slot] = now_;
-    lists_.push_front(cls, slot);
+    rank_time_[slot] = time;
+    lists_.push_front(list, slot);
   }
-  last_touched_ = slot;
+  last_placed_ = slot;
+}
+
+void LookaheadEvictor::settle_pending(const BlockKey& parent) {
+  if (pending_.is_null()) return;
+  const BlockKey previous = pending_;
+  pending_ = BlockKey{};
+  if (!parent.is_null() && parent == previous) return;  // continued by its child
+  const uint32_t slot = index_.find(previous);
+  if (slot != KeyIndex::kNone) {
+    const uint32_t from = class_[slot];
+    if ((from & 1u) != 0) return;
+    const uint32_t to = from | 1u;
+    model_.moved(from, to);
+    class_[slot] = static_cast<uint8_t>(to);
+    const uint32_t list = list_for(to, links_.parent_slot(index_, slot));
+    if (list != list_[slot]) {
+      lists_.remove(list_[slot], slot);
+      list_[slot] = static_cast<uint8_t>(list);
+      lists_.push_front(list, slot);
+    }
+    return;
+  }
+  if (GhostHistory::Entry* e = ghost_.find(previous); e != nullptr && (e->tag & 1u) == 0) {
+    model_.moved(e->tag, e->tag | 1u);
+    e->tag |= 1u;
+  }
 }
 
 void LookaheadEvictor::on_miss(const BlockFacts& block) {
-  ++now_;
+  tick();
   if (index_.find(block.key) != KeyIndex::kNone) return;  // present here: not a miss
-  const uint32_t c = ghost_.count(block.key);
-  ghost_.put(block.key, c == UINT32_MAX ? c : c + 1);
+  settle_pending(block.parent);
+  uint32_t uses = 1;
+  if (const GhostHistory::Entry* e = ghost_.find(block.key); e != nullptr) {
+    model_.reused(e->tag, now_ - e->time);
+    uses = saturating_increment(e->count);
+  }
+  const uint32_t cls = class_of(uses, false);
+  model_.entered(cls);
+  ghost_.put(block.key, GhostHistory::Entry{now_, uses, cls});
+  pending_ = block.key;
 }
 
 void LookaheadEvictor::on_insert(const BlockFacts& block) {
@@ -52,35 +107,56 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
   const uint32_t limit = index_.slot_limit();
   lists_.reserve_slots(limit);
   links_.reserve_slots(limit);
-  if (time_.size() < limit) {
-    time_.resize(limit, 0);
+  if (rank_time_.size() < limit) {
+    rank_time_.resize(limit, 0);
+    ref_time_.resize(limit, 0);
     uses_.resize(limit, 0);
     class_.resize(limit, 0);
+    list_.resize(limit, 0);
   }
-  ++now_;
-  // A miss already counted this reference in the ghost; a block demoted or promoted into this
-  // tier brings its hit count.
-  const uint32_t remembered = ghost_.take(block.key);
-  const uint32_t uses = std::max<uint32_t>({remembered, block.hits + 1u, 1u});
+  // A miss already counted this reference in the ghost (and opened its interval); a block
+  // demoted or promoted into this tier brings its hit count.
+  const GhostHistory::Entry remembered = ghost_.take_entry(block.key);
+  const uint32_t uses = std::max<uint32_t>({remembered.count, block.hits + 1u, 1u});
+  uint32_t cls;
+  if (remembered.count > 0) {
+    cls = class_of(uses, (remembered.tag & 1u) != 0);
+    if (cls != remembered.tag) model_.moved(remembered.tag, cls);
+    ref_time_[slot] = remembered.time;
+  } else {
+    cls = class_of(uses, false);
+    model_.entered(cls);
+    ref_time_[slot] = now_;
+  }
+  uses_[slot] = uses;
+  class_[slot] = static_cast<uint8_t>(cls);
   links_.attach(index_, slot, block.parent);
-  place(slot, uses);
+  place(slot, ref_time_[slot]);
 }
 
 void LookaheadEvictor::on_access(const BlockKey& key) {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return count_misuse();
-  ++now_;
-  lists_.remove(class_[slot], slot);
-  place(slot, uses_[slot] == UINT32_MAX ? uses_[slot] : uses_[slot] + 1);
+  tick();
+  settle_pending(links_.parent(slot));
+  model_.reused(class_[slot], now_ - ref_time_[slot]);
+  uses_[slot] = saturating_increment(uses_[slot]);
+  const uint32_t cls = class_of(uses_[slot], false);
+  model_.entered(cls);
+  class_[slot] = static_cast<uint8_t>(cls);
+  ref_time_[slot] = now_;
+  lists_.remove(list_[slot], slot);
+  place(slot, now_);
+  pending_ = key;
 }
 
 void LookaheadEvictor::on_erase(const BlockKey& key) {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return count_misuse();
-  ghost_.put(key, uses_[slot]);
+  ghost_.put(key, GhostHistory::Entry{ref_time_[slot], uses_[slot], class_[slot]});
   links_.detach(index_, slot);
-  lists_.remove(class_[slot], slot);
-  if (last_touched_ == slot) last_touched_ = KeyIndex::kNone;
+  lists_.remove(list_[slot], slot);
+  if (last_placed_ == slot) last_placed_ = KeyIndex::kNone;
   index_.erase(slot);
 }
 
@@ -88,23 +164,23 @@ uint32_t LookaheadEvictor::best_tail() {
   uint64_t refresh_budget = index_.size();
   while (true) {
     uint32_t best = SlotLists::kNil;
-    double best_priority = 0;
-    for (uint32_t c = 0; c < kClasses; ++c) {
-      const uint32_t t = lists_.back(c);
+    double best_rank = 0;
+    for (uint32_t l = 0; l < kClasses; ++l) {
+      const uint32_t t = lists_.back(l);
       if (t == SlotLists::kNil) continue;
-      const double p = priority(t);
-      if (best == SlotLists::kNil || p < best_priority) {
+      const double r = rank(t);
+      if (best == SlotLists::kNil || r < best_rank) {
         best = t;
-        best_priority = p;
+        best_rank = r;
       }
     }
     if (best == SlotLists::kNil || refresh_budget == 0 || !hinted(index_.key(best))) return best;
     // A waiting request reads it: it is as good as touched now.
     --refresh_budget;
-    lists_.remove(class_[best], best);
-    time_[best] = ++now_;
-    lists_.push_front(class_[best], best);
-    if (last_touched_ == best) last_touched_ = KeyIndex::kNone;
+    lists_.remove(list_[best], best);
+    rank_time_[best] = now_;
+    lists_.push_front(list_[best], best);
+    if (last_placed_ == best) last_placed_ = KeyIndex::kNone;
   }
 }
 
@@ -112,38 +188,37 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
   if (hinted(block.key)) return true;
   const uint32_t victim = best_tail();
   if (victim == SlotLists::kNil) return true;
-  uint32_t uses = std::max<uint32_t>({ghost_.count(block.key), block.hits + 1u, 1u});
-  uint32_t cls = class_of(uses);
+  const uint32_t uses = std::max<uint32_t>({ghost_.count(block.key), block.hits + 1u, 1u});
   const uint32_t ps = block.parent.is_null() ? KeyIndex::kNone : index_.find(block.parent);
-  if (ps != KeyIndex::kNone) cls = std::min<uint32_t>(cls, class_[ps]);
-  const double newcomer = static_cast<double>(now_) + weight_ * cls;
-  return newcomer > priority(victim);
+  const uint32_t list = list_for(class_of(uses, false), ps);
+  const double newcomer = static_cast<double>(now_) - model_.expected_gap(list);
+  return newcomer > rank(victim);
 }
 
 std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
                                              std::vector<BlockKey>& out) {
   if (count == 0) return 0;
   best_tail();  // refresh hinted tails first
-  // Merge the class lists by priority, walking each from its tail with its own cursor.
+  // Merge the lists by rank, walking each from its tail with its own cursor.
   std::array<uint32_t, kClasses> cursor;
-  for (uint32_t c = 0; c < kClasses; ++c) cursor[c] = lists_.back(c);
+  for (uint32_t l = 0; l < kClasses; ++l) cursor[l] = lists_.back(l);
   std::size_t added = 0;
   std::size_t hinted_seen = 0;
   std::vector<BlockKey> hinted_victims;
   while (added < count) {
-    uint32_t best_c = kClasses;
-    double best_priority = 0;
-    for (uint32_t c = 0; c < kClasses; ++c) {
-      if (cursor[c] == SlotLists::kNil) continue;
-      const double p = priority(cursor[c]);
-      if (best_c == kClasses || p < best_priority) {
-        best_c = c;
-        best_priority = p;
+    uint32_t best_l = kClasses;
+    double best_rank = 0;
+    for (uint32_t l = 0; l < kClasses; ++l) {
+      if (cursor[l] == SlotLists::kNil) continue;
+      const double r = rank(cursor[l]);
+      if (best_l == kClasses || r < best_rank) {
+        best_l = l;
+        best_rank = r;
       }
     }
-    if (best_c == kClasses) break;
-    const uint32_t s = cursor[best_c];
-    cursor[best_c] = lists_.newer(s);
+    if (best_l == kClasses) break;
+    const uint32_t s = cursor[best_l];
+    cursor[best_l] = lists_.newer(s);
     const BlockKey& key = index_.key(s);
     if (skip(key)) continue;
     if (hinted(key)) {
@@ -173,8 +248,9 @@ uint32_t LookaheadEvictor::uses_of(const BlockKey& key) const {
 
 std::size_t LookaheadEvictor::memory_bytes() const {
   return index_.memory_bytes() + lists_.memory_bytes() + links_.memory_bytes() +
-         time_.capacity() * sizeof(uint64_t) + uses_.capacity() * sizeof(uint32_t) +
-         class_.capacity() + ghost_.memory_bytes();
+         (rank_time_.capacity() + ref_time_.capacity()) * sizeof(uint64_t) +
+         uses_.capacity() * sizeof(uint32_t) + class_.capacity() + list_.capacity() +
+         ghost_.memory_bytes() + model_.memory_bytes();
 }
 
 }  // namespace kvtier

@@ -5,17 +5,23 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
+#include <string>
 
+#include "scheduler/policies/ghost_history.hpp"
 #include "scheduler/policies/hint_board.hpp"
 #include "scheduler/policies/lfu_evictor.hpp"
 #include "scheduler/policies/lookahead_evictor.hpp"
 #include "scheduler/policies/lru_evictor.hpp"
 #include "scheduler/policies/prefix_aware_evictor.hpp"
+#include "scheduler/policies/reuse_model.hpp"
 #include "scheduler/policies/s3fifo_evictor.hpp"
 #include "tests/scheduler/policies/policy_test_util.hpp"
 
@@ -181,69 +187,231 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
   return hits;
 }
 
-// Lookahead on single-block requests: priority = time + 0.25 * cap * floor(log2(uses)), uses
-// remembered across evictions, hinted blocks refreshed instead of evicted, bypass when the
-// newcomer's priority does not beat the victim's.
+// Lookahead: a naive re-statement over maps. Ranks are last_touch - G(list), G the truncated mean
+// gap of ReuseModel's formula, recomputed here from plain per-class sums; list order is kept as
+// (major, minor) pairs: a push to a list's front takes a new major, a child placed behind its
+// parent takes the parent's major and the next minor, so a list's tail is its smallest major and,
+// within it, its largest minor. Victims are the k-way merge of the lists by rank, as the policy
+// walks them; hinted blocks are refreshed off the tails and offered last.
 struct LookaheadRef {
+  static constexpr uint32_t kClasses = 10;
+  struct Block {
+    uint64_t rank_time = 0, ref_time = 0, major = 0;
+    uint32_t minor = 0, uses = 0, cls = 0, list = 0;
+    std::optional<uint64_t> parent;
+  };
+  struct Ghost {
+    uint64_t time = 0;
+    uint32_t count = 0, tag = 0;
+  };
+
   uint64_t cap = 0;
   const HintBoard* hints = nullptr;
-  uint64_t now = 0;
-  std::map<uint64_t, std::pair<uint64_t, uint32_t>> c;  // id -> (time, uses)
-  std::map<uint64_t, uint32_t> ghost;
-  uint64_t bypassed = 0;
+  uint64_t now = 0, seq = 0, bypassed = 0;
+  uint64_t horizon = 0, half_life = 0, next_decay = 0;
+  std::map<uint64_t, Block> c;
+  std::map<uint64_t, Ghost> ghost;
+  std::array<double, kClasses> entries{}, reuses{}, gaps{};
+  std::optional<uint64_t> last_placed, pending;
 
-  static uint32_t cls(uint32_t uses) {
-    uint32_t c = 0;
-    while (uses > 1 && c < 7) {
-      uses >>= 1;
-      ++c;
-    }
-    return c;
+  explicit LookaheadRef(uint64_t capacity, const HintBoard* board) : cap(capacity), hints(board) {
+    horizon = LookaheadEvictor::kHorizonCapacities * std::max<uint64_t>(capacity, 1);
+    half_life = LookaheadEvictor::kHalfLifeHorizons * horizon;
+    next_decay = half_life;
   }
-  double prio(uint64_t t, uint32_t uses) const { return t + 0.25 * cap * cls(uses); }
-  bool hinted(uint64_t id) const { return hints && hints->contains(key_of(id)); }
-  uint64_t victim() {
-    // The policy refreshes at most as many hinted tails as it tracks blocks.
-    for (std::size_t budget = c.size();; --budget) {
-      auto best = c.begin();
-      for (auto it = c.begin(); it != c.end(); ++it) {
-        const double pi = prio(it->second.first, it->second.second);
-        const double pb = prio(best->second.first, best->second.second);
-        if (pi < pb || (pi == pb && cls(it->second.second) < cls(best->second.second))) best = it;
+
+  static uint32_t cls_of(uint32_t uses, bool ended) {
+    uint32_t b = 0;
+    while (b < 4 && (uint64_t{1} << (b + 1)) <= uses) ++b;
+    return 2 * b + (ended ? 1 : 0);
+  }
+  double gap(uint32_t k) const {
+    const double h = static_cast<double>(horizon);
+    const double e = std::max(entries[k], reuses[k]);
+    return (gaps[k] + (e - reuses[k] + 1.0) * h) / (e + 1.0);
+  }
+  void tick() {
+    ++now;
+    while (now >= next_decay) {
+      for (uint32_t k = 0; k < kClasses; ++k) {
+        entries[k] *= 0.5;
+        reuses[k] *= 0.5;
+        gaps[k] *= 0.5;
       }
-      if (!hinted(best->first) || budget == 0) return best->first;
-      best->second.first = ++now;
+      next_decay += half_life;
     }
   }
-  uint64_t run(const std::vector<uint64_t>& ids, const std::function<void(std::size_t)>& before) {
-    uint64_t hits = 0;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      before(i);
-      const uint64_t id = ids[i];
-      if (c.count(id)) {
-        ++hits;
-        c[id] = {++now, c[id].second + 1};
+  void reused(uint32_t k, uint64_t g) {
+    if (g > horizon) return;
+    reuses[k] += 1;
+    gaps[k] += static_cast<double>(g);
+  }
+  void moved(uint32_t from, uint32_t to) {
+    entries[from] = std::max(0.0, entries[from] - 1.0);
+    entries[to] += 1;
+  }
+  bool hinted(uint64_t id) const { return hints && hints->contains(key_of(id)); }
+  double rank(const Block& b) const { return static_cast<double>(b.rank_time) - gap(b.list); }
+  const Block* parent_of(const Block& b) const {
+    if (!b.parent) return nullptr;
+    auto it = c.find(*b.parent);
+    return it == c.end() ? nullptr : &it->second;
+  }
+  uint32_t list_for(uint32_t k, const Block* parent) const {
+    return parent && gap(parent->list) > gap(k) ? parent->list : k;
+  }
+  void place(uint64_t id, uint64_t time) {
+    Block& b = c[id];
+    const Block* p = parent_of(b);
+    b.list = list_for(b.cls, p);
+    if (p && last_placed == *b.parent && p->list == b.list) {
+      b.rank_time = p->rank_time;
+      b.major = p->major;
+      b.minor = p->minor + 1;
+    } else {
+      b.rank_time = time;
+      b.major = ++seq;
+      b.minor = 0;
+    }
+    last_placed = id;
+  }
+  void settle(std::optional<uint64_t> parent) {
+    if (!pending) return;
+    const uint64_t prev = *pending;
+    pending.reset();
+    if (parent && *parent == prev) return;
+    if (auto it = c.find(prev); it != c.end()) {
+      Block& b = it->second;
+      if (b.cls & 1) return;
+      moved(b.cls, b.cls | 1);
+      b.cls |= 1;
+      const uint32_t l = list_for(b.cls, parent_of(b));
+      if (l != b.list) {
+        b.list = l;
+        b.major = ++seq;
+        b.minor = 0;
+      }
+      return;
+    }
+    if (auto g = ghost.find(prev); g != ghost.end() && !(g->second.tag & 1)) {
+      moved(g->second.tag, g->second.tag | 1);
+      g->second.tag |= 1;
+    }
+  }
+  // The oldest block of list l not yet walked past.
+  std::optional<uint64_t> tail(uint32_t l, const std::set<uint64_t>& walked) const {
+    std::optional<uint64_t> best;
+    for (const auto& [id, b] : c) {
+      if (b.list != l || walked.count(id)) continue;
+      if (!best) {
+        best = id;
         continue;
       }
-      ++now;
-      ++ghost[id];
-      if (cap == 0) continue;
-      if (c.size() >= cap) {
-        if (!hinted(id)) {
-          const uint64_t v = victim();
-          const double mine = now + 0.25 * cap * cls(std::max<uint32_t>(ghost[id], 1));
-          if (!(mine > prio(c[v].first, c[v].second))) {
+      const Block& x = c.at(*best);
+      if (b.major < x.major || (b.major == x.major && b.minor > x.minor)) best = id;
+    }
+    return best;
+  }
+  std::optional<uint64_t> best_tail() {
+    for (std::size_t budget = c.size();; --budget) {
+      std::optional<uint64_t> best;
+      for (uint32_t l = 0; l < kClasses; ++l) {
+        const auto t = tail(l, {});
+        if (t && (!best || rank(c[*t]) < rank(c[*best]))) best = t;
+      }
+      if (!best || budget == 0 || !hinted(*best)) return best;
+      Block& b = c[*best];
+      b.rank_time = now;
+      b.major = ++seq;
+      b.minor = 0;
+      if (last_placed == *best) last_placed.reset();
+    }
+  }
+  uint64_t victim() {
+    best_tail();
+    std::set<uint64_t> walked;
+    std::optional<uint64_t> first_hinted;
+    while (walked.size() < c.size()) {
+      std::optional<uint64_t> best;
+      for (uint32_t l = 0; l < kClasses; ++l) {
+        const auto t = tail(l, walked);
+        if (t && (!best || rank(c[*t]) < rank(c[*best]))) best = t;
+      }
+      walked.insert(*best);
+      if (!hinted(*best)) return *best;
+      if (!first_hinted) first_hinted = best;
+    }
+    return *first_hinted;
+  }
+  bool admit(uint64_t id, std::optional<uint64_t> parent) {
+    if (hinted(id)) return true;
+    const std::optional<uint64_t> v = best_tail();
+    if (!v) return true;
+    const auto g = ghost.find(id);
+    const uint32_t uses = std::max<uint32_t>(g == ghost.end() ? 0 : g->second.count, 1);
+    const Block* p = parent && c.count(*parent) ? &c.at(*parent) : nullptr;
+    const double mine = static_cast<double>(now) - gap(list_for(cls_of(uses, false), p));
+    return mine > rank(c[*v]);
+  }
+
+  uint64_t run(const std::vector<Request>& reqs, const std::function<void(std::size_t)>& before) {
+    uint64_t hits = 0;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      before(i);
+      const Request& r = reqs[i];
+      std::size_t k = 0;
+      while (k < r.size() && c.count(r[k])) ++k;
+      hits += k;
+      bool dropped = false;
+      for (std::size_t j = 0; j < r.size(); ++j) {
+        const uint64_t id = r[j];
+        const std::optional<uint64_t> parent =
+            j > 0 ? std::optional<uint64_t>(r[j - 1]) : std::nullopt;
+        tick();
+        if (auto it = c.find(id); it != c.end()) {  // access
+          Block& b = it->second;
+          settle(b.parent);
+          reused(b.cls, now - b.ref_time);
+          b.uses = b.uses == UINT32_MAX ? b.uses : b.uses + 1;
+          b.cls = cls_of(b.uses, false);
+          entries[b.cls] += 1;
+          b.ref_time = now;
+          place(id, now);
+          pending = id;
+          continue;
+        }
+        settle(parent);  // miss
+        uint32_t uses = 1;
+        if (auto g = ghost.find(id); g != ghost.end()) {
+          reused(g->second.tag, now - g->second.time);
+          uses = g->second.count + 1;
+        }
+        entries[cls_of(uses, false)] += 1;
+        ghost[id] = Ghost{now, uses, cls_of(uses, false)};
+        pending = id;
+        if (dropped || cap == 0) continue;
+        if (c.size() >= cap) {
+          if (!admit(id, parent)) {
             ++bypassed;
+            dropped = true;
             continue;
           }
+          const uint64_t v = victim();
+          const Block& vb = c[v];
+          ghost[v] = Ghost{vb.ref_time, vb.uses, vb.cls};
+          if (last_placed == v) last_placed.reset();
+          c.erase(v);
         }
-        const uint64_t v = victim();
-        ghost[v] = c[v].second;
-        c.erase(v);
+        const Ghost g = ghost[id];  // insert: takes the ghost entry of the miss
+        ghost.erase(id);
+        Block& b = c[id];
+        b.parent = parent;
+        b.uses = std::max<uint32_t>(g.count, 1);
+        b.cls = cls_of(b.uses, g.tag & 1);
+        if (b.cls != g.tag) moved(g.tag, b.cls);
+        b.ref_time = g.time;
+        place(id, g.time);
       }
-      const uint32_t uses = std::max<uint32_t>(ghost[id], 1);
-      ghost.erase(id);
-      c[id] = {++now, uses};
     }
     return hits;
   }
@@ -335,40 +503,61 @@ TEST(EvictorsVsReference, PrefixAwareOnChains) {
   }
 }
 
+// Hints for request i + 1 .. i + lookahead before request i, as the replay keeps its board.
+std::function<void(std::size_t)> hinter(HintBoard& board, const std::vector<Request>& reqs,
+                                        uint32_t lookahead) {
+  return [&board, &reqs, lookahead](std::size_t i) {
+    if (lookahead == 0) return;
+    const auto add = [&](std::size_t j) {
+      std::vector<BlockKey> keys;
+      for (uint64_t id : reqs[j]) keys.push_back(key_of(id));
+      ASSERT_TRUE(board.add(j, j, keys).ok());
+    };
+    if (i == 0) {
+      for (std::size_t j = 1; j <= lookahead && j < reqs.size(); ++j) add(j);
+      return;
+    }
+    ASSERT_TRUE(board.remove(i).ok());
+    if (i + lookahead < reqs.size()) add(i + lookahead);
+  };
+}
+
+void expect_lookahead_matches_reference(uint64_t cap, uint32_t lookahead,
+                                        const std::vector<Request>& reqs, const std::string& what) {
+  HintBoard board, ref_board;
+  EvictorOptions o;
+  o.capacity_blocks = cap;
+  o.hints = lookahead ? &board : nullptr;
+  LookaheadEvictor e(o);
+  const DriveResult got = drive(e, cap, reqs, hinter(board, reqs, lookahead));
+  LookaheadRef ref(cap, lookahead ? &ref_board : nullptr);
+  const uint64_t want = ref.run(reqs, hinter(ref_board, reqs, lookahead));
+  EXPECT_EQ(got.hits, want) << what << " cap " << cap << " lookahead " << lookahead;
+  EXPECT_EQ(got.bypassed, ref.bypassed) << what << " cap " << cap << " lookahead " << lookahead;
+  EXPECT_EQ(e.misuse(), 0u);
+  EXPECT_LE(e.size(), cap);
+  for (uint32_t k = 0; k < LookaheadRef::kClasses; ++k) {
+    EXPECT_EQ(e.model().expected_gap(k), ref.gap(k)) << what << " class " << k;
+  }
+}
+
 TEST(EvictorsVsReference, LookaheadOnlineAndWithHints) {
   for (uint64_t cap : {1, 4, 12}) {
     for (uint32_t lookahead : {0u, 3u}) {
-      const auto ids = zipf_ids(500, 50, cap * 10 + lookahead);
-      HintBoard board, ref_board;
-      const auto hinter = [&](HintBoard& b) {
-        return [&, lookahead](std::size_t i) {
-          if (lookahead == 0) return;
-          if (i == 0) {
-            for (std::size_t j = 1; j <= lookahead && j < ids.size(); ++j) {
-              const BlockKey k = key_of(ids[j]);
-              ASSERT_TRUE(b.add(j, j, std::span(&k, 1)).ok());
-            }
-            return;
-          }
-          ASSERT_TRUE(b.remove(i).ok());
-          if (i + lookahead < ids.size()) {
-            const BlockKey k = key_of(ids[i + lookahead]);
-            ASSERT_TRUE(b.add(i + lookahead, i + lookahead, std::span(&k, 1)).ok());
-          }
-        };
-      };
-      EvictorOptions o;
-      o.capacity_blocks = cap;
-      o.hints = lookahead ? &board : nullptr;
-      LookaheadEvictor e(o);
-      const DriveResult got = drive(e, cap, singles(ids), hinter(board));
-      LookaheadRef ref;
-      ref.cap = cap;
-      ref.hints = lookahead ? &ref_board : nullptr;
-      const uint64_t want = ref.run(ids, hinter(ref_board));
-      EXPECT_EQ(got.hits, want) << "cap " << cap << " lookahead " << lookahead;
-      EXPECT_EQ(got.bypassed, ref.bypassed) << "cap " << cap << " lookahead " << lookahead;
-      EXPECT_EQ(e.misuse(), 0u);
+      expect_lookahead_matches_reference(
+          cap, lookahead, singles(zipf_ids(500, 50, cap * 10 + lookahead)), "singles");
+    }
+  }
+}
+
+TEST(EvictorsVsReference, LookaheadOnChains) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const auto chains = chain_trace(seed);
+    for (uint64_t cap : {3, 8, 20}) {
+      for (uint32_t lookahead : {0u, 2u}) {
+        expect_lookahead_matches_reference(cap, lookahead, chains,
+                                           "chains seed " + std::to_string(seed));
+      }
     }
   }
 }
@@ -462,30 +651,162 @@ TEST(Evictors, PlainLruEvictsAChainHeadFirst) {
 TEST(Evictors, LookaheadKeepsHintedBlocksAndReturningOnes) {
   HintBoard board;
   EvictorOptions o;
-  o.capacity_blocks = 100;  // a use-count class is worth 25 events of recency
+  o.capacity_blocks = 100;  // horizon: 800 references
   o.hints = &board;
   LookaheadEvictor e(o);
-  // Block 5 was used twice before (remembered across its eviction); 1 and 2 are new.
-  for (int i = 0; i < 2; ++i) {
-    e.on_miss(facts_of(5));
-    e.on_insert(facts_of(5));
-    e.on_erase(key_of(5));
-  }
+  // Block 5 comes back every second reference; the one-off blocks between never do.
   e.on_miss(facts_of(5));
   e.on_insert(facts_of(5));
-  EXPECT_EQ(e.uses_of(key_of(5)), 3u);
+  for (uint64_t i = 0; i < 40; ++i) {
+    e.on_miss(facts_of(1000 + i));
+    e.on_access(key_of(5));
+  }
+  EXPECT_EQ(e.uses_of(key_of(5)), 41u);
+  EXPECT_EQ(e.uses_of(key_of(1000)), 1u);
+  // Every reference here ends its one-block request (settled by the next one). Once-used: 41
+  // intervals, one closed (5's first) after 2 references; 5 at 16-40 uses: 25 intervals, all
+  // closed after 2 (its 41st reference is not settled yet).
+  EXPECT_DOUBLE_EQ(e.model().expected_gap(LookaheadEvictor::class_of(1, true)),
+                   (2.0 + 41.0 * 800) / 42);
+  EXPECT_DOUBLE_EQ(e.model().expected_gap(LookaheadEvictor::class_of(41, true)),
+                   (25.0 * 2 + 800) / 26);
   e.on_insert(facts_of(1));
   e.on_insert(facts_of(2));
   std::vector<BlockKey> out;
   ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
-  EXPECT_EQ(out[0], key_of(1));  // oldest of the once-used; 5 ranks a class higher
+  EXPECT_EQ(out[0], key_of(1));  // the older newcomer; 5 is expected back far sooner
   const BlockKey hinted = key_of(1);
   ASSERT_TRUE(board.add(7, 0, std::span(&hinted, 1)).ok());
   out.clear();
   ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
   EXPECT_EQ(out[0], key_of(2));  // 1 is wanted by a waiting request
-  // A hinted newcomer is always admitted.
+  // A hinted newcomer is always admitted; an unhinted new block is not worth 5's frame.
   EXPECT_TRUE(e.admit(facts_of(1)));
+  e.on_erase(key_of(1));
+  e.on_erase(key_of(2));
+  e.on_miss(facts_of(2000));
+  EXPECT_FALSE(e.admit(facts_of(2000)));
+}
+
+TEST(Evictors, LookaheadLearnsWhichEndsOfRequestsComeBack) {
+  // Requests [P, Q, L_i]: the shared prefix P, Q comes back every request, each final block L_i
+  // never does. The policy learns it from the order of references alone.
+  EvictorOptions o;
+  o.capacity_blocks = 4;  // horizon: 32 references
+  LookaheadEvictor e(o);
+  std::vector<Request> reqs;
+  for (uint64_t i = 0; i < 60; ++i) reqs.push_back({1, 2, 100 + i});
+  const DriveResult r = drive(e, 4, reqs);
+  EXPECT_EQ(r.hits, 2u * 59);  // P and Q are never evicted for a final block
+  const ReuseModel& m = e.model();
+  EXPECT_EQ(m.reuse_probability(LookaheadEvictor::class_of(1, true)), 0.0);
+  EXPECT_GT(m.reuse_probability(LookaheadEvictor::class_of(16, false)), 0.9);
+  EXPECT_DOUBLE_EQ(m.expected_gap(LookaheadEvictor::class_of(1, true)), 32.0);
+  EXPECT_LT(m.expected_gap(LookaheadEvictor::class_of(16, false)), 8.0);
+  // The cache holds P, Q and the last two final blocks; the older one, settled as a request's
+  // end, goes first.
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
+  EXPECT_EQ(out[0], key_of(158));
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
+TEST(Evictors, LookaheadChildNeverRanksAboveItsParent) {
+  EvictorOptions o;
+  o.capacity_blocks = 16;
+  LookaheadEvictor e(o);
+  // Train: the chain X -> Y comes back every request, so X's continued classes learn a short gap.
+  std::vector<Request> reqs(12, Request{50, 51});
+  drive(e, 16, reqs);
+  const uint32_t fresh = LookaheadEvictor::class_of(1, false);
+  const uint32_t returning = LookaheadEvictor::class_of(6, false);
+  ASSERT_LT(e.model().expected_gap(returning), e.model().expected_gap(fresh));
+  // A new parent, and a child demoted with 5 past hits: the child's own class would rank above
+  // the parent; it joins the parent's list, behind it.
+  e.on_insert(facts_of(1));
+  BlockFacts child = facts_of(2, 1, 1);
+  child.hits = 5;
+  e.on_insert(child);
+  EXPECT_EQ(e.uses_of(key_of(2)), 6u);
+  std::vector<BlockKey> out;
+  const auto only_new = [](const BlockKey& k) { return k.lo != 1 && k.lo != 2; };
+  ASSERT_EQ(e.select_victims(2, KeyFilter(only_new), out), 2u);
+  EXPECT_EQ(out[0], key_of(2));
+  EXPECT_EQ(out[1], key_of(1));
+}
+
+// ---- The reuse model and the ghost history ----------------------------------------------------
+
+TEST(ReuseModel, UnseenClassesRankAsNeverBack) {
+  ReuseModel m(3, 100, 1000);
+  for (uint32_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(m.expected_gap(c), 100.0);
+    EXPECT_EQ(m.reuse_probability(c), 0.0);
+  }
+}
+
+TEST(ReuseModel, TruncatedMeanGap) {
+  ReuseModel m(3, 100, 1000);
+  for (int i = 0; i < 3; ++i) {
+    m.entered(0);
+    m.reused(0, 10);
+  }
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), (30.0 + 100) / 4);
+  EXPECT_DOUBLE_EQ(m.reuse_probability(0), 3.0 / 4);
+  // A reuse beyond the horizon counts as none; an open interval counts as "not yet".
+  m.entered(1);
+  m.entered(1);
+  m.entered(1);
+  m.reused(1, 150);
+  m.reused(1, 10);
+  EXPECT_DOUBLE_EQ(m.expected_gap(1), (10.0 + 3 * 100) / 4);
+  // More reuses than intervals (a class corrected after its reuse) never goes below the mean.
+  m.reused(2, 20);
+  EXPECT_DOUBLE_EQ(m.expected_gap(2), (20.0 + 100) / 2);
+}
+
+TEST(ReuseModel, MovedIntervalsAndDecay) {
+  ReuseModel m(2, 100, 1000);
+  m.entered(0);
+  m.entered(0);
+  m.moved(0, 1);
+  m.reused(1, 10);
+  EXPECT_DOUBLE_EQ(m.expected_gap(1), (10.0 + 100) / 2);
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), 2 * 100.0 / 2);
+  m.moved(0, 1);
+  m.moved(0, 1);  // nothing left in 0: it stays at zero
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), 100.0);
+  // Halving every 1000 events: old evidence weighs half against the prior and new data.
+  ReuseModel d(1, 100, 1000);
+  for (int i = 0; i < 4; ++i) {
+    d.entered(0);
+    d.reused(0, 10);
+  }
+  d.advance(999);
+  EXPECT_DOUBLE_EQ(d.expected_gap(0), (40.0 + 100) / 5);
+  d.advance(1000);
+  EXPECT_DOUBLE_EQ(d.expected_gap(0), (20.0 + 100) / 3);
+  d.advance(3000);  // two more half-lives
+  EXPECT_DOUBLE_EQ(d.expected_gap(0), (5.0 + 100) / 1.5);
+}
+
+TEST(GhostHistory, EntriesCarryTimeAndTag) {
+  GhostHistory g(2);
+  g.put(key_of(1), GhostHistory::Entry{7, 3, 5});
+  const GhostHistory::Entry* e = g.find(key_of(1));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->time, 7u);
+  EXPECT_EQ(e->count, 3u);
+  EXPECT_EQ(e->tag, 5u);
+  g.put(key_of(2), 4);  // count only
+  EXPECT_EQ(g.count(key_of(2)), 4u);
+  EXPECT_EQ(g.find(key_of(2))->time, 0u);
+  g.put(key_of(3), 1);  // full: 1, the oldest, is forgotten
+  EXPECT_EQ(g.find(key_of(1)), nullptr);
+  const GhostHistory::Entry taken = g.take_entry(key_of(2));
+  EXPECT_EQ(taken.count, 4u);
+  EXPECT_FALSE(g.contains(key_of(2)));
+  EXPECT_EQ(g.take_entry(key_of(2)).count, 0u);
 }
 
 }  // namespace
