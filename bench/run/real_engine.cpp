@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 
@@ -506,10 +507,10 @@ Result<RunReport> run_real(const Config& base, const std::string& config_source,
   report.layers = g.layers;
   report.layer_group = 1;
   std::ostringstream n1;
-  n1 << "link: host->HBM throttled to " << link_gbps << " GB/s = " << options.link_factor
-     << " x the measured demand of " << demand_gbps
+  n1 << std::fixed << std::setprecision(3) << "link: host->HBM throttled to " << link_gbps
+     << " GB/s = " << options.link_factor << " x the measured demand of " << demand_gbps
      << " GB/s (bytes loaded per second of a step's compute, p90 over the loaded bytes of the "
-     << "calibration pass); HBM holds "
+     << "calibration pass); HBM holds " << std::setprecision(1)
      << (longest_kv > 0 ? 100.0 * static_cast<double>(hbm) / static_cast<double>(longest_kv) : 0.0)
      << " % of the longest request's KV";
   report.notes = {n1.str(),

@@ -42,6 +42,15 @@ const BaselineResult* find(const RunReport& r, std::string_view name) {
 
 double ratio(double a, double b) { return b > 0 ? a / b : std::nan(""); }
 
+// Two decimals, or two significant digits when smaller ("1.00", "0.35", "0.031", "7.7e-05").
+std::string ratio_text(double r) {
+  if (!std::isfinite(r)) return "-";
+  if (r >= 0.1) return fixed(r, 2);
+  std::ostringstream s;
+  s << std::setprecision(2) << r;
+  return s.str();
+}
+
 // ---- A minimal JSON writer: objects, arrays, strings, finite numbers (null otherwise) ----
 class Json {
  public:
@@ -205,7 +214,8 @@ std::vector<Column> columns() {
       {"steps", "scheduler steps", [](const BaselineResult& b) { return double(b.steps); }, count},
       {"windowed_steps", "  windowed",
        [](const BaselineResult& b) { return double(b.windowed_steps); }, count},
-      {"wall_s", "CPU time of the run (s)", [](const BaselineResult& b) { return b.wall_s; }, secs},
+      {"wall_s", "wall time of the run (s)", [](const BaselineResult& b) { return b.wall_s; },
+       secs},
   };
 }
 
@@ -224,8 +234,8 @@ void comparison_lines(std::ostream& os, const RunReport& r) {
     const double ttft = ratio(kv->ttft_ms().p50, o->ttft_ms().p50);
     const double prefill =
         ratio(static_cast<double>(kv->prefill_gpu_ns), static_cast<double>(o->prefill_gpu_ns));
-    os << "  kvtier vs " << pad(std::string(other), 9, false) << ": TTFT p50 x" << fixed(ttft, 2)
-       << ", prefill GPU time x" << fixed(prefill, 2) << ", hit rate " << percent(kv->hit_rate())
+    os << "  kvtier vs " << pad(std::string(other), 9, false) << ": TTFT p50 x" << ratio_text(ttft)
+       << ", prefill GPU time x" << ratio_text(prefill) << ", hit rate " << percent(kv->hit_rate())
        << " vs " << percent(o->hit_rate()) << "\n";
   }
 }
@@ -418,13 +428,13 @@ Status write_plot(const std::string& path, const RunReport& r) {
          << "set multiplot layout 1,2 title 'kvtier-bench run: " << r.workload << " on " << r.gpu
          << "' noenhanced\n"
          << "set style data histograms\nset style fill solid 0.85 border -1\nset boxwidth 0.8\n"
-         << "set grid ytics\nset key top left\n";
-  script << "$hits << EOD\nbaseline hbm host nvme\n";
+         << "set termoption noenhanced\nset grid ytics\nset key top right\n";
+  script << "$hits << EOD\n";
   for (const BaselineResult& b : r.baselines) {
     script << b.name << " " << 100 * b.hit_rate(Tier::kHbm) << " " << 100 * b.hit_rate(Tier::kHost)
            << " " << 100 * b.hit_rate(Tier::kNvme) << "\n";
   }
-  script << "EOD\n$ttft << EOD\nbaseline p50 p90 p99\n";
+  script << "EOD\n$ttft << EOD\n";
   for (const BaselineResult& b : r.baselines) {
     const LatencySummary t = b.ttft_ms();
     script << b.name << " " << std::max(t.p50, 1e-3) << " " << std::max(t.p90, 1e-3) << " "
