@@ -428,7 +428,7 @@ Status write_plot(const std::string& path, const RunReport& r) {
          << "set multiplot layout 1,2 title 'kvtier-bench run: " << r.workload << " on " << r.gpu
          << "' noenhanced\n"
          << "set style data histograms\nset style fill solid 0.85 border -1\nset boxwidth 0.8\n"
-         << "set termoption noenhanced\nset grid ytics\nset key top right\n";
+         << "set termoption noenhanced\nset grid ytics\nset key outside bottom center horizontal\n";
   script << "$hits << EOD\n";
   for (const BaselineResult& b : r.baselines) {
     script << b.name << " " << 100 * b.hit_rate(Tier::kHbm) << " " << 100 * b.hit_rate(Tier::kHost)
