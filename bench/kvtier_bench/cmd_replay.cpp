@@ -133,8 +133,7 @@ class ReplayCommand final : public Command {
   void add_options(OptionParser& p) override {
     p.allow_positionals("TRACE", "the trace file (JSONL)", &positionals_);
     p.add_string("capacities", "LIST", "single-tier sweep, tokens (e.g. 1e6,3e6)", &capacities_);
-    p.add_uint("lookahead", "N", "requests visible ahead to the policies (default 0)",
-               &lookahead_);
+    p.add_uint("lookahead", "N", "requests visible ahead to the policies (default 0)", &lookahead_);
     p.add_string("policies", "LIST",
                  "subset of lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt (default all)",
                  &policies_);
@@ -143,7 +142,7 @@ class ReplayCommand final : public Command {
     p.add_uint("threads", "N", "runs in parallel (default: every core)", &threads_);
     p.add_flag("json", "print one JSON object instead of a table", &json_);
     p.add_flag("no-progress", "no progress bar on stderr", &no_progress_);
-    p.add_string("synthetic", "KIND", "replay a generated trace instead of a file (chat)",
+    p.add_string("synthetic", "KIND", "replay a generated trace instead of a file (chat, agent)",
                  &synthetic_);
     p.add_uint("synthetic-requests", "N", "requests of the generated trace (default 4000)",
                &synthetic_requests_);
@@ -154,15 +153,21 @@ class ReplayCommand final : public Command {
   int run(const CommandContext& ctx) override {
     replay::Trace trace;
     if (!synthetic_.empty()) {
-      if (synthetic_ != "chat") {
+      if (synthetic_ == "chat") {
+        replay::ChatTraceOptions o;
+        o.requests = synthetic_requests_;
+        o.seed = seed_;
+        trace = replay::generate_chat_trace(o);
+      } else if (synthetic_ == "agent") {
+        replay::AgentTraceOptions o;
+        o.requests = synthetic_requests_;
+        o.seed = seed_;
+        trace = replay::generate_agent_trace(o);
+      } else {
         ctx.err << "kvtier-bench replay: unknown --synthetic kind \"" << synthetic_
-                << "\" (chat)\n";
+                << "\" (chat, agent)\n";
         return kExitUsage;
       }
-      replay::ChatTraceOptions o;
-      o.requests = synthetic_requests_;
-      o.seed = seed_;
-      trace = replay::generate_chat_trace(o);
       if (!write_trace_.empty()) {
         std::ofstream f(write_trace_);
         for (const auto& r : trace.requests) f << replay::format_trace_line(r) << "\n";
@@ -173,7 +178,7 @@ class ReplayCommand final : public Command {
       }
     } else {
       if (positionals_.size() != 1) {
-        ctx.err << "kvtier-bench replay: give exactly one trace file (or --synthetic chat)\n";
+        ctx.err << "kvtier-bench replay: give exactly one trace file (or --synthetic chat|agent)\n";
         return kExitUsage;
       }
       auto loaded = replay::load_trace(positionals_[0]);

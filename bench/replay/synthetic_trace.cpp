@@ -90,3 +90,100 @@ Trace generate_chat_trace(const ChatTraceOptions& o) {
 }
 
 }  // namespace kvtier::replay
+
+namespace kvtier::replay {
+namespace {
+
+struct AgentContext {
+  std::vector<uint64_t> ids;
+  uint64_t tokens = 0;
+};
+
+struct AgentSession {
+  AgentContext now;
+  AgentContext before;  // the context one step back (a retry restarts from it)
+  uint32_t steps_left = 0;
+  bool resumed = false;
+};
+
+}  // namespace
+
+Trace generate_agent_trace(const AgentTraceOptions& o) {
+  std::mt19937_64 rng(o.seed);
+  std::exponential_distribution<double> arrivals(o.session_rate_per_s);
+  std::exponential_distribution<double> step_gap(1.0 / o.mean_step_gap_s);
+  std::exponential_distribution<double> resume_gap(1.0 / o.mean_resume_s);
+  std::geometric_distribution<uint32_t> steps(1.0 / std::max(1.0, o.mean_steps));
+  std::bernoulli_distribution retry(o.retry_probability);
+  std::bernoulli_distribution resume(o.resume_probability);
+  std::lognormal_distribution<double> task(std::log(800.0), 1.0);
+  std::lognormal_distribution<double> action(std::log(120.0), 0.7);
+  std::lognormal_distribution<double> tool_output(std::log(600.0), 1.2);
+
+  uint64_t next_id = 0;
+  // Tool sets: 4..24 full blocks each, their own ids.
+  std::vector<std::vector<uint64_t>> tools(std::max<uint32_t>(1, o.tool_sets));
+  std::vector<double> weights(tools.size());
+  std::uniform_int_distribution<uint32_t> tool_blocks(4, 24);
+  for (std::size_t t = 0; t < tools.size(); ++t) {
+    const uint32_t n = tool_blocks(rng);
+    for (uint32_t b = 0; b < n; ++b) tools[t].push_back(next_id++);
+    weights[t] = 1.0 / std::pow(static_cast<double>(t + 1), o.zipf_s);
+  }
+  std::discrete_distribution<std::size_t> pick_tools(weights.begin(), weights.end());
+
+  // Appends `added` tokens: the full blocks stay, the partial last block gets a new id.
+  const auto extend = [&](AgentContext& c, uint64_t added) {
+    c.ids.resize(c.tokens / kTraceBlockTokens);
+    c.tokens += added;
+    const uint64_t blocks = (c.tokens + kTraceBlockTokens - 1) / kTraceBlockTokens;
+    while (c.ids.size() < blocks) c.ids.push_back(next_id++);
+  };
+
+  std::vector<AgentSession> sessions;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
+  double next_arrival = 0;
+  Trace trace;
+  trace.source = "synthetic agent (seed " + std::to_string(o.seed) + ")";
+  while (trace.requests.size() < o.requests) {
+    if (events.empty() || next_arrival <= events.top().time_s) {
+      AgentSession s;
+      s.now.ids = tools[pick_tools(rng)];
+      s.now.tokens = s.now.ids.size() * kTraceBlockTokens;
+      extend(s.now, 1 + static_cast<uint64_t>(task(rng)));
+      s.before = s.now;
+      s.steps_left = 1 + steps(rng);
+      sessions.push_back(std::move(s));
+      events.push(Event{next_arrival, sessions.size() - 1});
+      next_arrival += arrivals(rng);
+      continue;
+    }
+    const Event e = events.top();
+    events.pop();
+    AgentSession& s = sessions[e.session];
+    TraceRequest r;
+    r.timestamp_ms = static_cast<uint64_t>(e.time_s * 1000.0);
+    r.input_length = s.now.tokens;
+    r.output_length = 1 + static_cast<uint64_t>(action(rng));
+    r.hash_ids = s.now.ids;
+    trace.requests.push_back(std::move(r));
+    // The next prompt: this one (or, on a retry, the one before) plus an action and its result.
+    AgentContext next = retry(rng) ? s.before : s.now;
+    s.before = s.now;
+    extend(next, 1 + static_cast<uint64_t>(action(rng) + tool_output(rng)));
+    s.now = std::move(next);
+    if (--s.steps_left > 0) {
+      events.push(Event{e.time_s + step_gap(rng), e.session});
+    } else if (!s.resumed && resume(rng)) {
+      s.resumed = true;
+      s.steps_left = 1 + steps(rng);
+      events.push(Event{e.time_s + resume_gap(rng), e.session});
+    }
+  }
+  std::stable_sort(
+      trace.requests.begin(), trace.requests.end(),
+      [](const TraceRequest& a, const TraceRequest& b) { return a.timestamp_ms < b.timestamp_ms; });
+  return trace;
+}
+
+}  // namespace kvtier::replay

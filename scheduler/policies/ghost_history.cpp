@@ -3,46 +3,41 @@
 namespace kvtier {
 
 uint32_t GhostHistory::count(const BlockKey& key) const {
-  const Entry* e = find(key);
-  return e == nullptr ? 0 : e->count;
-}
-
-const GhostHistory::Entry* GhostHistory::find(const BlockKey& key) const {
   const auto it = map_.find(fingerprint(key));
-  return it == map_.end() ? nullptr : &it->second;
+  return it == map_.end() ? 0 : it->second.count;
 }
 
-GhostHistory::Entry* GhostHistory::find(const BlockKey& key) {
-  const auto it = map_.find(fingerprint(key));
-  return it == map_.end() ? nullptr : &it->second;
-}
-
-void GhostHistory::put(const BlockKey& key, const Entry& entry) {
+void GhostHistory::put(const BlockKey& key, uint32_t count) {
   if (capacity_ == 0) return;
   const uint64_t fp = fingerprint(key);
-  const auto [it, inserted] = map_.insert_or_assign(fp, entry);
-  if (!inserted) return;  // already in the ring; keeps its position
-  if (ring_.size() < capacity_) {
-    ring_.push_back(fp);
+  if (const auto it = map_.find(fp); it != map_.end()) {
+    it->second.count = count;  // keeps its ring place
     return;
   }
-  // Full: forget the oldest ring entry (it may already have been taken, then it is a no-op).
-  const uint64_t old = ring_[head_];
-  ring_[head_] = fp;
-  head_ = (head_ + 1) % capacity_;
-  if (old != fp) map_.erase(old);
-  // The ring can hold stale fingerprints (taken ones), so the map can be smaller than the ring,
-  // never larger.
+  std::size_t pos;
+  if (ring_.size() < capacity_) {
+    pos = ring_.size();
+    ring_.push_back(fp);
+  } else {
+    // Full: the oldest slot is reused; its key is forgotten unless a newer slot owns it (a key
+    // taken and put again owns the slot of its second put).
+    pos = head_;
+    const uint64_t old = ring_[pos];
+    ring_[pos] = fp;
+    head_ = (head_ + 1) % capacity_;
+    if (const auto it = map_.find(old); it != map_.end() && it->second.ring_pos == pos) {
+      map_.erase(it);
+    }
+  }
+  map_.emplace(fp, Slot{count, pos});
 }
 
-uint32_t GhostHistory::take(const BlockKey& key) { return take_entry(key).count; }
-
-GhostHistory::Entry GhostHistory::take_entry(const BlockKey& key) {
+uint32_t GhostHistory::take(const BlockKey& key) {
   const auto it = map_.find(fingerprint(key));
-  if (it == map_.end()) return Entry{};
-  const Entry e = it->second;
+  if (it == map_.end()) return 0;
+  const uint32_t c = it->second.count;
   map_.erase(it);
-  return e;
+  return c;
 }
 
 }  // namespace kvtier

@@ -79,9 +79,9 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     }
     return;
   }
-  if (GhostHistory::Entry* e = ghost_.find(previous); e != nullptr && (e->tag & 1u) == 0) {
+  if (const auto e = ghost_.find(previous, now_); e && (e->tag & 1u) == 0) {
     model_.moved(e->tag, e->tag | 1u);
-    e->tag |= 1u;
+    ghost_.set_tag(previous, static_cast<uint8_t>(e->tag | 1u));
   }
 }
 
@@ -90,13 +90,13 @@ void LookaheadEvictor::on_miss(const BlockFacts& block) {
   if (index_.find(block.key) != KeyIndex::kNone) return;  // present here: not a miss
   settle_pending(block.parent);
   uint32_t uses = 1;
-  if (const GhostHistory::Entry* e = ghost_.find(block.key); e != nullptr) {
+  if (const auto e = ghost_.find(block.key, now_); e) {
     model_.reused(e->tag, now_ - e->time);
     uses = saturating_increment(e->count);
   }
   const uint32_t cls = class_of(uses, false);
   model_.entered(cls);
-  ghost_.put(block.key, GhostHistory::Entry{now_, uses, cls});
+  ghost_.put(block.key, GhostTable::Entry{now_, uses, static_cast<uint8_t>(cls)}, now_);
   pending_ = block.key;
 }
 
@@ -116,7 +116,7 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
   }
   // A miss already counted this reference in the ghost (and opened its interval); a block
   // demoted or promoted into this tier brings its hit count.
-  const GhostHistory::Entry remembered = ghost_.take_entry(block.key);
+  const GhostTable::Entry remembered = ghost_.take(block.key, now_).value_or(GhostTable::Entry{});
   const uint32_t uses = std::max<uint32_t>({remembered.count, block.hits + 1u, 1u});
   uint32_t cls;
   if (remembered.count > 0) {
@@ -153,7 +153,7 @@ void LookaheadEvictor::on_access(const BlockKey& key) {
 void LookaheadEvictor::on_erase(const BlockKey& key) {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return count_misuse();
-  ghost_.put(key, GhostHistory::Entry{ref_time_[slot], uses_[slot], class_[slot]});
+  ghost_.put(key, GhostTable::Entry{ref_time_[slot], uses_[slot], class_[slot]}, now_);
   links_.detach(index_, slot);
   lists_.remove(list_[slot], slot);
   if (last_placed_ == slot) last_placed_ = KeyIndex::kNone;
@@ -188,7 +188,9 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
   if (hinted(block.key)) return true;
   const uint32_t victim = best_tail();
   if (victim == SlotLists::kNil) return true;
-  const uint32_t uses = std::max<uint32_t>({ghost_.count(block.key), block.hits + 1u, 1u});
+  const auto remembered = ghost_.find(block.key, now_);
+  const uint32_t uses =
+      std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   const uint32_t ps = block.parent.is_null() ? KeyIndex::kNone : index_.find(block.parent);
   const uint32_t list = list_for(class_of(uses, false), ps);
   const double newcomer = static_cast<double>(now_) - model_.expected_gap(list);
@@ -243,7 +245,9 @@ void LookaheadEvictor::describe(const BlockKey& key, BlockFacts& facts) const {
 
 uint32_t LookaheadEvictor::uses_of(const BlockKey& key) const {
   const uint32_t slot = index_.find(key);
-  return slot == KeyIndex::kNone ? ghost_.count(key) : uses_[slot];
+  if (slot != KeyIndex::kNone) return uses_[slot];
+  const auto remembered = ghost_.find(key, now_);
+  return remembered ? remembered->count : 0;
 }
 
 std::size_t LookaheadEvictor::memory_bytes() const {

@@ -46,7 +46,7 @@
 
 #include "scheduler/policies/chain_links.hpp"
 #include "scheduler/policies/evictor.hpp"
-#include "scheduler/policies/ghost_history.hpp"
+#include "scheduler/policies/ghost_table.hpp"
 #include "scheduler/policies/key_index.hpp"
 #include "scheduler/policies/reuse_model.hpp"
 
@@ -63,8 +63,9 @@ class LookaheadEvictor final : public Evictor {
   static constexpr uint64_t kHorizonCapacities = 8;
   // The model's counts halve every this many horizons.
   static constexpr uint64_t kHalfLifeHorizons = 16;
-  // The ghost remembers this many times the tier's capacity (at least kMinGhost keys).
-  static constexpr uint64_t kGhostFactor = 8;
+  // The ghost remembers this many times the tier's capacity (at least kMinGhost keys): enough to
+  // see the reuse gaps within the model's horizon (a reference puts at most one ghost entry).
+  static constexpr uint64_t kGhostFactor = 16;
   static constexpr uint64_t kMinGhost = 1u << 16;
 
   explicit LookaheadEvictor(const EvictorOptions& options);
@@ -114,7 +115,7 @@ class LookaheadEvictor final : public Evictor {
   std::vector<uint32_t> uses_;
   std::vector<uint8_t> class_;  // the learning class of the last reference
   std::vector<uint8_t> list_;   // the list the slot is in (class_, or its parent's list)
-  GhostHistory ghost_;
+  GhostTable ghost_;
   ReuseModel model_;
   uint32_t last_placed_ = KeyIndex::kNone;
   BlockKey pending_;  // the last referenced key, its ended flag not settled yet (null: none)

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "scheduler/policies/ghost_history.hpp"
+#include "scheduler/policies/ghost_table.hpp"
 #include "scheduler/policies/hint_board.hpp"
 #include "scheduler/policies/lfu_evictor.hpp"
 #include "scheduler/policies/lookahead_evictor.hpp"
@@ -76,22 +77,26 @@ uint64_t ref_lfu(uint64_t cap, const std::vector<Request>& reqs) {
   return hits;
 }
 
-// S3-FIFO as in the paper, with deques (front = newest).
+// S3-FIFO as in the paper, with deques (front = newest). The ghost queue holds (id, stamp); a
+// popped entry forgets its id only if it is the id's current entry (a taken id that was put
+// again owns a newer one), as GhostHistory's ring slots do.
 uint64_t ref_s3fifo(uint64_t cap, const std::vector<Request>& reqs) {
   const uint64_t small_target = std::max<uint64_t>(1, cap / 10);
   const uint64_t ghost_cap = cap > small_target ? cap - small_target : 1;
-  std::deque<uint64_t> S, M, G;
-  std::set<uint64_t> ghost;
+  std::deque<uint64_t> S, M;
+  std::deque<std::pair<uint64_t, uint64_t>> G;
+  std::map<uint64_t, uint64_t> ghost;  // id -> stamp of its current G entry
   std::map<uint64_t, int> freq;
-  uint64_t hits = 0;
+  uint64_t hits = 0, stamp = 0;
   const auto ghost_put = [&](uint64_t id) {
     if (ghost.count(id)) return;
     if (G.size() >= ghost_cap) {
-      ghost.erase(G.back());
+      const auto [old, old_stamp] = G.back();
+      if (ghost.count(old) && ghost[old] == old_stamp) ghost.erase(old);
       G.pop_back();
     }
-    G.push_front(id);
-    ghost.insert(id);
+    G.emplace_front(id, ++stamp);
+    ghost[id] = stamp;
   };
   const auto evict = [&]() {
     while (true) {
@@ -790,23 +795,67 @@ TEST(ReuseModel, MovedIntervalsAndDecay) {
   EXPECT_DOUBLE_EQ(d.expected_gap(0), (5.0 + 100) / 1.5);
 }
 
-TEST(GhostHistory, EntriesCarryTimeAndTag) {
-  GhostHistory g(2);
-  g.put(key_of(1), GhostHistory::Entry{7, 3, 5});
-  const GhostHistory::Entry* e = g.find(key_of(1));
-  ASSERT_NE(e, nullptr);
+TEST(GhostTable, EntriesCarryTimeCountAndTag) {
+  GhostTable g(64);
+  EXPECT_EQ(g.capacity(), 64u);
+  EXPECT_FALSE(g.find(key_of(1), 10).has_value());
+  g.put(key_of(1), GhostTable::Entry{7, 3, 5}, 10);
+  auto e = g.find(key_of(1), 10);
+  ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->time, 7u);
   EXPECT_EQ(e->count, 3u);
   EXPECT_EQ(e->tag, 5u);
-  g.put(key_of(2), 4);  // count only
-  EXPECT_EQ(g.count(key_of(2)), 4u);
-  EXPECT_EQ(g.find(key_of(2))->time, 0u);
-  g.put(key_of(3), 1);  // full: 1, the oldest, is forgotten
-  EXPECT_EQ(g.find(key_of(1)), nullptr);
-  const GhostHistory::Entry taken = g.take_entry(key_of(2));
-  EXPECT_EQ(taken.count, 4u);
-  EXPECT_FALSE(g.contains(key_of(2)));
-  EXPECT_EQ(g.take_entry(key_of(2)).count, 0u);
+  EXPECT_TRUE(g.set_tag(key_of(1), 6));
+  EXPECT_FALSE(g.set_tag(key_of(2), 6));
+  g.put(key_of(1), GhostTable::Entry{12, 100000, 6}, 12);  // replaces; the count saturates
+  EXPECT_EQ(g.size(), 1u);
+  e = g.take(key_of(1), 20);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->time, 12u);
+  EXPECT_EQ(e->count, GhostTable::kMaxCount);
+  EXPECT_EQ(e->tag, 6u);
+  EXPECT_FALSE(g.find(key_of(1), 20).has_value());
+  EXPECT_EQ(g.size(), 0u);
+  // Times are kept modulo 2^40 and rebuilt against the owner's clock.
+  const uint64_t late = (uint64_t{1} << 41) + 5;
+  g.put(key_of(2), GhostTable::Entry{late - 3, 1, 0}, late);
+  EXPECT_EQ(g.find(key_of(2), late)->time, late - 3);
+  GhostTable none(0);
+  none.put(key_of(1), GhostTable::Entry{1, 1, 0}, 1);
+  EXPECT_FALSE(none.find(key_of(1), 1).has_value());
+}
+
+TEST(GhostTable, AFullBucketForgetsTheEntryReferencedLongestAgo) {
+  GhostTable g(GhostTable::kWays);  // one bucket
+  for (uint64_t id = 1; id <= GhostTable::kWays; ++id) {
+    g.put(key_of(id), GhostTable::Entry{100 + id, 1, 0}, 100 + id);
+  }
+  g.put(key_of(1), GhostTable::Entry{200, 2, 0}, 200);  // 1 referenced again: now the newest
+  g.put(key_of(99), GhostTable::Entry{201, 1, 0}, 201);
+  EXPECT_TRUE(g.find(key_of(1), 201).has_value());
+  EXPECT_FALSE(g.find(key_of(2), 201).has_value());  // the oldest reference
+  EXPECT_TRUE(g.find(key_of(99), 201).has_value());
+  EXPECT_EQ(g.size(), GhostTable::kWays);
+  // A block evicted with an old last reference is the next to go.
+  g.put(key_of(3), GhostTable::Entry{50, 1, 0}, 202);
+  g.put(key_of(98), GhostTable::Entry{203, 1, 0}, 203);
+  EXPECT_FALSE(g.find(key_of(3), 203).has_value());
+  EXPECT_TRUE(g.find(key_of(4), 203).has_value());
+}
+
+TEST(GhostHistory, ASlotLeftByATakeNeverForgetsTheKeysNewerEntry) {
+  GhostHistory g(3);
+  g.put(key_of(1), 1);  // slot 0
+  g.take(key_of(1));
+  g.put(key_of(1), 2);  // slot 1
+  g.put(key_of(2), 1);  // slot 2
+  g.put(key_of(3), 1);  // reuses slot 0, which no longer owns 1
+  EXPECT_EQ(g.count(key_of(1)), 2u);
+  g.put(key_of(4), 1);  // reuses slot 1: now 1 goes
+  EXPECT_FALSE(g.contains(key_of(1)));
+  EXPECT_TRUE(g.contains(key_of(2)));
+  EXPECT_TRUE(g.contains(key_of(3)));
+  EXPECT_TRUE(g.contains(key_of(4)));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The trace replay: parsing, the references against naive re-statements, known hit rates on a
-// hand-made trace, a three-tier run with placement cascades, and the JSON shape of
+// hand-made trace, a three-tier run with placement cascades, the generated workloads (and the
+// lookahead policy against LRU on them), and the JSON shape of
 // `kvtier-bench replay --json`.
 #include "bench/replay/replay.hpp"
 
@@ -11,6 +12,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "bench/replay/reference.hpp"
 #include "bench/replay/synthetic_trace.hpp"
@@ -250,6 +252,65 @@ TEST(Replay, ThreeTiersCascadeAndReportHitsPerTier) {
   strict.nvme_min_hits = 1000000;
   const RunResult r = run(*w, RunKind::kPolicy, EvictionPolicy::kLru, {60, 100, 1000}, strict);
   EXPECT_EQ(r.hit_tokens_by_tier[2], 0u);
+}
+
+// Tokens of the longest prefix of each request that an earlier request referenced.
+uint64_t unbounded_hit_tokens(const Trace& t) {
+  std::set<uint64_t> seen;
+  uint64_t hit = 0;
+  for (const TraceRequest& r : t.requests) {
+    std::size_t k = 0;
+    while (k < r.hash_ids.size() && seen.count(r.hash_ids[k])) ++k;
+    hit += std::min<uint64_t>(k * kTraceBlockTokens, r.input_length);
+    seen.insert(r.hash_ids.begin(), r.hash_ids.end());
+  }
+  return hit;
+}
+
+TEST(SyntheticTrace, AgentLoopsAreDeterministicSortedAndReuseTheirContext) {
+  AgentTraceOptions o;
+  o.requests = 600;
+  o.seed = 7;
+  const Trace a = generate_agent_trace(o);
+  const Trace b = generate_agent_trace(o);
+  ASSERT_EQ(a.requests.size(), 600u);
+  EXPECT_EQ(a.requests, b.requests);
+  o.seed = 8;
+  EXPECT_NE(generate_agent_trace(o).requests, a.requests);
+  for (std::size_t i = 0; i < a.requests.size(); ++i) {
+    const TraceRequest& r = a.requests[i];
+    if (i > 0) EXPECT_LE(a.requests[i - 1].timestamp_ms, r.timestamp_ms);
+    EXPECT_EQ(r.hash_ids.size(), (r.input_length + kTraceBlockTokens - 1) / kTraceBlockTokens);
+  }
+  // Steps extend their session's context: most prompt tokens were seen before.
+  const double reuse = static_cast<double>(unbounded_hit_tokens(a)) / a.total_input_tokens();
+  EXPECT_GT(reuse, 0.7);
+  EXPECT_LT(reuse, 1.0);
+}
+
+// The lookahead policy against LRU on both generated workloads, online and with a queue of 8.
+TEST(Replay, LookaheadBeatsLruOnGeneratedWorkloads) {
+  ChatTraceOptions chat;
+  chat.requests = 1500;
+  AgentTraceOptions agent;
+  agent.requests = 1500;
+  const std::pair<std::string, Trace> traces[] = {{"chat", generate_chat_trace(chat)},
+                                                  {"agent", generate_agent_trace(agent)}};
+  for (const auto& [name, trace] : traces) {
+    auto w = build_workload(trace, 512);
+    ASSERT_TRUE(w.ok());
+    for (uint64_t blocks : {100, 400}) {
+      for (uint32_t lookahead : {0u, 8u}) {
+        RunOptions opt;
+        opt.lookahead = lookahead;
+        const uint64_t lru =
+            run(*w, RunKind::kPolicy, EvictionPolicy::kLru, {blocks, 0, 0}, opt).hit_tokens;
+        const uint64_t la =
+            run(*w, RunKind::kPolicy, EvictionPolicy::kLookahead, {blocks, 0, 0}, opt).hit_tokens;
+        EXPECT_GT(la, lru) << name << " " << blocks << " blocks, lookahead " << lookahead;
+      }
+    }
+  }
 }
 
 #ifdef KVTIER_BENCH_PATH
