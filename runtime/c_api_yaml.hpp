@@ -1,11 +1,7 @@
 // A Config from YAML text plus "key.path=value" overrides: what kvt_runtime_open_yaml and the
-// Python module's Runtime.open_yaml take, where runtime/config_loader.hpp reads its layers from a
-// file. The text joins the loader's layers exactly as a file would (same rules, same messages),
-// named "<yaml text>" in error locations ("<yaml text>:3:5: tiers.host.capcity: unknown key").
-//
-// The text goes through an anonymous in-memory file (memfd) handed to load_config, so there is one
-// loader and one set of rules. Rejected: a second code path through parse_config (it takes no
-// overrides and no environment). Stateless and thread-safe.
+// Python module's Runtime.open_yaml take. The text is the loader's file layer
+// (ConfigSources::text), so the same rules and messages apply, its locations named "<yaml text>"
+// ("<yaml text>:3:5: tiers.host.capcity: unknown key"). Stateless and thread-safe.
 #pragma once
 
 #include <string>

@@ -383,10 +383,20 @@ Result<Config> load_config(const ConfigSources& sources) {
   KVTIER_RETURN_IF_ERROR(builder.apply_default());
 
   std::optional<std::string> file = sources.file;
-  if (!file && !env_or_empty(env, "KVTIER_CONFIG_FILE").empty()) {
+  if (!file && !sources.text && !env_or_empty(env, "KVTIER_CONFIG_FILE").empty()) {
     file = env_or_empty(env, "KVTIER_CONFIG_FILE");
   }
-  if (file) {
+  if (sources.file && sources.text) {
+    return invalid_argument("a configuration comes from a file or from text, not both (file " +
+                            *sources.file + ")");
+  }
+  if (sources.text) {
+    if (sources.text->size() > kMaxConfigBytes) {
+      return invalid_argument(sources.text_name + ": larger than the " +
+                              std::to_string(kMaxConfigBytes) + "-byte limit for a configuration");
+    }
+    KVTIER_RETURN_IF_ERROR(builder.apply_document(*sources.text, sources.text_name));
+  } else if (file) {
     auto text = read_config_file(*file);
     if (!text.ok()) return std::move(text).status();
     KVTIER_RETURN_IF_ERROR(builder.apply_document(*text, *file));

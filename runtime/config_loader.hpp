@@ -35,6 +35,9 @@ namespace kvtier {
 
 struct ConfigSources {
   std::optional<std::string> file;     // --config PATH; beats $KVTIER_CONFIG_FILE
+  // YAML given as text (the C ABI, Python), in the file's place; named `text_name` in messages.
+  std::optional<std::string> text;
+  std::string text_name = "<yaml text>";
   std::vector<std::string> overrides;  // --set key.path=value, in order
   bool use_environment = true;         // KVTIER_CONFIG_FILE, KVTIER_CACHE_DIR, KVTIER_<A>__<B>
   // The environment to read instead of the process's (tests, embedders); used when

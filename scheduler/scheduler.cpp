@@ -70,7 +70,9 @@ Scheduler::RequestFacts Scheduler::facts_of(const BlockKey& key) const {
 }
 
 bool Scheduler::idle() const {
-  if (!links_.idle() || !ops_.empty()) return false;
+  if (!links_.idle() || !ops_.empty() || !staging_waiters_.empty() || !staging_.empty()) {
+    return false;
+  }
   for (const auto& tier : waiters_) {
     for (const auto& q : tier) {
       if (!q.empty()) return false;
@@ -105,7 +107,32 @@ std::string Scheduler::pending_summary() const {
            to_string(page.key) + " layer " + std::to_string(page.layer) + " (" +
            std::to_string(op->waiters.size()) + " waiting); ";
   }
-  if (!ops_.empty()) out += std::to_string(ops_.size()) + " copies in flight";
+  if (!ops_.empty()) out += std::to_string(ops_.size()) + " copies in flight; ";
+  if (!out.empty()) {
+    // Who holds host memory: the usual reason a request waits for a host frame.
+    uint64_t priv = 0, referenced_split = 0, referenced_whole = 0, cached = 0, in_flight = 0;
+    for (const auto& [key, info] : parts_.table->snapshot()) {
+      uint64_t host = 0, hbm_only = 0;
+      for (const PageInfo& p : info.pages) {
+        host += p.host != CopyState::kAbsent;
+        hbm_only += p.host == CopyState::kAbsent && p.hbm == CopyState::kReady;
+        in_flight += p.host == CopyState::kFilling || p.host == CopyState::kDraining;
+      }
+      if (host == 0) continue;
+      if (key.is_private()) {
+        priv += host;
+      } else if (info.refcount > 0) {
+        (hbm_only > 0 ? referenced_split : referenced_whole) += host;
+      } else {
+        cached += host;
+      }
+    }
+    out += "host frames: " + std::to_string(priv) + " private, " +
+           std::to_string(referenced_whole) + " in use (whole), " +
+           std::to_string(referenced_split) + " in use (split with hbm), " +
+           std::to_string(cached) + " cached, " + std::to_string(in_flight) + " in flight, " +
+           std::to_string(parts_.host->free_count()) + " free";
+  }
   return out.empty() ? "idle" : out;
 }
 

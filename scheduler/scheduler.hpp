@@ -180,6 +180,7 @@ class Scheduler {
   Status publish_full_blocks(Sequence& seq, uint64_t old_tokens, const StepCompletion* completion);
   Status publish_block(Sequence& seq, uint64_t index, const BlockKey& content);
   void publish_orphan(const BlockKey& private_key, const BlockKey& content);
+  void apply_write_policy(const BlockKey& content);
   // True while a transfer or a read names the block (by the key it has now).
   bool block_busy(const BlockKey& key) const;
   // Publishes the deferred blocks whose transfers have ended and whose sequence is between steps.
@@ -204,11 +205,21 @@ class Scheduler {
   void prefetch_block(const BlockKey& key, bool into_hbm);
   void request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
                      FrameGranted granted);
+  // A host frame for staging an NVMe write, from the reserve ordinary requests leave free.
+  void request_reserved_host_frame(const BlockKey& key, uint32_t layer, FrameGranted granted);
+  uint64_t reserve_frames(Tier tier) const;
+  // Copies the HBM-only pages of a block to host memory (reserve frames), then writes the whole
+  // block to NVMe and lets its host pages go: how a block split between HBM and host (a windowed
+  // sequence's) leaves host memory when nothing else can.
+  void stage_to_nvme(const BlockKey& key, TransferPriority prio);
   void serve_frame_waiters(Tier tier);
   void make_room(Tier tier, TransferPriority prio);
-  void execute_move(const PlannedMove& move, TransferPriority prio);
+  // Carries one planned move out; returns frames it freed at once or started freeing (drains).
+  uint64_t execute_move(const PlannedMove& move, TransferPriority prio);
   void demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
-  void demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool required);
+  // Starts writing the block (every page ready in host memory) to NVMe; false when it cannot
+  // (not all in host, already going, NVMe full of blocks that cannot leave).
+  bool demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host);
   void write_through(const BlockKey& key, TierMask tiers);
   void check_watermarks();
   void after_change(const BlockKey& key);  // evictor membership, erase of empty blocks
@@ -222,6 +233,8 @@ class Scheduler {
   struct SkipFilter {
     const Scheduler* scheduler;
     Tier tier;
+    // Blocks already tried in this round of room-making (their move freed nothing now).
+    const std::unordered_set<BlockKey, BlockKeyHash>* tried = nullptr;
     bool operator()(const BlockKey& key) const;
   };
   struct PrefixPin {
@@ -261,6 +274,9 @@ class Scheduler {
   // Frames that started draining and will be freed (per tier), so room is not planned twice.
   std::array<uint64_t, kNumTiers> draining_{};
   std::array<bool, kNumTiers> serving_{};  // serve_frame_waiters is running for that tier
+  // Staging requests for reserve host frames (served before every other host request).
+  std::deque<FrameWaiter> staging_waiters_;
+  std::unordered_set<BlockKey, BlockKeyHash> staging_;  // blocks being staged for NVMe
   // Facts of blocks in the page table, learned from the requests that used them.
   std::unordered_map<BlockKey, RequestFacts, BlockKeyHash> facts_;
   std::unordered_set<uint64_t> hinted_ids_;

@@ -59,13 +59,34 @@ void Scheduler::finish_op(const PageKey& page, const Status& status) {
 // Frames
 // ---------------------------------------------------------------------------------------------
 
+uint64_t Scheduler::reserve_frames(Tier tier) const {
+  // Host memory keeps two blocks' worth of frames that only NVMe staging may take, so a block split
+  // between HBM and host can always be written down and free the rest (see stage_to_nvme). Only
+  // with an NVMe tier, and only when the pool is large enough to spare them.
+  if (tier != Tier::kHost || parts_.nvme == nullptr) return 0;
+  const uint64_t reserve = 2ull * options_.geometry.layers;
+  return parts_.host->capacity() >= 8 * reserve ? reserve : 0;
+}
+
+void Scheduler::request_reserved_host_frame(const BlockKey& key, uint32_t layer,
+                                            FrameGranted granted) {
+  if (staging_waiters_.empty() && parts_.host->free_count() > 0) {
+    auto frame = parts_.table->begin_fill(key, CopyId::host(layer));
+    if (frame.ok() || frame.status().code() != StatusCode::kResourceExhausted) {
+      granted(std::move(frame));
+      return;
+    }
+  }
+  staging_waiters_.push_back(FrameWaiter{key, layer, std::move(granted)});
+}
+
 void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer,
                               TransferPriority prio, FrameGranted granted) {
   auto& queues = waiters_[tier_index(tier)];
   // Queue behind requests of the same or a higher priority; otherwise try at once.
   bool queued_ahead = false;
   for (int p = 0; p <= static_cast<int>(prio); ++p) queued_ahead = queued_ahead || !queues[p].empty();
-  if (!queued_ahead) {
+  if (!queued_ahead && frames(tier)->free_count() > reserve_frames(tier)) {
     auto frame = parts_.table->begin_fill(key, CopyId::page(tier, layer));
     if (frame.ok() || frame.status().code() != StatusCode::kResourceExhausted) {
       granted(std::move(frame));
@@ -83,11 +104,25 @@ void Scheduler::serve_frame_waiters(Tier tier) {
   // pass at a time per tier, repeated until nothing changes.
   serving_[tier_index(tier)] = true;
   auto& queues = waiters_[tier_index(tier)];
+  const uint64_t reserve = reserve_frames(tier);
   bool planned = false;
   while (true) {
     bool granted_any = false;
+    if (tier == Tier::kHost) {
+      while (!staging_waiters_.empty() && frames(tier)->free_count() > 0) {
+        FrameWaiter w = std::move(staging_waiters_.front());
+        staging_waiters_.pop_front();
+        auto frame = parts_.table->begin_fill(w.key, CopyId::host(w.layer));
+        if (!frame.ok() && frame.status().code() == StatusCode::kResourceExhausted) {
+          staging_waiters_.push_front(std::move(w));
+          break;
+        }
+        w.granted(std::move(frame));
+        granted_any = true;
+      }
+    }
     for (auto& q : queues) {
-      while (!q.empty() && frames(tier)->free_count() > 0) {
+      while (!q.empty() && frames(tier)->free_count() > reserve) {
         FrameWaiter w = std::move(q.front());
         q.pop_front();
         auto frame = parts_.table->begin_fill(w.key, CopyId::page(tier, w.layer));
@@ -103,7 +138,7 @@ void Scheduler::serve_frame_waiters(Tier tier) {
     const bool waiting = std::any_of(queues.begin(), queues.end(),
                                      [](const auto& q) { return !q.empty(); });
     if (!waiting) break;
-    if (frames(tier)->free_count() == 0 && !planned) {
+    if (frames(tier)->free_count() <= reserve && !planned) {
       // Still short: plan room once per pass (moves already in flight are counted as free).
       make_room(tier, TransferPriority::kDemand);
       planned = true;
@@ -115,15 +150,20 @@ void Scheduler::serve_frame_waiters(Tier tier) {
 }
 
 bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
-  // Private blocks belong to one sequence and move only through its steps; blocks with a page
-  // under a transfer keep their frames until it ends; pinned prefixes stay in HBM.
-  return key.is_private() || scheduler->reading_.contains(key) ||
-         (tier == Tier::kHbm && scheduler->protected_.contains(key));
+  // Blocks with a page under a transfer keep their frames until it ends; pinned prefixes stay in
+  // HBM. (Private blocks may move down like any other — never dropped, see may_lose_last_copy —
+  // which only delays their publishing until the transfer ends.)
+  // A private block cannot leave host memory at all (NVMe is addressed by content key), so it is
+  // never a host victim.
+  return scheduler->reading_.contains(key) ||
+         (tier == Tier::kHbm && scheduler->protected_.contains(key)) ||
+         (tier != Tier::kHbm && key.is_private()) || (tried != nullptr && tried->contains(key));
 }
 
 void Scheduler::make_room(Tier tier, TransferPriority prio) {
-  uint64_t waiting = 0;
+  uint64_t waiting = reserve_frames(tier);
   for (const auto& q : waiters_[tier_index(tier)]) waiting += q.size();
+  if (tier == Tier::kHost) waiting += staging_waiters_.size();
   std::array<uint64_t, kNumTiers> free{};
   for (Tier t : kAllTiers) {
     const uint64_t f = t == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
@@ -131,9 +171,28 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
     free[tier_index(t)] = f + draining_[tier_index(t)];
   }
   if (waiting <= free[tier_index(tier)]) return;
-  const SkipFilter skip{this, tier};
-  const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip));
-  for (const PlannedMove& move : plan.moves) execute_move(move, prio);
+  // A plan's estimate can be more than a move achieves (a page turned out to be the last copy of a
+  // block in use); blocks whose move freed nothing are left out and room is planned again, a few
+  // rounds at most.
+  constexpr int kRounds = 4;
+  std::unordered_set<BlockKey, BlockKeyHash> tried;
+  for (int round = 0; round < kRounds && waiting > free[tier_index(tier)]; ++round) {
+    const SkipFilter skip{this, tier, &tried};
+    const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip));
+    if (plan.moves.empty()) return;
+    uint64_t freed = 0;
+    for (const PlannedMove& move : plan.moves) {
+      if (move.from != tier) {
+        execute_move(move, prio);  // room made below for a demotion that follows
+        continue;
+      }
+      const uint64_t f = execute_move(move, prio);
+      if (f == 0) tried.insert(move.block.key);
+      freed += f;
+    }
+    if (freed >= waiting - free[tier_index(tier)]) return;
+    free[tier_index(tier)] += freed;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -539,10 +598,15 @@ void Scheduler::drop_nvme_copy(const BlockKey& key) {
   sync_membership(key, Tier::kNvme);
 }
 
-void Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
+uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
   const BlockKey key = move.block.key;
   const uint32_t layers = options_.geometry.layers;
-  if (SkipFilter{this, move.from}(key)) return;
+  if (SkipFilter{this, move.from}(key)) return 0;
+  // Frames of `from` given back now, or draining towards it.
+  const uint64_t before = (move.from == Tier::kNvme
+                               ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                               : frames(move.from)->free_count()) +
+                          draining_[tier_index(move.from)];
   switch (move.from) {
     case Tier::kHbm: {
       const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
@@ -566,9 +630,18 @@ void Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
         all_host_ready = page_snapshot(key, l).host == CopyState::kReady;
       }
       const PageSnapshot p0 = page_snapshot(key, 0);
-      if (p0.nvme != CopyState::kReady && parts_.nvme != nullptr && all_host_ready &&
-          (move.to == Tier::kNvme || must_keep)) {
-        demote_block_to_nvme(key, prio, /*keep_host=*/false);
+      // The NVMe store is addressed by content key: a private block (no identity yet) stays in
+      // memory until it is published.
+      if (!key.is_private() && p0.nvme != CopyState::kReady && parts_.nvme != nullptr &&
+          all_host_ready && (move.to == Tier::kNvme || must_keep) &&
+          demote_block_to_nvme(key, prio, /*keep_host=*/false)) {
+        break;
+      }
+      // Not written down (NVMe full of blocks in use, or refused): a cached block is dropped.
+      if (!key.is_private() && must_keep && p0.nvme == CopyState::kAbsent &&
+          parts_.nvme != nullptr && !all_host_ready) {
+        // In use and split between HBM and host: its host pages can only leave through NVMe.
+        stage_to_nvme(key, prio);
         break;
       }
       for (uint32_t l = 0; l < layers; ++l) {
@@ -594,6 +667,11 @@ void Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
       break;
   }
   after_change(key);
+  const uint64_t after = (move.from == Tier::kNvme
+                              ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                              : frames(move.from)->free_count()) +
+                         draining_[tier_index(move.from)];
+  return after > before ? after - before : 0;
 }
 
 void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio) {
@@ -647,14 +725,14 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
   });
 }
 
-void Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {
+bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {
   const uint32_t layers = options_.geometry.layers;
   const PageKey pk{key, CopyId::kWholeBlock, Tier::kNvme};
-  if (parts_.nvme == nullptr || ops_.contains(pk)) return;
+  if (parts_.nvme == nullptr || key.is_private() || ops_.contains(pk)) return false;
   std::vector<uint32_t> host_frames(layers);
   for (uint32_t l = 0; l < layers; ++l) {
     const PageSnapshot p = page_snapshot(key, l);
-    if (p.host != CopyState::kReady) return;
+    if (p.host != CopyState::kReady) return false;
     host_frames[l] = p.host_frame;
   }
   auto extent = parts_.table->begin_fill(key, CopyId::nvme());
@@ -669,7 +747,7 @@ void Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
   }
   if (!extent.ok()) {
     extent.status().ignore();
-    return;
+    return false;
   }
   if (!keep_host) {
     for (uint32_t l = 0; l < layers; ++l) {
@@ -722,6 +800,74 @@ void Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
         Status submitted = parts_.port->write_block(key, host_frames, on_done);
         if (!submitted.ok()) on_done(submitted);
       });
+  return true;
+}
+
+void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
+  if (staging_.contains(key) || ops_.contains(PageKey{key, CopyId::kWholeBlock, Tier::kNvme})) {
+    return;
+  }
+  const uint32_t layers = options_.geometry.layers;
+  std::vector<uint32_t> to_stage;
+  for (uint32_t l = 0; l < layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.host == CopyState::kReady) continue;
+    if (p.host != CopyState::kAbsent || p.hbm != CopyState::kReady) return;  // in flight: later
+    to_stage.push_back(l);
+  }
+  if (to_stage.empty()) return;
+  staging_.insert(key);
+  reading_[key] += 1;  // no other plan takes this block while it is staged
+  struct Staging {
+    uint32_t remaining = 0;
+    bool failed = false;
+  };
+  auto st = std::make_shared<Staging>();
+  st->remaining = static_cast<uint32_t>(to_stage.size());
+  const auto one_done = [this, key, prio, st](bool ok) {
+    st->failed = st->failed || !ok;
+    if (--st->remaining != 0) return;
+    staging_.erase(key);
+    if (--reading_[key] == 0) reading_.erase(key);
+    if (!st->failed) demote_block_to_nvme(key, prio, /*keep_host=*/false);
+    serve_frame_waiters(Tier::kHost);
+  };
+  for (uint32_t l : to_stage) {
+    auto pinned = parts_.table->pin(key, l);  // the HBM page is read by the copy below
+    if (!pinned.ok()) {
+      one_done(false);
+      continue;
+    }
+    const uint32_t hbm_frame = *pinned;
+    request_reserved_host_frame(key, l, [this, key, l, hbm_frame, prio,
+                                         one_done](Result<uint32_t> frame) {
+      if (!frame.ok()) {
+        parts_.table->unpin(key, l).ignore();
+        one_done(false);
+        return;
+      }
+      links_.enqueue(Link::kHbmToHost, prio, parts_.port->page_bytes(),
+                     [this, key, l, hbm_frame, host_frame = *frame,
+                      one_done](std::function<void()> finished) {
+                       const FrameMove move{hbm_frame, host_frame};
+                       auto on_done = [this, key, l, finished, one_done](const Status& s) {
+                         finished();
+                         parts_.table->unpin(key, l).ignore();
+                         if (s.ok()) {
+                           parts_.table->complete_fill(key, CopyId::host(l)).ignore();
+                           stats_.demotions[tier_index(Tier::kHost)].fetch_add(
+                               1, std::memory_order_relaxed);
+                         } else {
+                           parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+                         }
+                         one_done(s.ok());
+                       };
+                       Status submitted = parts_.port->copy_pages(Link::kHbmToHost,
+                                                                  std::span(&move, 1), on_done);
+                       if (!submitted.ok()) on_done(submitted);
+                     });
+    });
+  }
 }
 
 void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
@@ -826,7 +972,7 @@ void Scheduler::check_watermarks() {
 
 void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
   Evictor* e = evictor(tier);
-  if (e == nullptr || key.is_private()) return;
+  if (e == nullptr) return;
   bool has = false;
   BlockFacts facts;
   facts.key = key;

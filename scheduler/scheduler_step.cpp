@@ -132,8 +132,18 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     const uint64_t written = infos[i].recomputed_tokens + infos[i].new_tokens;
     step->first_written.push_back(written == 0 ? infos[i].pages
                                                : static_cast<uint32_t>(seq.tokens / pt));
+    const uint64_t tokens_after =
+        seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
     while (seq.blocks.size() < infos[i].pages) {
-      const BlockKey key = private_block_key(seq.id, ++seq.next_private);
+      const uint64_t b = seq.blocks.size();
+      // A prompt block this step fills completely is made under its content key at once (it is
+      // not cached until its pages are complete, so nobody can match it half-written). Otherwise —
+      // a block left partial, a key already in the table (another sequence is computing it, or an
+      // evicted entry kept for its children), or no key known — it is private until published.
+      const bool full_after = (b + 1) * pt <= tokens_after;
+      const bool keyed = full_after && b < seq.prompt_keys.size() &&
+                         !parts_.table->contains(seq.prompt_keys[b]);
+      const BlockKey key = keyed ? seq.prompt_keys[b] : private_block_key(seq.id, ++seq.next_private);
       const BlockKey parent =
           seq.blocks.empty() || seq.blocks.back().is_private() ? BlockKey{} : seq.blocks.back();
       Status s = parts_.table->create_block(key, parent, /*initial_refs=*/1);
@@ -501,10 +511,18 @@ Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& conte
     return ok_status();
   }
   stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
-  for (Tier t : kAllTiers) sync_membership(content, t);
-  // Write policy: copy the completed block down now if the strategy says so.
+  for (Tier t : kAllTiers) {
+    sync_membership(key, t);  // the policies knew it by its private key
+    sync_membership(content, t);
+  }
+  apply_write_policy(content);
+  return ok_status();
+}
+
+void Scheduler::apply_write_policy(const BlockKey& content) {
+  // Copy a completed block down now if the write strategy says so.
   auto info = parts_.table->lookup(content);
-  if (!info.ok()) return ok_status();
+  if (!info.ok()) return;
   WriteContext ctx;
   ctx.hits = info->stats.hits;
   for (Tier t : kAllTiers) {
@@ -522,7 +540,6 @@ Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& conte
   }
   const TierMask to = write_->on_complete(ctx);
   if (!to.empty()) write_through(content, to);
-  return ok_status();
 }
 
 Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completions) {
@@ -542,6 +559,13 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
       finish_written_pages(*step, l);
       release_layer(*step, l);
     }
+  }
+  // Prompt blocks made under their content keys are complete now: shareable, and written down
+  // as the write policy says.
+  for (const BlockKey& key : step->new_blocks) {
+    if (key.is_private()) continue;
+    stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
+    apply_write_policy(key);
   }
   step->ended = true;
   Status first;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 
 #include "scheduler/policies/hint_board.hpp"
 
@@ -40,7 +41,8 @@ void LookaheadEvictor::tick() {
 }
 
 uint32_t LookaheadEvictor::list_for(uint32_t cls, uint32_t parent_slot) const {
-  if (parent_slot == KeyIndex::kNone) return cls;
+  // A parent the queue will read is no reason to hold its child back.
+  if (parent_slot == KeyIndex::kNone || list_[parent_slot] == kHintedList) return cls;
   const uint32_t parent_list = list_[parent_slot];
   return model_.expected_gap(parent_list) > model_.expected_gap(cls) ? parent_list : cls;
 }
@@ -71,6 +73,7 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     const uint32_t to = from | 1u;
     model_.moved(from, to);
     class_[slot] = static_cast<uint8_t>(to);
+    if (list_[slot] == kHintedList) return;  // ranked again when it leaves that list
     const uint32_t list = list_for(to, links_.parent_slot(index_, slot));
     if (list != list_[slot]) {
       lists_.remove(list_[slot], slot);
@@ -161,7 +164,17 @@ void LookaheadEvictor::on_erase(const BlockKey& key) {
 }
 
 uint32_t LookaheadEvictor::best_tail() {
-  uint64_t refresh_budget = index_.size();
+  // A block no waiting request reads any more (its request started without reaching it, or was
+  // cancelled) leaves the hinted list as if touched now.
+  for (uint32_t h = lists_.back(kHintedList); h != SlotLists::kNil && !hinted(index_.key(h));
+       h = lists_.back(kHintedList)) {
+    lists_.remove(kHintedList, h);
+    const uint32_t list = list_for(class_[h], links_.parent_slot(index_, h));
+    list_[h] = static_cast<uint8_t>(list);
+    rank_time_[h] = now_;
+    lists_.push_front(list, h);
+    if (last_placed_ == h) last_placed_ = KeyIndex::kNone;
+  }
   while (true) {
     uint32_t best = SlotLists::kNil;
     double best_rank = 0;
@@ -174,12 +187,21 @@ uint32_t LookaheadEvictor::best_tail() {
         best_rank = r;
       }
     }
-    if (best == SlotLists::kNil || refresh_budget == 0 || !hinted(index_.key(best))) return best;
-    // A waiting request reads it: it is as good as touched now.
-    --refresh_budget;
+    if (best == SlotLists::kNil) {
+      if (!getenv("V2")) return lists_.back(kHintedList);
+      uint32_t pick = SlotLists::kNil; uint64_t latest = 0; int k = 0;
+      for (uint32_t h = lists_.back(kHintedList); h != SlotLists::kNil && k < 16; h = lists_.newer(h), ++k) {
+        const auto u = hints_->find(index_.key(h));
+        const uint64_t st = u ? u->earliest_start : 0;
+        if (pick == SlotLists::kNil || st > latest) { pick = h; latest = st; }
+      }
+      return pick;
+    }
+    if (!hinted(index_.key(best))) return best;
+    // A waiting request reads it: out of the ranking until that request touches it.
     lists_.remove(list_[best], best);
-    rank_time_[best] = now_;
-    lists_.push_front(list_[best], best);
+    list_[best] = static_cast<uint8_t>(kHintedList);
+    lists_.push_front(kHintedList, best);
     if (last_placed_ == best) last_placed_ = KeyIndex::kNone;
   }
 }
@@ -188,6 +210,7 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
   if (hinted(block.key)) return true;
   const uint32_t victim = best_tail();
   if (victim == SlotLists::kNil) return true;
+  if (list_[victim] == kHintedList && !getenv("V1")) return false;
   const auto remembered = ghost_.find(block.key, now_);
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
@@ -200,7 +223,7 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
 std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
                                              std::vector<BlockKey>& out) {
   if (count == 0) return 0;
-  best_tail();  // refresh hinted tails first
+  best_tail();  // moves hinted tails out of the ranking first
   // Merge the lists by rank, walking each from its tail with its own cursor.
   std::array<uint32_t, kClasses> cursor;
   for (uint32_t l = 0; l < kClasses; ++l) cursor[l] = lists_.back(l);
@@ -233,6 +256,13 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   }
   for (std::size_t i = 0; added < count && i < hinted_victims.size(); ++i, ++added) {
     out.push_back(hinted_victims[i]);
+  }
+  if (added < count && getenv("V2")) { const uint32_t p = best_tail(); if (p != SlotLists::kNil && list_[p] == kHintedList && !skip(index_.key(p))) { out.push_back(index_.key(p)); ++added; } }
+  for (uint32_t s = lists_.back(kHintedList); added < count && s != SlotLists::kNil;
+       s = lists_.newer(s)) {
+    if (skip(index_.key(s))) continue;
+    out.push_back(index_.key(s));
+    ++added;
   }
   return added;
 }

@@ -3,8 +3,9 @@
 //
 // Belady evicts the block whose next use is furthest away. The policy predicts it in two ways:
 //   - the queue: a block that a waiting request will read is needed within the queue's horizon;
-//     such a block is never chosen while an unhinted one remains (it is refreshed instead), and a
-//     hinted newcomer is always admitted;
+//     such a block is never chosen while an unhinted one remains (reaching a list's tail, it moves
+//     to a hinted list outside the ranking until a request touches it), a hinted newcomer is
+//     always admitted, and an unhinted one is refused when only hinted blocks could make room;
 //   - the block's class: its reuse count so far (1, 2-3, 4-7, 8-15, 16+ references, remembered by
 //     a ghost history across evictions) and whether it ended the request that last referenced it.
 //     A ReuseModel learns each class's expected gap to the next reference, G(c), truncated at a
@@ -58,6 +59,8 @@ class LookaheadEvictor final : public Evictor {
   static constexpr uint32_t kUseBuckets = 5;
   // Each use bucket is split by the ended-request flag.
   static constexpr uint32_t kClasses = 2 * kUseBuckets;
+  // The list of blocks a waiting request reads, outside the ranking (after the class lists).
+  static constexpr uint32_t kHintedList = kClasses;
   // The model's horizon, in turnovers of the tier's capacity: a block back later than this is
   // worth no more to the tier than one that never comes back.
   static constexpr uint64_t kHorizonCapacities = 8;
@@ -90,14 +93,18 @@ class LookaheadEvictor final : public Evictor {
   const ReuseModel& model() const { return model_; }
 
  private:
+  // Lowest first (the next victim); a hinted-list slot ranks by its own class.
   double rank(uint32_t slot) const {
-    return static_cast<double>(rank_time_[slot]) - model_.expected_gap(list_[slot]);
+    const uint32_t list = list_[slot] == kHintedList ? class_[slot] : list_[slot];
+    return static_cast<double>(rank_time_[slot]) - model_.expected_gap(list);
   }
   bool hinted(const BlockKey& key) const;
   // The list a block of class `cls` joins: its parent's when that one has the larger gap.
   uint32_t list_for(uint32_t cls, uint32_t parent_slot) const;
-  // Moves hinted blocks off the list tails (refreshing them); returns the slot of the best victim
-  // candidate or kNil. Bounded work: each refresh moves a block to a list's front.
+  // Moves hinted blocks off the class lists' tails into the hinted list (and blocks no longer
+  // hinted back); returns the best victim candidate: the lowest-rank unhinted tail, else the
+  // hinted list's oldest, else kNil. Amortised O(1): a block enters the hinted list once per
+  // waiting request that reads it.
   uint32_t best_tail();
   void place(uint32_t slot, uint64_t time);
   // A new reference arrived whose parent is `parent`: settles the ended-request flag of the
@@ -108,13 +115,13 @@ class LookaheadEvictor final : public Evictor {
   const HintBoard* hints_;
   uint64_t now_ = 0;
   KeyIndex index_;
-  SlotLists lists_{kClasses};
+  SlotLists lists_{kClasses + 1};
   ChainLinks links_;
-  std::vector<uint64_t> rank_time_;  // list order (refreshed when hinted)
+  std::vector<uint64_t> rank_time_;  // list order (now, when it leaves the hinted list)
   std::vector<uint64_t> ref_time_;   // last reference (the model's intervals)
   std::vector<uint32_t> uses_;
   std::vector<uint8_t> class_;  // the learning class of the last reference
-  std::vector<uint8_t> list_;   // the list the slot is in (class_, or its parent's list)
+  std::vector<uint8_t> list_;   // the slot's list: class_, its parent's list, or kHintedList
   GhostTable ghost_;
   ReuseModel model_;
   uint32_t last_placed_ = KeyIndex::kNone;

@@ -325,6 +325,53 @@ TEST(SchedulerSim, SharedPrefixIsStoredOnceAndDeduplicatedAtPublish) {
   expect_consistent(w);
 }
 
+TEST(SchedulerSim, WindowedStepsOverPrivateBlocks) {
+  // A sequence opened with no content keys (prefix caching off) grows past HBM: its private
+  // blocks must move down like any other, or the first windowed step never becomes ready.
+  SimSetup setup;
+  setup.geometry.layers = 8;
+  setup.hbm_frames = 64;
+  setup.host_frames = 4096;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  auto s = w.scheduler().open_sequence({});
+  ASSERT_TRUE(s.ok());
+  for (int c = 0; c < 8; ++c) {
+    const StepItem chunk{s->id, 32};  // 2 pages per step; windowed from 64 / 8 = 8 pages on
+    auto r = w.run_step(std::span(&chunk, 1), 20 * kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << "step " << c << ": " << r.status.to_string();
+    expect_tables_valid(w, r);
+  }
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, WindowedStepsPublishTheirBlocks) {
+  // A keyed prompt prefilled in chunks that outgrow HBM: every block the windowed steps complete
+  // is published and stays cached after the sequence closes.
+  SimSetup setup;  // 4 layers
+  setup.hbm_frames = 32;
+  setup.host_frames = 1024;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  auto keys = w.prompt(20, 1);
+  auto s = w.scheduler().open_sequence(keys);
+  ASSERT_TRUE(s.ok());
+  for (uint32_t c = 0; c < 4; ++c) {
+    const StepItem chunk{s->id, 5 * 16};
+    const StepCompletion done{
+        s->id, std::vector<BlockKey>(keys.begin() + 5 * c, keys.begin() + 5 * c + 5)};
+    auto r = w.run_step(std::span(&chunk, 1), kNanosPerMicro, std::span(&done, 1));
+    ASSERT_TRUE(r.status.ok()) << "chunk " << c << ": " << r.status.to_string();
+  }
+  EXPECT_EQ(w.scheduler().stats().blocks_published.load(), 20u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(keys).blocks, 20u);
+  expect_consistent(w);
+}
+
 // A block some sequence references must keep every page somewhere (or have it on its way).
 std::string lost_page(SimWorld& w) {
   for (const auto& [key, info] : w.table().snapshot()) {
