@@ -1,5 +1,5 @@
 # kvtier — the README's two commands, on a fresh Debian 12 machine:
-#   make run    install what is missing, build, run the main job on configs/default.yaml
+#   make run    install what is missing, build, run the main job (the long-context benchmark)
 #   make test   install what is missing, build, run every test (ctest; slow runs excluded)
 # Other targets: deps, build, asan, tsan, fuzz-short, fuzz-long, test-slow, install, clean.
 SHELL := /bin/bash
@@ -40,8 +40,11 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# The main job: the self-check of the embedded default config, then the long-context benchmark
+# (about an hour of modeled traffic on an H200, all four baselines side by side).
 run: build
 	$(BUILD_DIR)/bin/kvtier-bench check
+	$(BUILD_DIR)/bin/kvtier-bench run
 
 test: build
 	cd $(BUILD_DIR) && ctest -LE slow --output-on-failure -j $(JOBS) --timeout 600
