@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 
 #include "scheduler/policies/hint_board.hpp"
 
@@ -187,16 +186,7 @@ uint32_t LookaheadEvictor::best_tail() {
         best_rank = r;
       }
     }
-    if (best == SlotLists::kNil) {
-      if (!getenv("V2")) return lists_.back(kHintedList);
-      uint32_t pick = SlotLists::kNil; uint64_t latest = 0; int k = 0;
-      for (uint32_t h = lists_.back(kHintedList); h != SlotLists::kNil && k < 16; h = lists_.newer(h), ++k) {
-        const auto u = hints_->find(index_.key(h));
-        const uint64_t st = u ? u->earliest_start : 0;
-        if (pick == SlotLists::kNil || st > latest) { pick = h; latest = st; }
-      }
-      return pick;
-    }
+    if (best == SlotLists::kNil) return last_resort(KeyFilter::none(), {});
     if (!hinted(index_.key(best))) return best;
     // A waiting request reads it: out of the ranking until that request touches it.
     lists_.remove(list_[best], best);
@@ -206,11 +196,30 @@ uint32_t LookaheadEvictor::best_tail() {
   }
 }
 
+uint32_t LookaheadEvictor::last_resort(KeyFilter skip, const std::vector<uint32_t>& taken) const {
+  uint32_t pick = SlotLists::kNil;
+  uint64_t latest = 0;
+  uint32_t seen = 0;
+  for (uint32_t s = lists_.back(kHintedList); s != SlotLists::kNil && seen < kHintedScan;
+       s = lists_.newer(s)) {
+    if (std::find(taken.begin(), taken.end(), s) != taken.end() || skip(index_.key(s))) continue;
+    ++seen;
+    const std::optional<HintBoard::Use> use =
+        hints_ != nullptr ? hints_->find(index_.key(s)) : std::nullopt;
+    const uint64_t start = use ? use->earliest_start : 0;
+    if (pick == SlotLists::kNil || start > latest) {
+      pick = s;
+      latest = start;
+    }
+  }
+  return pick;
+}
+
 bool LookaheadEvictor::admit(const BlockFacts& block) {
   if (hinted(block.key)) return true;
   const uint32_t victim = best_tail();
   if (victim == SlotLists::kNil) return true;
-  if (list_[victim] == kHintedList && !getenv("V1")) return false;
+  if (list_[victim] == kHintedList) return false;  // every block here is wanted by the queue
   const auto remembered = ghost_.find(block.key, now_);
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
@@ -257,10 +266,11 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   for (std::size_t i = 0; added < count && i < hinted_victims.size(); ++i, ++added) {
     out.push_back(hinted_victims[i]);
   }
-  if (added < count && getenv("V2")) { const uint32_t p = best_tail(); if (p != SlotLists::kNil && list_[p] == kHintedList && !skip(index_.key(p))) { out.push_back(index_.key(p)); ++added; } }
-  for (uint32_t s = lists_.back(kHintedList); added < count && s != SlotLists::kNil;
-       s = lists_.newer(s)) {
-    if (skip(index_.key(s))) continue;
+  std::vector<uint32_t> taken;
+  while (added < count) {
+    const uint32_t s = last_resort(skip, taken);
+    if (s == SlotLists::kNil) break;
+    taken.push_back(s);
     out.push_back(index_.key(s));
     ++added;
   }

@@ -4,8 +4,9 @@
 // Belady evicts the block whose next use is furthest away. The policy predicts it in two ways:
 //   - the queue: a block that a waiting request will read is needed within the queue's horizon;
 //     such a block is never chosen while an unhinted one remains (reaching a list's tail, it moves
-//     to a hinted list outside the ranking until a request touches it), a hinted newcomer is
-//     always admitted, and an unhinted one is refused when only hinted blocks could make room;
+//     to a hinted list outside the ranking until a request touches it); when only hinted blocks
+//     can go, the one whose reader starts last goes first; a hinted newcomer is always admitted,
+//     and an unhinted one is refused when only hinted blocks could make room;
 //   - the block's class: its reuse count so far (1, 2-3, 4-7, 8-15, 16+ references, remembered by
 //     a ghost history across evictions) and whether it ended the request that last referenced it.
 //     A ReuseModel learns each class's expected gap to the next reference, G(c), truncated at a
@@ -61,6 +62,9 @@ class LookaheadEvictor final : public Evictor {
   static constexpr uint32_t kClasses = 2 * kUseBuckets;
   // The list of blocks a waiting request reads, outside the ranking (after the class lists).
   static constexpr uint32_t kHintedList = kClasses;
+  // When only hinted blocks can go, the one whose reader starts last among this many of the
+  // longest-hinted goes first (Belady within the queue, at bounded cost).
+  static constexpr uint32_t kHintedScan = 16;
   // The model's horizon, in turnovers of the tier's capacity: a block back later than this is
   // worth no more to the tier than one that never comes back.
   static constexpr uint64_t kHorizonCapacities = 8;
@@ -106,6 +110,9 @@ class LookaheadEvictor final : public Evictor {
   // hinted list's oldest, else kNil. Amortised O(1): a block enters the hinted list once per
   // waiting request that reads it.
   uint32_t best_tail();
+  // Among the kHintedScan longest-hinted blocks not in `taken` nor refused by `skip`, the one
+  // whose earliest waiting reader starts last (the oldest on ties); kNil when none.
+  uint32_t last_resort(KeyFilter skip, const std::vector<uint32_t>& taken) const;
   void place(uint32_t slot, uint64_t time);
   // A new reference arrived whose parent is `parent`: settles the ended-request flag of the
   // previous reference (ended unless this one continues it).

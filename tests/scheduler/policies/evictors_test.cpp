@@ -197,9 +197,11 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
 // (major, minor) pairs: a push to a list's front takes a new major, a child placed behind its
 // parent takes the parent's major and the next minor, so a list's tail is its smallest major and,
 // within it, its largest minor. Victims are the k-way merge of the lists by rank, as the policy
-// walks them; hinted blocks are refreshed off the tails and offered last.
+// walks them; hinted blocks reaching a tail move to a hinted list (index 10) and are offered last,
+// the one whose reader starts last among the 16 longest-hinted first.
 struct LookaheadRef {
   static constexpr uint32_t kClasses = 10;
+  static constexpr uint32_t kHinted = 10;
   struct Block {
     uint64_t rank_time = 0, ref_time = 0, major = 0;
     uint32_t minor = 0, uses = 0, cls = 0, list = 0;
@@ -263,7 +265,7 @@ struct LookaheadRef {
     return it == c.end() ? nullptr : &it->second;
   }
   uint32_t list_for(uint32_t k, const Block* parent) const {
-    return parent && gap(parent->list) > gap(k) ? parent->list : k;
+    return parent && parent->list != kHinted && gap(parent->list) > gap(k) ? parent->list : k;
   }
   void place(uint64_t id, uint64_t time) {
     Block& b = c[id];
@@ -290,6 +292,7 @@ struct LookaheadRef {
       if (b.cls & 1) return;
       moved(b.cls, b.cls | 1);
       b.cls |= 1;
+      if (b.list == kHinted) return;
       const uint32_t l = list_for(b.cls, parent_of(b));
       if (l != b.list) {
         b.list = l;
@@ -317,16 +320,48 @@ struct LookaheadRef {
     }
     return best;
   }
+  // Among the 16 longest-hinted blocks, the one whose earliest reader starts last (oldest on ties).
+  std::optional<uint64_t> last_resort() const {
+    std::vector<uint64_t> order;
+    for (const auto& [id, b] : c) {
+      if (b.list == kHinted) order.push_back(id);
+    }
+    std::sort(order.begin(), order.end(), [&](uint64_t x, uint64_t y) {
+      const Block& a = c.at(x);
+      const Block& b = c.at(y);
+      return a.major < b.major || (a.major == b.major && a.minor > b.minor);
+    });
+    std::optional<uint64_t> pick;
+    uint64_t latest = 0;
+    for (std::size_t i = 0; i < order.size() && i < 16; ++i) {
+      const auto use = hints->find(key_of(order[i]));
+      const uint64_t start = use ? use->earliest_start : 0;
+      if (!pick || start > latest) {
+        pick = order[i];
+        latest = start;
+      }
+    }
+    return pick;
+  }
   std::optional<uint64_t> best_tail() {
-    for (std::size_t budget = c.size();; --budget) {
+    for (auto h = tail(kHinted, {}); h && !hinted(*h); h = tail(kHinted, {})) {
+      Block& b = c[*h];
+      b.list = list_for(b.cls, parent_of(b));
+      b.rank_time = now;
+      b.major = ++seq;
+      b.minor = 0;
+      if (last_placed == *h) last_placed.reset();
+    }
+    while (true) {
       std::optional<uint64_t> best;
       for (uint32_t l = 0; l < kClasses; ++l) {
         const auto t = tail(l, {});
         if (t && (!best || rank(c[*t]) < rank(c[*best]))) best = t;
       }
-      if (!best || budget == 0 || !hinted(*best)) return best;
+      if (!best) return last_resort();
+      if (!hinted(*best)) return best;
       Block& b = c[*best];
-      b.rank_time = now;
+      b.list = kHinted;
       b.major = ++seq;
       b.minor = 0;
       if (last_placed == *best) last_placed.reset();
@@ -336,22 +371,24 @@ struct LookaheadRef {
     best_tail();
     std::set<uint64_t> walked;
     std::optional<uint64_t> first_hinted;
-    while (walked.size() < c.size()) {
+    while (true) {
       std::optional<uint64_t> best;
       for (uint32_t l = 0; l < kClasses; ++l) {
         const auto t = tail(l, walked);
         if (t && (!best || rank(c[*t]) < rank(c[*best]))) best = t;
       }
+      if (!best) break;
       walked.insert(*best);
       if (!hinted(*best)) return *best;
       if (!first_hinted) first_hinted = best;
     }
-    return *first_hinted;
+    return first_hinted ? *first_hinted : *last_resort();
   }
   bool admit(uint64_t id, std::optional<uint64_t> parent) {
     if (hinted(id)) return true;
     const std::optional<uint64_t> v = best_tail();
     if (!v) return true;
+    if (c[*v].list == kHinted) return false;
     const auto g = ghost.find(id);
     const uint32_t uses = std::max<uint32_t>(g == ghost.end() ? 0 : g->second.count, 1);
     const Block* p = parent && c.count(*parent) ? &c.at(*parent) : nullptr;
@@ -691,6 +728,48 @@ TEST(Evictors, LookaheadKeepsHintedBlocksAndReturningOnes) {
   e.on_erase(key_of(2));
   e.on_miss(facts_of(2000));
   EXPECT_FALSE(e.admit(facts_of(2000)));
+}
+
+TEST(Evictors, LookaheadHintedBlocksLeaveTheRankingUntilTouchedOrUnhinted) {
+  HintBoard board;
+  EvictorOptions o;
+  o.capacity_blocks = 3;
+  o.hints = &board;
+  LookaheadEvictor e(o);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    e.on_miss(facts_of(id));
+    e.on_insert(facts_of(id));
+  }
+  const std::vector<BlockKey> queued = {key_of(1), key_of(2), key_of(3)};
+  ASSERT_TRUE(board.add(10, 0, queued).ok());
+  // Everything held is wanted by the queue: an unhinted newcomer is refused, and victims are
+  // offered only as a last resort, oldest first.
+  e.on_miss(facts_of(4));
+  EXPECT_FALSE(e.admit(facts_of(4)));
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(2, KeyFilter::none(), out), 2u);
+  EXPECT_EQ(out[0], key_of(1));
+  EXPECT_EQ(out[1], key_of(2));
+  // The request starts and touches 3 only; 1 and 2 are ranked again, as if touched now (1 first,
+  // it waited longest). 3 ranks by its new class, which has seen no reuse yet: it goes first.
+  ASSERT_TRUE(board.remove(10).ok());
+  e.on_access(key_of(3));
+  out.clear();
+  ASSERT_EQ(e.select_victims(3, KeyFilter::none(), out), 3u);
+  EXPECT_EQ(out[0], key_of(3));
+  EXPECT_EQ(out[1], key_of(1));
+  EXPECT_EQ(out[2], key_of(2));
+  // With a waiting request for 3 again, 3 is kept while 1 and 2 can go; a hinted newcomer enters.
+  const BlockKey three = key_of(3);
+  ASSERT_TRUE(board.add(11, 0, std::span(&three, 1)).ok());
+  out.clear();
+  ASSERT_EQ(e.select_victims(2, KeyFilter::none(), out), 2u);
+  EXPECT_EQ(out[0], key_of(1));
+  EXPECT_EQ(out[1], key_of(2));
+  const BlockKey five = key_of(5);
+  ASSERT_TRUE(board.add(12, 0, std::span(&five, 1)).ok());
+  EXPECT_TRUE(e.admit(facts_of(5)));
+  EXPECT_EQ(e.misuse(), 0u);
 }
 
 TEST(Evictors, LookaheadLearnsWhichEndsOfRequestsComeBack) {
