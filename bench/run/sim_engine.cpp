@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "bench/run/batcher.hpp"
-#include "bench/run/sim_world.hpp"
+#include "scheduler/sim_world.hpp"
 
 namespace kvtier::bench::run {
 namespace {

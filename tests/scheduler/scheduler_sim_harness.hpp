@@ -1,6 +1,6 @@
-// A scheduler over modeled tiers in virtual time, and a simulated engine that drives it: the
-// fixture of the deterministic scheduler tests. Everything runs on the test's thread; time moves
-// only when the SimEventLoop runs events.
+// A scheduler over modeled tiers in virtual time (kvtier::SimWorld, what the benchmark runs), and a
+// simulated engine that drives it: the fixture of the deterministic scheduler tests. Everything
+// runs on the test's thread; time moves only when the SimEventLoop runs events.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include "scheduler/scheduler.hpp"
 #include "scheduler/sim_event_loop.hpp"
 #include "scheduler/sim_transfer_port.hpp"
+#include "scheduler/sim_world.hpp"
 #include "tiers/extent_allocator.hpp"
 #include "tiers/frame_allocator.hpp"
 
@@ -36,44 +37,30 @@ struct SimSetup {
 class SimWorld {
  public:
   explicit SimWorld(const SimSetup& setup) : setup_(setup) {
-    hbm_ = std::move(FrameAllocator::create(setup.hbm_frames)).value();
-    host_ = std::move(FrameAllocator::create(setup.host_frames)).value();
-    if (setup.nvme_extents > 0) {
-      nvme_ = std::move(ExtentAllocator::create({setup.nvme_extents},
-                                                setup.geometry.block_bytes() + 4096, 4096))
-                  .value();
-    }
-    PageTableOptions pto;
-    pto.layers = setup.geometry.layers;
-    pto.shards = 4;
-    table_ = std::move(PageTable::create(pto, TierAllocators{hbm_.get(), host_.get(), nvme_.get()}))
-                 .value();
-    SimLinkSpec spec;
+    kvtier::SimWorldSpec spec;
+    spec.geometry = setup.geometry;
+    spec.hbm_frames = setup.hbm_frames;
+    spec.host_frames = setup.host_frames;
+    spec.nvme_extents = setup.nvme_extents;
     const auto link = [](double gbps) { return LinkModel{gbps * 1e9, 2 * kNanosPerMicro}; };
     spec.links[static_cast<int>(Link::kHostToHbm)] = link(setup.h2d_gbps);
     spec.links[static_cast<int>(Link::kHbmToHost)] = link(setup.d2h_gbps);
     spec.links[static_cast<int>(Link::kNvmeToHost)] = link(setup.nvme_read_gbps);
     spec.links[static_cast<int>(Link::kHostToNvme)] = link(setup.nvme_write_gbps);
-    spec.nvme_extents = setup.nvme_extents;
-    port_ = std::make_unique<SimTransferPort>(loop_, setup.geometry, spec);
-    SchedulerOptions so;
-    so.geometry = setup.geometry;
-    so.policies = setup.policies;
-    so.watermarks = setup.watermarks;
-    SchedulerParts parts{table_.get(), port_.get(), &loop_, hbm_.get(), host_.get(), nvme_.get()};
-    auto s = Scheduler::create(parts, so);
-    EXPECT_TRUE(s.ok()) << s.status().to_string();
-    scheduler_ = std::move(s).value();
+    spec.policies = setup.policies;
+    spec.watermarks = setup.watermarks;
+    auto w = kvtier::SimWorld::create(spec);
+    EXPECT_TRUE(w.ok()) << w.status().to_string();
+    world_ = std::move(w).value();
   }
 
-  Scheduler& scheduler() { return *scheduler_; }
-  PageTable& table() { return *table_; }
-  SimEventLoop& loop() { return loop_; }
-  SimTransferPort& port() { return *port_; }
-  FrameAllocator& hbm() { return *hbm_; }
-  FrameAllocator& host() { return *host_; }
+  Scheduler& scheduler() { return world_->scheduler(); }
+  PageTable& table() { return world_->table(); }
+  SimEventLoop& loop() { return world_->loop(); }
+  SimTransferPort& port() { return world_->port(); }
+  const FrameAllocator& hbm() { return world_->hbm(); }
+  const FrameAllocator& host() { return world_->host(); }
   const SimSetup& setup() const { return setup_; }
-
   // Keys for a prompt of `blocks` full blocks; `salt` makes distinct prompts.
   std::vector<BlockKey> prompt(uint32_t blocks, uint32_t salt, uint32_t shared_prefix = 0) {
     std::vector<uint32_t> tokens(static_cast<std::size_t>(blocks) * setup_.geometry.page_tokens);
@@ -86,8 +73,8 @@ class SimWorld {
 
   struct StepResult {
     Status status;
-    Nanos stall = 0;     // virtual time the engine waited on layers
-    Nanos compute = 0;   // virtual time the engine computed
+    Nanos stall = 0;    // virtual time the engine waited on layers
+    Nanos compute = 0;  // virtual time the engine computed
     StepInfo info;
     std::vector<LayerTable> tables;
     // Frames that were not a valid, distinct, allocated HBM frame when the engine read the layer
@@ -100,62 +87,56 @@ class SimWorld {
   StepResult run_step(std::span<const StepItem> batch, Nanos compute_per_layer,
                       std::span<const StepCompletion> completions = {}) {
     StepResult r;
-    auto info = scheduler_->begin_step(batch);
+    auto info = scheduler().begin_step(batch);
     if (!info.ok()) {
       r.status = info.status();
       return r;
     }
     r.info = *info;
     for (uint32_t l = 0; l < info->layers; ++l) {
-      auto ready = scheduler_->layer_readiness(info->id, l);
+      auto ready = scheduler().layer_readiness(info->id, l);
       if (!ready.ok()) {
         r.status = ready.status();
         return r;
       }
-      const Nanos before = loop_.now();
-      const bool done = loop_.run_while_not([&] { return (*ready)->finished(); });
-      r.stall += loop_.now() - before;
+      const Nanos before = loop().now();
+      const bool done = loop().run_while_not([&] { return (*ready)->finished(); });
+      r.stall += loop().now() - before;
       Status w = (*ready)->wait(0);
       if (!done || !w.ok()) {
         r.status = done ? w : deadline_exceeded("layer never became ready (simulation idle)");
-        scheduler_->abort_step(info->id).ignore();
+        scheduler().abort_step(info->id).ignore();
         return r;
       }
-      auto t = scheduler_->layer_table(info->id, l);
+      auto t = scheduler().layer_table(info->id, l);
       EXPECT_TRUE(t.ok());
       if (t.ok()) {
         std::unordered_set<int32_t> seen;
         for (int32_t f : t->indices) {
-          if (f < 0 || !hbm_->is_allocated(static_cast<uint32_t>(f)) || !seen.insert(f).second) {
+          if (f < 0 || !hbm().is_allocated(static_cast<uint32_t>(f)) || !seen.insert(f).second) {
             ++r.invalid_frames;
           }
         }
         r.tables.push_back(*t);
       }
-      loop_.run_until(loop_.now() + compute_per_layer);
+      loop().run_until(loop().now() + compute_per_layer);
       r.compute += compute_per_layer;
-      Status e = scheduler_->end_layer(info->id, l);
+      Status e = scheduler().end_layer(info->id, l);
       if (!e.ok()) {
         r.status = e;
         return r;
       }
     }
-    r.status = scheduler_->end_step(info->id, completions);
+    r.status = scheduler().end_step(info->id, completions);
     return r;
   }
 
   // Runs the loop until no transfer is pending.
-  void settle() { loop_.run_until_idle(); }
+  void settle() { loop().run_until_idle(); }
 
  private:
   SimSetup setup_;
-  std::unique_ptr<FrameAllocator> hbm_;
-  std::unique_ptr<FrameAllocator> host_;
-  std::unique_ptr<ExtentAllocator> nvme_;
-  std::unique_ptr<PageTable> table_;
-  SimEventLoop loop_;
-  std::unique_ptr<SimTransferPort> port_;
-  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<kvtier::SimWorld> world_;
 };
 
 }  // namespace kvtier::testing

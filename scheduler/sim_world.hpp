@@ -1,7 +1,8 @@
 // SimWorld: kvtier's real scheduler, page table and policies over modeled tiers in virtual time —
 // frame allocators sized like the modeled HBM, host and NVMe tiers, a SimTransferPort whose links
-// have the modeled bandwidths, and a SimEventLoop. One world per baseline run; it owns everything
-// and tears it down in reverse order. Single-threaded: the engine that drives it runs on the
+// have the modeled bandwidths, and a SimEventLoop. What the long-context benchmark runs each
+// baseline in, and what the deterministic scheduler tests drive; it owns everything and tears it
+// down in reverse order. Single-threaded: the engine that drives it runs on the
 // loop's (its own) thread, so several worlds may run side by side on different threads.
 #pragma once
 
@@ -18,7 +19,7 @@
 #include "tiers/extent_allocator.hpp"
 #include "tiers/frame_allocator.hpp"
 
-namespace kvtier::bench::run {
+namespace kvtier {
 
 struct SimWorldSpec {
   Geometry geometry;
@@ -42,6 +43,7 @@ class SimWorld {
   SimTransferPort& port() { return *port_; }
   PageTable& table() { return *table_; }
   const FrameAllocator& hbm() const { return *hbm_; }
+  const FrameAllocator& host() const { return *host_; }
   const SimWorldSpec& spec() const { return spec_; }
 
  private:
@@ -57,4 +59,4 @@ class SimWorld {
   std::unique_ptr<Scheduler> scheduler_;
 };
 
-}  // namespace kvtier::bench::run
+}  // namespace kvtier

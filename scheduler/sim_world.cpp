@@ -1,9 +1,9 @@
 // SimWorld assembly. See sim_world.hpp.
-#include "bench/run/sim_world.hpp"
+#include "scheduler/sim_world.hpp"
 
 #include <algorithm>
 
-namespace kvtier::bench::run {
+namespace kvtier {
 namespace {
 
 // As the Runtime does: deep enough to keep a link busy, shallow enough that a demand load is
@@ -53,4 +53,4 @@ SimWorld::~SimWorld() {
   table_.reset();
 }
 
-}  // namespace kvtier::bench::run
+}  // namespace kvtier
