@@ -118,12 +118,14 @@ class PolicyRun {
             nvme_ ? nvme_->free_count() : 0u};
   }
 
-  // Makes `frames` free in `tier`, executing plans until it is done or no plan helps.
-  Result<bool> ensure_room(Tier tier, uint64_t frames) {
+  // Makes `frames` free in `tier`, executing plans until it is done or no plan helps. Victims for
+  // which `skip` is true stay (the block being promoted: its only copy may sit in a slower tier
+  // that the cascade makes room in).
+  Result<bool> ensure_room(Tier tier, uint64_t frames, KeyFilter skip = KeyFilter::none()) {
     for (int attempt = 0; attempt < 64; ++attempt) {
       const auto free = free_frames();
       if (free[ti(tier)] >= frames) return true;
-      PlacementPlan plan = placement_->plan_room(tier, frames, free);
+      PlacementPlan plan = placement_->plan_room(tier, frames, free, skip);
       if (plan.empty()) return false;
       KVTIER_ASSIGN_OR_RETURN(ExecutionResult done,
                               execute_plan_metadata(*table_, evictors_, plan));
@@ -225,12 +227,20 @@ class PolicyRun {
       });
       if (!st.ok() && st.code() != StatusCode::kNotFound) return st;
 
-      if (tier) {  // cached somewhere: a use
+      if (tier) {  // cached somewhere: a use, and a miss for each tier without a copy
         for (Tier t : kAllTiers) {
-          if (has[ti(t)] && evictors_[ti(t)] != nullptr) evictors_[ti(t)]->on_access(facts.key);
+          Evictor* e = evictors_[ti(t)];
+          if (e == nullptr) continue;
+          if (has[ti(t)]) {
+            e->on_access(facts.key);
+          } else {
+            e->on_miss(facts);
+          }
         }
         if (!has[ti(Tier::kHbm)]) {
-          KVTIER_ASSIGN_OR_RETURN(bool room, ensure_room(Tier::kHbm, 1));
+          const BlockKey promoted = facts.key;
+          const auto keep_promoted = [&](const BlockKey& k) { return k == promoted; };
+          KVTIER_ASSIGN_OR_RETURN(bool room, ensure_room(Tier::kHbm, 1, KeyFilter(keep_promoted)));
           if (room) KVTIER_RETURN_IF_ERROR(fill(Tier::kHbm, facts));
         }
         if (j < m.blocks) KVTIER_RETURN_IF_ERROR(write_down(facts, facts.hits, false));

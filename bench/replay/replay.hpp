@@ -8,11 +8,13 @@
 //   2. match(): the longest cached prefix is the hit, counted in tokens by the tier each block is
 //      served from (capped at input_length);
 //   3. every block of the request, parent first: a cached block is accessed in each tier holding
-//      it and promoted to HBM when it has no HBM copy; a missing block is reported as a miss to
-//      every tier's evictor and computed into HBM — unless HBM is full and its evictor refuses it
-//      (bypass), after which the rest of the chain is not retained either (useless without it).
-//      Room is made by Placement plans executed at once (execute_plan_metadata), cascading
-//      HBM -> host -> NVMe -> drop; the write strategy may copy a new block down at once.
+//      it, reported as a miss to each tier that does not (so every tier's evictor sees every
+//      reference, in chain order), and promoted to HBM when it has no HBM copy; a missing block is
+//      reported as a miss to every tier's evictor and computed into HBM — unless HBM is full and
+//      its evictor refuses it (bypass), after which the rest of the chain is not retained either
+//      (useless without it). Room is made by Placement plans executed at once
+//      (execute_plan_metadata), cascading HBM -> host -> NVMe -> drop; the write strategy may copy
+//      a new block down at once.
 // Blocks whose copies are all gone are erased from the table (leaves first, then parents that
 // became childless), so the table holds cached blocks and the uncached parents of cached ones.
 // Nothing is pinned: a request longer than the cache may evict its own earlier blocks, as in the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 
 #include "scheduler/policies/hint_board.hpp"
 
@@ -116,15 +117,18 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
     class_.resize(limit, 0);
     list_.resize(limit, 0);
   }
-  // A miss already counted this reference in the ghost (and opened its interval); a block
-  // demoted or promoted into this tier brings its hit count.
-  const GhostTable::Entry remembered = ghost_.take(block.key, now_).value_or(GhostTable::Entry{});
-  const uint32_t uses = std::max<uint32_t>({remembered.count, block.hits + 1u, 1u});
+  // The interval this tier has open for the block (from its last reference here, or the miss
+  // just recorded) goes on; a block it never saw opens one. Either way it ranks from its arrival:
+  // a block demoted or promoted into this tier was wanted at least that recently, and brings its
+  // hit count.
+  const std::optional<GhostTable::Entry> remembered = ghost_.take(block.key, now_);
+  const uint32_t uses =
+      std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   uint32_t cls;
-  if (remembered.count > 0) {
-    cls = class_of(uses, (remembered.tag & 1u) != 0);
-    if (cls != remembered.tag) model_.moved(remembered.tag, cls);
-    ref_time_[slot] = remembered.time;
+  if (remembered) {
+    cls = class_of(uses, (remembered->tag & 1u) != 0);
+    if (cls != remembered->tag) model_.moved(remembered->tag, cls);
+    ref_time_[slot] = remembered->time;
   } else {
     cls = class_of(uses, false);
     model_.entered(cls);
@@ -133,7 +137,7 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
   uses_[slot] = uses;
   class_[slot] = static_cast<uint8_t>(cls);
   links_.attach(index_, slot, block.parent);
-  place(slot, ref_time_[slot]);
+  place(slot, now_);
 }
 
 void LookaheadEvictor::on_access(const BlockKey& key) {

@@ -7,16 +7,17 @@
 //     to a hinted list outside the ranking until a request touches it); when only hinted blocks
 //     can go, the one whose reader starts last goes first; a hinted newcomer is always admitted,
 //     and an unhinted one is refused when only hinted blocks could make room;
-//   - the block's class: its reuse count so far (1, 2-3, 4-7, 8-15, 16+ references, remembered by
-//     a ghost history across evictions) and whether it ended the request that last referenced it.
+//   - the block's class: its reuse count so far (1, 2-3, 4-7, 8-15, 16+ references, remembered
+//     across evictions by a GhostTable) and whether it ended the request that last referenced it.
 //     A ReuseModel learns each class's expected gap to the next reference, G(c), truncated at a
-//     horizon of kHorizonCapacities turnovers of the tier, from every reference the tier sees.
-// Prediction: a block last referenced `age` events ago is expected back in age + G(c) events —
+//     horizon of kHorizonCapacities turnovers of the tier, from every hit and miss the tier sees.
+// Clock: the count of references (on_access, on_miss) this evictor has seen.
+// Prediction: a block last referenced `age` references ago is expected back in age + G(c) —
 // gaps of KV reuse are heavy-tailed (a prefix not reused for a while is less and less likely to
 // come back soon), so the residual grows with the age instead of shrinking. Evicting the largest
-// age + G(c) is evicting the smallest rank = last_touch - G(c): LRU within a class, each class
-// shifted by its learned gap. One recency list per class; the victim is the lowest-rank tail over
-// kClasses lists, O(1) per decision; no heap.
+// age + G(c) is evicting the smallest rank = last reference - G(c): LRU within a class, each
+// class shifted by its learned gap. One recency list per class; the victim is the lowest-rank
+// tail over kClasses lists, O(1) per decision; no heap.
 // Bypass: a newcomer whose rank would not beat the current victim's is refused (admit()), as
 // Belady refuses a block whose next use is further away than every cached one's.
 // Chains: accesses arrive parent first; a child touched right after its parent in the same list
@@ -27,19 +28,25 @@
 // to its child; it is settled on that next reference (the block ranks as "continued" meanwhile).
 // Final partial blocks, rewritten by the next turn, land in the ended classes and the model learns
 // they do not come back; in a workload whose last full block is the next turn's prefix, it learns
-// the opposite.
+// the opposite. A lower tier sees only part of each request, so there the flag means "the last
+// block of a run this tier saw"; the model learns whatever that predicts.
+// Memory per tracked block: ~85 bytes (index, lists, chain links, two times, count, class, list),
+// plus 16 bytes per ghost entry at kGhostFactor entries per frame of the tier.
 //
 // What it cannot do (measured on the public Mooncake trace, 512-token blocks, --lookahead 32):
 // most blocks are referenced once, and among prefixes that did come back, nothing observable
-// (reuse count, gaps so far, time since last use, request length, position) predicts WHEN they
-// come back: the ranking quality (AUC) of each such signal for "back within 65 requests" is
-// 0.53-0.60. Offline oracles that use the window exactly and rank the rest by the trace's own
-// per-class reuse tables stay near 21 % / 38 % at 1e6 / 3e6 tokens (OPT 38.3 % / 56.0 %).
-// Rejected: per-class hit-density tables by age (LHD-style) learned from the policy's own
-// evictions (they starve the classes evicted early); a fixed bonus per doubling of the use count
-// (frequency says little once a block has been reused; it cost 2 points at 3e6 tokens); and exact
-// Belady over the hinted window alone (the queue covers a few seconds, most reuse is minutes
-// apart).
+// (reuse count, gaps so far, time since last use, lifetime rate) predicts WHEN they come back: the
+// ranking quality (AUC) of each such signal for "back within 65 requests" is 0.54-0.60. Offline
+// oracles that use the window exactly and rank the rest by the trace's own per-class reuse tables
+// (use count, age, end of request, request length, previous gap) reach 22.9 % / 38.2 % at 1e6 /
+// 3e6 tokens, against 38.3 % / 56.0 % for OPT.
+// Rejected: the previous rank, a fixed bonus of a quarter of the tier's turnover per doubling of
+// the use count (1.3 points lower at 3e6 tokens on that trace, 1.0-1.9 lower on a chat workload);
+// a fixed penalty for blocks never reused (two turnovers: 1.3 points higher at 3e6 on that trace,
+// but down to LRU's level at 3e6 on the chat workload — a constant that suits one workload);
+// per-class hit-density or hazard tables by age (LHD-style): even fitted offline to the trace they
+// ranked no better than the truncated mean over the same classes; and exact Belady over the
+// hinted window alone (the queue covers a few seconds, most reuse is minutes apart).
 #pragma once
 
 #include <array>

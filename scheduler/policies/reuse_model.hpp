@@ -18,11 +18,12 @@
 // whether a block ended its request once the next reference arrives.
 //
 // Cost: three doubles per class, O(1) per call. Not thread-safe (evictors run on one loop).
-// Rejected: per-class histograms of reuse by age (a hazard or hit-density table, as LHD ranks by):
-// on the public trace they ranked no better than the truncated mean, at 40x the state and with an
-// age-dependent rank that needs sampling instead of list tails; and a fixed penalty for blocks
-// never reused (a static "one-hit wonder" offset): the best offset differs by 2x between the
-// Mooncake trace and a chat workload, where it fell to LRU's level at 3e6 tokens.
+// Rejected: per-class histograms of reuse by age (a hazard or hit-density table, as LHD ranks
+// by): fitted offline to the public trace they ranked no better than this truncated mean over the
+// same classes, at 80 buckets per class and with an age-dependent rank that list tails cannot
+// order; and a fixed penalty for blocks never reused (a static "one-hit wonder" offset): the best
+// offset differs by 2x between the Mooncake trace and a chat workload, where it fell to LRU's level
+// at 3e6 tokens.
 #pragma once
 
 #include <algorithm>

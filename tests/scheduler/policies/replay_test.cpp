@@ -279,7 +279,9 @@ TEST(SyntheticTrace, AgentLoopsAreDeterministicSortedAndReuseTheirContext) {
   EXPECT_NE(generate_agent_trace(o).requests, a.requests);
   for (std::size_t i = 0; i < a.requests.size(); ++i) {
     const TraceRequest& r = a.requests[i];
-    if (i > 0) EXPECT_LE(a.requests[i - 1].timestamp_ms, r.timestamp_ms);
+    if (i > 0) {
+      EXPECT_LE(a.requests[i - 1].timestamp_ms, r.timestamp_ms);
+    }
     EXPECT_EQ(r.hash_ids.size(), (r.input_length + kTraceBlockTokens - 1) / kTraceBlockTokens);
   }
   // Steps extend their session's context: most prompt tokens were seen before.
@@ -308,6 +310,35 @@ TEST(Replay, LookaheadBeatsLruOnGeneratedWorkloads) {
         const uint64_t la =
             run(*w, RunKind::kPolicy, EvictionPolicy::kLookahead, {blocks, 0, 0}, opt).hit_tokens;
         EXPECT_GT(la, lru) << name << " " << blocks << " blocks, lookahead " << lookahead;
+      }
+    }
+  }
+}
+
+// Three small tiers under every policy: a promoted block whose only copy is in the slowest tier
+// must survive the cascade that makes room for it (the run fails otherwise: its fill finds no
+// entry), and the page table's audit passes.
+TEST(Replay, ThreeTierCascadesKeepTheBlockBeingPromoted) {
+  AgentTraceOptions agent;
+  agent.requests = 1500;
+  const Trace traces[] = {generate_agent_trace(agent), generate_chat_trace(ChatTraceOptions{})};
+  for (const Trace& t : traces) {
+    auto w = build_workload(t, 512);
+    ASSERT_TRUE(w.ok());
+    for (uint32_t lookahead : {0u, 8u}) {
+      RunOptions opt;
+      opt.lookahead = lookahead;
+      for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kS3Fifo,
+                               EvictionPolicy::kPrefixAware, EvictionPolicy::kLookahead}) {
+        for (const std::array<uint64_t, kNumTiers> blocks :
+             {std::array<uint64_t, kNumTiers>{4, 16, 64}, {30, 90, 300}}) {
+          RunSpec spec;
+          spec.eviction = p;
+          spec.capacity_blocks = blocks;
+          auto r = run_replay(*w, spec, opt);
+          EXPECT_TRUE(r.ok()) << t.source << " " << eviction_policy_name(p) << " lookahead "
+                              << lookahead << " hbm " << blocks[0] << ": " << r.status().message();
+        }
       }
     }
   }
