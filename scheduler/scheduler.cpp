@@ -255,16 +255,12 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
     seq->blocks.push_back(prompt_keys[i]);
   }
   // Tell the policies what this request used and what it missed, in chain order.
+  // Every tier's policy hears of every reference: an access where it holds a copy, a miss where it
+  // does not (so each tier learns the reuse pattern, not only the tiers that happened to keep the
+  // block).
   for (uint32_t i = 0; i < prompt_keys.size(); ++i) {
     const BlockKey& key = prompt_keys[i];
-    if (i < out.reused_blocks) {
-      RequestFacts& f = facts_[key];
-      f.depth = i;
-      for (const auto& e : evictors_) {
-        if (e != nullptr && e->contains(key)) e->on_access(key);
-      }
-      continue;
-    }
+    if (i < out.reused_blocks) facts_[key].depth = i;
     BlockFacts facts;
     facts.key = key;
     facts.parent = i > 0 ? prompt_keys[i - 1] : BlockKey{};
@@ -272,7 +268,12 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
     facts.request_hit_blocks = out.reused_blocks;
     facts.request_blocks = static_cast<uint32_t>(prompt_keys.size());
     for (const auto& e : evictors_) {
-      if (e != nullptr) e->on_miss(facts);
+      if (e == nullptr) continue;
+      if (i < out.reused_blocks && e->contains(key)) {
+        e->on_access(key);
+      } else {
+        e->on_miss(facts);
+      }
     }
   }
   seq->tokens = out.reused_tokens;
