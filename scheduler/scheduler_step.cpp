@@ -390,17 +390,39 @@ Status Scheduler::end_layer(StepId id, uint32_t layer) {
 
 Status Scheduler::publish_full_blocks(Sequence& seq, uint64_t old_tokens,
                                       const StepCompletion* completion) {
+  // The completion names the blocks this step filled, in order: full_block_keys[j] is block
+  // first + j, where first is the block the step's first token went into. Blocks already known
+  // by their content key (prompt blocks) must be given that key; a mismatch or a surplus is the
+  // engine's error and publishes nothing, so no page is ever shared under a wrong name.
   const uint32_t pt = options_.geometry.page_tokens;
   const uint64_t first = old_tokens / pt;
-  const uint64_t full = seq.tokens / pt;
-  std::size_t next_given = 0;
+  const uint64_t full = std::min<uint64_t>(seq.tokens / pt, seq.blocks.size());
+  const std::span<const BlockKey> given =
+      completion != nullptr ? std::span<const BlockKey>(completion->full_block_keys)
+                            : std::span<const BlockKey>();
+  const uint64_t filled = full > first ? full - first : 0;
+  if (given.size() > filled) {
+    return invalid_argument("end_step: sequence " + std::to_string(seq.id) + " was given " +
+                            std::to_string(given.size()) + " full_block_keys but the step filled " +
+                            std::to_string(filled) + " block(s) (from block " +
+                            std::to_string(first) + "); the blocks stay private");
+  }
+  for (uint64_t j = 0; j < given.size(); ++j) {
+    const BlockKey& known = seq.blocks[first + j];
+    if (!known.is_private() && known != given[j]) {
+      return invalid_argument("end_step: sequence " + std::to_string(seq.id) + " block " +
+                              std::to_string(first + j) + " is " + to_string(known) +
+                              " but full_block_keys[" + std::to_string(j) + "] names it " +
+                              to_string(given[j]) + "; the blocks stay private");
+    }
+  }
   Status first_error;
-  for (uint64_t b = first; b < full && b < seq.blocks.size(); ++b) {
+  for (uint64_t b = first; b < full; ++b) {
     const BlockKey key = seq.blocks[b];
     if (!key.is_private()) continue;
     BlockKey content;
-    if (completion != nullptr && next_given < completion->full_block_keys.size()) {
-      content = completion->full_block_keys[next_given++];
+    if (b - first < given.size()) {
+      content = given[b - first];
     } else if (b < seq.prompt_keys.size()) {
       content = seq.prompt_keys[b];
     } else {

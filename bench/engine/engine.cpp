@@ -261,22 +261,25 @@ Status ReferenceEngine::run_step(std::vector<Planned>& batch) {
     return f;
   }
 
-  // Keys of the blocks this step filled, in order, so end_step publishes them.
+  // Keys of the blocks this step filled, in order from the block its first token went into, so
+  // end_step publishes them (prompt blocks included: the runtime checks they match).
   std::vector<StepCompletion> completions;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     Running& seq = *batch[i].seq;
     const uint64_t full = (slices[i].context + slices[i].tokens) / pt;
     StepCompletion c;
     c.sequence = seq.sequence;
-    for (uint64_t b = seq.keys.size(); b < full; ++b) {
-      const BlockKey parent = b == 0 ? runtime_.namespace_root() : seq.keys.back();
-      auto key = runtime_.block_key(parent, std::span(seq.tokens.data() + b * pt, pt));
-      if (!key.ok()) {
-        runtime_.abort_step(info.id).ignore();
-        return std::move(key).status().with_context("reference engine: block key");
+    for (uint64_t b = slices[i].context / pt; b < full; ++b) {
+      if (b >= seq.keys.size()) {
+        const BlockKey parent = b == 0 ? runtime_.namespace_root() : seq.keys.back();
+        auto key = runtime_.block_key(parent, std::span(seq.tokens.data() + b * pt, pt));
+        if (!key.ok()) {
+          runtime_.abort_step(info.id).ignore();
+          return std::move(key).status().with_context("reference engine: block key");
+        }
+        seq.keys.push_back(*key);
       }
-      seq.keys.push_back(*key);
-      c.full_block_keys.push_back(*key);
+      c.full_block_keys.push_back(seq.keys[b]);
     }
     if (!c.full_block_keys.empty()) completions.push_back(std::move(c));
   }

@@ -180,7 +180,9 @@ typedef struct kvt_layer_table {
 
 typedef struct kvt_step_completion {
   kvt_sequence_id sequence;
-  const kvt_block_key* full_block_keys; /* keys of the blocks this step filled, in order */
+  /* Keys of the blocks this step filled, in order from the block holding the step's first
+   * token (prompt blocks included, which must match); see StepCompletion in step_types.hpp. */
+  const kvt_block_key* full_block_keys;
   size_t n_keys;
 } kvt_step_completion;
 

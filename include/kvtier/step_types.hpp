@@ -66,8 +66,11 @@ struct LayerTable {
   std::vector<int32_t> last_page_len;  // [batch] tokens in each item's last page, 1..page_tokens
 };
 
-// Given at end_step for an item whose appended tokens filled blocks: their content keys, in
-// order. Omitted: the prompt keys given at open are used; a block with no key stays private.
+// Given at end_step for an item whose tokens filled blocks: the content keys of the blocks the
+// step filled, in order from the block its first token went into (full_block_keys[j] names block
+// context_tokens / page_tokens + j). Prompt blocks may be named too but must match the prompt key;
+// a mismatch or more keys than filled blocks is kInvalidArgument and publishes none of them.
+// Omitted or short: the prompt keys given at open are used; a block with no key stays private.
 struct StepCompletion {
   SequenceId sequence = 0;
   std::vector<BlockKey> full_block_keys;

@@ -183,7 +183,8 @@ void register_step(py::module_& m) {
           [](PyStep& s, py::object completions) { end_step(s, completions_from(completions)); },
           py::arg("completions") = py::none(),
           "Ends the step: unpins, completes what was written, publishes full blocks. "
-          "`completions` ({sequence: [keys]}) names blocks filled beyond the prompt keys.")
+          "`completions` ({sequence: [keys]}) names the blocks this step filled, in order "
+          "from the block holding its first token (prompt blocks must match their keys).")
       .def("abort", &abort_step, "Unpins and forgets what this step would have written.")
       .def(
           "__enter__", [](PyStep& s) -> PyStep& { return s; }, py::return_value_policy::reference)

@@ -372,6 +372,53 @@ TEST(SchedulerSim, WindowedStepsPublishTheirBlocks) {
   expect_consistent(w);
 }
 
+TEST(SchedulerSim, CompletionKeysNameTheStepsBlocksFromItsFirst) {
+  // Two prompt keys at open, four blocks written: the completion names all four in order (the
+  // prompt's two must match), and the two beyond the prompt are published under the keys given.
+  SimSetup setup;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  const auto keys = w.prompt(4, 7);
+  auto s = w.scheduler().open_sequence(std::span(keys).first(2));
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 4 * 16};
+  const StepCompletion done{s->id, keys};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro, std::span(&done, 1));
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(keys).blocks, 4u);
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, CompletionKeysThatContradictThePromptPublishNothing) {
+  SimSetup setup;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  const auto keys = w.prompt(4, 8);
+  const auto other = w.prompt(4, 9);
+  for (int variant = 0; variant < 2; ++variant) {
+    auto s = w.scheduler().open_sequence(std::span(keys).first(2));
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    // Variant 0: block 0 named by another prompt's key. Variant 1: five keys for four blocks.
+    std::vector<BlockKey> given = variant == 0 ? other : keys;
+    if (variant == 1) given.push_back(other[0]);
+    const StepCompletion done{s->id, given};
+    auto r = w.run_step(std::span(&item, 1), kNanosPerMicro, std::span(&done, 1));
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument) << r.status.to_string();
+    EXPECT_NE(r.status.message().find(variant == 0 ? "block 0" : "5 full_block_keys"),
+              std::string::npos)
+        << r.status.to_string();
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+    // The prompt's own blocks were published when written; nothing under the bad names.
+    EXPECT_EQ(w.scheduler().match(keys).blocks, 2u);
+    EXPECT_EQ(w.scheduler().match(other).blocks, 0u);
+    expect_consistent(w);
+  }
+}
+
 // A block some sequence references must keep every page somewhere (or have it on its way).
 std::string lost_page(SimWorld& w) {
   for (const auto& [key, info] : w.table().snapshot()) {
