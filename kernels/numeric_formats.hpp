@@ -56,8 +56,7 @@ inline float load_as_float(const void* src, Dtype dtype, std::size_t i) {
       std::memcpy(&h, bytes + 2 * i, 2);
       return dtype == Dtype::kF16 ? f16_to_float(h) : bf16_to_float(h);
     }
-    case Dtype::kFP8E4M3:
-      return fp8e4m3_to_float(bytes[i]);
+    case Dtype::kFP8E4M3: return fp8e4m3_to_float(bytes[i]);
   }
   return 0.0f;
 }
@@ -66,18 +65,14 @@ inline float load_as_float(const void* src, Dtype dtype, std::size_t i) {
 inline void store_from_float(void* dst, Dtype dtype, std::size_t i, float value) {
   auto* bytes = static_cast<uint8_t*>(dst);
   switch (dtype) {
-    case Dtype::kF32:
-      std::memcpy(bytes + 4 * i, &value, 4);
-      return;
+    case Dtype::kF32: std::memcpy(bytes + 4 * i, &value, 4); return;
     case Dtype::kF16:
     case Dtype::kBF16: {
       const uint16_t h = dtype == Dtype::kF16 ? float_to_f16(value) : float_to_bf16(value);
       std::memcpy(bytes + 2 * i, &h, 2);
       return;
     }
-    case Dtype::kFP8E4M3:
-      bytes[i] = float_to_fp8e4m3(value);
-      return;
+    case Dtype::kFP8E4M3: bytes[i] = float_to_fp8e4m3(value); return;
   }
 }
 

@@ -34,7 +34,7 @@
 namespace kvtier {
 
 struct ConfigSources {
-  std::optional<std::string> file;     // --config PATH; beats $KVTIER_CONFIG_FILE
+  std::optional<std::string> file;  // --config PATH; beats $KVTIER_CONFIG_FILE
   // YAML given as text (the C ABI, Python), in the file's place; named `text_name` in messages.
   std::optional<std::string> text;
   std::string text_name = "<yaml text>";

@@ -36,15 +36,12 @@ std::string quote(std::string_view s) {
 // What a node is, for "expected X, got Y".
 std::string describe_node(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Map:
-      return "a map";
-    case YAML::NodeType::Sequence:
-      return "a list";
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Sequence: return "a list";
     case YAML::NodeType::Scalar:
       return n.Tag() == "?" ? quote(n.Scalar()) : "the string " + quote(n.Scalar());
     case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      return "nothing";
+    case YAML::NodeType::Undefined: return "nothing";
   }
   return "nothing";
 }

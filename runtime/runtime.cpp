@@ -101,8 +101,8 @@ struct Runtime::Impl {
         return invalid_argument(std::string(call) + ": key " + std::to_string(i) + " (" +
                                 to_string(keys[i]) + ") belongs to another namespace (tag " +
                                 std::to_string(keys[i].namespace_tag()) + "; this runtime's is " +
-                                std::to_string(namespace_tag) + ", namespace \"" +
-                                key_namespace() + "\")");
+                                std::to_string(namespace_tag) + ", namespace \"" + key_namespace() +
+                                "\")");
       }
     }
     return ok_status();
@@ -139,9 +139,8 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
   pto.expected_blocks = t.host->frame_count() / std::max<uint32_t>(1, g.layers) +
                         (t.nvme != nullptr ? t.nvme->capacity_blocks() : 0);
   KVTIER_ASSIGN_OR_RETURN(
-      impl->table,
-      PageTable::create(pto, TierAllocators{&t.hbm->allocator(), &t.host->allocator(),
-                                            impl->nvme_capacity.get()}));
+      impl->table, PageTable::create(pto, TierAllocators{&t.hbm->allocator(), &t.host->allocator(),
+                                                         impl->nvme_capacity.get()}));
   KVTIER_ASSIGN_OR_RETURN(impl->loop, AsioEventLoop::create());
 
   std::array<LinkModel, kNumLinks> configured{};
@@ -149,8 +148,10 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
   const Nanos us = kNanosPerMicro;
   configured[static_cast<int>(Link::kHostToHbm)] = gbps_model(config.tiers.hbm.link_gbps, 10 * us);
   configured[static_cast<int>(Link::kHbmToHost)] = gbps_model(config.tiers.hbm.link_gbps, 10 * us);
-  configured[static_cast<int>(Link::kNvmeToHost)] = gbps_model(config.tiers.nvme.read_gbps, 80 * us);
-  configured[static_cast<int>(Link::kHostToNvme)] = gbps_model(config.tiers.nvme.write_gbps, 80 * us);
+  configured[static_cast<int>(Link::kNvmeToHost)] =
+      gbps_model(config.tiers.nvme.read_gbps, 80 * us);
+  configured[static_cast<int>(Link::kHostToNvme)] =
+      gbps_model(config.tiers.nvme.write_gbps, 80 * us);
   prior[static_cast<int>(Link::kHostToHbm)] = LinkModel{kPriorHostLinkBytesPerS, 10 * us};
   prior[static_cast<int>(Link::kHbmToHost)] = LinkModel{kPriorHostLinkBytesPerS, 10 * us};
   prior[static_cast<int>(Link::kNvmeToHost)] = LinkModel{kPriorNvmeReadBytesPerS, 80 * us};
@@ -166,7 +167,7 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
   so.max_inflight_bytes.fill(kMaxInflightBytes);
   so.wait_timeout =
       std::chrono::duration_cast<std::chrono::nanoseconds>(options.wait_timeout).count();
-  SchedulerParts parts{impl->table.get(), impl->port.get(),       impl->loop.get(),
+  SchedulerParts parts{impl->table.get(),   impl->port.get(),     impl->loop.get(),
                        &t.hbm->allocator(), &t.host->allocator(), impl->nvme_capacity.get()};
   KVTIER_ASSIGN_OR_RETURN(impl->scheduler, Scheduler::create(parts, so));
 
@@ -189,10 +190,10 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
       log(LogLevel::kInfo, "recovered " + std::to_string(adopted) + " blocks from the nvme store");
     }
   }
-  KVTIER_ASSIGN_OR_RETURN(impl->metrics,
-                          MetricsExporter::create(config.metrics,
-                                                  runtime_metrics_sources(&impl->scheduler->stats(),
-                                                                          *impl->tiers)));
+  KVTIER_ASSIGN_OR_RETURN(
+      impl->metrics,
+      MetricsExporter::create(config.metrics,
+                              runtime_metrics_sources(&impl->scheduler->stats(), *impl->tiers)));
   return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
 }
 
@@ -346,7 +347,8 @@ RuntimeStats Runtime::Impl::snapshot() const {
   r.used_bytes[tier_index(Tier::kHost)] = t.host->used_bytes();
   r.capacity_bytes[tier_index(Tier::kHost)] = t.host->capacity_bytes();
   if (t.nvme != nullptr) {
-    const uint64_t extent = t.nvme->capacity_blocks() == 0 ? 0 : config.model.geometry.block_bytes();
+    const uint64_t extent =
+        t.nvme->capacity_blocks() == 0 ? 0 : config.model.geometry.block_bytes();
     r.used_bytes[tier_index(Tier::kNvme)] = t.nvme->used_blocks() * extent;
     r.capacity_bytes[tier_index(Tier::kNvme)] = t.nvme->capacity_blocks() * extent;
   }
@@ -387,8 +389,13 @@ Status Runtime::shutdown() {
   Impl& im = *impl_;
   // New calls fail from here on. Open steps are aborted so engine threads blocked in wait_layer
   // return now; then wait for every call in flight to leave before anything is freed.
-  im.loop->run_sync([&] { im.scheduler->abort_all_steps(); return ok_status(); },
-                    im.call_timeout())
+  im.loop
+      ->run_sync(
+          [&] {
+            im.scheduler->abort_all_steps();
+            return ok_status();
+          },
+          im.call_timeout())
       .ignore();
   std::unique_lock<std::shared_mutex> exclusive(im.life_mu);
   im.metrics.reset();  // stop serving before what it reads goes away

@@ -5,8 +5,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
-#include <future>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <unordered_map>
 
@@ -128,8 +128,7 @@ Status AsioEventLoop::run_sync(std::function<Status()> fn, Nanos timeout) {
     call->cv.notify_all();
   });
   std::unique_lock<std::mutex> lock(call->mu);
-  if (!call->cv.wait_for(lock, std::chrono::nanoseconds(timeout),
-                         [&] { return call->started; })) {
+  if (!call->cv.wait_for(lock, std::chrono::nanoseconds(timeout), [&] { return call->started; })) {
     call->abandoned = true;
     return deadline_exceeded("the scheduler loop did not take the call within " +
                              std::to_string(timeout / kNanosPerMilli) + " ms");

@@ -2,8 +2,8 @@
 //
 // The scheduler never calls std::chrono directly, so the same decisions run against wall time
 // (SteadyClock, serving an engine) or against the virtual time of a discrete-event model
-// (VirtualClock, advanced only by SimEventLoop as events fire: deterministic, and an hour of modeled
-// traffic runs in minutes). Times are nanoseconds since an arbitrary epoch, as int64.
+// (VirtualClock, advanced only by SimEventLoop as events fire: deterministic, and an hour of
+// modeled traffic runs in minutes). Times are nanoseconds since an arbitrary epoch, as int64.
 #pragma once
 
 #include <atomic>

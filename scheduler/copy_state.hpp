@@ -40,14 +40,10 @@ enum class CopyState : uint8_t { kAbsent = 0, kFilling = 1, kReady = 2, kDrainin
 
 constexpr std::string_view copy_state_name(CopyState s) {
   switch (s) {
-    case CopyState::kAbsent:
-      return "absent";
-    case CopyState::kFilling:
-      return "filling";
-    case CopyState::kReady:
-      return "ready";
-    case CopyState::kDraining:
-      return "draining";
+    case CopyState::kAbsent: return "absent";
+    case CopyState::kFilling: return "filling";
+    case CopyState::kReady: return "ready";
+    case CopyState::kDraining: return "draining";
   }
   return "unknown";
 }

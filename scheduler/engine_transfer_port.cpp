@@ -14,8 +14,8 @@ constexpr double kEwmaWeight = 0.05;
 
 }  // namespace
 
-EngineTransferPort::EngineTransferPort(TransferEngine& engine, BlockStore* store,
-                                       EventLoop& loop, const Geometry& geometry,
+EngineTransferPort::EngineTransferPort(TransferEngine& engine, BlockStore* store, EventLoop& loop,
+                                       const Geometry& geometry,
                                        const std::array<LinkModel, kNumLinks>& configured,
                                        const std::array<LinkModel, kNumLinks>& prior)
     : engine_(engine), store_(store), loop_(loop), geometry_(geometry), configured_(configured) {
@@ -75,8 +75,8 @@ Status EngineTransferPort::copy_pages(Link link, std::span<const FrameMove> move
   pairs.reserve(moves.size());
   for (const FrameMove& m : moves) pairs.push_back(FramePair{m.src, m.dst});
   KVTIER_ASSIGN_OR_RETURN(
-      Transfer t,
-      engine_.copy(direction, pairs, options_for(link, moves.size() * page_bytes(), std::move(done))));
+      Transfer t, engine_.copy(direction, pairs,
+                               options_for(link, moves.size() * page_bytes(), std::move(done))));
   t.detach();
   return ok_status();
 }
@@ -84,9 +84,9 @@ Status EngineTransferPort::copy_pages(Link link, std::span<const FrameMove> move
 Status EngineTransferPort::write_block(const BlockKey& key, std::span<const uint32_t> host_frames,
                                        TransferDone done) {
   KVTIER_ASSIGN_OR_RETURN(
-      Transfer t, engine_.write_block(key, host_frames,
-                                      options_for(Link::kHostToNvme, geometry_.block_bytes(),
-                                                  std::move(done))));
+      Transfer t, engine_.write_block(
+                      key, host_frames,
+                      options_for(Link::kHostToNvme, geometry_.block_bytes(), std::move(done))));
   t.detach();
   return ok_status();
 }
@@ -94,9 +94,9 @@ Status EngineTransferPort::write_block(const BlockKey& key, std::span<const uint
 Status EngineTransferPort::read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
                                       TransferDone done) {
   KVTIER_ASSIGN_OR_RETURN(
-      Transfer t, engine_.read_block(key, host_frames,
-                                     options_for(Link::kNvmeToHost, geometry_.block_bytes(),
-                                                 std::move(done))));
+      Transfer t,
+      engine_.read_block(key, host_frames,
+                         options_for(Link::kNvmeToHost, geometry_.block_bytes(), std::move(done))));
   t.detach();
   return ok_status();
 }

@@ -26,8 +26,7 @@ class EngineTransferPort final : public TransferPort {
   // starting from `prior`. `store` (null: no NVMe tier) is the engine's block store, for erase.
   // The port must outlive every transfer it submitted (the runtime drains them at shutdown).
   EngineTransferPort(TransferEngine& engine, BlockStore* store, EventLoop& loop,
-                     const Geometry& geometry,
-                     const std::array<LinkModel, kNumLinks>& configured,
+                     const Geometry& geometry, const std::array<LinkModel, kNumLinks>& configured,
                      const std::array<LinkModel, kNumLinks>& prior);
 
   Status copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) override;

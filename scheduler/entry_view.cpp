@@ -15,12 +15,9 @@ bool is_page_tier(Tier t) { return t == Tier::kHbm || t == Tier::kHost; }
 Status free_tier_frame(const TierAllocators& allocators, Tier tier, uint32_t frame) {
   Status s = [&]() -> Status {
     switch (tier) {
-      case Tier::kHbm:
-        return allocators.hbm->free(frame);
-      case Tier::kHost:
-        return allocators.host->free(frame);
-      case Tier::kNvme:
-        return allocators.nvme->free(frame);
+      case Tier::kHbm: return allocators.hbm->free(frame);
+      case Tier::kHost: return allocators.host->free(frame);
+      case Tier::kNvme: return allocators.nvme->free(frame);
     }
     return invalid_argument("tier " + std::to_string(static_cast<int>(tier)) + " does not exist");
   }();
@@ -69,10 +66,8 @@ AccessStats EntryView::stats() const {
 uint32_t EntryView::copies(Tier tier) const {
   const BlockHeader& h = entry_.header();
   switch (tier) {
-    case Tier::kHbm:
-      return h.hbm_copies;
-    case Tier::kHost:
-      return h.host_copies;
+    case Tier::kHbm: return h.hbm_copies;
+    case Tier::kHost: return h.host_copies;
     case Tier::kNvme:
       return static_cast<CopyState>(h.nvme_state) == CopyState::kAbsent ? 0 : layers();
   }

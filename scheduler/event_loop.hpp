@@ -6,7 +6,8 @@
 // Two implementations share this interface:
 //   - AsioEventLoop: a Boost.Asio io_context on a dedicated thread, wall-clock timers. post() from
 //     another thread wakes the loop through the reactor's eventfd.
-//   - SimEventLoop: a discrete-event loop in virtual time, run by the caller's thread; time jumps to
+//   - SimEventLoop: a discrete-event loop in virtual time, run by the caller's thread; time jumps
+//   to
 //     the next event, ties in post order, so a run is deterministic.
 // run_sync() is the one way a caller waits on the loop (the step contract's begin/end calls use
 // it); it has a deadline, so a stuck loop becomes kDeadlineExceeded, never a hang.
@@ -39,11 +40,11 @@ class EventLoop {
   // True on the loop's own thread (SimEventLoop: always, it runs on its caller's thread).
   virtual bool in_loop() const = 0;
 
-  // Runs `fn` on the loop and returns its Status, waiting at most `timeout` (wall time) for the loop
-  // to start it. On the loop itself it runs inline. When the loop has not started `fn` in time the
-  // call returns kDeadlineExceeded and `fn` never runs; once started, it runs to the end and the
-  // caller gets its result (loop tasks never block, so that wait is short). Either way the caller
-  // knows exactly whether `fn` took effect.
+  // Runs `fn` on the loop and returns its Status, waiting at most `timeout` (wall time) for the
+  // loop to start it. On the loop itself it runs inline. When the loop has not started `fn` in time
+  // the call returns kDeadlineExceeded and `fn` never runs; once started, it runs to the end and
+  // the caller gets its result (loop tasks never block, so that wait is short). Either way the
+  // caller knows exactly whether `fn` took effect.
   virtual Status run_sync(std::function<Status()> fn, Nanos timeout) = 0;
 };
 

@@ -79,9 +79,8 @@ bool LayerReadiness::sealed() const {
 Status LayerReadiness::wait(Nanos timeout, Nanos* waited) const {
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  const bool done = cv_.wait_for(lock, std::chrono::nanoseconds(timeout), [&] {
-    return failed_ || (sealed_ && pending_ == 0);
-  });
+  const bool done = cv_.wait_for(lock, std::chrono::nanoseconds(timeout),
+                                 [&] { return failed_ || (sealed_ && pending_ == 0); });
   if (waited != nullptr) {
     *waited = std::chrono::duration_cast<std::chrono::nanoseconds>(
                   std::chrono::steady_clock::now() - start)

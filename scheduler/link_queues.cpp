@@ -59,7 +59,8 @@ void LinkQueues::pump() {
       LinkState& l = links_[li];
       for (auto& q : l.queues) {
         // An empty link always admits one job, so a job larger than the cap still runs.
-        while (!q.empty() && (l.cap == 0 || l.inflight == 0 || l.inflight + q.front().bytes <= l.cap)) {
+        while (!q.empty() &&
+               (l.cap == 0 || l.inflight == 0 || l.inflight + q.front().bytes <= l.cap)) {
           Job job = std::move(q.front());
           q.pop_front();
           where_.erase(job.id);

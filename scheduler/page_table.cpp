@@ -755,23 +755,17 @@ Status PageTable::audit() const {
   std::array<Ownership, kNumTiers> own;
   const auto capacity = [&](Tier t) -> uint32_t {
     switch (t) {
-      case Tier::kHbm:
-        return allocators_.hbm ? allocators_.hbm->capacity() : 0;
-      case Tier::kHost:
-        return allocators_.host ? allocators_.host->capacity() : 0;
-      case Tier::kNvme:
-        return allocators_.nvme ? allocators_.nvme->capacity() : 0;
+      case Tier::kHbm: return allocators_.hbm ? allocators_.hbm->capacity() : 0;
+      case Tier::kHost: return allocators_.host ? allocators_.host->capacity() : 0;
+      case Tier::kNvme: return allocators_.nvme ? allocators_.nvme->capacity() : 0;
     }
     return 0;
   };
   const auto allocated = [&](Tier t, uint32_t f) -> bool {
     switch (t) {
-      case Tier::kHbm:
-        return allocators_.hbm->is_allocated(f);
-      case Tier::kHost:
-        return allocators_.host->is_allocated(f);
-      case Tier::kNvme:
-        return allocators_.nvme->is_allocated(f);
+      case Tier::kHbm: return allocators_.hbm->is_allocated(f);
+      case Tier::kHost: return allocators_.host->is_allocated(f);
+      case Tier::kNvme: return allocators_.nvme->is_allocated(f);
     }
     return false;
   };
@@ -894,12 +888,9 @@ Status PageTable::audit() const {
   for (Tier t : kAllTiers) {
     const uint64_t used = [&]() -> uint64_t {
       switch (t) {
-        case Tier::kHbm:
-          return allocators_.hbm ? allocators_.hbm->used() : 0;
-        case Tier::kHost:
-          return allocators_.host ? allocators_.host->used() : 0;
-        case Tier::kNvme:
-          return allocators_.nvme ? allocators_.nvme->used() : 0;
+        case Tier::kHbm: return allocators_.hbm ? allocators_.hbm->used() : 0;
+        case Tier::kHost: return allocators_.host ? allocators_.host->used() : 0;
+        case Tier::kNvme: return allocators_.nvme ? allocators_.nvme->used() : 0;
       }
       return 0;
     }();

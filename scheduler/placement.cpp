@@ -135,15 +135,9 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
 
       bool clean = false;
       switch (tier) {
-        case Tier::kHbm:
-          clean = s.host_missing == 0 || s.nvme_ready;
-          break;
-        case Tier::kHost:
-          clean = s.nvme_ready;
-          break;
-        case Tier::kNvme:
-          clean = false;
-          break;
+        case Tier::kHbm: clean = s.host_missing == 0 || s.nvme_ready; break;
+        case Tier::kHost: clean = s.nvme_ready; break;
+        case Tier::kNvme: clean = false; break;
       }
       const std::optional<Tier> next = next_tier(tier);
       if (clean || !write_.demote_on_evict() || !next) {

@@ -12,8 +12,9 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerParts& parts
                                                      const SchedulerOptions& options) {
   if (parts.table == nullptr || parts.port == nullptr || parts.loop == nullptr ||
       parts.hbm == nullptr || parts.host == nullptr) {
-    return invalid_argument("scheduler needs a page table, a transfer port, an event loop and the "
-                            "hbm and host frame allocators");
+    return invalid_argument(
+        "scheduler needs a page table, a transfer port, an event loop and the "
+        "hbm and host frame allocators");
   }
   if (parts.table->layers() != options.geometry.layers) {
     return invalid_argument("page table has " + std::to_string(parts.table->layers()) +
@@ -44,7 +45,8 @@ Status Scheduler::init() {
     if (t != Tier::kHbm && cap == 0) continue;  // tier not configured
     EvictorOptions eo;
     // Evictors count blocks; memory tiers hold pages, `layers` of them per block.
-    eo.capacity_blocks = t == Tier::kNvme ? cap : cap / std::max<uint32_t>(1, options_.geometry.layers);
+    eo.capacity_blocks =
+        t == Tier::kNvme ? cap : cap / std::max<uint32_t>(1, options_.geometry.layers);
     eo.hints = &hints_;
     evictors_[tier_index(t)] = make_evictor(options_.policies.eviction, eo);
     if (evictors_[tier_index(t)] == nullptr) {
@@ -93,8 +95,8 @@ std::string Scheduler::pending_summary() const {
     std::size_t n = 0;
     for (const auto& q : waiters_[t]) n += q.size();
     if (n > 0) {
-      out += std::to_string(n) + " waiting for " +
-             std::string(tier_name(static_cast<Tier>(t))) + " frames; ";
+      out += std::to_string(n) + " waiting for " + std::string(tier_name(static_cast<Tier>(t))) +
+             " frames; ";
     }
   }
   std::size_t shown = 0;
@@ -305,9 +307,9 @@ Status Scheduler::close_sequence(SequenceId id) {
     if (p.sequence == id) p.orphaned = true;
   }
   for (const BlockKey& key : seq->blocks) {
-    const bool pending = std::any_of(
-        pending_publish_.begin(), pending_publish_.end(),
-        [&](const PendingPublish& p) { return p.orphaned && p.private_key == key; });
+    const bool pending =
+        std::any_of(pending_publish_.begin(), pending_publish_.end(),
+                    [&](const PendingPublish& p) { return p.orphaned && p.private_key == key; });
     if (pending) continue;  // full and valid: it is published once its transfers end
     auto left = parts_.table->release(key);
     if (!left.ok()) {
@@ -343,7 +345,8 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
   uint32_t rank = 0;
   for (const HintedRequest& r : waiting) {
     if (!hinted_ids_.contains(r.request_id)) {
-      KVTIER_RETURN_IF_ERROR(hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
+      KVTIER_RETURN_IF_ERROR(
+          hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
       hinted_ids_.insert(r.request_id);
     }
     // Prefetch the cached prefix of the first `depth` waiting requests toward host memory (and
@@ -387,8 +390,8 @@ Result<uint64_t> Scheduler::pin_prefix(std::span<const BlockKey> keys, Nanos ttl
     if (distinct.insert(k).second && !protected_.contains(k)) ++added;
   }
   const uint64_t layers = options_.geometry.layers;
-  const uint64_t quota =
-      static_cast<uint64_t>(options_.policies.pin_quota * static_cast<double>(parts_.hbm->capacity()));
+  const uint64_t quota = static_cast<uint64_t>(options_.policies.pin_quota *
+                                               static_cast<double>(parts_.hbm->capacity()));
   const uint64_t after = (protected_.size() + added) * layers;
   if (after > quota) {
     return resource_exhausted("pin_prefix: " + std::to_string(protected_.size() + added) +
@@ -413,7 +416,8 @@ Result<uint64_t> Scheduler::pin_prefix(std::span<const BlockKey> keys, Nanos ttl
   // Bring the pinned blocks into HBM; they are never HBM victims while pinned.
   for (const BlockKey& k : pin.keys) {
     for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
-      ensure_in_hbm(k, l, TransferPriority::kPrefetch, nullptr, [](const Status& s) { s.ignore(); });
+      ensure_in_hbm(k, l, TransferPriority::kPrefetch, nullptr,
+                    [](const Status& s) { s.ignore(); });
     }
   }
   pin.timer = parts_.loop->post_after(ttl, [this, id] { unpin_prefix(id).ignore(); });

@@ -9,18 +9,19 @@
 //                        When the whole batch fits in HBM every layer is pinned at once; otherwise
 //                        a window of layers is (layer L computes while the next ones load), and
 //                        end_layer(L) releases L and plans the next layer;
-//   wait_layer(L)        (engine thread, no loop involved) blocks until layer L's pages have arrived;
-//   layer_table(L)       the CSR block table of HBM frames for layer L (valid once L is ready);
-//   end_step(keys)       unpins, completes the pages the engine wrote, publishes blocks that became
+//   wait_layer(L)        (engine thread, no loop involved) blocks until layer L's pages have
+//   arrived; layer_table(L)       the CSR block table of HBM frames for layer L (valid once L is
+//   ready); end_step(keys)       unpins, completes the pages the engine wrote, publishes blocks
+//   that became
 //                        full under their content keys (deduplicating against the cache) and
 //                        applies the write policy;
 //   close_sequence       releases the sequence; its full blocks stay cached until evicted.
 //
 // Threading. Every method except wait_layer/layer_table/stats runs on the EventLoop's thread: the
 // runtime marshals engine calls with EventLoop::run_sync (bounded), and the simulated engine of the
-// benchmark runs on the loop itself. So the scheduler, its placement and its evictors need no locks;
-// the page table it drives is concurrent anyway (match may run on engine threads). Transfers run on
-// the TransferPort's engines and complete as loop tasks.
+// benchmark runs on the loop itself. So the scheduler, its placement and its evictors need no
+// locks; the page table it drives is concurrent anyway (match may run on engine threads). Transfers
+// run on the TransferPort's engines and complete as loop tasks.
 //
 // Moves. A page is promoted NVMe -> host -> HBM, each step a TransferPort job queued by priority
 // (demand > prefetch > write-back, LinkQueues) under a per-link cap on bytes in flight. Frames are

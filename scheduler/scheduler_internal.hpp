@@ -58,8 +58,8 @@ struct Scheduler::Step {
 };
 
 // A transfer in flight for one copy (a fill, or the drain of a copy leaving its tier); those who
-// need it attach `Done`s, run when it ends. Fills of HBM pages also tell attached steps the frame as
-// soon as it is taken (`on_frame`), so they can pin it while it fills.
+// need it attach `Done`s, run when it ends. Fills of HBM pages also tell attached steps the frame
+// as soon as it is taken (`on_frame`), so they can pin it while it fills.
 struct Scheduler::PageOp {
   JobId job = 0;
   bool prefetch = false;

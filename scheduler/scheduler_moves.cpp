@@ -80,12 +80,13 @@ void Scheduler::request_reserved_host_frame(const BlockKey& key, uint32_t layer,
   staging_waiters_.push_back(FrameWaiter{key, layer, std::move(granted)});
 }
 
-void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer,
-                              TransferPriority prio, FrameGranted granted) {
+void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
+                              FrameGranted granted) {
   auto& queues = waiters_[tier_index(tier)];
   // Queue behind requests of the same or a higher priority; otherwise try at once.
   bool queued_ahead = false;
-  for (int p = 0; p <= static_cast<int>(prio); ++p) queued_ahead = queued_ahead || !queues[p].empty();
+  for (int p = 0; p <= static_cast<int>(prio); ++p)
+    queued_ahead = queued_ahead || !queues[p].empty();
   if (!queued_ahead && frames(tier)->free_count() > reserve_frames(tier)) {
     auto frame = parts_.table->begin_fill(key, CopyId::page(tier, layer));
     if (frame.ok() || frame.status().code() != StatusCode::kResourceExhausted) {
@@ -135,8 +136,8 @@ void Scheduler::serve_frame_waiters(Tier tier) {
       }
       if (!q.empty()) break;  // lower priorities wait behind a blocked higher one
     }
-    const bool waiting = std::any_of(queues.begin(), queues.end(),
-                                     [](const auto& q) { return !q.empty(); });
+    const bool waiting =
+        std::any_of(queues.begin(), queues.end(), [](const auto& q) { return !q.empty(); });
     if (!waiting) break;
     if (frames(tier)->free_count() <= reserve && !planned) {
       // Still short: plan room once per pass (moves already in flight are counted as free).
@@ -238,8 +239,7 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
         ensure_in_hbm(key, layer, prio, std::move(on_filling), std::move(done));
       });
       return;
-    case CopyState::kAbsent:
-      break;
+    case CopyState::kAbsent: break;
   }
   // Absent: one fill for everyone who asks until it completes.
   if (auto it = ops_.find(pk); it != ops_.end()) {
@@ -381,13 +381,14 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
       if (op.job != 0) links_.promote(op.job, prio);
     }
     const bool leaving = op.drain;
-    op.waiters.push_back([this, key, layer, prio, leaving, done = std::move(done)](const Status& s) {
-      if (leaving) {
-        ensure_in_host(key, layer, prio, done);  // gone to NVMe (read it back) or stayed
-      } else {
-        done(s);
-      }
-    });
+    op.waiters.push_back(
+        [this, key, layer, prio, leaving, done = std::move(done)](const Status& s) {
+          if (leaving) {
+            ensure_in_host(key, layer, prio, done);  // gone to NVMe (read it back) or stayed
+          } else {
+            done(s);
+          }
+        });
     return;
   }
   if (p.host == CopyState::kFilling) {
@@ -410,45 +411,47 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
   op->prefetch = prio != TransferPriority::kDemand;
   op->waiters.push_back(std::move(done));
   ops_.emplace(pk, std::move(op));
-  request_frame(Tier::kHost, key, layer, prio, [this, key, layer, prio, pk](Result<uint32_t> frame) {
-    if (!frame.ok()) {
-      finish_op(pk, frame.status());
-      return;
-    }
-    const uint32_t host_frame = *frame;
-    reading_[key] += 1;  // the NVMe extent is read: keep it
-    const JobId job = links_.enqueue(
-        Link::kNvmeToHost, prio, parts_.port->page_bytes(),
-        [this, key, layer, pk, host_frame](std::function<void()> finished) {
-          Status submitted = parts_.port->read_page(
-              key, layer, host_frame, [this, key, layer, pk, finished](const Status& s) {
+  request_frame(
+      Tier::kHost, key, layer, prio, [this, key, layer, prio, pk](Result<uint32_t> frame) {
+        if (!frame.ok()) {
+          finish_op(pk, frame.status());
+          return;
+        }
+        const uint32_t host_frame = *frame;
+        reading_[key] += 1;  // the NVMe extent is read: keep it
+        const JobId job = links_.enqueue(
+            Link::kNvmeToHost, prio, parts_.port->page_bytes(),
+            [this, key, layer, pk, host_frame](std::function<void()> finished) {
+              Status submitted = parts_.port->read_page(
+                  key, layer, host_frame, [this, key, layer, pk, finished](const Status& s) {
+                    finished();
+                    if (--reading_[key] == 0) reading_.erase(key);
+                    if (s.ok()) {
+                      Status c = parts_.table->complete_fill(key, CopyId::host(layer));
+                      stats_.promotions[tier_index(Tier::kHost)].fetch_add(
+                          1, std::memory_order_relaxed);
+                      sync_membership(key, Tier::kHost);
+                      finish_op(pk, c);
+                    } else {
+                      stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
+                      parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+                      // A block whose read failed (I/O error, checksum) is never served again.
+                      drop_nvme_copy(key);
+                      finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
+                                                   std::to_string(layer) + " from nvme"));
+                      after_change(key);
+                    }
+                    serve_frame_waiters(Tier::kHost);
+                  });
+              if (!submitted.ok()) {
                 finished();
                 if (--reading_[key] == 0) reading_.erase(key);
-                if (s.ok()) {
-                  Status c = parts_.table->complete_fill(key, CopyId::host(layer));
-                  stats_.promotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
-                  sync_membership(key, Tier::kHost);
-                  finish_op(pk, c);
-                } else {
-                  stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
-                  parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-                  // A block whose read failed (I/O error, checksum) is never served again.
-                  drop_nvme_copy(key);
-                  finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
-                                               std::to_string(layer) + " from nvme"));
-                  after_change(key);
-                }
-                serve_frame_waiters(Tier::kHost);
-              });
-          if (!submitted.ok()) {
-            finished();
-            if (--reading_[key] == 0) reading_.erase(key);
-            parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-            finish_op(pk, submitted);
-          }
-        });
-    if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
-  });
+                parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+                finish_op(pk, submitted);
+              }
+            });
+        if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
+      });
 }
 
 void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio) {
@@ -481,70 +484,71 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
     for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, why);
   };
   for (uint32_t l = 0; l < layers; ++l) {
-    request_frame(Tier::kHost, key, l, prio, [this, key, l, layers, prio, g,
-                                              fail_all](Result<uint32_t> frame) {
-      if (!frame.ok()) {
-        if (!g->failed) {
-          g->failed = true;
-        }
-        g->granted += 1;
-        if (g->granted == layers) {
-          for (uint32_t j = 0; j < layers; ++j) {
-            if (g->frames[j] != FrameAllocator::kNoFrame) {
-              parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+    request_frame(
+        Tier::kHost, key, l, prio,
+        [this, key, l, layers, prio, g, fail_all](Result<uint32_t> frame) {
+          if (!frame.ok()) {
+            if (!g->failed) {
+              g->failed = true;
             }
+            g->granted += 1;
+            if (g->granted == layers) {
+              for (uint32_t j = 0; j < layers; ++j) {
+                if (g->frames[j] != FrameAllocator::kNoFrame) {
+                  parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+                }
+              }
+              fail_all(frame.status());
+              serve_frame_waiters(Tier::kHost);
+            }
+            return;
           }
-          fail_all(frame.status());
-          serve_frame_waiters(Tier::kHost);
-        }
-        return;
-      }
-      g->frames[l] = *frame;
-      g->granted += 1;
-      if (g->granted < layers) return;
-      if (g->failed) {
-        for (uint32_t j = 0; j < layers; ++j) {
-          if (g->frames[j] != FrameAllocator::kNoFrame) {
-            parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+          g->frames[l] = *frame;
+          g->granted += 1;
+          if (g->granted < layers) return;
+          if (g->failed) {
+            for (uint32_t j = 0; j < layers; ++j) {
+              if (g->frames[j] != FrameAllocator::kNoFrame) {
+                parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+              }
+            }
+            fail_all(resource_exhausted("no host frames for block " + to_string(key)));
+            serve_frame_waiters(Tier::kHost);
+            return;
           }
-        }
-        fail_all(resource_exhausted("no host frames for block " + to_string(key)));
-        serve_frame_waiters(Tier::kHost);
-        return;
-      }
-      reading_[key] += 1;
-      links_.enqueue(Link::kNvmeToHost, prio, options_.geometry.block_bytes(),
-                     [this, key, layers, g, fail_all](std::function<void()> finished) {
-                       auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
-                         finished();
-                         if (--reading_[key] == 0) reading_.erase(key);
-                         for (uint32_t j = 0; j < layers; ++j) {
-                           if (s.ok()) {
-                             parts_.table->complete_fill(key, CopyId::host(j)).ignore();
-                           } else {
-                             parts_.table->abort_fill(key, CopyId::host(j)).ignore();
-                           }
-                         }
-                         if (s.ok()) {
-                           stats_.promotions[tier_index(Tier::kHost)].fetch_add(
-                               layers, std::memory_order_relaxed);
-                           sync_membership(key, Tier::kHost);
-                           for (uint32_t j = 0; j < layers; ++j) {
-                             finish_op(PageKey{key, j, Tier::kHost}, ok_status());
-                           }
-                         } else {
-                           stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
-                           drop_nvme_copy(key);
-                           fail_all(s.with_context("loading block " + to_string(key) +
-                                                   " from nvme"));
-                           after_change(key);
-                         }
-                         serve_frame_waiters(Tier::kHost);
-                       };
-                       Status submitted = parts_.port->read_block(key, g->frames, on_done);
-                       if (!submitted.ok()) on_done(submitted);
-                     });
-    });
+          reading_[key] += 1;
+          links_.enqueue(
+              Link::kNvmeToHost, prio, options_.geometry.block_bytes(),
+              [this, key, layers, g, fail_all](std::function<void()> finished) {
+                auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
+                  finished();
+                  if (--reading_[key] == 0) reading_.erase(key);
+                  for (uint32_t j = 0; j < layers; ++j) {
+                    if (s.ok()) {
+                      parts_.table->complete_fill(key, CopyId::host(j)).ignore();
+                    } else {
+                      parts_.table->abort_fill(key, CopyId::host(j)).ignore();
+                    }
+                  }
+                  if (s.ok()) {
+                    stats_.promotions[tier_index(Tier::kHost)].fetch_add(layers,
+                                                                         std::memory_order_relaxed);
+                    sync_membership(key, Tier::kHost);
+                    for (uint32_t j = 0; j < layers; ++j) {
+                      finish_op(PageKey{key, j, Tier::kHost}, ok_status());
+                    }
+                  } else {
+                    stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
+                    drop_nvme_copy(key);
+                    fail_all(s.with_context("loading block " + to_string(key) + " from nvme"));
+                    after_change(key);
+                  }
+                  serve_frame_waiters(Tier::kHost);
+                };
+                Status submitted = parts_.port->read_block(key, g->frames, on_done);
+                if (!submitted.ok()) on_done(submitted);
+              });
+        });
   }
 }
 
@@ -557,7 +561,8 @@ void Scheduler::prefetch_block(const BlockKey& key, bool into_hbm) {
     if (parts_.hbm->free_count() <= layers) return;
     const PageSnapshot p = page_snapshot(key, l);
     if (!p.found || p.hbm != CopyState::kAbsent) continue;
-    ensure_in_hbm(key, l, TransferPriority::kPrefetch, nullptr, [](const Status& s) { s.ignore(); });
+    ensure_in_hbm(key, l, TransferPriority::kPrefetch, nullptr,
+                  [](const Status& s) { s.ignore(); });
   }
 }
 
@@ -577,8 +582,9 @@ bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
       const CopyState m = v.state(CopyId::host(l));
       const bool hbm_ok = h == CopyState::kReady && tier != Tier::kHbm;
       const bool host_ok = m == CopyState::kReady && tier != Tier::kHost;
-      const bool here = (tier == Tier::kHbm ? h : tier == Tier::kHost ? m : CopyState::kAbsent) ==
-                        CopyState::kReady;
+      const bool here = (tier == Tier::kHbm    ? h
+                         : tier == Tier::kHost ? m
+                                               : CopyState::kAbsent) == CopyState::kReady;
       if (tier == Tier::kNvme) {
         loses = !(h == CopyState::kReady || m == CopyState::kReady);
       } else if (here && !hbm_ok && !host_ok) {
@@ -603,10 +609,10 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
   const uint32_t layers = options_.geometry.layers;
   if (SkipFilter{this, move.from}(key)) return 0;
   // Frames of `from` given back now, or draining towards it.
-  const uint64_t before = (move.from == Tier::kNvme
-                               ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
-                               : frames(move.from)->free_count()) +
-                          draining_[tier_index(move.from)];
+  const uint64_t before =
+      (move.from == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                                : frames(move.from)->free_count()) +
+      draining_[tier_index(move.from)];
   switch (move.from) {
     case Tier::kHbm: {
       const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
@@ -667,10 +673,10 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
       break;
   }
   after_change(key);
-  const uint64_t after = (move.from == Tier::kNvme
-                              ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
-                              : frames(move.from)->free_count()) +
-                         draining_[tier_index(move.from)];
+  const uint64_t after =
+      (move.from == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                                : frames(move.from)->free_count()) +
+      draining_[tier_index(move.from)];
   return after > before ? after - before : 0;
 }
 
@@ -687,42 +693,43 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
     draining_[tier_index(Tier::kHbm)] -= 1;
     finish_op(pk, why);
   };
-  request_frame(Tier::kHost, key, layer, prio, [this, key, layer, pk, prio,
-                                                undo](Result<uint32_t> frame) {
-    if (!frame.ok()) {
-      undo(frame.status());
-      return;
-    }
-    const uint32_t host_frame = *frame;
-    const PageSnapshot p = page_snapshot(key, layer);
-    links_.enqueue(
-        Link::kHbmToHost, prio, parts_.port->page_bytes(),
-        [this, key, layer, pk, host_frame, hbm_frame = p.hbm_frame,
-         undo](std::function<void()> finished) {
-          const FrameMove move{hbm_frame, host_frame};
-          auto on_done = [this, key, layer, pk, finished, undo](const Status& s) {
-            finished();
-            if (s.ok()) {
-              parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
-              parts_.table->complete_drain(key, CopyId::hbm(layer)).ignore();
-              draining_[tier_index(Tier::kHbm)] -= 1;
-              stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
-              stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
-              sync_membership(key, Tier::kHost);
-              sync_membership(key, Tier::kHbm);
-              finish_op(pk, ok_status());
-              after_change(key);
-            } else {
-              parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-              undo(s);
-            }
-            serve_frame_waiters(Tier::kHbm);
-            serve_frame_waiters(Tier::kHost);
-          };
-          Status submitted = parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
-          if (!submitted.ok()) on_done(submitted);
-        });
-  });
+  request_frame(
+      Tier::kHost, key, layer, prio, [this, key, layer, pk, prio, undo](Result<uint32_t> frame) {
+        if (!frame.ok()) {
+          undo(frame.status());
+          return;
+        }
+        const uint32_t host_frame = *frame;
+        const PageSnapshot p = page_snapshot(key, layer);
+        links_.enqueue(
+            Link::kHbmToHost, prio, parts_.port->page_bytes(),
+            [this, key, layer, pk, host_frame, hbm_frame = p.hbm_frame,
+             undo](std::function<void()> finished) {
+              const FrameMove move{hbm_frame, host_frame};
+              auto on_done = [this, key, layer, pk, finished, undo](const Status& s) {
+                finished();
+                if (s.ok()) {
+                  parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
+                  parts_.table->complete_drain(key, CopyId::hbm(layer)).ignore();
+                  draining_[tier_index(Tier::kHbm)] -= 1;
+                  stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+                  stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+                  sync_membership(key, Tier::kHost);
+                  sync_membership(key, Tier::kHbm);
+                  finish_op(pk, ok_status());
+                  after_change(key);
+                } else {
+                  parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+                  undo(s);
+                }
+                serve_frame_waiters(Tier::kHbm);
+                serve_frame_waiters(Tier::kHost);
+              };
+              Status submitted =
+                  parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
+              if (!submitted.ok()) on_done(submitted);
+            });
+      });
 }
 
 bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {
@@ -785,7 +792,8 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
             }
             draining_[tier_index(Tier::kHost)] -= layers;
             if (s.ok()) {
-              stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers, std::memory_order_relaxed);
+              stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers,
+                                                                  std::memory_order_relaxed);
             }
             for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, s);
           } else if (--reading_[key] == 0) {
@@ -839,34 +847,34 @@ void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
       continue;
     }
     const uint32_t hbm_frame = *pinned;
-    request_reserved_host_frame(key, l, [this, key, l, hbm_frame, prio,
-                                         one_done](Result<uint32_t> frame) {
-      if (!frame.ok()) {
-        parts_.table->unpin(key, l).ignore();
-        one_done(false);
-        return;
-      }
-      links_.enqueue(Link::kHbmToHost, prio, parts_.port->page_bytes(),
-                     [this, key, l, hbm_frame, host_frame = *frame,
-                      one_done](std::function<void()> finished) {
-                       const FrameMove move{hbm_frame, host_frame};
-                       auto on_done = [this, key, l, finished, one_done](const Status& s) {
-                         finished();
-                         parts_.table->unpin(key, l).ignore();
-                         if (s.ok()) {
-                           parts_.table->complete_fill(key, CopyId::host(l)).ignore();
-                           stats_.demotions[tier_index(Tier::kHost)].fetch_add(
-                               1, std::memory_order_relaxed);
-                         } else {
-                           parts_.table->abort_fill(key, CopyId::host(l)).ignore();
-                         }
-                         one_done(s.ok());
-                       };
-                       Status submitted = parts_.port->copy_pages(Link::kHbmToHost,
-                                                                  std::span(&move, 1), on_done);
-                       if (!submitted.ok()) on_done(submitted);
-                     });
-    });
+    request_reserved_host_frame(
+        key, l, [this, key, l, hbm_frame, prio, one_done](Result<uint32_t> frame) {
+          if (!frame.ok()) {
+            parts_.table->unpin(key, l).ignore();
+            one_done(false);
+            return;
+          }
+          links_.enqueue(Link::kHbmToHost, prio, parts_.port->page_bytes(),
+                         [this, key, l, hbm_frame, host_frame = *frame,
+                          one_done](std::function<void()> finished) {
+                           const FrameMove move{hbm_frame, host_frame};
+                           auto on_done = [this, key, l, finished, one_done](const Status& s) {
+                             finished();
+                             parts_.table->unpin(key, l).ignore();
+                             if (s.ok()) {
+                               parts_.table->complete_fill(key, CopyId::host(l)).ignore();
+                               stats_.demotions[tier_index(Tier::kHost)].fetch_add(
+                                   1, std::memory_order_relaxed);
+                             } else {
+                               parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+                             }
+                             one_done(s.ok());
+                           };
+                           Status submitted = parts_.port->copy_pages(Link::kHbmToHost,
+                                                                      std::span(&move, 1), on_done);
+                           if (!submitted.ok()) on_done(submitted);
+                         });
+        });
   }
 }
 
@@ -893,43 +901,43 @@ void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
         continue;
       }
       const uint32_t hbm_frame = *pinned;
-      request_frame(Tier::kHost, key, l, TransferPriority::kWriteBack, [this, key, l, hbm_frame,
-                                                                        remaining, then_nvme](
-                                                                           Result<uint32_t> frame) {
-        const auto last = [this, key, remaining, then_nvme] {
-          if (--*remaining == 0 && then_nvme) {
-            demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
-          }
-        };
-        if (!frame.ok()) {
-          parts_.table->unpin(key, l).ignore();
-          last();
-          return;
-        }
-        links_.enqueue(Link::kHbmToHost, TransferPriority::kWriteBack, parts_.port->page_bytes(),
-                       [this, key, l, hbm_frame, host_frame = *frame,
-                        last](std::function<void()> finished) {
-                         const FrameMove move{hbm_frame, host_frame};
-                         auto on_done = [this, key, l, finished, last](const Status& s) {
-                           finished();
-                           parts_.table->unpin(key, l).ignore();
-                           if (s.ok()) {
-                             parts_.table->complete_fill(key, CopyId::host(l)).ignore();
-                             stats_.demotions[tier_index(Tier::kHost)].fetch_add(
-                                 1, std::memory_order_relaxed);
-                             sync_membership(key, Tier::kHost);
-                           } else {
-                             parts_.table->abort_fill(key, CopyId::host(l)).ignore();
-                           }
-                           last();
-                           serve_frame_waiters(Tier::kHbm);
-                           serve_frame_waiters(Tier::kHost);
-                         };
-                         Status submitted = parts_.port->copy_pages(Link::kHbmToHost,
-                                                                    std::span(&move, 1), on_done);
-                         if (!submitted.ok()) on_done(submitted);
-                       });
-      });
+      request_frame(Tier::kHost, key, l, TransferPriority::kWriteBack,
+                    [this, key, l, hbm_frame, remaining, then_nvme](Result<uint32_t> frame) {
+                      const auto last = [this, key, remaining, then_nvme] {
+                        if (--*remaining == 0 && then_nvme) {
+                          demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
+                        }
+                      };
+                      if (!frame.ok()) {
+                        parts_.table->unpin(key, l).ignore();
+                        last();
+                        return;
+                      }
+                      links_.enqueue(
+                          Link::kHbmToHost, TransferPriority::kWriteBack, parts_.port->page_bytes(),
+                          [this, key, l, hbm_frame, host_frame = *frame,
+                           last](std::function<void()> finished) {
+                            const FrameMove move{hbm_frame, host_frame};
+                            auto on_done = [this, key, l, finished, last](const Status& s) {
+                              finished();
+                              parts_.table->unpin(key, l).ignore();
+                              if (s.ok()) {
+                                parts_.table->complete_fill(key, CopyId::host(l)).ignore();
+                                stats_.demotions[tier_index(Tier::kHost)].fetch_add(
+                                    1, std::memory_order_relaxed);
+                                sync_membership(key, Tier::kHost);
+                              } else {
+                                parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+                              }
+                              last();
+                              serve_frame_waiters(Tier::kHbm);
+                              serve_frame_waiters(Tier::kHost);
+                            };
+                            Status submitted = parts_.port->copy_pages(
+                                Link::kHbmToHost, std::span(&move, 1), on_done);
+                            if (!submitted.ok()) on_done(submitted);
+                          });
+                    });
     }
     return;
   }
@@ -954,9 +962,8 @@ void Scheduler::check_watermarks() {
     if (deficit == 0) continue;
     std::array<uint64_t, kNumTiers> free{};
     for (Tier u : kAllTiers) {
-      const uint64_t f = u == Tier::kNvme
-                             ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
-                             : frames(u)->free_count();
+      const uint64_t f = u == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                                          : frames(u)->free_count();
       free[tier_index(u)] = f + draining_[tier_index(u)];
     }
     const SkipFilter skip{this, t};

@@ -33,7 +33,8 @@ Result<Scheduler::Step*> Scheduler::find_step(StepId id) const {
 void Scheduler::recompute_late_prefix(Sequence& seq, StepItemInfo& item) {
   // The first step of a sequence, with prefetch.on_late = recompute: give up the reused blocks that
   // are predicted to arrive after the deadline; the engine recomputes them in this step instead.
-  const Nanos deadline = static_cast<Nanos>(options_.policies.prefetch.deadline_ms) * kNanosPerMilli;
+  const Nanos deadline =
+      static_cast<Nanos>(options_.policies.prefetch.deadline_ms) * kNanosPerMilli;
   uint32_t pending_host = 0;
   uint32_t pending_nvme = 0;
   for (uint32_t b = 0; b < seq.reused_blocks && b < seq.blocks.size(); ++b) {
@@ -132,8 +133,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     const uint64_t written = infos[i].recomputed_tokens + infos[i].new_tokens;
     step->first_written.push_back(written == 0 ? infos[i].pages
                                                : static_cast<uint32_t>(seq.tokens / pt));
-    const uint64_t tokens_after =
-        seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
+    const uint64_t tokens_after = seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
     while (seq.blocks.size() < infos[i].pages) {
       const uint64_t b = seq.blocks.size();
       // A prompt block this step fills completely is made under its content key at once (it is
@@ -141,9 +141,10 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
       // a block left partial, a key already in the table (another sequence is computing it, or an
       // evicted entry kept for its children), or no key known — it is private until published.
       const bool full_after = (b + 1) * pt <= tokens_after;
-      const bool keyed = full_after && b < seq.prompt_keys.size() &&
-                         !parts_.table->contains(seq.prompt_keys[b]);
-      const BlockKey key = keyed ? seq.prompt_keys[b] : private_block_key(seq.id, ++seq.next_private);
+      const bool keyed =
+          full_after && b < seq.prompt_keys.size() && !parts_.table->contains(seq.prompt_keys[b]);
+      const BlockKey key =
+          keyed ? seq.prompt_keys[b] : private_block_key(seq.id, ++seq.next_private);
       const BlockKey parent =
           seq.blocks.empty() || seq.blocks.back().is_private() ? BlockKey{} : seq.blocks.back();
       Status s = parts_.table->create_block(key, parent, /*initial_refs=*/1);
@@ -218,8 +219,8 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer) {
   for (std::size_t i = 0; i < step.items.size(); ++i) {
     total += step.items[i].pages;
     table.indptr.push_back(static_cast<int32_t>(total));
-    const uint64_t tokens = step.items[i].context_tokens + step.items[i].recomputed_tokens +
-                            step.items[i].new_tokens;
+    const uint64_t tokens =
+        step.items[i].context_tokens + step.items[i].recomputed_tokens + step.items[i].new_tokens;
     const uint64_t rem = tokens % pt;
     table.last_page_len.push_back(static_cast<int32_t>(tokens == 0 ? 0 : rem == 0 ? pt : rem));
   }
@@ -247,34 +248,33 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer) {
       };
       if (step.new_blocks.contains(key)) {
         // Nothing to load: the engine writes this page. It needs a frame, pinned.
-        request_frame(Tier::kHbm, key, layer, TransferPriority::kDemand,
-                      [this, id, key, layer, on_filling, ready](Result<uint32_t> frame) {
-                        if (!frame.ok()) {
-                          ready->page_failed(frame.status());
-                          return;
-                        }
-                        auto it = steps_.find(id);
-                        if (it == steps_.end() || it->second->ended ||
-                            it->second->released[layer]) {
-                          // The step ended before the frame came: nobody will write it.
-                          parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
-                          after_change(key);
-                          serve_frame_waiters(Tier::kHbm);
-                          return;
-                        }
-                        on_filling(*frame);
-                        ready->page_arrived();
-                      });
+        request_frame(
+            Tier::kHbm, key, layer, TransferPriority::kDemand,
+            [this, id, key, layer, on_filling, ready](Result<uint32_t> frame) {
+              if (!frame.ok()) {
+                ready->page_failed(frame.status());
+                return;
+              }
+              auto it = steps_.find(id);
+              if (it == steps_.end() || it->second->ended || it->second->released[layer]) {
+                // The step ended before the frame came: nobody will write it.
+                parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+                after_change(key);
+                serve_frame_waiters(Tier::kHbm);
+                return;
+              }
+              on_filling(*frame);
+              ready->page_arrived();
+            });
         continue;
       }
-      ensure_in_hbm(key, layer, TransferPriority::kDemand, on_filling,
-                    [ready](const Status& s) {
-                      if (s.ok()) {
-                        ready->page_arrived();
-                      } else {
-                        ready->page_failed(s);
-                      }
-                    });
+      ensure_in_hbm(key, layer, TransferPriority::kDemand, on_filling, [ready](const Status& s) {
+        if (s.ok()) {
+          ready->page_arrived();
+        } else {
+          ready->page_failed(s);
+        }
+      });
     }
   }
   ready->seal();
@@ -569,8 +569,8 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
   if (std::find(step->planned.begin(), step->planned.end(), 0) != step->planned.end()) {
     // A windowed step whose last layers were never reached: their pages were not written, so the
     // step cannot count its tokens. Undo it and say why.
-    const uint32_t reached = static_cast<uint32_t>(
-        std::count(step->planned.begin(), step->planned.end(), 1));
+    const uint32_t reached =
+        static_cast<uint32_t>(std::count(step->planned.begin(), step->planned.end(), 1));
     KVTIER_RETURN_IF_ERROR(abort_step(id));
     return failed_precondition("end_step: step " + std::to_string(id) + " is windowed and only " +
                                std::to_string(reached) + " of its layers were begun; call " +
@@ -627,8 +627,7 @@ Status Scheduler::abort_step(StepId id) {
   // Anyone still waiting on a layer of this step learns now, not at its timeout.
   for (uint32_t l = 0; l < step->layers; ++l) {
     if (!step->shared->ready[l]->finished()) {
-      step->shared->ready[l]->page_failed(
-          cancelled("step " + std::to_string(id) + " was aborted"));
+      step->shared->ready[l]->page_failed(cancelled("step " + std::to_string(id) + " was aborted"));
     }
   }
   for (uint32_t l = 0; l < step->layers; ++l) {

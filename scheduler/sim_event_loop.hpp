@@ -1,10 +1,11 @@
 // SimEventLoop: a discrete-event EventLoop in virtual time (see event_loop.hpp).
 //
-// Events sit in a min-heap ordered by (time, post sequence); run_*() pops them one by one, moves the
-// VirtualClock to each event's time and runs it. post() is an event at the current time. Nothing
-// runs concurrently and nothing depends on wall time, so a simulation is exactly repeatable. The
-// loop is driven by its caller's thread (in_loop() is always true); post() from another thread is
-// allowed (a mutex guards the heap) but a simulation normally has only one thread.
+// Events sit in a min-heap ordered by (time, post sequence); run_*() pops them one by one, moves
+// the VirtualClock to each event's time and runs it. post() is an event at the current time.
+// Nothing runs concurrently and nothing depends on wall time, so a simulation is exactly
+// repeatable. The loop is driven by its caller's thread (in_loop() is always true); post() from
+// another thread is allowed (a mutex guards the heap) but a simulation normally has only one
+// thread.
 #pragma once
 
 #include <cstdint>

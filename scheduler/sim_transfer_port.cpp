@@ -27,15 +27,15 @@ void SimTransferPort::schedule(Link link, uint64_t bytes, TransferDone done,
     --fail_next_[i];
     fail = true;
   }
-  loop_.post_after(finish - now, [link, fail, done = std::move(done),
-                                  on_success = std::move(on_success)] {
-    if (fail) {
-      done(io_error("injected failure on link " + std::string(link_name(link))));
-      return;
-    }
-    if (on_success) on_success();
-    done(ok_status());
-  });
+  loop_.post_after(finish - now,
+                   [link, fail, done = std::move(done), on_success = std::move(on_success)] {
+                     if (fail) {
+                       done(io_error("injected failure on link " + std::string(link_name(link))));
+                       return;
+                     }
+                     if (on_success) on_success();
+                     done(ok_status());
+                   });
 }
 
 Status SimTransferPort::copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) {
@@ -61,12 +61,13 @@ Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_
                               " extents in use");
   }
   writing_.insert(key);
-  schedule(Link::kHostToNvme, geometry_.block_bytes(),
-           [this, key, done = std::move(done)](const Status& s) {
-             writing_.erase(key);
-             done(s);
-           },
-           [this, key] { on_nvme_.insert(key); });
+  schedule(
+      Link::kHostToNvme, geometry_.block_bytes(),
+      [this, key, done = std::move(done)](const Status& s) {
+        writing_.erase(key);
+        done(s);
+      },
+      [this, key] { on_nvme_.insert(key); });
   return ok_status();
 }
 
@@ -75,8 +76,7 @@ Status SimTransferPort::read_block(const BlockKey& key, std::span<const uint32_t
   if (!on_nvme_.contains(key)) return not_found("block " + to_string(key) + " is not on nvme");
   if (host_frames.size() != geometry_.layers) {
     return invalid_argument("read_block with " + std::to_string(host_frames.size()) +
-                            " pages, geometry has " + std::to_string(geometry_.layers) +
-                            " layers");
+                            " pages, geometry has " + std::to_string(geometry_.layers) + " layers");
   }
   schedule(Link::kNvmeToHost, geometry_.block_bytes(), std::move(done), nullptr);
   return ok_status();

@@ -49,7 +49,8 @@ class SimTransferPort final : public TransferPort {
   const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
   std::size_t nvme_blocks() const { return on_nvme_.size(); }
   bool on_nvme(const BlockKey& key) const { return on_nvme_.contains(key); }
-  // Clears the NVMe contents (a "restart" that lost the disk) or keeps them (a restart that kept it).
+  // Clears the NVMe contents (a "restart" that lost the disk) or keeps them (a restart that kept
+  // it).
   void forget_nvme() { on_nvme_.clear(); }
 
  private:

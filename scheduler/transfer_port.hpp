@@ -6,11 +6,12 @@
 //   - EngineTransferPort: the real tiers (tiers/transfer_engine.hpp): CUDA streams or memcpy
 //     workers for HBM<->host, io_uring for host<->NVMe. Engine callbacks post to the loop.
 //   - SimTransferPort: a model of the links (bandwidth, latency, one FIFO per link) in the virtual
-//     time of a SimEventLoop; no bytes move. This is what lets the benchmark run a GPU server's hour
-//     of traffic on a CPU, and what makes overlap and stall tests deterministic.
+//     time of a SimEventLoop; no bytes move. This is what lets the benchmark run a GPU server's
+//     hour of traffic on a CPU, and what makes overlap and stall tests deterministic.
 // A submit error (bad frame, unknown key, store full) is returned by the call and nothing starts;
 // the callback then never runs. I/O errors after submission arrive as the callback's Status.
-// `link_model()` is the bandwidth and latency the scheduler plans with (compute-or-load, deadlines).
+// `link_model()` is the bandwidth and latency the scheduler plans with (compute-or-load,
+// deadlines).
 #pragma once
 
 #include <cstdint>

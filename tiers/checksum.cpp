@@ -83,10 +83,8 @@ uint64_t xxh3_64(const void* data, std::size_t size) { return XXH3_64bits(data, 
 
 uint64_t checksum(ChecksumKind kind, const void* data, std::size_t size) {
   switch (kind) {
-    case ChecksumKind::kXxh3:
-      return xxh3_64(data, size);
-    case ChecksumKind::kCrc32c:
-      return crc32c(data, size);
+    case ChecksumKind::kXxh3: return xxh3_64(data, size);
+    case ChecksumKind::kCrc32c: return crc32c(data, size);
   }
   return xxh3_64(data, size);
 }

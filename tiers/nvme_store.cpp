@@ -291,9 +291,7 @@ class NvmeStore::Worker {
       case Op::Kind::kReadPage:
         pieces.push_back({op.pages[0], l.page_stride, op.extent_offset + l.page_offset(op.layer)});
         break;
-      case Op::Kind::kScan:
-        pieces.push_back({op.header, l.header_bytes, op.extent_offset});
-        break;
+      case Op::Kind::kScan: pieces.push_back({op.header, l.header_bytes, op.extent_offset}); break;
     }
     // Coalesce neighbours that are adjacent in memory (they always are on disk).
     std::vector<Piece> runs;
@@ -516,13 +514,9 @@ class NvmeStore::Worker {
     const Status why =
         cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")");
     switch (op->kind) {
-      case Op::Kind::kWrite:
-        store_.write_finished(*op, false);
-        break;
+      case Op::Kind::kWrite: store_.write_finished(*op, false); break;
       case Op::Kind::kReadBlock:
-      case Op::Kind::kReadPage:
-        store_.read_finished(*op);
-        break;
+      case Op::Kind::kReadPage: store_.read_finished(*op); break;
       case Op::Kind::kScan: {
         ScanBatch& b = *op->scan;
         std::lock_guard<std::mutex> lock(b.mu);

@@ -118,11 +118,8 @@ const OptionParser::Option* OptionParser::find(std::string_view name) const {
 Status OptionParser::assign(const Option& option, std::string_view value) {
   const std::string bad = option.name + " " + std::string(value) + ": ";
   switch (option.kind) {
-    case Kind::kFlag:
-      return internal_error(option.name + " takes no value");
-    case Kind::kString:
-      *static_cast<std::string*>(option.out) = std::string(value);
-      break;
+    case Kind::kFlag: return internal_error(option.name + " takes no value");
+    case Kind::kString: *static_cast<std::string*>(option.out) = std::string(value); break;
     case Kind::kUint: {
       uint64_t v = 0;
       const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);

@@ -17,12 +17,9 @@ namespace kvtier::replay {
 
 std::string RunSpec::policy_name() const {
   switch (kind) {
-    case RunKind::kReferenceLru:
-      return "ref_lru";
-    case RunKind::kBelady:
-      return "opt";
-    case RunKind::kPolicy:
-      break;
+    case RunKind::kReferenceLru: return "ref_lru";
+    case RunKind::kBelady: return "opt";
+    case RunKind::kPolicy: break;
   }
   return std::string(eviction_policy_name(eviction));
 }

@@ -57,29 +57,17 @@ class JsonLine {
         if (pos_ >= text_.size()) break;
         const char e = text_[pos_++];
         switch (e) {
-          case 'n':
-            c = '\n';
-            break;
-          case 't':
-            c = '\t';
-            break;
-          case 'r':
-            c = '\r';
-            break;
-          case 'b':
-            c = '\b';
-            break;
-          case 'f':
-            c = '\f';
-            break;
+          case 'n': c = '\n'; break;
+          case 't': c = '\t'; break;
+          case 'r': c = '\r'; break;
+          case 'b': c = '\b'; break;
+          case 'f': c = '\f'; break;
           case 'u':
             if (pos_ + 4 > text_.size()) return error("truncated \\u escape");
             pos_ += 4;  // field names here are ASCII; the code point itself is not needed
             c = '?';
             break;
-          default:
-            c = e;
-            break;
+          default: c = e; break;
         }
       }
       out.push_back(c);

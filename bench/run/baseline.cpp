@@ -51,14 +51,10 @@ BaselineSpec make(BaselineKind kind, const PoliciesConfig& configured, double pr
 
 std::string_view baseline_name(BaselineKind kind) {
   switch (kind) {
-    case BaselineKind::kRecompute:
-      return "recompute";
-    case BaselineKind::kHbmLru:
-      return "hbm_lru";
-    case BaselineKind::kHbmHost:
-      return "hbm_host";
-    case BaselineKind::kKvtier:
-      return "kvtier";
+    case BaselineKind::kRecompute: return "recompute";
+    case BaselineKind::kHbmLru: return "hbm_lru";
+    case BaselineKind::kHbmHost: return "hbm_host";
+    case BaselineKind::kKvtier: return "kvtier";
   }
   return "unknown";
 }

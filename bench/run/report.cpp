@@ -114,18 +114,10 @@ class Json {
     os_ << '"';
     for (char c : s) {
       switch (c) {
-        case '"':
-          os_ << "\\\"";
-          break;
-        case '\\':
-          os_ << "\\\\";
-          break;
-        case '\n':
-          os_ << "\\n";
-          break;
-        case '\t':
-          os_ << "\\t";
-          break;
+        case '"': os_ << "\\\""; break;
+        case '\\': os_ << "\\\\"; break;
+        case '\n': os_ << "\\n"; break;
+        case '\t': os_ << "\\t"; break;
         default:
           if (static_cast<unsigned char>(c) < 0x20) {
             os_ << "\\u00"

@@ -123,11 +123,10 @@ class Engine {
       if (!finished) {
         const std::string pending = sched_.pending_summary();
         sched_.abort_step(info->id).ignore();
-        return internal_error("layer " + std::to_string(l) + " of step " +
-                              std::to_string(info->id) +
-                              " never became ready: the simulation ran out of events (" +
-                              baseline_.name + ", t=" + std::to_string(loop_.now()) +
-                              " ns; scheduler: " + pending + ")");
+        return internal_error(
+            "layer " + std::to_string(l) + " of step " + std::to_string(info->id) +
+            " never became ready: the simulation ran out of events (" + baseline_.name +
+            ", t=" + std::to_string(loop_.now()) + " ns; scheduler: " + pending + ")");
       }
       Status w = (*ready)->wait(0);
       if (!w.ok()) {

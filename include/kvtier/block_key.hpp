@@ -8,11 +8,11 @@
 //                     with its namespace tag stamped into the top 16 bits of `hi` (below)
 //
 // where the first block's parent is root(ns), `t` are the block's page_tokens token ids (a block
-// spans page_tokens tokens across all layers), le64/le32 are little-endian encodings and `lo`/`hi` are XXH128_hash_t's low64/high64.
-// The top 16 bits of `hi` carry the namespace tag, tag(ns) = (root(ns).hi >> 48) | 1 (never 0), so
-// a key presented under the wrong namespace is detected without a lookup. Tag 0 marks private keys
-// (the still-growing last block of one sequence, which has no content identity and is never shared).
-// A partial block has no content key.
+// spans page_tokens tokens across all layers), le64/le32 are little-endian encodings and `lo`/`hi`
+// are XXH128_hash_t's low64/high64. The top 16 bits of `hi` carry the namespace tag, tag(ns) =
+// (root(ns).hi >> 48) | 1 (never 0), so a key presented under the wrong namespace is detected
+// without a lookup. Tag 0 marks private keys (the still-growing last block of one sequence, which
+// has no content identity and is never shared). A partial block has no content key.
 #pragma once
 
 #include <compare>

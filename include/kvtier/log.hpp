@@ -73,8 +73,7 @@ inline void set_log_level(LogLevel level) {
 }
 
 inline bool log_enabled(LogLevel level) {
-  return static_cast<int>(level) >=
-         log_detail::state().threshold.load(std::memory_order_relaxed);
+  return static_cast<int>(level) >= log_detail::state().threshold.load(std::memory_order_relaxed);
 }
 
 inline void log(LogLevel level, std::string_view message) {

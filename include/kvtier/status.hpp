@@ -5,8 +5,8 @@
 // construction can fail offers `static Result<std::unique_ptr<T>> create(...)`.
 //
 // A Status is a code plus a message that names the thing that was wrong: the YAML key path with
-// file:line:col, the file with its offset and errno, the block key and tier. `with_context` prepends
-// what the caller knows ("while opening tier nvme: ...") without losing the code.
+// file:line:col, the file with its offset and errno, the block key and tier. `with_context`
+// prepends what the caller knows ("while opening tier nvme: ...") without losing the code.
 //
 // Checked statuses: when built with KVTIER_ASSERT_STATUS_CHECKED (sanitizer and debug presets), an
 // error Status whose result nobody looked at (ok(), code(), message(), ignore()) aborts in its
@@ -208,13 +208,13 @@ class [[nodiscard]] Result {
  public:
   Result(const T& value) : value_(value) { status_.ignore(); }        // NOLINT: implicit
   Result(T&& value) : value_(std::move(value)) { status_.ignore(); }  // NOLINT: implicit
-  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) {                // NOLINT: implicit by design
     if (status_.ok()) status_ = internal_error("Result constructed from an OK Status");
   }
   template <typename U>
-    requires(std::is_convertible_v<U&&, T> && !std::is_same_v<std::decay_t<U>, T> &&
-             !std::is_same_v<std::decay_t<U>, Status>)
-  Result(U&& value) : value_(T(std::forward<U>(value))) {  // NOLINT: implicit by design
+  requires(std::is_convertible_v<U&&, T> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, Status>) Result(U&& value)
+      : value_(T(std::forward<U>(value))) {  // NOLINT: implicit by design
     status_.ignore();
   }
 
@@ -271,10 +271,10 @@ class [[nodiscard]] Result {
 #define KVTIER_STATUS_CONCAT_(a, b) KVTIER_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the Status of `expr` from the enclosing function when it is not OK.
-#define KVTIER_RETURN_IF_ERROR(expr)                                      \
-  do {                                                                    \
-    ::kvtier::Status kvtier_status_ = (expr);                             \
-    if (!kvtier_status_.ok()) return kvtier_status_;                      \
+#define KVTIER_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::kvtier::Status kvtier_status_ = (expr);        \
+    if (!kvtier_status_.ok()) return kvtier_status_; \
   } while (false)
 
 // `KVTIER_ASSIGN_OR_RETURN(auto x, make_x())`: evaluates a Result, returns its Status on error,

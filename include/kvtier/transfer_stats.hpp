@@ -32,40 +32,28 @@ constexpr std::array<Link, kNumLinks> kAllLinks = {Link::kHbmToHost, Link::kHost
 // Metric label pairs: {src, dst}.
 constexpr std::string_view link_src(Link l) {
   switch (l) {
-    case Link::kHbmToHost:
-      return "hbm";
-    case Link::kHostToHbm:
-      return "host";
-    case Link::kHostToNvme:
-      return "host";
-    case Link::kNvmeToHost:
-      return "nvme";
+    case Link::kHbmToHost: return "hbm";
+    case Link::kHostToHbm: return "host";
+    case Link::kHostToNvme: return "host";
+    case Link::kNvmeToHost: return "nvme";
   }
   return "unknown";
 }
 constexpr std::string_view link_dst(Link l) {
   switch (l) {
-    case Link::kHbmToHost:
-      return "host";
-    case Link::kHostToHbm:
-      return "hbm";
-    case Link::kHostToNvme:
-      return "nvme";
-    case Link::kNvmeToHost:
-      return "host";
+    case Link::kHbmToHost: return "host";
+    case Link::kHostToHbm: return "hbm";
+    case Link::kHostToNvme: return "nvme";
+    case Link::kNvmeToHost: return "host";
   }
   return "unknown";
 }
 constexpr std::string_view link_name(Link l) {
   switch (l) {
-    case Link::kHbmToHost:
-      return "hbm->host";
-    case Link::kHostToHbm:
-      return "host->hbm";
-    case Link::kHostToNvme:
-      return "host->nvme";
-    case Link::kNvmeToHost:
-      return "nvme->host";
+    case Link::kHbmToHost: return "hbm->host";
+    case Link::kHostToHbm: return "host->hbm";
+    case Link::kHostToNvme: return "host->nvme";
+    case Link::kNvmeToHost: return "nvme->host";
   }
   return "unknown";
 }

@@ -23,16 +23,14 @@ bool cpu_has_f16c() {
 bool cpu_can_run(Isa isa) {
 #if defined(KVTIER_KERNELS_X86)
   switch (isa) {
-    case Isa::kScalar:
-      return true;
+    case Isa::kScalar: return true;
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma") && cpu_has_f16c();
-    case Isa::kAuto:
-      return true;
+    case Isa::kAuto: return true;
   }
   return false;
 #else
@@ -75,28 +73,20 @@ const IsaKernels* isa_kernels(Isa isa) {
   if (isa == Isa::kAuto) isa = best_isa();
   if (!cpu_can_run(isa)) return nullptr;
   switch (isa) {
-    case Isa::kScalar:
-      return scalar_kernels();
-    case Isa::kAvx2:
-      return avx2_kernels();
-    case Isa::kAvx512:
-      return avx512_kernels();
-    case Isa::kAuto:
-      break;
+    case Isa::kScalar: return scalar_kernels();
+    case Isa::kAvx2: return avx2_kernels();
+    case Isa::kAvx512: return avx512_kernels();
+    case Isa::kAuto: break;
   }
   return nullptr;
 }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kAuto:
-      return "auto";
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
+    case Isa::kAuto: return "auto";
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
   }
   return "unknown";
 }

@@ -230,8 +230,7 @@ cudaError_t enqueue_decode(const AttentionArgs& a, uint32_t splits, float* part_
     case KvType::kFP8E4M3:
       err = launch_for_group<KvType::kFP8E4M3>(a, splits, part_ml, part_o, stream);
       break;
-    case KvType::kF32:
-      return cudaErrorInvalidValue;
+    case KvType::kF32: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || splits == 1) return err;
   merge_splits<<<a.kv.batch * a.num_qo_heads, a.kv.head_dim, 0, stream>>>(a, splits, part_ml,

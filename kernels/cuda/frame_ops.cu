@@ -140,17 +140,12 @@ cudaError_t enqueue_quantize_fp8(const Fp8Args& a, cudaStream_t stream) {
   if (a.count == 0) return cudaSuccess;
   const dim3 grid(a.count, 2);
   switch (a.dtype) {
-    case KvType::kF32:
-      quantize_kernel<KvType::kF32><<<grid, kQuantThreads, 0, stream>>>(a);
-      break;
-    case KvType::kF16:
-      quantize_kernel<KvType::kF16><<<grid, kQuantThreads, 0, stream>>>(a);
-      break;
+    case KvType::kF32: quantize_kernel<KvType::kF32><<<grid, kQuantThreads, 0, stream>>>(a); break;
+    case KvType::kF16: quantize_kernel<KvType::kF16><<<grid, kQuantThreads, 0, stream>>>(a); break;
     case KvType::kBF16:
       quantize_kernel<KvType::kBF16><<<grid, kQuantThreads, 0, stream>>>(a);
       break;
-    case KvType::kFP8E4M3:
-      return cudaErrorInvalidValue;
+    case KvType::kFP8E4M3: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -168,8 +163,7 @@ cudaError_t enqueue_dequantize_fp8(const Fp8Args& a, cudaStream_t stream) {
     case KvType::kBF16:
       dequantize_kernel<KvType::kBF16><<<grid, kQuantThreads, 0, stream>>>(a);
       break;
-    case KvType::kFP8E4M3:
-      return cudaErrorInvalidValue;
+    case KvType::kFP8E4M3: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

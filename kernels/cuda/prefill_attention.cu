@@ -158,14 +158,10 @@ cudaError_t enqueue_prefill(const AttentionArgs& a, uint32_t max_chunk_tokens,
   if (a.kv.batch == 0 || max_chunk_tokens == 0) return cudaSuccess;
   if (a.group == 0 || a.group > kMaxRows) return cudaErrorInvalidValue;
   switch (a.kv.dtype) {
-    case KvType::kF16:
-      return launch<KvType::kF16>(a, max_chunk_tokens, stream);
-    case KvType::kBF16:
-      return launch<KvType::kBF16>(a, max_chunk_tokens, stream);
-    case KvType::kFP8E4M3:
-      return launch<KvType::kFP8E4M3>(a, max_chunk_tokens, stream);
-    case KvType::kF32:
-      break;
+    case KvType::kF16: return launch<KvType::kF16>(a, max_chunk_tokens, stream);
+    case KvType::kBF16: return launch<KvType::kBF16>(a, max_chunk_tokens, stream);
+    case KvType::kFP8E4M3: return launch<KvType::kFP8E4M3>(a, max_chunk_tokens, stream);
+    case KvType::kF32: break;
   }
   return cudaErrorInvalidValue;
 }

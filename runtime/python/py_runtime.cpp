@@ -94,14 +94,10 @@ py::dict stats_dict(const RuntimeStats& s) {
 // `.view(ml_dtypes.bfloat16)` reinterprets them without a copy where ml_dtypes is installed.
 py::dtype element_dtype(Dtype d) {
   switch (d) {
-    case Dtype::kF32:
-      return py::dtype("float32");
-    case Dtype::kF16:
-      return py::dtype("float16");
-    case Dtype::kBF16:
-      return py::dtype("uint16");
-    case Dtype::kFP8E4M3:
-      return py::dtype("uint8");
+    case Dtype::kF32: return py::dtype("float32");
+    case Dtype::kF16: return py::dtype("float16");
+    case Dtype::kBF16: return py::dtype("uint16");
+    case Dtype::kFP8E4M3: return py::dtype("uint8");
   }
   return py::dtype("uint8");
 }

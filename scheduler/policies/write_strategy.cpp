@@ -45,10 +45,8 @@ class WriteThroughSelective final : public WriteStrategy {
 
 std::unique_ptr<WriteStrategy> make_write_strategy(WritePolicy policy, uint32_t selective_hits) {
   switch (policy) {
-    case WritePolicy::kWriteThrough:
-      return std::make_unique<WriteThrough>();
-    case WritePolicy::kWriteBack:
-      return std::make_unique<WriteBack>();
+    case WritePolicy::kWriteThrough: return std::make_unique<WriteThrough>();
+    case WritePolicy::kWriteBack: return std::make_unique<WriteBack>();
     case WritePolicy::kWriteThroughSelective:
       return std::make_unique<WriteThroughSelective>(selective_hits);
   }
@@ -57,12 +55,9 @@ std::unique_ptr<WriteStrategy> make_write_strategy(WritePolicy policy, uint32_t 
 
 std::string_view write_policy_name(WritePolicy policy) {
   switch (policy) {
-    case WritePolicy::kWriteThrough:
-      return "write_through";
-    case WritePolicy::kWriteBack:
-      return "write_back";
-    case WritePolicy::kWriteThroughSelective:
-      return "write_through_selective";
+    case WritePolicy::kWriteThrough: return "write_through";
+    case WritePolicy::kWriteBack: return "write_back";
+    case WritePolicy::kWriteThroughSelective: return "write_through_selective";
   }
   return "unknown";
 }

@@ -37,14 +37,10 @@ struct Tolerance {
 };
 Tolerance tolerance_for(Dtype d) {
   switch (d) {
-    case Dtype::kF32:
-      return {2e-5, 1e-4};
-    case Dtype::kF16:
-      return {2e-5, 1e-4};
-    case Dtype::kBF16:
-      return {2e-5, 1e-4};
-    case Dtype::kFP8E4M3:
-      return {3e-5, 1e-4};
+    case Dtype::kF32: return {2e-5, 1e-4};
+    case Dtype::kF16: return {2e-5, 1e-4};
+    case Dtype::kBF16: return {2e-5, 1e-4};
+    case Dtype::kFP8E4M3: return {3e-5, 1e-4};
   }
   return {0, 0};
 }

@@ -19,7 +19,7 @@ using testing::small_config;
 TEST(RuntimeStress, EngineThreadsShareAPrefixWhileTheLoopMovesPages) {
   ScratchDir dir("runtime-stress");
   Config c = small_config(dir.path());
-  c.tiers.hbm.capacity_bytes = 96 * 8192;   // room for a few concurrent steps, not for the cache
+  c.tiers.hbm.capacity_bytes = 96 * 8192;  // room for a few concurrent steps, not for the cache
   c.tiers.host.capacity_bytes = 160 * 8192;
   auto opened = Runtime::open(c);
   if (!opened.ok() && opened.status().code() == StatusCode::kUnavailable) {
@@ -37,8 +37,8 @@ TEST(RuntimeStress, EngineThreadsShareAPrefixWhileTheLoopMovesPages) {
     threads.emplace_back([&, t] {
       for (int r = 0; r < kRequestsPerThread; ++r) {
         // Every request shares a 2-block system prompt; requests of a thread repeat every 3rd time.
-        const auto tokens =
-            make_tokens(5 * g.page_tokens, static_cast<uint32_t>(t * 1000 + r % 3), 2 * g.page_tokens);
+        const auto tokens = make_tokens(5 * g.page_tokens, static_cast<uint32_t>(t * 1000 + r % 3),
+                                        2 * g.page_tokens);
         auto seq = rt->open_sequence(rt->block_keys(tokens));
         if (!seq.ok()) {
           ++failures;

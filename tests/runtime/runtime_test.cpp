@@ -36,8 +36,8 @@ TEST(Runtime, PagesSurviveEvictionToHostAndNvmeBitForBit) {
     auto seq = rt->open_sequence(rt->block_keys(tokens));
     ASSERT_TRUE(seq.ok()) << seq.status().to_string();
     bool bytes_ok = true;
-    Status s = run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()),
-                                &bytes_ok);
+    Status s =
+        run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &bytes_ok);
     ASSERT_TRUE(s.ok()) << s.to_string();
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
   }
@@ -48,9 +48,9 @@ TEST(Runtime, PagesSurviveEvictionToHostAndNvmeBitForBit) {
     auto seq = rt->open_sequence(rt->block_keys(tokens));
     ASSERT_TRUE(seq.ok());
     bool bytes_ok = true;
-    Status s = run_checked_step(*rt, seq->id, tokens, seq->reused_tokens,
-                                static_cast<uint32_t>(tokens.size() - seq->reused_tokens),
-                                &bytes_ok);
+    Status s =
+        run_checked_step(*rt, seq->id, tokens, seq->reused_tokens,
+                         static_cast<uint32_t>(tokens.size() - seq->reused_tokens), &bytes_ok);
     ASSERT_TRUE(s.ok()) << s.to_string();
     EXPECT_TRUE(bytes_ok) << "a reused page differs from what was written";
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
@@ -74,8 +74,8 @@ TEST(Runtime, AfterARestartThePrefixIsFoundOnNvme) {
     auto seq = rt->open_sequence(rt->block_keys(tokens));
     ASSERT_TRUE(seq.ok());
     bool ok = true;
-    ASSERT_TRUE(run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok)
-                    .ok());
+    ASSERT_TRUE(
+        run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok).ok());
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
     ASSERT_TRUE(rt->shutdown().ok());  // persists cached blocks to NVMe
   }
@@ -168,8 +168,8 @@ TEST(Runtime, PinnedPrefixStaysInHbmUntilUnpinned) {
     auto seq = rt->open_sequence(rt->block_keys(system));
     ASSERT_TRUE(seq.ok());
     bool ok = true;
-    ASSERT_TRUE(run_checked_step(*rt, seq->id, system, 0, static_cast<uint32_t>(system.size()), &ok)
-                    .ok());
+    ASSERT_TRUE(
+        run_checked_step(*rt, seq->id, system, 0, static_cast<uint32_t>(system.size()), &ok).ok());
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
   }
   auto pin = rt->pin_prefix(rt->block_keys(system), std::chrono::minutes(10));
@@ -183,8 +183,8 @@ TEST(Runtime, PinnedPrefixStaysInHbmUntilUnpinned) {
     auto seq = rt->open_sequence(rt->block_keys(tokens));
     ASSERT_TRUE(seq.ok());
     bool ok = true;
-    ASSERT_TRUE(run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok)
-                    .ok());
+    ASSERT_TRUE(
+        run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok).ok());
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
   }
   auto m = rt->match(rt->block_keys(system));
@@ -239,10 +239,9 @@ TEST(RuntimeMetrics, ServedOverHttpWhileRunning) {
     auto seq = rt->open_sequence(rt->block_keys(tokens));
     ASSERT_TRUE(seq.ok());
     bool ok = true;
-    ASSERT_TRUE(testing::run_checked_step(*rt, seq->id, tokens, seq->reused_tokens,
-                                          static_cast<uint32_t>(tokens.size() -
-                                                                seq->reused_tokens) + 1,
-                                          &ok)
+    ASSERT_TRUE(testing::run_checked_step(
+                    *rt, seq->id, tokens, seq->reused_tokens,
+                    static_cast<uint32_t>(tokens.size() - seq->reused_tokens) + 1, &ok)
                     .ok());
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
   }

@@ -41,7 +41,7 @@ inline Config small_config(const std::filesystem::path& dir) {
   c.model.geometry = Geometry{/*layers=*/4, /*kv_heads=*/2, /*head_dim=*/64, Dtype::kBF16,
                               /*page_tokens=*/16};  // 8 KiB pages
   c.tiers.hbm.backend = HbmBackend::kEmulated;
-  c.tiers.hbm.capacity_bytes = 64 * 8192;   // 64 frames
+  c.tiers.hbm.capacity_bytes = 64 * 8192;    // 64 frames
   c.tiers.host.capacity_bytes = 256 * 8192;  // 256 frames
   c.tiers.host.huge_pages = false;
   c.tiers.host.lock_memory = false;
@@ -72,7 +72,8 @@ inline void write_tokens(const HbmView& view, const Geometry& g, const LayerTabl
   const std::size_t tb = g.token_bytes();
   for (uint64_t pos = first; pos < first + count; ++pos) {
     const int32_t frame = table.indices[table.indptr[item] + pos / g.page_tokens];
-    auto* page = static_cast<uint8_t*>(view.base) + static_cast<std::size_t>(frame) * view.frame_stride;
+    auto* page =
+        static_cast<uint8_t*>(view.base) + static_cast<std::size_t>(frame) * view.frame_stride;
     const std::size_t slot = pos % g.page_tokens;
     for (std::size_t i = 0; i < tb; ++i) {
       page[slot * tb + i] = kv_byte(tokens[pos], pos, layer, false, i);
@@ -89,8 +90,8 @@ inline int64_t check_tokens(const HbmView& view, const Geometry& g, const LayerT
   const std::size_t tb = g.token_bytes();
   for (uint64_t pos = 0; pos < count; ++pos) {
     const int32_t frame = table.indices[table.indptr[item] + pos / g.page_tokens];
-    const auto* page =
-        static_cast<const uint8_t*>(view.base) + static_cast<std::size_t>(frame) * view.frame_stride;
+    const auto* page = static_cast<const uint8_t*>(view.base) +
+                       static_cast<std::size_t>(frame) * view.frame_stride;
     const std::size_t slot = pos % g.page_tokens;
     for (std::size_t i = 0; i < tb; ++i) {
       if (page[slot * tb + i] != kv_byte(tokens[pos], pos, layer, false, i) ||

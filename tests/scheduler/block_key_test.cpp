@@ -33,7 +33,8 @@ TEST(BlockKey, ChainsOverThePrefix) {
   tokens[0] = 999;  // change the first block only
   auto b = chain_block_keys("m", tokens, 16);
   ASSERT_EQ(a.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_NE(a[i], b[i]) << "block " << i << " must depend on its prefix";
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NE(a[i], b[i]) << "block " << i << " must depend on its prefix";
 }
 
 TEST(BlockKey, PartialBlockHasNoKey) {

@@ -216,12 +216,8 @@ struct Model {
     CopyState from = CopyState::kAbsent;
     bool needs_unpinned = false;
     switch (k) {
-      case OpKind::kBeginFill:
-        from = CopyState::kAbsent;
-        break;
-      case OpKind::kCompleteFill:
-        from = CopyState::kFilling;
-        break;
+      case OpKind::kBeginFill: from = CopyState::kAbsent; break;
+      case OpKind::kCompleteFill: from = CopyState::kFilling; break;
       case OpKind::kAbortFill:
         from = CopyState::kFilling;
         needs_unpinned = true;
@@ -234,15 +230,12 @@ struct Model {
         from = CopyState::kDraining;
         needs_unpinned = true;
         break;
-      case OpKind::kCancelDrain:
-        from = CopyState::kDraining;
-        break;
+      case OpKind::kCancelDrain: from = CopyState::kDraining; break;
       case OpKind::kDrop:
         from = CopyState::kReady;
         needs_unpinned = true;
         break;
-      default:
-        return StatusCode::kInternal;
+      default: return StatusCode::kInternal;
     }
     if (s != from) return StatusCode::kFailedPrecondition;
     if (c.tier == Tier::kNvme && c.generation != CopyId::kAnyGeneration &&
@@ -277,15 +270,9 @@ struct Model {
         ++used[tier_index(c.tier)];
         if (c.tier == Tier::kNvme) b.nvme_generation = ++generations;
         break;
-      case OpKind::kCompleteFill:
-        s = CopyState::kReady;
-        break;
-      case OpKind::kCancelDrain:
-        s = CopyState::kReady;
-        break;
-      case OpKind::kBeginDrain:
-        s = CopyState::kDraining;
-        break;
+      case OpKind::kCompleteFill: s = CopyState::kReady; break;
+      case OpKind::kCancelDrain: s = CopyState::kReady; break;
+      case OpKind::kBeginDrain: s = CopyState::kDraining; break;
       case OpKind::kAbortFill:
       case OpKind::kCompleteDrain:
       case OpKind::kDrop:
@@ -293,8 +280,7 @@ struct Model {
         f = FrameAllocator::kNoFrame;
         free_copy(c.tier);
         break;
-      default:
-        break;
+      default: break;
     }
   }
 };
@@ -385,9 +371,7 @@ class Harness {
       case CopyState::kFilling:
         op.kind = pick % 4 ? OpKind::kCompleteFill : OpKind::kAbortFill;
         break;
-      case CopyState::kReady:
-        op.kind = pick % 3 ? OpKind::kBeginDrain : OpKind::kDrop;
-        break;
+      case CopyState::kReady: op.kind = pick % 3 ? OpKind::kBeginDrain : OpKind::kDrop; break;
       case CopyState::kDraining:
         op.kind = pick % 3 ? OpKind::kCompleteDrain : OpKind::kCancelDrain;
         break;
@@ -459,8 +443,7 @@ class Harness {
                           uint64_t table_value, std::string& err) {
     StatusCode want = StatusCode::kOk;
     switch (op.kind) {
-      case OpKind::kAcquire:
-        break;
+      case OpKind::kAcquire: break;
       case OpKind::kRelease:
         if (b.refcount == 0) want = StatusCode::kFailedPrecondition;
         break;
@@ -483,18 +466,13 @@ class Harness {
         break;
       case OpKind::kSetChecksum:
       case OpKind::kTouch:
-      case OpKind::kDropAll:
-        break;
-      default:
-        want = model_.check_copy_op(b, op.kind, c);
-        break;
+      case OpKind::kDropAll: break;
+      default: want = model_.check_copy_op(b, op.kind, c); break;
     }
     if (want != table_code || want != StatusCode::kOk) return want;
     ++accepted_;
     switch (op.kind) {
-      case OpKind::kAcquire:
-        ++b.refcount;
-        break;
+      case OpKind::kAcquire: ++b.refcount; break;
       case OpKind::kRelease:
         --b.refcount;
         if (table_value != b.refcount) err = "release returned " + std::to_string(table_value);
@@ -506,15 +484,9 @@ class Harness {
                 std::to_string(b.pages[op.layer].hbm_frame);
         }
         break;
-      case OpKind::kUnpin:
-        --b.pages[op.layer].pins;
-        break;
-      case OpKind::kSetChecksum:
-        b.checksum = op.value;
-        break;
-      case OpKind::kTouch:
-        b.stats.last_access = ++model_.clock;
-        break;
+      case OpKind::kUnpin: --b.pages[op.layer].pins; break;
+      case OpKind::kSetChecksum: b.checksum = op.value; break;
+      case OpKind::kTouch: b.stats.last_access = ++model_.clock; break;
       case OpKind::kDropAll: {
         uint32_t n = 0;
         if (op.tier == Tier::kNvme) {
@@ -534,9 +506,7 @@ class Harness {
         if (table_value != n) err = "drop_all returned " + std::to_string(table_value);
         break;
       }
-      default:
-        model_.apply_copy_op(b, op.kind, c, static_cast<uint32_t>(table_value));
-        break;
+      default: model_.apply_copy_op(b, op.kind, c, static_cast<uint32_t>(table_value)); break;
     }
     return want;
   }
@@ -559,51 +529,21 @@ class Harness {
       if (r.ok()) o.value = *r;
     };
     switch (op.kind) {
-      case OpKind::kAcquire:
-        take(t.acquire());
-        break;
-      case OpKind::kRelease:
-        take_r(t.release());
-        break;
-      case OpKind::kPin:
-        take_r(t.pin(op.layer));
-        break;
-      case OpKind::kUnpin:
-        take(t.unpin(op.layer));
-        break;
-      case OpKind::kSetChecksum:
-        t.set_checksum(op.value);
-        break;
-      case OpKind::kTouch:
-        t.touch();
-        break;
-      case OpKind::kDropAll:
-        take_r(t.drop_all(op.tier));
-        break;
-      case OpKind::kBeginFill:
-        take_r(t.begin_fill(c));
-        break;
-      case OpKind::kCompleteFill:
-        take(t.complete_fill(c));
-        break;
-      case OpKind::kAbortFill:
-        take(t.abort_fill(c));
-        break;
-      case OpKind::kBeginDrain:
-        take(t.begin_drain(c));
-        break;
-      case OpKind::kCompleteDrain:
-        take(t.complete_drain(c));
-        break;
-      case OpKind::kCancelDrain:
-        take(t.cancel_drain(c));
-        break;
-      case OpKind::kDrop:
-        take(t.drop(c));
-        break;
-      default:
-        o.code = StatusCode::kInternal;
-        break;
+      case OpKind::kAcquire: take(t.acquire()); break;
+      case OpKind::kRelease: take_r(t.release()); break;
+      case OpKind::kPin: take_r(t.pin(op.layer)); break;
+      case OpKind::kUnpin: take(t.unpin(op.layer)); break;
+      case OpKind::kSetChecksum: t.set_checksum(op.value); break;
+      case OpKind::kTouch: t.touch(); break;
+      case OpKind::kDropAll: take_r(t.drop_all(op.tier)); break;
+      case OpKind::kBeginFill: take_r(t.begin_fill(c)); break;
+      case OpKind::kCompleteFill: take(t.complete_fill(c)); break;
+      case OpKind::kAbortFill: take(t.abort_fill(c)); break;
+      case OpKind::kBeginDrain: take(t.begin_drain(c)); break;
+      case OpKind::kCompleteDrain: take(t.complete_drain(c)); break;
+      case OpKind::kCancelDrain: take(t.cancel_drain(c)); break;
+      case OpKind::kDrop: take(t.drop(c)); break;
+      default: o.code = StatusCode::kInternal; break;
     }
     if constexpr (requires { t.last_code; }) {
       if (op.kind == OpKind::kSetChecksum || op.kind == OpKind::kTouch) o.code = t.last_code;
@@ -637,24 +577,18 @@ class Harness {
     const BlockKey key = pool_key(op.key);
     BlockInfo* b = find(key);
     switch (op.kind) {
-      case OpKind::kCreate:
-        return do_create(op);
-      case OpKind::kErase:
-        return do_erase(key);
-      case OpKind::kPublish:
-        return do_publish(op);
-      case OpKind::kMatch:
-        return do_match(op);
-      case OpKind::kUpdate:
-        return do_update(op);
+      case OpKind::kCreate: return do_create(op);
+      case OpKind::kErase: return do_erase(key);
+      case OpKind::kPublish: return do_publish(op);
+      case OpKind::kMatch: return do_match(op);
+      case OpKind::kUpdate: return do_update(op);
       case OpKind::kAudit: {
         Status s = table().audit();
         if (!s.ok()) return "audit: " + s.to_string();
         ++accepted_;
         return compare_all();
       }
-      default:
-        break;
+      default: break;
     }
     const CopyId c = model_.copy_of(op, b);
     TableTarget target{table(), key};

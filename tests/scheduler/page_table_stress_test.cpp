@@ -67,10 +67,8 @@ bool expected_code(StatusCode c) {
     case StatusCode::kNotFound:
     case StatusCode::kAlreadyExists:
     case StatusCode::kFailedPrecondition:
-    case StatusCode::kResourceExhausted:
-      return true;
-    default:
-      return false;
+    case StatusCode::kResourceExhausted: return true;
+    default: return false;
   }
 }
 
@@ -104,12 +102,9 @@ class Worker {
   BlockKey random_key() { return pool(static_cast<uint32_t>(rng_())); }
   CopyId random_copy() {
     switch (rng_() % 3) {
-      case 0:
-        return CopyId::hbm(rng_() % kLayers);
-      case 1:
-        return CopyId::host(rng_() % kLayers);
-      default:
-        return CopyId::nvme();
+      case 0: return CopyId::hbm(rng_() % kLayers);
+      case 1: return CopyId::host(rng_() % kLayers);
+      default: return CopyId::nvme();
     }
   }
   void check(const Status& s, const char* what, bool must_succeed = false) {
@@ -160,21 +155,11 @@ class Worker {
       case 4: {
         const CopyId c = random_copy();
         switch (rng_() % 5) {
-          case 0:
-            check(pt_.abort_fill(k, c), "abort_fill");
-            break;
-          case 1:
-            check(pt_.begin_drain(k, c), "begin_drain");
-            break;
-          case 2:
-            check(pt_.complete_drain(k, c), "complete_drain");
-            break;
-          case 3:
-            check(pt_.cancel_drain(k, c), "cancel_drain");
-            break;
-          default:
-            check(pt_.drop(k, c), "drop");
-            break;
+          case 0: check(pt_.abort_fill(k, c), "abort_fill"); break;
+          case 1: check(pt_.begin_drain(k, c), "begin_drain"); break;
+          case 2: check(pt_.complete_drain(k, c), "complete_drain"); break;
+          case 3: check(pt_.cancel_drain(k, c), "cancel_drain"); break;
+          default: check(pt_.drop(k, c), "drop"); break;
         }
         break;
       }
@@ -266,12 +251,8 @@ class Worker {
         if (s.ok()) check(pt_.unpin_layer(keys, layer), "unpin_layer", true);
         break;
       }
-      case 14:
-        check(pt_.set_checksum(k, rng_()), "set_checksum");
-        break;
-      default:
-        verify_pins();
-        break;
+      case 14: check(pt_.set_checksum(k, rng_()), "set_checksum"); break;
+      default: verify_pins(); break;
     }
   }
 

@@ -60,17 +60,10 @@ class PageTableTest : public ::testing::Test {
                         : c.tier == Tier::kHbm ? i.pages[c.layer].hbm
                                                : i.pages[c.layer].host;
     switch (s) {
-      case CopyState::kAbsent:
-        break;
-      case CopyState::kFilling:
-        ok(pt().abort_fill(k, c));
-        break;
-      case CopyState::kReady:
-        ok(pt().drop(k, c));
-        break;
-      case CopyState::kDraining:
-        ok(pt().complete_drain(k, c));
-        break;
+      case CopyState::kAbsent: break;
+      case CopyState::kFilling: ok(pt().abort_fill(k, c)); break;
+      case CopyState::kReady: ok(pt().drop(k, c)); break;
+      case CopyState::kDraining: ok(pt().complete_drain(k, c)); break;
     }
   }
 
@@ -104,20 +97,13 @@ constexpr CopyState kAllStates[] = {CopyState::kAbsent, CopyState::kFilling, Cop
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kBeginFill:
-      return "begin_fill";
-    case Op::kCompleteFill:
-      return "complete_fill";
-    case Op::kAbortFill:
-      return "abort_fill";
-    case Op::kBeginDrain:
-      return "begin_drain";
-    case Op::kCompleteDrain:
-      return "complete_drain";
-    case Op::kCancelDrain:
-      return "cancel_drain";
-    case Op::kDrop:
-      return "drop";
+    case Op::kBeginFill: return "begin_fill";
+    case Op::kCompleteFill: return "complete_fill";
+    case Op::kAbortFill: return "abort_fill";
+    case Op::kBeginDrain: return "begin_drain";
+    case Op::kCompleteDrain: return "complete_drain";
+    case Op::kCancelDrain: return "cancel_drain";
+    case Op::kDrop: return "drop";
   }
   return "?";
 }
@@ -151,20 +137,13 @@ std::optional<CopyState> legal_target(CopyState from, Op op) {
 
 Status apply(PageTable& pt, const BlockKey& k, const CopyId& c, Op op) {
   switch (op) {
-    case Op::kBeginFill:
-      return pt.begin_fill(k, c).status();
-    case Op::kCompleteFill:
-      return pt.complete_fill(k, c);
-    case Op::kAbortFill:
-      return pt.abort_fill(k, c);
-    case Op::kBeginDrain:
-      return pt.begin_drain(k, c);
-    case Op::kCompleteDrain:
-      return pt.complete_drain(k, c);
-    case Op::kCancelDrain:
-      return pt.cancel_drain(k, c);
-    case Op::kDrop:
-      return pt.drop(k, c);
+    case Op::kBeginFill: return pt.begin_fill(k, c).status();
+    case Op::kCompleteFill: return pt.complete_fill(k, c);
+    case Op::kAbortFill: return pt.abort_fill(k, c);
+    case Op::kBeginDrain: return pt.begin_drain(k, c);
+    case Op::kCompleteDrain: return pt.complete_drain(k, c);
+    case Op::kCancelDrain: return pt.cancel_drain(k, c);
+    case Op::kDrop: return pt.drop(k, c);
   }
   return internal_error("unknown op");
 }

@@ -53,12 +53,9 @@ struct TableRig {
 
   uint32_t used(Tier t) const {
     switch (t) {
-      case Tier::kHbm:
-        return hbm->used();
-      case Tier::kHost:
-        return host->used();
-      case Tier::kNvme:
-        return nvme ? nvme->used() : 0;
+      case Tier::kHbm: return hbm->used();
+      case Tier::kHost: return host->used();
+      case Tier::kNvme: return nvme ? nvme->used() : 0;
     }
     return 0;
   }

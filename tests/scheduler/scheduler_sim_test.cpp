@@ -100,7 +100,7 @@ TEST(SchedulerSim, BlocksEvictedDownTheTiersComeBackIntact) {
 TEST(SchedulerSim, ContextFourTimesLargerThanHbmDecodesLayerByLayer) {
   SimSetup setup;
   setup.geometry.layers = 8;
-  setup.hbm_frames = 64;    // one sequence of 32 blocks needs 256 frames: 4x HBM
+  setup.hbm_frames = 64;  // one sequence of 32 blocks needs 256 frames: 4x HBM
   setup.host_frames = 512;
   setup.nvme_extents = 0;
   SimWorld w(setup);
@@ -478,7 +478,8 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
     Status audit = w.table().audit();
     ASSERT_TRUE(audit.ok()) << "op " << op << ": " << audit.to_string();
     const std::string lost = lost_page(w);
-    ASSERT_EQ(lost, "") << "op " << op << " (choice " << choice << "): a referenced block lost a page";
+    ASSERT_EQ(lost, "") << "op " << op << " (choice " << choice
+                        << "): a referenced block lost a page";
   }
   for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
   w.settle();

@@ -1,9 +1,8 @@
 // Links against the installed package and uses the public API only.
+#include <cstdio>
 #include <kvtier/block_key.hpp>
 #include <kvtier/status.hpp>
 #include <kvtier/version.hpp>
-
-#include <cstdio>
 #include <vector>
 
 int main() {
