@@ -133,7 +133,27 @@ std::string Scheduler::pending_summary() const {
            std::to_string(referenced_whole) + " in use (whole), " +
            std::to_string(referenced_split) + " in use (split with hbm), " +
            std::to_string(cached) + " cached, " + std::to_string(in_flight) + " in flight, " +
-           std::to_string(parts_.host->free_count()) + " free";
+           std::to_string(parts_.host->free_count()) + " free; ";
+    // And who holds HBM: pages pinned by steps, other pages of blocks in use, cached pages.
+    uint64_t pinned = 0, hbm_priv = 0, hbm_used = 0, hbm_cached = 0, hbm_moving = 0;
+    for (const auto& [key, info] : parts_.table->snapshot()) {
+      for (const PageInfo& p : info.pages) {
+        if (p.hbm == CopyState::kAbsent) continue;
+        if (p.hbm != CopyState::kReady) {
+          ++hbm_moving;
+        } else if (p.pins > 0) {
+          ++pinned;
+        } else if (key.is_private()) {
+          ++hbm_priv;
+        } else {
+          ++(info.refcount > 0 ? hbm_used : hbm_cached);
+        }
+      }
+    }
+    out += "hbm frames: " + std::to_string(pinned) + " pinned, " + std::to_string(hbm_priv) +
+           " private, " + std::to_string(hbm_used) + " in use, " + std::to_string(hbm_cached) +
+           " cached, " + std::to_string(hbm_moving) + " filling or draining, " +
+           std::to_string(parts_.hbm->free_count()) + " free";
   }
   return out.empty() ? "idle" : out;
 }

@@ -214,6 +214,7 @@ class Scheduler {
   // sequence's) leaves host memory when nothing else can.
   void stage_to_nvme(const BlockKey& key, TransferPriority prio);
   void serve_frame_waiters(Tier tier);
+  void serve_memory_waiters();
   void make_room(Tier tier, TransferPriority prio);
   // Carries one planned move out; returns frames it freed at once or started freeing (drains).
   uint64_t execute_move(const PlannedMove& move, TransferPriority prio);

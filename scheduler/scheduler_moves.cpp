@@ -150,6 +150,15 @@ void Scheduler::serve_frame_waiters(Tier tier) {
   serving_[tier_index(tier)] = false;
 }
 
+void Scheduler::serve_memory_waiters() {
+  // A transfer that read a block kept it out of every room-making plan (reading_); once it ends,
+  // requests that found nothing to evict must look again, in HBM as well as in host memory, or
+  // they wait for an event that never comes (HBM waiters starved behind cached blocks whose host
+  // copies were being read from NVMe or written to it).
+  serve_frame_waiters(Tier::kHost);
+  serve_frame_waiters(Tier::kHbm);
+}
+
 bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
   // Blocks with a page under a transfer keep their frames until it ends; pinned prefixes stay in
   // HBM. (Private blocks may move down like any other — never dropped, see may_lose_last_copy —
@@ -172,12 +181,14 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
     free[tier_index(t)] = f + draining_[tier_index(t)];
   }
   if (waiting <= free[tier_index(tier)]) return;
-  // A plan's estimate can be more than a move achieves (a page turned out to be the last copy of a
-  // block in use); blocks whose move freed nothing are left out and room is planned again, a few
-  // rounds at most.
-  constexpr int kRounds = 4;
+  // A plan's estimate can be more than a move achieves (a page is the last copy of a block in use
+  // whose other pages are still being written, so it can neither be dropped nor staged to NVMe);
+  // blocks whose move freed nothing are left out and room is planned again. Every round either
+  // frees frames or rules out a block, so this ends; it goes on until the policy has no other
+  // victim, because the blocks that can go may rank behind any number that cannot (a fixed number
+  // of rounds starved a waiter forever while cached blocks sat behind in-use ones).
   std::unordered_set<BlockKey, BlockKeyHash> tried;
-  for (int round = 0; round < kRounds && waiting > free[tier_index(tier)]; ++round) {
+  while (waiting > free[tier_index(tier)]) {
     const SkipFilter skip{this, tier, &tried};
     const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip));
     if (plan.moves.empty()) return;
@@ -441,7 +452,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
                                                    std::to_string(layer) + " from nvme"));
                       after_change(key);
                     }
-                    serve_frame_waiters(Tier::kHost);
+                    serve_memory_waiters();  // the block read is a victim again
                   });
               if (!submitted.ok()) {
                 finished();
@@ -543,7 +554,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
                     fail_all(s.with_context("loading block " + to_string(key) + " from nvme"));
                     after_change(key);
                   }
-                  serve_frame_waiters(Tier::kHost);
+                  serve_memory_waiters();  // the block read is a victim again
                 };
                 Status submitted = parts_.port->read_block(key, g->frames, on_done);
                 if (!submitted.ok()) on_done(submitted);
@@ -803,7 +814,7 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           sync_membership(key, Tier::kHost);
           finish_op(pk, s);
           after_change(key);
-          serve_frame_waiters(Tier::kHost);
+          serve_memory_waiters();  // the block read is a victim again
         };
         Status submitted = parts_.port->write_block(key, host_frames, on_done);
         if (!submitted.ok()) on_done(submitted);
@@ -838,7 +849,7 @@ void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
     staging_.erase(key);
     if (--reading_[key] == 0) reading_.erase(key);
     if (!st->failed) demote_block_to_nvme(key, prio, /*keep_host=*/false);
-    serve_frame_waiters(Tier::kHost);
+    serve_memory_waiters();  // the block read is a victim again
   };
   for (uint32_t l : to_stage) {
     auto pinned = parts_.table->pin(key, l);  // the HBM page is read by the copy below

@@ -27,15 +27,20 @@ void SimTransferPort::schedule(Link link, uint64_t bytes, TransferDone done,
     --fail_next_[i];
     fail = true;
   }
-  loop_.post_after(finish - now,
-                   [link, fail, done = std::move(done), on_success = std::move(on_success)] {
-                     if (fail) {
-                       done(io_error("injected failure on link " + std::string(link_name(link))));
-                       return;
-                     }
-                     if (on_success) on_success();
-                     done(ok_status());
-                   });
+  LinkStats& stats = stats_.link(link);
+  loop_.post_after(finish - now, [link, fail, bytes, latency = finish - now, &stats,
+                                  done = std::move(done), on_success = std::move(on_success)] {
+    if (fail) {
+      stats.errors.fetch_add(1, std::memory_order_relaxed);
+      done(io_error("injected failure on link " + std::string(link_name(link))));
+      return;
+    }
+    stats.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    stats.ops.fetch_add(1, std::memory_order_relaxed);
+    stats.latency.record(static_cast<uint64_t>(latency));
+    if (on_success) on_success();
+    done(ok_status());
+  });
 }
 
 Status SimTransferPort::copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) {

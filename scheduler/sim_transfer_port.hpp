@@ -5,13 +5,16 @@
 // NVMe queues pipeline). The NVMe "store" is the set of keys written and not erased, with an extent
 // capacity, so reading a block never written fails as it would on disk. Failures can be injected
 // (fail the k-th transfer on a link) to test the scheduler's error paths deterministically.
-// Loop thread only; no bytes move.
+// Loop thread only; no bytes move. Completions are also recorded in a TransferStats, as the real
+// transfer engine records them (bytes and latency of OK transfers, in virtual time), so a
+// simulated run exports the same link metrics; those atomics may be read from any thread.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <unordered_set>
 
+#include "kvtier/transfer_stats.hpp"
 #include "kvtier/types.hpp"
 #include "scheduler/sim_event_loop.hpp"
 #include "scheduler/transfer_port.hpp"
@@ -47,6 +50,7 @@ class SimTransferPort final : public TransferPort {
   // The next `count` transfers on `link` complete with kIoError (after their modeled time).
   void fail_next(Link link, uint32_t count) { fail_next_[static_cast<int>(link)] += count; }
   const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
+  const TransferStats& transfer_stats() const { return stats_; }
   std::size_t nvme_blocks() const { return on_nvme_.size(); }
   bool on_nvme(const BlockKey& key) const { return on_nvme_.contains(key); }
   // Clears the NVMe contents (a "restart" that lost the disk) or keeps them (a restart that kept
@@ -62,6 +66,7 @@ class SimTransferPort final : public TransferPort {
   std::array<Nanos, kNumLinks> busy_until_{};
   std::array<uint32_t, kNumLinks> fail_next_{};
   std::array<SimLinkCounters, kNumLinks> counters_{};
+  TransferStats stats_;
   std::unordered_set<BlockKey, BlockKeyHash> on_nvme_;
   std::unordered_set<BlockKey, BlockKeyHash> writing_;
 };

@@ -44,6 +44,7 @@ class SimWorld {
   PageTable& table() { return *table_; }
   const FrameAllocator& hbm() const { return *hbm_; }
   const FrameAllocator& host() const { return *host_; }
+  const ExtentAllocator* nvme() const { return nvme_.get(); }  // null: no NVMe tier
   const SimWorldSpec& spec() const { return spec_; }
 
  private:

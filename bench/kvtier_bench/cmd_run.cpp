@@ -29,6 +29,7 @@
 #include "bench/run/workload.hpp"
 #include "runtime/config_describe.hpp"
 #include "runtime/config_size.hpp"
+#include "runtime/config_validate.hpp"
 #include "scheduler/policies/evictor.hpp"
 
 namespace kvtier::bench {
@@ -57,6 +58,8 @@ struct RunOptions {
   bool csv = false;
   std::string plot;
   bool no_progress = false;
+  std::string metrics;  // serve the kvtier baseline's metrics here
+  double metrics_hold = 0;
   // --clock real
   double link_factor = 2.0;
   uint64_t real_requests = 0;
@@ -141,6 +144,11 @@ class RunCommand final : public Command {
     p.add_flag("csv", "print CSV (one row per baseline) instead of the table", &o_.csv);
     p.add_string("plot", "PNG", "also draw hit rate and TTFT per baseline (gnuplot)", &o_.plot);
     p.add_flag("no-progress", "no progress bar on stderr", &o_.no_progress);
+    p.add_string("metrics", "HOST:PORT",
+                 "serve the kvtier baseline's Prometheus metrics there while it runs", &o_.metrics);
+    p.add_double("metrics-hold", "S",
+                 "keep serving them S seconds after the run (a last scrape; default 0)",
+                 &o_.metrics_hold);
     p.add_double("link-factor", "X",
                  "real: throttle the host->HBM link to X times the measured demand (default 2)",
                  &o_.link_factor);
@@ -159,6 +167,7 @@ class RunCommand final : public Command {
     if (o_.workload == "trace" && o_.trace.empty()) {
       return usage(ctx, "--workload trace needs --trace PATH");
     }
+    if (Status s = check_metrics_options(ctx.config); !s.ok()) return usage(ctx, s.message());
     Result<RunReport> report =
         o_.clock == "virtual" ? run_virtual_clock(ctx, *params) : run_real_clock(ctx, *params);
     if (!report.ok()) {
@@ -189,6 +198,49 @@ class RunCommand final : public Command {
   int usage(const CommandContext& ctx, const std::string& msg) {
     ctx.err << "kvtier-bench run: " << msg << "\n";
     return kExitUsage;
+  }
+
+  // --metrics is an address as metrics.listen takes it; --metrics-hold a finite time >= 0.
+  Status check_metrics_options(const Config& config) const {
+    if (!(o_.metrics_hold >= 0) || !std::isfinite(o_.metrics_hold)) {
+      return invalid_argument("--metrics-hold must be a number of seconds >= 0");
+    }
+    if (o_.metrics.empty()) {
+      if (o_.metrics_hold > 0) return invalid_argument("--metrics-hold needs --metrics HOST:PORT");
+      return ok_status();
+    }
+    Config c = config;
+    c.metrics.listen = o_.metrics;
+    for (const ConfigIssue& issue : find_config_issues(c)) {
+      if (issue.keys.front() == "metrics.listen")
+        return invalid_argument("--metrics: " + issue.message);
+    }
+    return ok_status();
+  }
+
+  // The metrics the kvtier baseline serves (--metrics), with the configuration's buckets.
+  MetricsConfig metrics_config(const Config& config) const {
+    MetricsConfig m = config.metrics;
+    m.listen = o_.metrics;
+    return m;
+  }
+
+  // Says where the kvtier baseline's metrics are served, or why --metrics cannot apply.
+  Status announce_metrics(const CommandContext& ctx, const std::vector<BaselineSpec>& specs) {
+    if (o_.metrics.empty()) return ok_status();
+    const bool has_kvtier = std::any_of(specs.begin(), specs.end(), [](const BaselineSpec& b) {
+      return b.kind == BaselineKind::kKvtier;
+    });
+    if (!has_kvtier) {
+      return invalid_argument(
+          "--metrics serves the kvtier baseline's metrics; add kvtier to "
+          "--baselines");
+    }
+    ctx.err << "kvtier-bench run: the kvtier baseline serves its metrics at http://" << o_.metrics
+            << "/metrics";
+    if (o_.metrics_hold > 0) ctx.err << " (and for " << o_.metrics_hold << " s after its run)";
+    ctx.err << "\n";
+    return ok_status();
   }
 
   Result<Workload> build_workload(const WorkloadParams& params, uint32_t page_tokens) {
@@ -236,6 +288,7 @@ class RunCommand final : public Command {
     if (workload.requests.empty()) return invalid_argument("the workload has no requests");
     KVTIER_ASSIGN_OR_RETURN(auto specs, make_baselines(o_.baselines, ctx.config.policies,
                                                        model.prefill_tokens_per_s()));
+    KVTIER_RETURN_IF_ERROR(announce_metrics(ctx, specs));
     VirtualRunOptions vo;
     vo.hbm_kv_bytes = o_.hbm > 0 ? o_.hbm : model.hbm_kv_bytes();
     vo.host_bytes = o_.host > 0 ? o_.host : gpu.host_kv_bytes;
@@ -295,6 +348,10 @@ class RunCommand final : public Command {
                            [&](std::size_t i, std::atomic<uint64_t>* progress) {
                              VirtualRunOptions mine = vo;
                              mine.progress = progress;
+                             if (specs[i].kind == BaselineKind::kKvtier) {
+                               mine.metrics = metrics_config(ctx.config);
+                               mine.metrics_hold_s = o_.metrics_hold;
+                             }
                              return run_virtual(workload, specs[i], model, mine);
                            });
     for (auto& res : results) {
@@ -317,11 +374,13 @@ class RunCommand final : public Command {
     ro.hbm_bytes = o_.hbm;
     ro.host_bytes = o_.host;
     ro.nvme_bytes = o_.nvme;
-    // The real clock measures loads hidden behind compute: by default the baselines that load.
+    ro.metrics_listen = o_.metrics;
+    ro.metrics_hold_s = o_.metrics_hold;
     // The real clock measures loads hidden behind compute: by default the baselines that load.
     KVTIER_ASSIGN_OR_RETURN(
         auto specs, make_baselines(o_.baselines.empty() ? "hbm_host,kvtier" : o_.baselines,
                                    ctx.config.policies, ctx.config.policies.prefill_tokens_per_s));
+    KVTIER_RETURN_IF_ERROR(announce_metrics(ctx, specs));
     return run_real(ctx.config, ctx.config_source, specs, ro, ctx.err);
   }
 

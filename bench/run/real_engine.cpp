@@ -423,17 +423,21 @@ Result<RunReport> run_real(const Config& base, const std::string& config_source,
   ProgressBar bar(err, options.show_progress, names, workload.requests.size());
   bar.start();
   std::size_t pass = 0;
-  const auto run_pass = [&](const BaselineSpec& b, double link_gbps,
-                            bool compute) -> Result<PassResult> {
+  const auto run_pass = [&](const BaselineSpec& b, double link_gbps, bool compute,
+                            bool serve_metrics) -> Result<PassResult> {
     // A fresh store per pass: nothing cached by an earlier pass may be a hit.
     const std::string sub = dir.path() + "/pass" + std::to_string(pass);
     std::filesystem::create_directories(sub);
-    const Config c = real_config(base, b, options, sub, hbm, link_gbps);
+    Config c = real_config(base, b, options, sub, hbm, link_gbps);
+    if (serve_metrics) c.metrics.listen = options.metrics_listen;
     auto rt = Runtime::open(c, ro);
     if (!rt.ok()) return rt.status().with_context("opening the runtime for " + b.name);
     RealPass p(workload, b, options, **rt, compute, bar.counter(pass), arena);
     auto r = p.run();
     ++pass;
+    if (serve_metrics && (*rt)->metrics_port() != 0 && options.metrics_hold_s > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(options.metrics_hold_s));
+    }
     Status s = (*rt)->shutdown();
     if (!s.ok() && r.ok()) return s.with_context("runtime shutdown after " + b.name);
     std::filesystem::remove_all(sub);
@@ -445,7 +449,7 @@ Result<RunReport> run_real(const Config& base, const std::string& config_source,
   for (const BaselineSpec& b : baselines) {
     if (b.kind == BaselineKind::kKvtier) cal = &b;
   }
-  auto calibration = run_pass(*cal, 0.0, true);
+  auto calibration = run_pass(*cal, 0.0, true, false);
   if (!calibration.ok()) {
     bar.stop();
     return calibration.status().with_context("calibration pass");
@@ -456,12 +460,13 @@ Result<RunReport> run_real(const Config& base, const std::string& config_source,
 
   RunReport report;
   for (const BaselineSpec& b : baselines) {
-    auto full = run_pass(b, link_gbps, true);
+    auto full = run_pass(b, link_gbps, true,
+                         b.kind == BaselineKind::kKvtier && !options.metrics_listen.empty());
     if (!full.ok()) {
       bar.stop();
       return full.status().with_context(b.name + " pass");
     }
-    auto transfer = run_pass(b, link_gbps, false);
+    auto transfer = run_pass(b, link_gbps, false, false);
     if (!transfer.ok()) {
       bar.stop();
       return transfer.status().with_context(b.name + " transfer-only pass");

@@ -56,6 +56,10 @@ struct RealRunOptions {
   uint32_t qo_heads = 32;   // GQA 16: attention does enough work per byte for a memcpy link
   uint32_t max_batched_tokens = 512;
   std::string work_dir;  // "" = $TMPDIR or /tmp
+  // The kvtier baseline's measured pass serves its Runtime's metrics on this address ("": off)
+  // and keeps serving them for metrics_hold_s after the pass, so a scraper sees the final values.
+  std::string metrics_listen;
+  double metrics_hold_s = 0;
 };
 
 Result<RunReport> run_real(const Config& base, const std::string& config_source,

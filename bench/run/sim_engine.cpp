@@ -5,10 +5,13 @@
 #include <chrono>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/run/batcher.hpp"
+#include "runtime/metrics_exporter.hpp"
 #include "scheduler/sim_world.hpp"
 
 namespace kvtier::bench::run {
@@ -162,6 +165,29 @@ class Engine {
   Batcher batcher_;
 };
 
+// What a Runtime's exporter reads, taken from a simulated world: its scheduler's counters, its
+// links' TransferStats and the occupancy of its allocators (frames of page_bytes, extents of
+// block_bytes). A tier the world lacks gets no probe, so its series are absent.
+MetricsSources sim_metrics_sources(SimWorld& world) {
+  MetricsSources m;
+  m.scheduler = &world.scheduler().stats();
+  m.transfer = &world.port().transfer_stats();
+  const Geometry& g = world.spec().geometry;
+  const auto frames = [page = g.page_bytes()](const FrameAllocator* a) -> OccupancyProbe {
+    return [a, page] {
+      return TierOccupancy{uint64_t{a->used()} * page, uint64_t{a->capacity()} * page};
+    };
+  };
+  m.occupancy[tier_index(Tier::kHbm)] = frames(&world.hbm());
+  if (world.spec().host_frames > 0) m.occupancy[tier_index(Tier::kHost)] = frames(&world.host());
+  if (const ExtentAllocator* nvme = world.nvme(); nvme != nullptr) {
+    m.occupancy[tier_index(Tier::kNvme)] = [nvme, block = g.block_bytes()] {
+      return TierOccupancy{uint64_t{nvme->used()} * block, uint64_t{nvme->capacity()} * block};
+    };
+  }
+  return m;
+}
+
 uint32_t frames_of(uint64_t bytes, uint64_t frame_bytes) {
   return static_cast<uint32_t>(std::min<uint64_t>(bytes / frame_bytes, FrameAllocator::kMaxFrames));
 }
@@ -207,8 +233,16 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
       static_cast<uint64_t>(spec.host_frames) * g.page_bytes();
   result.tier_bytes[tier_index(Tier::kNvme)] =
       static_cast<uint64_t>(spec.nvme_extents) * g.block_bytes();
+  std::unique_ptr<MetricsExporter> metrics;  // declared after the world: stops serving first
+  if (!options.metrics.listen.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(metrics,
+                            MetricsExporter::create(options.metrics, sim_metrics_sources(*world)));
+  }
   Engine engine(workload, baseline, model, options, *world, result);
   KVTIER_RETURN_IF_ERROR(engine.run().with_context("baseline " + baseline.name));
+  if (metrics != nullptr && metrics->serving() && options.metrics_hold_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(options.metrics_hold_s));
+  }
 
   const SchedulerStats& s = world->scheduler().stats();
   for (Link l : kAllLinks) {

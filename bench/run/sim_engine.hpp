@@ -23,11 +23,13 @@
 // (stalls come from the loads of that first iteration). A layer whose loads failed or never finish
 // is a scheduler fault: the run stops with a Status naming the step and layer.
 // Single-threaded; one call per thread, sharing only the read-only workload and the progress
-// counter.
+// counter. With options.metrics.listen set, a MetricsExporter's HTTP threads read the world's
+// counters (atomics) and allocator occupancy (lock-free) while it runs.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "bench/run/baseline.hpp"
 #include "bench/run/perf_model.hpp"
@@ -47,6 +49,11 @@ struct VirtualRunOptions {
   uint32_t hint_window = 32;                  // waiting requests shown to the scheduler
   std::atomic<uint64_t>* progress = nullptr;  // advanced once per finished or rejected request
   const std::atomic<bool>* cancel = nullptr;  // set: stop at the next step with kCancelled
+  // Serve this baseline's counters (scheduler, links in virtual time, occupancy) as Prometheus
+  // metrics while it runs, as a Runtime does (empty metrics.listen: off), and keep serving the
+  // final values for metrics_hold_s after the run so a scraper sees them.
+  MetricsConfig metrics;
+  double metrics_hold_s = 0;
 };
 
 Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec& baseline,

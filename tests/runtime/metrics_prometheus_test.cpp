@@ -3,7 +3,10 @@
 // temporary TSDB), while a driver moves the counters at known per-tier hit ratios. Through
 // Prometheus's HTTP API the test checks the per-tier hit rate the dashboard computes, the exact
 // totals once the driver stops, and that every query of configs/grafana/kvtier.json evaluates.
-// The server is started and stopped (SIGTERM, then SIGKILL; always reaped) by the test itself.
+// A second test lets it scrape a real benchmark run (`kvtier-bench run --metrics`) and checks its
+// last scrape against the run's JSON report (steps, pages moved, hits) and the per-tier hit rate
+// it computes. The server is started and stopped (SIGTERM, then SIGKILL; always reaped) by the
+// test itself.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -178,6 +181,52 @@ std::vector<std::pair<std::string, std::string>> dashboard_queries() {
   return out;
 }
 
+// A Prometheus server started by a test on a free loopback port, scraping what `config_path`
+// names; stopped (SIGTERM, then SIGKILL; always reaped) when it goes out of scope.
+struct PrometheusServer {
+  std::unique_ptr<testing::ChildProcess> process;
+  uint16_t api_port = 0;
+  std::string log_path;
+  std::string log() const { return "prometheus log:\n" + testing::read_text(log_path); }
+};
+
+// Starts the server and waits until it is ready (test failures otherwise; call under
+// ASSERT_NO_FATAL_FAILURE).
+void start_prometheus(const std::string& prometheus, const testing::TempDir& dir,
+                      uint16_t target_port, PrometheusServer& out) {
+  const std::string config_path = dir.write("prometheus.yml", test_prometheus_config(target_port));
+  out.log_path = (dir.path() / "prometheus.log").string();
+  // The API port is picked free just before the server binds it; should another process take it
+  // in between, the server exits and the next attempt picks another.
+  for (int attempt = 0; attempt < 3 && !out.process; ++attempt) {
+    out.api_port = testing::free_loopback_port();
+    ASSERT_NE(out.api_port, 0);
+    auto child = std::make_unique<testing::ChildProcess>(
+        std::vector<std::string>{prometheus, "--config.file=" + config_path,
+                                 "--storage.tsdb.path=" + (dir.path() / "tsdb").string(),
+                                 "--web.listen-address=127.0.0.1:" + std::to_string(out.api_port),
+                                 "--log.level=warn"},
+        out.log_path);
+    ASSERT_TRUE(child->started());
+    bool exited = false;
+    const bool ready = eventually(std::chrono::seconds(20), [&] {
+      exited = !child->running();
+      return exited || testing::http_get(out.api_port, "/-/ready").status == 200;
+    });
+    ASSERT_TRUE(ready) << "prometheus did not become ready\n" << out.log();
+    if (!exited) out.process = std::move(child);
+  }
+  ASSERT_TRUE(out.process) << "prometheus exited at start three times\n" << out.log();
+}
+
+// Whether the server has scraped its kvtier target successfully within `limit`.
+bool target_up(const PrometheusServer& server, std::chrono::milliseconds limit) {
+  return eventually(limit, [&] {
+    const QueryResult up = query(server.api_port, "up{job=\"kvtier\"}");
+    return up.ok && up.samples.size() == 1 && up.samples[0].second == 1;
+  });
+}
+
 TEST(MetricsPrometheus, RealServerScrapesAndComputesPerTierHitRates) {
   const std::string prometheus = testing::find_executable("prometheus");
   if (prometheus.empty()) GTEST_SKIP() << "prometheus not found (Debian package prometheus)";
@@ -190,41 +239,12 @@ TEST(MetricsPrometheus, RealServerScrapesAndComputesPerTierHitRates) {
   ASSERT_TRUE((*exporter)->serving());
 
   testing::TempDir dir;
-  const std::string config_path =
-      dir.write("prometheus.yml", test_prometheus_config((*exporter)->port()));
-  const std::string log_path = (dir.path() / "prometheus.log").string();
-  auto server_log = [&] { return "prometheus log:\n" + testing::read_text(log_path); };
-  // The API port is picked free just before the server binds it; should another process take it
-  // in between, the server exits and the next attempt picks another.
-  std::unique_ptr<testing::ChildProcess> server;
-  uint16_t api_port = 0;
-  for (int attempt = 0; attempt < 3 && !server; ++attempt) {
-    api_port = testing::free_loopback_port();
-    ASSERT_NE(api_port, 0);
-    auto child = std::make_unique<testing::ChildProcess>(
-        std::vector<std::string>{prometheus, "--config.file=" + config_path,
-                                 "--storage.tsdb.path=" + (dir.path() / "tsdb").string(),
-                                 "--web.listen-address=127.0.0.1:" + std::to_string(api_port),
-                                 "--log.level=warn"},
-        log_path);
-    ASSERT_TRUE(child->started());
-    bool exited = false;
-    const bool ready = eventually(std::chrono::seconds(20), [&] {
-      exited = !child->running();
-      return exited || testing::http_get(api_port, "/-/ready").status == 200;
-    });
-    ASSERT_TRUE(ready) << "prometheus did not become ready\n" << server_log();
-    if (!exited) server = std::move(child);
-  }
-  ASSERT_TRUE(server) << "prometheus exited at start three times\n" << server_log();
-
-  ASSERT_TRUE(eventually(std::chrono::seconds(10),
-                         [&] {
-                           const QueryResult up = query(api_port, "up{job=\"kvtier\"}");
-                           return up.ok && up.samples.size() == 1 && up.samples[0].second == 1;
-                         }))
-      << "the kvtier target never came up\n"
-      << server_log();
+  PrometheusServer server;
+  ASSERT_NO_FATAL_FAILURE(start_prometheus(prometheus, dir, (*exporter)->port(), server));
+  const uint16_t api_port = server.api_port;
+  auto server_log = [&] { return server.log(); };
+  ASSERT_TRUE(target_up(server, std::chrono::seconds(10))) << "the kvtier target never came up\n"
+                                                           << server_log();
 
   // Counters move for a few seconds (a dozen scrapes); the per-tier token hit rate over that
   // window, as the dashboard's first panel computes it, must be the driver's ratios. The ratio of
@@ -279,9 +299,109 @@ TEST(MetricsPrometheus, RealServerScrapesAndComputesPerTierHitRates) {
   ASSERT_TRUE(bytes.ok && bytes.samples.size() == 1) << bytes.raw;
   EXPECT_EQ(bytes.samples[0].second, 65536 * steps);
 
-  server->stop();
-  EXPECT_FALSE(server->running());
+  server.process->stop();
+  EXPECT_FALSE(server.process->running());
 }
+
+#ifdef KVTIER_BENCH_PATH
+// A number of the benchmark's JSON report: baselines[0].<path...>.
+double report_number(const Json& report, std::initializer_list<std::string_view> path) {
+  const Json* v = report.get("baselines");
+  if (v == nullptr || v->array.empty()) return -1;
+  v = &v->array[0];
+  for (std::string_view key : path) {
+    v = v->get(key);
+    if (v == nullptr) return -1;
+  }
+  return v->number;
+}
+
+// The value Prometheus holds for `series` (one sample), or -1.
+double last_value(uint16_t api_port, const std::string& series) {
+  const QueryResult r = query(api_port, series);
+  return r.ok && r.samples.size() == 1 ? r.samples[0].second : -1;
+}
+
+TEST(MetricsPrometheus, RealServerScrapesAKvtierBenchRun) {
+  const std::string prometheus = testing::find_executable("prometheus");
+  if (prometheus.empty()) GTEST_SKIP() << "prometheus not found (Debian package prometheus)";
+
+  // `kvtier-bench run --metrics` on a port Prometheus is told to scrape; a chat workload that
+  // overflows HBM and host memory (hits in every tier), held 2 s after the run for a last scrape.
+  testing::TempDir dir;
+  const uint16_t bench_port = testing::free_loopback_port();
+  ASSERT_NE(bench_port, 0);
+  PrometheusServer server;
+  ASSERT_NO_FATAL_FAILURE(start_prometheus(prometheus, dir, bench_port, server));
+  const std::string out_path = (dir.path() / "run.json").string();
+  const std::string err_path = (dir.path() / "run.err").string();
+  testing::ChildProcess bench({KVTIER_BENCH_PATH, "run",
+                               "--baselines",     "kvtier",
+                               "--workload",      "chat",
+                               "--params",        "users=30,turns=4",
+                               "--hbm",           "1GB",
+                               "--host",          "2GB",
+                               "--nvme",          "8GB",
+                               "--json",          "--no-progress",
+                               "--metrics",       "127.0.0.1:" + std::to_string(bench_port),
+                               "--metrics-hold",  "2"},
+                              out_path, "/dev/null", err_path);
+  ASSERT_TRUE(bench.started());
+  EXPECT_TRUE(target_up(server, std::chrono::seconds(30)))
+      << "Prometheus never scraped the benchmark\n"
+      << testing::read_text(err_path) << server.log();
+  ASSERT_EQ(bench.wait_exit(std::chrono::seconds(240)), 0) << testing::read_text(err_path);
+  EXPECT_THAT(testing::read_text(err_path),
+              ::testing::HasSubstr("serves its metrics at http://127.0.0.1:" +
+                                   std::to_string(bench_port) + "/metrics"));
+  std::string error;
+  const std::optional<Json> report =
+      testing::JsonReader::parse(testing::read_text(out_path), &error);
+  ASSERT_TRUE(report.has_value()) << error << "\n" << testing::read_text(out_path);
+
+  // Counters the report reads from the same scheduler: Prometheus's last scrape has them exactly.
+  const double steps = report_number(*report, {"steps"});
+  ASSERT_GT(steps, 0);
+  EXPECT_EQ(last_value(server.api_port, "kvtier_steps_total"), steps) << server.log();
+  for (const char* tier : {"hbm", "host", "nvme"}) {
+    for (const char* moved : {"promotions", "demotions", "evictions"}) {
+      EXPECT_EQ(last_value(server.api_port,
+                           std::string("kvtier_") + moved + "_total{tier=\"" + tier + "\"}"),
+                report_number(*report, {"pages_moved", tier, moved}))
+          << moved << " " << tier;
+    }
+  }
+  // Hits: the scheduler counts every block a prompt matched; the report the ones reused, the rest
+  // being recomputed because loading them was slower.
+  double report_hits = 0, prometheus_hits = 0;
+  for (const char* tier : {"hbm", "host", "nvme"}) {
+    report_hits += report_number(*report, {"hit_tokens", tier});
+    prometheus_hits +=
+        last_value(server.api_port, std::string("kvtier_hit_tokens_total{tier=\"") + tier + "\"}");
+  }
+  EXPECT_EQ(prometheus_hits,
+            report_hits + report_number(*report, {"recompute_instead_of_load_tokens"}));
+
+  // The per-tier token hit rate over the whole run, computed by Prometheus from the counters.
+  const QueryResult rates =
+      query(server.api_port,
+            "sum by (tier) (kvtier_hit_tokens_total) / ignoring(tier) group_left() "
+            "sum(kvtier_lookup_tokens_total)");
+  ASSERT_TRUE(rates.ok) << rates.raw;
+  ASSERT_EQ(rates.samples.size(), 3u) << rates.raw;
+  const double lookups = last_value(server.api_port, "kvtier_lookup_tokens_total");
+  double total = 0;
+  for (const auto& [labels, value] : rates.samples) {
+    const std::string tier = labels.count("tier") ? labels.at("tier") : "";
+    const double hits =
+        last_value(server.api_port, "kvtier_hit_tokens_total{tier=\"" + tier + "\"}");
+    EXPECT_GT(value, 0.0) << tier << ": the workload has hits in every tier";
+    EXPECT_DOUBLE_EQ(value, hits / lookups) << tier;
+    total += value;
+  }
+  EXPECT_LE(total, 1.0);
+}
+#endif  // KVTIER_BENCH_PATH
 
 }  // namespace
 }  // namespace kvtier

@@ -458,18 +458,24 @@ inline std::string find_executable(const std::string& name) {
   return "";
 }
 
-// A child process with stdin from `stdin_path` (or /dev/null) and stdout+stderr into `log_path`.
-// The destructor stops it (SIGTERM, then SIGKILL after 5 s) and reaps it, whatever the test did.
+// A child process with stdin from `stdin_path` (or /dev/null), stdout into `log_path` and stderr
+// into `stderr_path` (or `log_path` too when empty). The destructor stops it (SIGTERM, then
+// SIGKILL after 5 s) and reaps it, whatever the test did.
 class ChildProcess {
  public:
   ChildProcess(const std::vector<std::string>& argv, const std::string& log_path,
-               const std::string& stdin_path = "/dev/null") {
+               const std::string& stdin_path = "/dev/null", const std::string& stderr_path = "") {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 0, stdin_path.c_str(), O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                      0600);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    if (stderr_path.empty()) {
+      posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    } else {
+      posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(),
+                                       O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    }
     std::vector<std::string> args = argv;
     std::vector<char*> cargv;
     for (std::string& a : args) cargv.push_back(a.data());
