@@ -158,6 +158,19 @@ TEST(Cli, UsageErrors) {
   EXPECT_THAT(stray.err, HasSubstr("unexpected argument \"extra\""));
 }
 
+TEST(Cli, RunMetricsOptionsAreCheckedBeforeAnythingRuns) {
+  const ChildRun address = run_bench({"run", "--metrics", "nonsense", "--no-progress"});
+  EXPECT_EQ(address.exit_code, 2);
+  EXPECT_THAT(address.err, HasSubstr("--metrics: \"nonsense\" is not a listen address"));
+  const ChildRun hold = run_bench({"run", "--metrics-hold", "3", "--no-progress"});
+  EXPECT_EQ(hold.exit_code, 2);
+  EXPECT_THAT(hold.err, HasSubstr("--metrics-hold needs --metrics HOST:PORT"));
+  const ChildRun no_kvtier = run_bench(
+      {"run", "--metrics", "127.0.0.1:0", "--baselines", "recompute", "--no-progress"});
+  EXPECT_EQ(no_kvtier.exit_code, 2);
+  EXPECT_THAT(no_kvtier.err, HasSubstr("add kvtier to --baselines"));
+}
+
 TEST(Cli, HelpNeedsNoValidConfiguration) {
   const ChildRun main_help = run_bench({"--help", "--set", "tiers.host.capacity=abc"});
   EXPECT_EQ(main_help.exit_code, 0);
