@@ -165,8 +165,8 @@ TEST(Cli, RunMetricsOptionsAreCheckedBeforeAnythingRuns) {
   const ChildRun hold = run_bench({"run", "--metrics-hold", "3", "--no-progress"});
   EXPECT_EQ(hold.exit_code, 2);
   EXPECT_THAT(hold.err, HasSubstr("--metrics-hold needs --metrics HOST:PORT"));
-  const ChildRun no_kvtier = run_bench(
-      {"run", "--metrics", "127.0.0.1:0", "--baselines", "recompute", "--no-progress"});
+  const ChildRun no_kvtier =
+      run_bench({"run", "--metrics", "127.0.0.1:0", "--baselines", "recompute", "--no-progress"});
   EXPECT_EQ(no_kvtier.exit_code, 2);
   EXPECT_THAT(no_kvtier.err, HasSubstr("add kvtier to --baselines"));
 }
