@@ -178,6 +178,12 @@ class Scheduler {
   void finish_written_pages(Step& step, uint32_t layer);
   Result<std::shared_ptr<PublishedStep>> published(StepId id) const;
   void recompute_late_prefix(Sequence& seq, StepItemInfo& item);
+  bool refillable(const BlockKey& key) const;
+  void plan_written_page(StepId id, const BlockKey& key, uint32_t layer, bool refill,
+                         std::function<void(uint32_t)> on_filling,
+                         std::shared_ptr<LayerReadiness> ready, int attempt);
+  bool loaded_meanwhile(const BlockKey& key, uint32_t layer) const;
+  void end_engine_write(const BlockKey& key, uint32_t layer);
   Status publish_full_blocks(Sequence& seq, uint64_t old_tokens, const StepCompletion* completion);
   Status publish_block(Sequence& seq, uint64_t index, const BlockKey& content);
   void publish_orphan(const BlockKey& private_key, const BlockKey& content);
@@ -297,6 +303,9 @@ class Scheduler {
   // down by write-through): the frame must not be reused until the read ends. Blocks with any page
   // in here are skipped by the placement.
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> reading_;
+  // HBM pages of refilled blocks (Step::refilled) the engine is writing, with the readers that
+  // wait for the write to end (they retry ensure_in_hbm then).
+  std::unordered_map<PageKey, std::vector<std::function<void()>>, PageKeyHash> engine_writes_;
   // Prefix pins, and how many pins protect each block (kept in HBM: never an HBM victim).
   std::unordered_map<uint64_t, PrefixPin> prefix_pins_;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> protected_;

@@ -49,6 +49,9 @@ struct Scheduler::Step {
   std::shared_ptr<PublishedStep> shared;
   // Blocks created by this step (their pages are written by the engine, nothing to load).
   std::unordered_set<BlockKey, BlockKeyHash> new_blocks;
+  // Those of new_blocks that are existing entries the step writes the HBM pages of (see
+  // Scheduler::refillable); undoing the step releases them but never erases them.
+  std::unordered_set<BlockKey, BlockKeyHash> refilled;
   // Per item, the sequence's token count before the step (to undo an aborted step).
   std::vector<uint64_t> tokens_before;
   // Per layer: the (block) pages this step pinned there, so unpinning matches pinning exactly.

@@ -227,6 +227,15 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
     case CopyState::kFilling: {
       auto it = ops_.find(pk);
       if (it == ops_.end()) {
+        if (auto w = engine_writes_.find(pk); w != engine_writes_.end()) {
+          // A refilled block another step is writing: it was matchable all along (its copies
+          // below are complete), but this copy is not written yet. Ask again once it is.
+          w->second.push_back([this, key, layer, prio, on_filling = std::move(on_filling),
+                               done = std::move(done)]() mutable {
+            ensure_in_hbm(key, layer, prio, std::move(on_filling), std::move(done));
+          });
+          return;
+        }
         // Filled by the engine of another step (a page it writes): it is as good as ready for a
         // reader pinned behind it in the same step order.
         if (on_filling) on_filling(p.hbm_frame);

@@ -137,29 +137,36 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     while (seq.blocks.size() < infos[i].pages) {
       const uint64_t b = seq.blocks.size();
       // A prompt block this step fills completely is made under its content key at once (it is
-      // not cached until its pages are complete, so nobody can match it half-written). Otherwise —
-      // a block left partial, a key already in the table (another sequence is computing it, or an
-      // evicted entry kept for its children), or no key known — it is private until published.
+      // not cached until its pages are complete, so nobody can match it half-written). One whose
+      // key is in the table already — recomputed because loading it (or a block before it) was
+      // slower, or an entry kept for its children — is written into that entry when no other
+      // sequence references it (refilled): keyed, its pages can leave memory like any cached
+      // block's instead of crowding host memory as private pages that can go nowhere else.
+      // Otherwise — a block left partial, a key in use, or no key known — it is private until
+      // published.
       const bool full_after = (b + 1) * pt <= tokens_after;
-      const bool keyed =
-          full_after && b < seq.prompt_keys.size() && !parts_.table->contains(seq.prompt_keys[b]);
+      const bool prompt = full_after && b < seq.prompt_keys.size();
+      const bool keyed = prompt && !parts_.table->contains(seq.prompt_keys[b]);
+      const bool refill = prompt && !keyed && refillable(seq.prompt_keys[b]);
       const BlockKey key =
-          keyed ? seq.prompt_keys[b] : private_block_key(seq.id, ++seq.next_private);
+          keyed || refill ? seq.prompt_keys[b] : private_block_key(seq.id, ++seq.next_private);
       const BlockKey parent =
           seq.blocks.empty() || seq.blocks.back().is_private() ? BlockKey{} : seq.blocks.back();
-      Status s = parts_.table->create_block(key, parent, /*initial_refs=*/1);
+      Status s = refill ? parts_.table->acquire(key)
+                        : parts_.table->create_block(key, parent, /*initial_refs=*/1);
       if (!s.ok()) {
-        // Undo the blocks made so far for every item of this batch.
+        // Undo the blocks made or refilled so far for every item of this batch.
         for (const BlockKey& made : step->new_blocks) {
           for (auto& other : seqs) {
             auto it = std::find(other->blocks.begin(), other->blocks.end(), made);
             if (it != other->blocks.end()) other->blocks.erase(it);
           }
           parts_.table->release(made).status().ignore();
-          parts_.table->erase(made).ignore();
+          if (!step->refilled.contains(made)) parts_.table->erase(made).ignore();
         }
         return s.with_context("begin_step");
       }
+      if (refill) step->refilled.insert(key);
       facts_[key] = RequestFacts{static_cast<uint32_t>(seq.blocks.size()), seq.reused_blocks,
                                  static_cast<uint32_t>(seq.prompt_keys.size())};
       seq.blocks.push_back(key);
@@ -246,39 +253,91 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer) {
         st.shared->tables[layer].indices[my_slot] = static_cast<int32_t>(*pinned);
         (void)frame;
       };
-      if (step.new_blocks.contains(key)) {
-        // Nothing to load: the engine writes this page. It needs a frame, pinned.
-        request_frame(
-            Tier::kHbm, key, layer, TransferPriority::kDemand,
-            [this, id, key, layer, on_filling, ready](Result<uint32_t> frame) {
-              if (!frame.ok()) {
-                ready->page_failed(frame.status());
-                return;
-              }
-              auto it = steps_.find(id);
-              if (it == steps_.end() || it->second->ended || it->second->released[layer]) {
-                // The step ended before the frame came: nobody will write it.
-                parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
-                after_change(key);
-                serve_frame_waiters(Tier::kHbm);
-                return;
-              }
-              on_filling(*frame);
-              ready->page_arrived();
-            });
-        continue;
-      }
-      ensure_in_hbm(key, layer, TransferPriority::kDemand, on_filling, [ready](const Status& s) {
+      const auto loaded = [ready](const Status& s) {
         if (s.ok()) {
           ready->page_arrived();
         } else {
           ready->page_failed(s);
         }
-      });
+      };
+      if (step.new_blocks.contains(key)) {
+        plan_written_page(id, key, layer, step.refilled.contains(key), on_filling, ready, 0);
+        continue;
+      }
+      ensure_in_hbm(key, layer, TransferPriority::kDemand, on_filling, loaded);
     }
   }
   ready->seal();
   return ok_status();
+}
+
+void Scheduler::plan_written_page(StepId id, const BlockKey& key, uint32_t layer, bool refill,
+                                  std::function<void(uint32_t)> on_filling,
+                                  std::shared_ptr<LayerReadiness> ready, int attempt) {
+  // Nothing to load: the engine writes this page into a frame, pinned. A refilled block may have
+  // an HBM copy, or one on its way (loaded for another sequence, or prefetched): the step waits
+  // for it instead, as for a reused page, and should that load fail (a prefetch of a page with no
+  // copy left) the page is written after all. A few rounds at most: each needs another load of
+  // the page to start and fail in between.
+  constexpr int kMaxAttempts = 4;
+  const PageKey pk{key, layer, Tier::kHbm};
+  const auto still_planned = [this, id, layer] {
+    auto it = steps_.find(id);
+    return it != steps_.end() && !it->second->ended && !it->second->released[layer];
+  };
+  if (refill && loaded_meanwhile(key, layer)) {
+    ensure_in_hbm(
+        key, layer, TransferPriority::kDemand, on_filling,
+        [this, id, key, layer, pk, on_filling, ready, attempt, still_planned](const Status& s) {
+          if (s.ok()) {
+            ready->page_arrived();
+            return;
+          }
+          if (attempt < kMaxAttempts && still_planned() && !ops_.contains(pk)) {
+            const PageSnapshot p = page_snapshot(key, layer);
+            const Step& st = *steps_.at(id);
+            const bool pinned_here = std::find(st.pinned[layer].begin(), st.pinned[layer].end(),
+                                               key) != st.pinned[layer].end();
+            if (p.hbm == CopyState::kFilling && pinned_here) {
+              // The failed load left its frame with this step: the engine writes into it.
+              engine_writes_.try_emplace(pk);
+              ready->page_arrived();
+              return;
+            }
+            if (p.hbm == CopyState::kAbsent) {
+              plan_written_page(id, key, layer, true, on_filling, ready, attempt + 1);
+              return;
+            }
+          }
+          ready->page_failed(s);
+        });
+    return;
+  }
+  request_frame(
+      Tier::kHbm, key, layer, TransferPriority::kDemand,
+      [this, id, key, layer, pk, refill, on_filling, ready, attempt,
+       still_planned](Result<uint32_t> frame) {
+        if (!frame.ok() && refill && attempt < kMaxAttempts && loaded_meanwhile(key, layer)) {
+          // Another sequence started loading the page while this step waited.
+          plan_written_page(id, key, layer, true, on_filling, ready, attempt + 1);
+          return;
+        }
+        if (!frame.ok()) {
+          ready->page_failed(frame.status());
+          return;
+        }
+        if (!still_planned()) {
+          // The step ended before the frame came: nobody will write it.
+          parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+          after_change(key);
+          serve_frame_waiters(Tier::kHbm);
+          return;
+        }
+        // Readers of a refilled page wait for the engine's write (see engine_writes_).
+        if (refill) engine_writes_.try_emplace(pk);
+        on_filling(*frame);
+        ready->page_arrived();
+      });
 }
 
 void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
@@ -286,9 +345,12 @@ void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
     for (std::size_t b = step.first_written[i]; b < step.blocks[i].size(); ++b) {
       const BlockKey& key = step.blocks[i][b];
       if (step.new_blocks.contains(key)) {
-        // The engine wrote the page: it is a complete copy now.
+        // The engine wrote the page: it is a complete copy now. (Not when a load fills it: a
+        // refilled block another sequence loaded meanwhile; that load completes it.)
+        if (ops_.contains(PageKey{key, layer, Tier::kHbm})) continue;
         Status s = parts_.table->complete_fill(key, CopyId::hbm(layer));
-        if (!s.ok()) s.ignore();  // the frame was never granted (step ended early)
+        if (!s.ok()) s.ignore();  // the frame was never granted (step ended early), or loaded
+        end_engine_write(key, layer);
         continue;
       }
       // An existing page the engine appended to: copies below are stale.
@@ -386,6 +448,34 @@ Status Scheduler::end_layer(StepId id, uint32_t layer) {
   }
   check_watermarks();
   return ok_status();
+}
+
+bool Scheduler::refillable(const BlockKey& key) const {
+  // Referenced by no sequence and pinned by no step: this step can take the entry as its own and
+  // write the block's pages into it. Its other copies hold the same content (a block's K/V is a
+  // function of its tokens and their prefix) and stay valid; an HBM copy that is present or on
+  // its way is waited for like a reused one, and the engine writes the same values over it.
+  bool ok = false;
+  Status s = parts_.table->visit(
+      key, [&](const EntryView& v) { ok = v.refcount() == 0 && v.pinned_pages() == 0; });
+  return s.ok() && ok;
+}
+
+void Scheduler::end_engine_write(const BlockKey& key, uint32_t layer) {
+  // The page is complete (or its write was given up): readers that waited ask again, and find it
+  // ready or load it.
+  auto it = engine_writes_.find(PageKey{key, layer, Tier::kHbm});
+  if (it == engine_writes_.end()) return;
+  std::vector<std::function<void()>> waiting = std::move(it->second);
+  engine_writes_.erase(it);
+  for (auto& retry : waiting) retry();
+}
+
+bool Scheduler::loaded_meanwhile(const BlockKey& key, uint32_t layer) const {
+  // A refilled block may have an HBM copy, or one on its way (loaded for another sequence, or
+  // prefetched). The step then waits for it as for a reused page instead of filling a frame.
+  return page_snapshot(key, layer).hbm != CopyState::kAbsent ||
+         ops_.contains(PageKey{key, layer, Tier::kHbm});
 }
 
 Status Scheduler::publish_full_blocks(Sequence& seq, uint64_t old_tokens,
@@ -498,18 +588,22 @@ void Scheduler::publish_orphan(const BlockKey& key, const BlockKey& content) {
 
 Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& content) {
   const BlockKey key = seq.blocks[b];
-  // An entry may exist under the content key without the data: a block evicted from every tier
-  // whose entry stays because its children are cached. Sharing it would share nothing, so the
-  // sequence keeps its own (private) copy instead.
+  // An entry may exist under the content key without all of the data: a block evicted from every
+  // tier whose entry stays because its children are cached, or one another engine thread is
+  // still writing (its pages filling). Sharing it would share missing or unwritten pages — a
+  // concurrent step read a layer before its writer had written it — so the sequence keeps its own
+  // (private) copy instead. Complete: on NVMe, or every layer with a written copy in memory (one
+  // draining still holds its data until its copy below is complete).
   bool existing_whole = true;
   bool exists = false;
   Status v = parts_.table->visit(content, [&](const EntryView& e) {
     exists = true;
-    const CopyState nvme = e.state(CopyId::nvme());
-    if (nvme == CopyState::kReady || nvme == CopyState::kFilling) return;
+    if (e.state(CopyId::nvme()) == CopyState::kReady) return;
+    const auto written = [](CopyState c) {
+      return c == CopyState::kReady || c == CopyState::kDraining;
+    };
     for (uint32_t l = 0; l < e.layers() && existing_whole; ++l) {
-      existing_whole = e.state(CopyId::hbm(l)) != CopyState::kAbsent ||
-                       e.state(CopyId::host(l)) != CopyState::kAbsent;
+      existing_whole = written(e.state(CopyId::hbm(l))) || written(e.state(CopyId::host(l)));
     }
   });
   v.ignore();
@@ -652,7 +746,10 @@ Status Scheduler::abort_step(StepId id) {
       const BlockKey key = seq.blocks.back();
       seq.blocks.pop_back();
       for (uint32_t l = 0; l < step->layers; ++l) {
+        // Only the fills the engine was to write; a load another sequence started goes on.
+        if (ops_.contains(PageKey{key, l, Tier::kHbm})) continue;
         parts_.table->abort_fill(key, CopyId::hbm(l)).ignore();
+        end_engine_write(key, l);
       }
       parts_.table->release(key).status().ignore();
       facts_.erase(key);

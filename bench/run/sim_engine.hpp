@@ -52,8 +52,14 @@ struct VirtualRunOptions {
   // Serve this baseline's counters (scheduler, links in virtual time, occupancy) as Prometheus
   // metrics while it runs, as a Runtime does (empty metrics.listen: off), and keep serving the
   // final values for metrics_hold_s after the run so a scraper sees them.
-  MetricsConfig metrics;
+  MetricsConfig metrics = metrics_off();
   double metrics_hold_s = 0;
+
+  static MetricsConfig metrics_off() {
+    MetricsConfig m;
+    m.listen.clear();
+    return m;
+  }
 };
 
 Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec& baseline,

@@ -139,6 +139,11 @@ TEST(Engine, AHostTierSmallerThanTheWorkingSetNeverStarvesALoad) {
   EXPECT_GT(r.hit_rate(Tier::kNvme), 0.0) << "the workload must overflow host memory";
 }
 
+TEST(Engine, ServesNoMetricsUnlessAskedTo) {
+  // A run's metrics endpoint is opt-in (kvtier-bench run --metrics), not the config default.
+  EXPECT_TRUE(VirtualRunOptions{}.metrics.listen.empty());
+}
+
 TEST(Batcher, AdmitsInOrderWhileKvFitsAndPlansChunkedPrefill) {
   Workload w;
   w.page_tokens = 16;

@@ -214,7 +214,26 @@ TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
   EXPECT_EQ(s->reused_blocks, 0u) << "loading from this disk is slower than recomputing";
   EXPECT_EQ(s->recompute_blocks, 4u);
   EXPECT_EQ(w.scheduler().stats().recompute_blocks.load(), 4u);
+
+  // The recomputed blocks are written into their existing entries (refilled), not into private
+  // blocks: keyed, with the NVMe copy kept, their pages may leave memory like any cached block's.
+  const StepItem item{s->id, 4 * 16};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  for (const auto& [key, info] : w.table().snapshot()) {
+    EXPECT_FALSE(key.is_private()) << to_string(key);
+  }
+  for (const BlockKey& k : prompts[0]) {
+    auto info = w.table().lookup(k);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->refcount, 1u);
+    EXPECT_EQ(info->nvme, CopyState::kReady);
+    for (const PageInfo& p : info->pages) EXPECT_EQ(p.hbm, CopyState::kReady);
+  }
   ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(prompts[0]).blocks, 4u);
+  expect_consistent(w);
 }
 
 TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
