@@ -249,6 +249,7 @@ class Scheduler {
     std::vector<BlockKey> keys;
     TimerId timer = 0;
   };
+  bool host_pages_stuck(const BlockKey& key) const;
   void finish_op(const PageKey& page, const Status& status);
   Evictor* evictor(Tier tier) const { return evictors_[tier_index(tier)].get(); }
   FrameAllocator* frames(Tier tier) const;

@@ -167,7 +167,41 @@ bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
   // never a host victim.
   return scheduler->reading_.contains(key) ||
          (tier == Tier::kHbm && scheduler->protected_.contains(key)) ||
-         (tier != Tier::kHbm && key.is_private()) || (tried != nullptr && tried->contains(key));
+         (tier != Tier::kHbm && key.is_private()) || (tried != nullptr && tried->contains(key)) ||
+         (tier == Tier::kHost && scheduler->host_pages_stuck(key));
+}
+
+bool Scheduler::host_pages_stuck(const BlockKey& key) const {
+  // Mirrors execute_move for host memory: a block in use whose host pages are each the last copy
+  // of their layer, and that can be neither written to NVMe whole nor staged there, frees nothing
+  // now. Skipping it up front keeps room-making from planning (and re-planning) around it, which
+  // costs a round per such block ahead of the first one that can go.
+  bool stuck = false;
+  Status s = parts_.table->visit(key, [&](const EntryView& v) {
+    if (v.refcount() == 0 || v.state(CopyId::nvme()) == CopyState::kReady) return;
+    bool any_host = false, any_safe = false, all_safe = true, all_host = true, stageable = true;
+    for (uint32_t l = 0; l < v.layers(); ++l) {
+      const CopyState h = v.state(CopyId::hbm(l));
+      const CopyState m = v.state(CopyId::host(l));
+      if (m == CopyState::kReady) {
+        any_host = true;
+        any_safe = any_safe || h == CopyState::kReady;
+        all_safe = all_safe && h == CopyState::kReady;
+      } else {
+        all_host = false;
+        stageable = stageable && m == CopyState::kAbsent && h == CopyState::kReady;
+      }
+    }
+    // Nothing ready here (the placement passes it by anyway), or no last copy: all droppable.
+    if (!any_host || all_safe) return;
+    const bool to_nvme = parts_.nvme != nullptr && v.state(CopyId::nvme()) == CopyState::kAbsent;
+    if (to_nvme) {
+      stuck = !all_host && !stageable;  // written whole, or staged; else nothing moves
+    } else {
+      stuck = !any_safe;  // only pages with an HBM copy may be dropped
+    }
+  });
+  return s.ok() && stuck;
 }
 
 void Scheduler::make_room(Tier tier, TransferPriority prio) {
