@@ -250,6 +250,11 @@ class Scheduler {
     TimerId timer = 0;
   };
   bool host_pages_stuck(const BlockKey& key) const;
+  // Copies HBM page `layer` of `key`, pinned in `hbm_frame`, into `host_frame` (its host fill
+  // begun); then unpins it, completes or aborts the host copy, and calls done(copied).
+  void copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint32_t hbm_frame,
+                             uint32_t host_frame, TransferPriority prio,
+                             std::function<void(bool)> done);
   void finish_op(const PageKey& page, const Status& status);
   Evictor* evictor(Tier tier) const { return evictors_[tier_index(tier)].get(); }
   FrameAllocator* frames(Tier tier) const;

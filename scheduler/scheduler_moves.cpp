@@ -901,35 +901,39 @@ void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
       continue;
     }
     const uint32_t hbm_frame = *pinned;
-    request_reserved_host_frame(
-        key, l, [this, key, l, hbm_frame, prio, one_done](Result<uint32_t> frame) {
-          if (!frame.ok()) {
-            parts_.table->unpin(key, l).ignore();
-            one_done(false);
-            return;
-          }
-          links_.enqueue(Link::kHbmToHost, prio, parts_.port->page_bytes(),
-                         [this, key, l, hbm_frame, host_frame = *frame,
-                          one_done](std::function<void()> finished) {
-                           const FrameMove move{hbm_frame, host_frame};
-                           auto on_done = [this, key, l, finished, one_done](const Status& s) {
-                             finished();
-                             parts_.table->unpin(key, l).ignore();
-                             if (s.ok()) {
-                               parts_.table->complete_fill(key, CopyId::host(l)).ignore();
-                               stats_.demotions[tier_index(Tier::kHost)].fetch_add(
-                                   1, std::memory_order_relaxed);
-                             } else {
-                               parts_.table->abort_fill(key, CopyId::host(l)).ignore();
-                             }
-                             one_done(s.ok());
-                           };
-                           Status submitted = parts_.port->copy_pages(Link::kHbmToHost,
-                                                                      std::span(&move, 1), on_done);
-                           if (!submitted.ok()) on_done(submitted);
-                         });
-        });
+    request_reserved_host_frame(key, l,
+                                [this, key, l, hbm_frame, prio, one_done](Result<uint32_t> frame) {
+                                  if (!frame.ok()) {
+                                    parts_.table->unpin(key, l).ignore();
+                                    one_done(false);
+                                    return;
+                                  }
+                                  copy_pinned_page_down(key, l, hbm_frame, *frame, prio, one_done);
+                                });
   }
+}
+
+void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint32_t hbm_frame,
+                                      uint32_t host_frame, TransferPriority prio,
+                                      std::function<void(bool)> done) {
+  links_.enqueue(
+      Link::kHbmToHost, prio, parts_.port->page_bytes(),
+      [this, key, layer, hbm_frame, host_frame, done](std::function<void()> finished) {
+        const FrameMove move{hbm_frame, host_frame};
+        auto on_done = [this, key, layer, finished, done](const Status& s) {
+          finished();
+          parts_.table->unpin(key, layer).ignore();
+          if (s.ok()) {
+            parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
+            stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+          } else {
+            parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+          }
+          done(s.ok());
+        };
+        Status submitted = parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
+        if (!submitted.ok()) on_done(submitted);
+      });
 }
 
 void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
@@ -967,30 +971,13 @@ void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
                         last();
                         return;
                       }
-                      links_.enqueue(
-                          Link::kHbmToHost, TransferPriority::kWriteBack, parts_.port->page_bytes(),
-                          [this, key, l, hbm_frame, host_frame = *frame,
-                           last](std::function<void()> finished) {
-                            const FrameMove move{hbm_frame, host_frame};
-                            auto on_done = [this, key, l, finished, last](const Status& s) {
-                              finished();
-                              parts_.table->unpin(key, l).ignore();
-                              if (s.ok()) {
-                                parts_.table->complete_fill(key, CopyId::host(l)).ignore();
-                                stats_.demotions[tier_index(Tier::kHost)].fetch_add(
-                                    1, std::memory_order_relaxed);
-                                sync_membership(key, Tier::kHost);
-                              } else {
-                                parts_.table->abort_fill(key, CopyId::host(l)).ignore();
-                              }
-                              last();
-                              serve_frame_waiters(Tier::kHbm);
-                              serve_frame_waiters(Tier::kHost);
-                            };
-                            Status submitted = parts_.port->copy_pages(
-                                Link::kHbmToHost, std::span(&move, 1), on_done);
-                            if (!submitted.ok()) on_done(submitted);
-                          });
+                      copy_pinned_page_down(key, l, hbm_frame, *frame, TransferPriority::kWriteBack,
+                                            [this, key, last](bool copied) {
+                                              if (copied) sync_membership(key, Tier::kHost);
+                                              last();
+                                              serve_frame_waiters(Tier::kHbm);
+                                              serve_frame_waiters(Tier::kHost);
+                                            });
                     });
     }
     return;
