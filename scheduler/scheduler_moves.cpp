@@ -217,12 +217,13 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
   if (waiting <= free[tier_index(tier)]) return;
   // A plan's estimate can be more than a move achieves (a page is the last copy of a block in use
   // whose other pages are still being written, so it can neither be dropped nor staged to NVMe);
-  // blocks whose move freed nothing are left out and room is planned again. Every round either
-  // frees frames or rules out a block, so this ends; it goes on until the policy has no other
-  // victim, because the blocks that can go may rank behind any number that cannot (a fixed number
-  // of rounds starved a waiter forever while cached blocks sat behind in-use ones).
+  // blocks whose move freed nothing are left out and room is planned again. The blocks that can
+  // go may rank behind any number that cannot, so the skip filter rules out up front what is known
+  // to free nothing (host_pages_stuck), and the rounds go on while they free frames; a bounded
+  // number of fruitless rounds keeps the cost of a call linear in what it tries.
+  constexpr int kFruitlessRounds = 8;
   std::unordered_set<BlockKey, BlockKeyHash> tried;
-  while (waiting > free[tier_index(tier)]) {
+  for (int fruitless = 0; waiting > free[tier_index(tier)] && fruitless < kFruitlessRounds;) {
     const SkipFilter skip{this, tier, &tried};
     const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip));
     if (plan.moves.empty()) return;
@@ -238,6 +239,7 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
     }
     if (freed >= waiting - free[tier_index(tier)]) return;
     free[tier_index(tier)] += freed;
+    fruitless = freed == 0 ? fruitless + 1 : 0;
   }
 }
 
