@@ -6,7 +6,8 @@
 // preset with Llama-3.1-8B and the configuration's policies for kvtier, a run of a few minutes on
 // two cores (`make run`). Baselines run on threads of their own (--jobs); progress goes to stderr,
 // the result to stdout as a table, or JSON (--json) or CSV (--csv); --plot draws hit rates and TTFT
-// with gnuplot.
+// with gnuplot. --metrics HOST:PORT serves the kvtier baseline's Prometheus metrics while it runs
+// (and --metrics-hold seconds after), as an embedded Runtime would.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
