@@ -23,6 +23,29 @@ struct Event {
   bool operator>(const Event& o) const { return time_s > o.time_s; }
 };
 
+// Prefixes many requests start with (system prompts, tool sets): `count` of them (at least one),
+// each min_blocks..max_blocks full blocks with fresh ids, picked by a Zipf(s) law over their rank.
+struct SharedPrefixes {
+  std::vector<std::vector<uint64_t>> ids;
+  std::discrete_distribution<std::size_t> rank;
+  const std::vector<uint64_t>& pick(std::mt19937_64& rng) { return ids[rank(rng)]; }
+};
+
+SharedPrefixes shared_prefixes(uint32_t count, uint32_t min_blocks, uint32_t max_blocks,
+                               double zipf_s, std::mt19937_64& rng, uint64_t& next_id) {
+  SharedPrefixes out;
+  out.ids.resize(std::max<uint32_t>(1, count));
+  std::vector<double> weights(out.ids.size());
+  std::uniform_int_distribution<uint32_t> blocks(min_blocks, max_blocks);
+  for (std::size_t p = 0; p < out.ids.size(); ++p) {
+    const uint32_t n = blocks(rng);
+    for (uint32_t b = 0; b < n; ++b) out.ids[p].push_back(next_id++);
+    weights[p] = 1.0 / std::pow(static_cast<double>(p + 1), zipf_s);
+  }
+  out.rank = std::discrete_distribution<std::size_t>(weights.begin(), weights.end());
+  return out;
+}
+
 }  // namespace
 
 Trace generate_chat_trace(const ChatTraceOptions& o) {
@@ -36,15 +59,7 @@ Trace generate_chat_trace(const ChatTraceOptions& o) {
 
   uint64_t next_id = 0;
   // System prompts: 1..8 full blocks each, their own ids.
-  std::vector<std::vector<uint64_t>> prompts(std::max<uint32_t>(1, o.system_prompts));
-  std::vector<double> weights(prompts.size());
-  std::uniform_int_distribution<uint32_t> prompt_blocks(1, 8);
-  for (std::size_t p = 0; p < prompts.size(); ++p) {
-    const uint32_t n = prompt_blocks(rng);
-    for (uint32_t b = 0; b < n; ++b) prompts[p].push_back(next_id++);
-    weights[p] = 1.0 / std::pow(static_cast<double>(p + 1), o.zipf_s);
-  }
-  std::discrete_distribution<std::size_t> pick_prompt(weights.begin(), weights.end());
+  SharedPrefixes prompts = shared_prefixes(o.system_prompts, 1, 8, o.zipf_s, rng, next_id);
 
   std::vector<Session> sessions;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
@@ -54,7 +69,7 @@ Trace generate_chat_trace(const ChatTraceOptions& o) {
   while (trace.requests.size() < o.requests) {
     if (events.empty() || next_arrival <= events.top().time_s) {
       Session s;
-      s.ids = prompts[pick_prompt(rng)];
+      s.ids = prompts.pick(rng);
       s.tokens = s.ids.size() * kTraceBlockTokens;
       s.turns_left = 1 + turns(rng);
       sessions.push_back(std::move(s));
@@ -122,15 +137,7 @@ Trace generate_agent_trace(const AgentTraceOptions& o) {
 
   uint64_t next_id = 0;
   // Tool sets: 4..24 full blocks each, their own ids.
-  std::vector<std::vector<uint64_t>> tools(std::max<uint32_t>(1, o.tool_sets));
-  std::vector<double> weights(tools.size());
-  std::uniform_int_distribution<uint32_t> tool_blocks(4, 24);
-  for (std::size_t t = 0; t < tools.size(); ++t) {
-    const uint32_t n = tool_blocks(rng);
-    for (uint32_t b = 0; b < n; ++b) tools[t].push_back(next_id++);
-    weights[t] = 1.0 / std::pow(static_cast<double>(t + 1), o.zipf_s);
-  }
-  std::discrete_distribution<std::size_t> pick_tools(weights.begin(), weights.end());
+  SharedPrefixes tools = shared_prefixes(o.tool_sets, 4, 24, o.zipf_s, rng, next_id);
 
   // Appends `added` tokens: the full blocks stay, the partial last block gets a new id.
   const auto extend = [&](AgentContext& c, uint64_t added) {
@@ -148,7 +155,7 @@ Trace generate_agent_trace(const AgentTraceOptions& o) {
   while (trace.requests.size() < o.requests) {
     if (events.empty() || next_arrival <= events.top().time_s) {
       AgentSession s;
-      s.now.ids = tools[pick_tools(rng)];
+      s.now.ids = tools.pick(rng);
       s.now.tokens = s.now.ids.size() * kTraceBlockTokens;
       extend(s.now, 1 + static_cast<uint64_t>(task(rng)));
       s.before = s.now;
