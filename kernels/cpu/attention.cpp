@@ -113,6 +113,7 @@ void run_item(const AttentionParams& p, const IsaKernels& isa, const Plan& plan,
   float* l = scratch.floats(2, rows);
   float* o = scratch.floats(3, rows * dim);
   float* work = scratch.floats(4, static_cast<std::size_t>(rows_per_head) * (kTileTokens + 1));
+  uint16_t* q_bf16 = scratch.halves(5, rows * dim);  // touched only by ISAs that take q in bf16
   uint32_t* visible_end = scratch.words(qb.tokens);
 
   // Re-lay q as [kv_head][token][group member][dim], pre-scaled into log2 units.
@@ -148,6 +149,7 @@ void run_item(const AttentionParams& p, const IsaKernels& isa, const Plan& plan,
   args.m = m;
   args.l = l;
   args.o = o;
+  args.q_bf16 = q_bf16;
   args.work = work;
   isa.attend_item(args);
 

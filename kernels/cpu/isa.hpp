@@ -1,10 +1,15 @@
 // Run-time choice of the CPU instruction set, and the table of SIMD kernels each choice provides.
 //
-// Three implementations of the same template code (isa_core.inl) are compiled from separate files
-// with their own flags: scalar (plain x86-64 or any other target), AVX2+FMA+F16C, and AVX-512
-// (F/BW/VL/DQ). best_isa() picks the widest one the CPU and OS support, once; KVTIER_CPU_ISA=
-// scalar|avx2|avx512 caps it (for comparisons), and callers may ask for a given one (tests run
-// all).
+// Four implementations of the same template code (isa_core.inl) are compiled from separate files
+// with their own flags: scalar (plain x86-64 or any other target), AVX2+FMA+F16C, AVX-512
+// (F/BW/VL/DQ), and AVX-512 plus AVX512_BF16. best_isa() picks the widest one the CPU and OS
+// support, once; KVTIER_CPU_ISA=scalar|avx2|avx512|avx512_bf16 caps it (for comparisons), and
+// callers may ask for a given one (tests run all).
+//
+// The first three compute attention in fp32 from exact inputs. avx512_bf16 differs for bf16 KV
+// only: it rounds q and the softmax weights to bf16 and multiplies with vdpbf16ps (fp32
+// accumulation), as GPU attention kernels do; isa_core.inl states the error this adds. So
+// KVTIER_CPU_ISA=avx512 is also the way to ask for the exact-fp32 path on a CPU that has BF16.
 //
 // Why per-file flags and a function table rather than target attributes or -march=native: the
 // library must run on any x86-64, and a file compiled with AVX-512 flags must never lend an inline
@@ -22,10 +27,13 @@
 
 namespace kvtier::kernels::cpu {
 
-enum class Isa : uint8_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+enum class Isa : uint8_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kAvx512Bf16 = 4 };
 
 // Tokens per attention tile: K/V of a tile are widened to f32 once and used by every query row.
 inline constexpr uint32_t kTileTokens = 16;
+
+// The largest head_dim the kernels take (kernels/paged_kv.cpp rejects larger ones).
+inline constexpr uint32_t kMaxHeadDim = 256;
 
 // One work item of paged attention: a token range of one sequence, all KV heads, a block of query
 // tokens. The state (m, l, o) is per row, rows of a head are (query token i, group member g) at
@@ -48,6 +56,9 @@ struct ItemArgs {
   float* m;                     // [kv_heads][q_tokens * group] running max; start at -inf
   float* l;                     // [kv_heads][q_tokens * group] running sum; start at 0
   float* o;  // [kv_heads][q_tokens * group][head_dim] unnormalised output; start at 0
+  // Scratch, 64-byte aligned, for ISAs that take q in bf16: [kv_heads][q_tokens * group]
+  // [head_dim] bf16 values.
+  uint16_t* q_bf16;
   // Scratch, 64-byte aligned: scores [q_tokens * group][kTileTokens], then weights
   // [q_tokens * group].
   float* work;
@@ -78,5 +89,6 @@ const char* isa_name(Isa isa);
 const IsaKernels* scalar_kernels();
 const IsaKernels* avx2_kernels();
 const IsaKernels* avx512_kernels();
+const IsaKernels* avx512_bf16_kernels();
 
 }  // namespace kvtier::kernels::cpu

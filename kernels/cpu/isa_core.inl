@@ -16,6 +16,16 @@
 // (2 x group x head_dim FMAs per token and head) against 37 GiB/s of streaming read; GQA 1 at
 // 22 GiB/s from DRAM, 37 GiB/s from cache, limited by the strided (per head) page reads. Two
 // steps of lead gain nothing.
+//
+// bf16 KV on lane types with kBf16Dot (avx512_bf16) takes a dot-product path instead (see the
+// section before locate_tile): vdpbf16ps multiplies 32 bf16 pairs into 16 fp32 lanes, so neither
+// K nor V is widened and each instruction does the work of two FMAs. It needs q and the softmax
+// weights in bf16, which is the rounding GPU attention kernels do (Q arrives in bf16; P is cast to
+// bf16 for the PV product): q is rounded once per item after scaling (each score moves by
+// |sum_d (q~_d - q_d) k_d| <= 2^-8 sum_d |q_d k_d|), each weight p_t by a factor (1 + e),
+// |e| <= 2^-8, and l sums the rounded weights, so o/l is an exact softmax average under weights
+// perturbed by (1 + eta_t): |o~_i - o_i| <= sum_t w_t |eta_t| |v_t,i - o_i| / (1 - max |eta|)
+// (derived and checked per element in tests/kernels/attention_test.cpp). Accumulation stays fp32.
 
 // Register blocks must stay in registers: GCC at -O2 does not fully unroll the small constant
 // loops over them by itself and keeps the blocks in memory instead (measured 3x slower).
@@ -198,6 +208,30 @@ class PrefetchQueue {
   uint32_t next_ = 0;
 };
 
+// Lane types that set kBf16Dot (vec_avx512bf16.inl) take bf16 KV through the dot-product path.
+template <class V>
+constexpr bool has_bf16_dot() {
+  if constexpr (requires { V::kBf16Dot; }) {
+    return V::kBf16Dot;
+  } else {
+    return false;
+  }
+}
+
+// scores[r][t] = the horizontal sum of acc[r][t].
+template <class V, int RB, int TB>
+inline void store_scores(typename V::F (&acc)[RB][TB], float* scores) {
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    if constexpr (TB == 4) {
+      V::reduce_add4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], scores + r * kTileTokens);
+    } else {
+      KVTIER_UNROLL for (int t = 0; t < TB; ++t) {
+        scores[r * kTileTokens + t] = V::reduce_add(acc[r][t]);
+      }
+    }
+  }
+}
+
 // scores[r][t] = q_r . k_t for an RB x TB block; q rows are `dim` floats apart, k_t are rows of
 // the KV dtype, widened in registers as they are loaded.
 template <class V, Dtype D, int RB, int TB>
@@ -215,15 +249,7 @@ inline void score_block(const float* q, const uint8_t* const* k, uint32_t dim, f
       KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::fmadd(qv, kv[t], acc[r][t]);
     }
   }
-  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
-    if constexpr (TB == 4) {
-      V::reduce_add4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], scores + r * kTileTokens);
-    } else {
-      KVTIER_UNROLL for (int t = 0; t < TB; ++t) {
-        scores[r * kTileTokens + t] = V::reduce_add(acc[r][t]);
-      }
-    }
-  }
+  store_scores<V, RB, TB>(acc, scores);
 }
 
 template <class V, Dtype D, int RB>
@@ -282,7 +308,8 @@ inline void accumulate_rows(const float* p, const float* alpha, const uint8_t* c
 }
 
 struct TileRows {
-  const float* q;  // [rows][dim]
+  const float* q;          // [rows][dim]
+  const uint16_t* q_bf16;  // [rows][dim] bf16; the bf16-dot path only
   uint32_t rows;
   uint32_t group;               // row r belongs to query token r / group
   const uint32_t* visible_end;  // per query token
@@ -298,19 +325,16 @@ struct TileRows {
   float* alpha;   // [rows]
 };
 
-template <class V, Dtype D>
-void attend_tile(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue& pf) {
+// The online-softmax step of every row of a tile: scores become weights in place, m and l are
+// updated and alpha (the rescale of the row's o) is set. kPairs (the bf16-dot path) stores each
+// row's weights rounded to bf16, packed in pairs at the start of its scores, and sums the rounded
+// values into l, so the normalisation matches exactly what o accumulates.
+template <class V, Dtype D, bool kPairs>
+void softmax_rows(const TileRows& a, uint32_t tokens) {
   constexpr float kNegInf = -__builtin_inff();
   constexpr bool kScaled = D == Dtype::kFP8E4M3;
-  uint32_t r = 0;
-  for (; r + 4 <= a.rows; r += 4) {
-    score_rows<V, D, 4>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
-  }
-  for (; r < a.rows; ++r) {
-    score_rows<V, D, 1>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
-  }
-
-  for (r = 0; r < a.rows; ++r) {
+  static_assert(!(kPairs && kScaled), "the bf16 weight pairs carry no per-page V scale");
+  for (uint32_t r = 0; r < a.rows; ++r) {
     float* s = a.scores + r * kTileTokens;
     const uint32_t end = a.visible_end[r / a.group];
     const uint32_t visible =
@@ -336,15 +360,31 @@ void attend_tile(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue
     const auto shift = V::set1(m_new);
     for (uint32_t t = 0; t < kTileTokens; t += V::kWidth) {
       const auto p = V::exp2(V::sub(V::load(s + t), shift));
-      sum = V::add(sum, p);
-      // Per-page V scale folds into the weight: p * (v * s) == (p * s) * v.
-      V::store(s + t, kScaled ? V::mul(p, V::load(a.v_scale + t)) : p);
+      if constexpr (kPairs) {
+        // Chunk t's bf16 land in bytes [2t, 2t + 2 kWidth), below every chunk not yet read.
+        sum = V::add(sum, V::store_bf16_rne_widen(reinterpret_cast<uint16_t*>(s) + t, p));
+      } else {
+        sum = V::add(sum, p);
+        // Per-page V scale folds into the weight: p * (v * s) == (p * s) * v.
+        V::store(s + t, kScaled ? V::mul(p, V::load(a.v_scale + t)) : p);
+      }
     }
     a.l[r] = a.l[r] * alpha + V::reduce_add(sum);
     a.m[r] = m_new;
     a.alpha[r] = alpha;
   }
+}
 
+template <class V, Dtype D>
+void attend_tile(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue& pf) {
+  uint32_t r = 0;
+  for (; r + 4 <= a.rows; r += 4) {
+    score_rows<V, D, 4>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
+  }
+  for (; r < a.rows; ++r) {
+    score_rows<V, D, 1>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
+  }
+  softmax_rows<V, D, false>(a, tokens);
   for (r = 0; r + 4 <= a.rows; r += 4) {
     accumulate_rows<V, D, 4>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
                              a.o + r * dim, pf);
@@ -352,6 +392,146 @@ void attend_tile(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue
   for (; r < a.rows; ++r) {
     accumulate_rows<V, D, 1>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
                              a.o + r * dim, pf);
+  }
+  pf.drain();
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 KV with vdpbf16ps (lane types with kBf16Dot). Same tiles, register blocks, softmax and
+// prefetching as above; what changes is the arithmetic:
+// - scores: q rows rounded to bf16 once per item (ItemArgs::q_bf16), then 32 products per
+//   instruction against K rows read straight from the page (bf16 pairs along head_dim are K's
+//   memory layout), nothing widened;
+// - P.V: the rows of two consecutive tokens interleaved (vpunpcklwd/hwd within 128-bit lanes) so
+//   a 32-bit lane holds (v_t[d], v_t+1[d]), times the weights (p_t, p_t+1) rounded to bf16 and
+//   broadcast as one pair. The accumulators then hold d in interleave()'s order; o is kept in
+//   that order for the whole item (full 32-element chunks; a 16-element tail is interleaved in
+//   natural order instead) and put back at the item's end, so loads and stores of o stay plain.
+//   An odd token count pairs the last token with a zero row and a zero weight.
+// ---------------------------------------------------------------------------------------------
+
+// scores[r][t] = q_r . k_t for an RB x TB block: q rows are bf16, `dim` apart.
+template <class V, int RB, int TB>
+inline void score_block_dot(const uint16_t* q, const uint8_t* const* k, uint32_t dim,
+                            float* scores) {
+  typename V::F acc[RB][TB];
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::zero();
+  }
+  uint32_t d = 0;
+  for (; d + 32 <= dim; d += 32) {
+    typename V::Pairs kv[TB];
+    KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = V::load_pairs(k[t] + 2 * d);
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+      const auto qv = V::load_pairs(q + r * dim + d);
+      KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::dot(acc[r][t], qv, kv[t]);
+    }
+  }
+  if (d < dim) {  // 16 left: the upper halves are zero in both operands
+    typename V::Pairs kv[TB];
+    KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = V::load_pairs_half(k[t] + 2 * d);
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+      const auto qv = V::load_pairs_half(q + r * dim + d);
+      KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::dot(acc[r][t], qv, kv[t]);
+    }
+  }
+  store_scores<V, RB, TB>(acc, scores);
+}
+
+template <class V, int RB>
+inline void score_rows_dot(const uint16_t* q, const uint8_t* const* k, uint32_t tokens,
+                           uint32_t dim, float* scores, PrefetchQueue& pf) {
+  uint32_t t = 0;
+  for (; t + 4 <= tokens; t += 4) {
+    pf.issue();
+    score_block_dot<V, RB, 4>(q, k + t, dim, scores + t);
+  }
+  for (; t < tokens; ++t) score_block_dot<V, RB, 1>(q, k + t, dim, scores + t);
+}
+
+// o_r = o_r * alpha_r + sum_t p[r][t] * v_t over DC chunks of 32 dims from d, o in pair order.
+// p rows hold the bf16 weights in pairs (softmax_rows<..., true>); v has an even number of rows.
+template <class V, int RB, int DC>
+inline void accumulate_chunk_dot(const float* p, const float* alpha, const uint8_t* const* v,
+                                 uint32_t pairs, uint32_t dim, uint32_t d, float* o) {
+  typename V::F acc[RB][2 * DC];
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    const auto a = V::set1(alpha[r]);
+    KVTIER_UNROLL for (int c = 0; c < 2 * DC; ++c) {
+      acc[r][c] = V::mul(V::load(o + r * dim + d + c * 16), a);
+    }
+  }
+  for (uint32_t j = 0; j < pairs; ++j) {
+    typename V::Pairs lo[DC], hi[DC];
+    KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
+      const uint32_t off = 2 * (d + 32 * c);
+      V::interleave(V::load_pairs(v[2 * j] + off), V::load_pairs(v[2 * j + 1] + off), lo[c], hi[c]);
+    }
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+      const auto w = V::broadcast_pair(p + r * kTileTokens + j);
+      KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
+        acc[r][2 * c] = V::dot(acc[r][2 * c], lo[c], w);
+        acc[r][2 * c + 1] = V::dot(acc[r][2 * c + 1], hi[c], w);
+      }
+    }
+  }
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    KVTIER_UNROLL for (int c = 0; c < 2 * DC; ++c) V::store(o + r * dim + d + c * 16, acc[r][c]);
+  }
+}
+
+// The last 16 dims of a head_dim that is an odd multiple of 16, in natural order.
+template <class V, int RB>
+inline void accumulate_half_dot(const float* p, const float* alpha, const uint8_t* const* v,
+                                uint32_t pairs, uint32_t dim, uint32_t d, float* o) {
+  typename V::F acc[RB];
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+    acc[r] = V::mul(V::load(o + r * dim + d), V::set1(alpha[r]));
+  }
+  for (uint32_t j = 0; j < pairs; ++j) {
+    const auto x = V::interleave_half(v[2 * j] + 2 * d, v[2 * j + 1] + 2 * d);
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+      acc[r] = V::dot(acc[r], x, V::broadcast_pair(p + r * kTileTokens + j));
+    }
+  }
+  KVTIER_UNROLL for (int r = 0; r < RB; ++r) V::store(o + r * dim + d, acc[r]);
+}
+
+template <class V, int RB>
+inline void accumulate_rows_dot(const float* p, const float* alpha, const uint8_t* const* v,
+                                uint32_t tokens, uint32_t dim, float* o, PrefetchQueue& pf) {
+  constexpr uint32_t kDc = RB >= 4 ? 2 : 4;
+  const uint32_t pairs = (tokens + 1) / 2;
+  uint32_t d = 0;
+  for (; d + 32 * kDc <= dim; d += 32 * kDc) {
+    pf.issue();
+    accumulate_chunk_dot<V, RB, kDc>(p, alpha, v, pairs, dim, d, o);
+  }
+  for (; d + 32 <= dim; d += 32) {
+    pf.issue();
+    accumulate_chunk_dot<V, RB, 1>(p, alpha, v, pairs, dim, d, o);
+  }
+  if (d < dim) accumulate_half_dot<V, RB>(p, alpha, v, pairs, dim, d, o);
+}
+
+// As attend_tile, for bf16 KV through vdpbf16ps; a.v has a zero row after an odd last token.
+template <class V>
+void attend_tile_dot(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue& pf) {
+  uint32_t r = 0;
+  for (; r + 4 <= a.rows; r += 4) {
+    score_rows_dot<V, 4>(a.q_bf16 + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
+  }
+  for (; r < a.rows; ++r) {
+    score_rows_dot<V, 1>(a.q_bf16 + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
+  }
+  softmax_rows<V, Dtype::kBF16, true>(a, tokens);
+  for (r = 0; r + 4 <= a.rows; r += 4) {
+    accumulate_rows_dot<V, 4>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
+                              a.o + r * dim, pf);
+  }
+  for (; r < a.rows; ++r) {
+    accumulate_rows_dot<V, 1>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
+                              a.o + r * dim, pf);
   }
   pf.drain();
 }
@@ -385,6 +565,7 @@ inline void locate_tile(const ItemArgs& a, std::size_t token_bytes, uint32_t beg
 
 template <class V, Dtype D>
 void attend_item_t(const ItemArgs& a) {
+  constexpr bool kDot = has_bf16_dot<V>() && D == Dtype::kBF16;
   constexpr std::size_t kEs = elem_bytes<D>();
   const uint32_t dim = a.head_dim;
   const uint32_t rows = a.q_tokens * a.group;
@@ -403,6 +584,15 @@ void attend_item_t(const ItemArgs& a) {
   const uint8_t* k_rows[kTileTokens];     // K rows of this step's head
   const uint8_t* next_rows[kTileTokens];  // K rows of the next step's head
   if (a.kv_begin >= a.kv_end) return;
+  const std::size_t all_rows = static_cast<std::size_t>(a.kv_heads) * rows;
+  if constexpr (kDot) {
+    for (std::size_t i = 0; i < all_rows * dim; i += V::kWidth) {
+      V::store_bf16_rne(a.q_bf16 + i, V::load(a.q + i));
+    }
+    for (std::size_t i = 0; i < all_rows; ++i) {
+      for (uint32_t d = 0; d + 32 <= dim; d += 32) V::to_pair_order(a.o + i * dim + d);
+    }
+  }
   int cur = 0;
   locate_tile(a, token_bytes, a.kv_begin, tiles[cur]);
   for (uint32_t begin = a.kv_begin; begin < a.kv_end; begin += kTileTokens) {
@@ -424,13 +614,36 @@ void attend_item_t(const ItemArgs& a) {
       const uint8_t* v_rows[kTileTokens];
       for (uint32_t j = 0; j < tile.tokens; ++j) v_rows[j] = k_rows[j] + v_offset;
       const std::size_t row0 = static_cast<std::size_t>(h) * rows;
-      const TileRows t{
-          a.q + row0 * dim, rows,         a.group,      a.visible_end, begin,      k_rows,
-          v_rows,           tile.k_scale, tile.v_scale, a.m + row0,    a.l + row0, a.o + row0 * dim,
-          scores,           alpha};
-      attend_tile<V, D>(t, tile.tokens, dim, pf);
+      const TileRows t{a.q + row0 * dim,
+                       kDot ? a.q_bf16 + row0 * dim : nullptr,
+                       rows,
+                       a.group,
+                       a.visible_end,
+                       begin,
+                       k_rows,
+                       v_rows,
+                       tile.k_scale,
+                       tile.v_scale,
+                       a.m + row0,
+                       a.l + row0,
+                       a.o + row0 * dim,
+                       scores,
+                       alpha};
+      if constexpr (kDot) {
+        // The partner of an odd last token (an odd count is always below kTileTokens).
+        alignas(64) static constexpr uint8_t kZeroRow[2 * kMaxHeadDim] = {};
+        if (tile.tokens % 2 != 0) v_rows[tile.tokens] = kZeroRow;
+        attend_tile_dot<V>(t, tile.tokens, dim, pf);
+      } else {
+        attend_tile<V, D>(t, tile.tokens, dim, pf);
+      }
     }
     cur ^= 1;
+  }
+  if constexpr (kDot) {
+    for (std::size_t i = 0; i < all_rows; ++i) {
+      for (uint32_t d = 0; d + 32 <= dim; d += 32) V::from_pair_order(a.o + i * dim + d);
+    }
   }
 }
 

@@ -15,8 +15,24 @@ namespace {
 #if defined(KVTIER_KERNELS_X86)
 // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
 bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
+  return has;
+}
+
+// AVX512_BF16 from CPUID leaf 7 subleaf 1 (EAX bit 5); older compilers' __builtin_cpu_supports
+// do not know it either. The OS side (ZMM state enabled in XCR0) is what avx512f already implies.
+// Read once: isa_kernels() runs per attention call, and CPUID traps to the hypervisor in a VM.
+bool cpu_has_avx512_bf16() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 1, eax, ebx, ecx, edx);
+    return (eax & (1u << 5)) != 0;
+  }();
+  return has;
 }
 #endif
 
@@ -30,6 +46,8 @@ bool cpu_can_run(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma") && cpu_has_f16c();
+    case Isa::kAvx512Bf16:
+      return avx512_bf16_kernels() != nullptr && cpu_can_run(Isa::kAvx512) && cpu_has_avx512_bf16();
     case Isa::kAuto: return true;
   }
   return false;
@@ -39,19 +57,22 @@ bool cpu_can_run(Isa isa) {
 }
 
 Isa detect_best() {
-  Isa cap = Isa::kAvx512;
+  Isa cap = Isa::kAvx512Bf16;
   if (const char* env = std::getenv("KVTIER_CPU_ISA"); env != nullptr) {
     const std::string_view v(env);
     if (v == "scalar") {
       cap = Isa::kScalar;
     } else if (v == "avx2") {
       cap = Isa::kAvx2;
-    } else if (v != "avx512") {
-      log(LogLevel::kWarn, "KVTIER_CPU_ISA='" + std::string(v) +
-                               "' is not scalar|avx2|avx512; using the best the CPU supports");
+    } else if (v == "avx512") {
+      cap = Isa::kAvx512;
+    } else if (v != "avx512_bf16") {
+      log(LogLevel::kWarn,
+          "KVTIER_CPU_ISA='" + std::string(v) +
+              "' is not scalar|avx2|avx512|avx512_bf16; using the best the CPU supports");
     }
   }
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx2}) {
+  for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2}) {
     if (static_cast<int>(isa) <= static_cast<int>(cap) && cpu_can_run(isa)) return isa;
   }
   return Isa::kScalar;
@@ -62,6 +83,10 @@ Isa detect_best() {
 #if !defined(KVTIER_KERNELS_X86)
 const IsaKernels* avx2_kernels() { return nullptr; }
 const IsaKernels* avx512_kernels() { return nullptr; }
+#endif
+#if !defined(KVTIER_KERNELS_AVX512_BF16)
+// The compiler could not build the AVX512_BF16 file (or this is not x86-64).
+const IsaKernels* avx512_bf16_kernels() { return nullptr; }
 #endif
 
 Isa best_isa() {
@@ -76,6 +101,7 @@ const IsaKernels* isa_kernels(Isa isa) {
     case Isa::kScalar: return scalar_kernels();
     case Isa::kAvx2: return avx2_kernels();
     case Isa::kAvx512: return avx512_kernels();
+    case Isa::kAvx512Bf16: return avx512_bf16_kernels();
     case Isa::kAuto: break;
   }
   return nullptr;
@@ -87,6 +113,7 @@ const char* isa_name(Isa isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Bf16: return "avx512_bf16";
   }
   return "unknown";
 }

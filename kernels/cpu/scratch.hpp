@@ -17,11 +17,15 @@ namespace kvtier::kernels::cpu {
 
 class ThreadScratch {
  public:
-  static constexpr int kSlots = 6;
+  static constexpr int kSlots = 7;
 
   // Slot `slot` with room for at least `count` floats; contents are unspecified.
   float* floats(int slot, std::size_t count) {
     return static_cast<float*>(bytes(slot, count * sizeof(float)));
+  }
+  // Slot `slot` with room for at least `count` 16-bit values.
+  uint16_t* halves(int slot, std::size_t count) {
+    return static_cast<uint16_t*>(bytes(slot, count * sizeof(uint16_t)));
   }
   uint32_t* words(std::size_t count) {
     return static_cast<uint32_t*>(bytes(kSlots - 1, count * sizeof(uint32_t)));

@@ -1,7 +1,8 @@
 // CPU paged attention against the naive fp64 reference (paged_kv_fixture.hpp), for every ISA this
 // CPU runs, every KV dtype, GQA group 1/4/8 and head_dim 64/128/256; plus one-token and 64k-token
 // contexts, odd page counts, partial last pages, split-K merging, numerically hard inputs, the
-// residency guard and input validation.
+// residency guard and input validation. The avx512_bf16 path for bf16 KV is checked against the
+// same reference within a bound derived from its roundings (see expect_within_bf16_dot_bound).
 #include "kernels/cpu/attention.hpp"
 
 #include <gtest/gtest.h>
@@ -73,10 +74,135 @@ void expect_matches_reference(const PagedKvFixture& fx, Tolerance tol, float sm_
 
 std::vector<Isa> runnable_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
     if (cpu::isa_kernels(isa) != nullptr) out.push_back(isa);
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bf16 dot-product path (avx512_bf16, bf16 KV) and its error bound
+// ---------------------------------------------------------------------------------------------
+//
+// That path rounds two things the fp32 paths keep exact: q, once scaled into log2 units, to bf16
+// (nearest even), and each softmax weight p_t to bf16, with l summed from the rounded weights.
+// Both act on the weights only. Write the kernel's normalised weights as w~_t = w_t (1 + eta_t) /
+// (1 + sum_j w_j eta_j), w the exact softmax; since sum_t w_t (v_t - o) = 0,
+//   o~ - o = sum_t w_t eta_t (v_t - o) / (1 + sum_j w_j eta_j),
+//   |o~_i - o_i| <= sum_t w_t |eta_t| |v_t,i - o_i| / (1 - max_t |eta_t|).
+// Rounding q moves score t by exactly delta_t = ln2 sum_d q~_d k_t,d - scale sum_d q_d k_t,d
+// (natural-log units), which the test computes from the stored values; rounding p_t scales it by
+// (1 + e), |e| <= 2^-8 (bf16 keeps 8 significant bits, so its unit roundoff is 2^-8). Hence
+//   |eta_t| <= exp(|delta_t|) (1 + 2^-8) - 1,
+// and lse moves by ln(1 + sum_t w_t eta_t), at most -ln(1 - max_t |eta_t|). On top comes the
+// fp32 arithmetic every path has (vdpbf16ps accumulates in fp32: products of two bf16 are exact,
+// the additions round like an FMA chain's; it flushes denormals, below 2^-126, which values of
+// magnitude ~1 never reach), bounded by the dtype's Tolerance as for the other paths.
+
+bool takes_bf16_dot(Isa isa, Dtype dtype) {
+  if (isa == Isa::kAuto) isa = cpu::best_isa();
+  return isa == Isa::kAvx512Bf16 && dtype == Dtype::kBF16;
+}
+
+void expect_within_bf16_dot_bound(const PagedKvFixture& fx, Tolerance tol, float sm_scale = 0.0f,
+                                  double value_scale = 1.0) {
+  const PagedKv& kv = fx.kv();
+  const uint32_t dim = kv.head_dim;
+  const uint32_t heads = fx.num_qo_heads();
+  const uint32_t group = heads / kv.kv_heads;
+  AttentionParams p;
+  p.kv = kv;
+  p.sm_scale = sm_scale;
+  // The kernel's q scale (attention.cpp: f32 sm_scale times f32 log2(e)), and the reference's.
+  const float q_scale = p.effective_sm_scale() * 1.4426950408889634f;
+  const double scale = sm_scale != 0.0f ? sm_scale : 1.0 / std::sqrt(static_cast<double>(dim));
+  const double ln2 = std::log(2.0);
+  const double u = std::ldexp(1.0, -8);  // bf16 unit roundoff
+  std::size_t bad = 0, checked = 0;
+  double worst_ratio = 0.0, worst_bound = 0.0;
+  std::vector<double> s, sr, w, eta, o;
+  for (uint32_t b = 0; b < kv.batch; ++b) {
+    const uint32_t pages = fx.indptr()[b + 1] - fx.indptr()[b];
+    const uint32_t len = (pages - 1) * kv.page_tokens + fx.last_page_len()[b];
+    const bool decode = fx.q_indptr().empty();
+    const uint32_t chunk = decode ? 1 : fx.q_indptr()[b + 1] - fx.q_indptr()[b];
+    const uint32_t row0 = decode ? b : fx.q_indptr()[b];
+    for (uint32_t i = 0; i < chunk; ++i) {
+      const uint32_t visible = len - chunk + i + 1;
+      for (uint32_t h = 0; h < heads; ++h) {
+        const uint32_t kvh = h / group;
+        const std::size_t row = static_cast<std::size_t>(row0 + i) * heads + h;
+        const float* q = fx.q().data() + row * dim;
+        s.assign(visible, 0.0);
+        sr.assign(visible, 0.0);
+        double mx = -INFINITY;
+        for (uint32_t j = 0; j < visible; ++j) {
+          double exact = 0.0, rounded = 0.0;
+          for (uint32_t d = 0; d < dim; ++d) {
+            const double k = fx.kv_value(0, b, j, kvh, d);
+            exact += static_cast<double>(q[d]) * k;
+            rounded += static_cast<double>(bf16_to_float(float_to_bf16(q[d] * q_scale))) * k;
+          }
+          s[j] = exact * scale;
+          sr[j] = rounded * ln2;
+          mx = std::max(mx, s[j]);
+        }
+        w.assign(visible, 0.0);
+        eta.assign(visible, 0.0);
+        double sum = 0.0, eta_max = 0.0;
+        for (uint32_t j = 0; j < visible; ++j) {
+          w[j] = std::exp(s[j] - mx);
+          sum += w[j];
+          eta[j] = std::exp(std::fabs(sr[j] - s[j])) * (1.0 + u) - 1.0;
+          eta_max = std::max(eta_max, eta[j]);
+        }
+        for (double& x : w) x /= sum;
+        o.assign(dim, 0.0);
+        for (uint32_t j = 0; j < visible; ++j) {
+          for (uint32_t d = 0; d < dim; ++d) o[d] += w[j] * fx.kv_value(1, b, j, kvh, d);
+        }
+        std::vector<double> bound(dim, 0.0);
+        for (uint32_t j = 0; j < visible; ++j) {
+          for (uint32_t d = 0; d < dim; ++d) {
+            bound[d] += w[j] * eta[j] * std::fabs(fx.kv_value(1, b, j, kvh, d) - o[d]);
+          }
+        }
+        for (uint32_t d = 0; d < dim; ++d) {
+          const double allowed =
+              bound[d] / (1.0 - eta_max) + tol.atol * value_scale + tol.rtol * std::fabs(o[d]);
+          const double err = std::fabs(fx.out()[row * dim + d] - o[d]);
+          ++checked;
+          if (!(err <= allowed)) {
+            if (bad == 0) {
+              ADD_FAILURE() << "row " << row << " dim " << d << ": got " << fx.out()[row * dim + d]
+                            << ", reference " << o[d] << ", error " << err << " > bound "
+                            << allowed;
+            }
+            ++bad;
+          }
+          worst_ratio = std::max(worst_ratio, err / allowed);
+          worst_bound = std::max(worst_bound, allowed);
+        }
+        const double lse = mx + std::log(sum);
+        const double lse_allowed = -std::log(1.0 - eta_max) + 1e-4 * std::max(1.0, std::fabs(lse));
+        EXPECT_LE(std::fabs(fx.lse()[row] - lse), lse_allowed) << "lse of row/head " << row;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "of " << checked << " elements";
+  // How tight the bound is, for whoever changes the kernel or the bound.
+  ::testing::Test::RecordProperty("worst_error_over_bound", std::to_string(worst_ratio));
+  ::testing::Test::RecordProperty("largest_bound", std::to_string(worst_bound));
+}
+
+// The reference check that applies to `isa` (kAuto = the best this CPU runs) and dtype.
+void expect_matches(const PagedKvFixture& fx, Isa isa, Dtype dtype, Tolerance tol,
+                    float sm_scale = 0.0f, double value_scale = 1.0) {
+  if (takes_bf16_dot(isa, dtype)) {
+    expect_within_bf16_dot_bound(fx, tol, sm_scale, value_scale);
+  } else {
+    expect_matches_reference(fx, tol, sm_scale, value_scale);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -114,26 +240,26 @@ TEST_P(AttentionMatrix, DecodeOddPagesPartialLastPageAndOneToken) {
   // 1 token (one partial page), 37 (3 pages, last has 5), 80 (5 full pages), 129 (9 pages).
   PagedKvFixture fx(shape(), {1, 37, 80, 129}, {}, 11);
   ASSERT_TRUE(cpu::decode_attention(fx.params(), options()).ok());
-  expect_matches_reference(fx, tolerance_for(shape().dtype));
+  expect_matches(fx, options().isa, shape().dtype, tolerance_for(shape().dtype));
 }
 
 TEST_P(AttentionMatrix, DecodeSplitAlongKvMergesExactly) {
   PagedKvFixture fx(shape(), {129, 3, 250}, {}, 12);
   ASSERT_TRUE(cpu::decode_attention(fx.params(), options(/*min_split=*/16)).ok());
-  expect_matches_reference(fx, tolerance_for(shape().dtype));
+  expect_matches(fx, options().isa, shape().dtype, tolerance_for(shape().dtype));
 }
 
 TEST_P(AttentionMatrix, ChunkedPrefillIsCausal) {
   // A whole prompt from scratch (chunk == length), a one-token chunk, and chunks against a cache.
   PagedKvFixture fx(shape(), {21, 37, 80, 5}, {21, 1, 17, 3}, 13);
   ASSERT_TRUE(cpu::prefill_attention(fx.params(), options()).ok());
-  expect_matches_reference(fx, tolerance_for(shape().dtype));
+  expect_matches(fx, options().isa, shape().dtype, tolerance_for(shape().dtype));
 }
 
 TEST_P(AttentionMatrix, ChunkedPrefillSplitAlongKv) {
   PagedKvFixture fx(shape(), {100, 47}, {33, 47}, 14);
   ASSERT_TRUE(cpu::prefill_attention(fx.params(), options(/*min_split=*/16)).ok());
-  expect_matches_reference(fx, tolerance_for(shape().dtype));
+  expect_matches(fx, options().isa, shape().dtype, tolerance_for(shape().dtype));
 }
 
 std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) {
@@ -144,7 +270,7 @@ std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllIsasDtypesGroupsDims, AttentionMatrix,
-    ::testing::Combine(::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+    ::testing::Combine(::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16),
                        ::testing::ValuesIn(kAllDtypes), ::testing::Values(1u, 4u, 8u),
                        ::testing::Values(64u, 128u, 256u)),
     matrix_name);
@@ -189,7 +315,7 @@ TEST(AttentionLong, Decode64kTokensAndAShortNeighbour) {
   s.dtype = Dtype::kBF16;
   PagedKvFixture fx(s, {65536 + 7, 3}, {}, 31);
   ASSERT_TRUE(cpu::decode_attention(fx.params()).ok());
-  expect_matches_reference(fx, tolerance_for(s.dtype));
+  expect_matches(fx, Isa::kAuto, s.dtype, tolerance_for(s.dtype));
 }
 
 TEST(AttentionLong, PrefillChunkAgainst64kCachedTokens) {
@@ -200,7 +326,61 @@ TEST(AttentionLong, PrefillChunkAgainst64kCachedTokens) {
   s.dtype = Dtype::kFP8E4M3;
   PagedKvFixture fx(s, {65536 + 9}, {9}, 32);
   ASSERT_TRUE(cpu::prefill_attention(fx.params()).ok());
-  expect_matches_reference(fx, tolerance_for(s.dtype));
+  expect_matches(fx, Isa::kAuto, s.dtype, tolerance_for(s.dtype));
+}
+
+TEST(AttentionBf16Dot, HeadDimsWithA16ElementTailAndOddTokenCounts) {
+  // head_dim an odd multiple of 16 takes the natural-order half-vector tail in both products;
+  // odd token counts pair the last token with a zero row; chunks of 1..7 query tokens make
+  // partial row blocks and causal masks inside a pair of tokens.
+  if (cpu::isa_kernels(Isa::kAvx512Bf16) == nullptr) {
+    GTEST_SKIP() << "this CPU cannot run the avx512_bf16 kernels";
+  }
+  CpuOptions o;
+  o.isa = Isa::kAvx512Bf16;
+  for (uint32_t dim : {16u, 48u, 80u, 144u, 208u}) {
+    for (uint32_t group : {1u, 4u, 8u}) {
+      SCOPED_TRACE("head_dim " + std::to_string(dim) + ", group " + std::to_string(group));
+      KvShape s;
+      s.dtype = Dtype::kBF16;
+      s.head_dim = dim;
+      s.group = group;
+      s.kv_heads = 2;
+      PagedKvFixture dec(s, {1, 2, 3, 17, 33, 129}, {}, 81 + dim + group);
+      o.min_split_tokens = 0;
+      ASSERT_TRUE(cpu::decode_attention(dec.params(), o).ok());
+      expect_within_bf16_dot_bound(dec, tolerance_for(s.dtype));
+      PagedKvFixture pre(s, {7, 40, 3}, {7, 5, 1}, 91 + dim + group);
+      o.min_split_tokens = 16;
+      ASSERT_TRUE(cpu::prefill_attention(pre.params(), o).ok());
+      expect_within_bf16_dot_bound(pre, tolerance_for(s.dtype));
+    }
+  }
+}
+
+TEST(AttentionBf16Dot, RoundsQAndTheWeightsToBf16) {
+  // The path must really be the bf16 one (not the exact fp32 path under another name): its
+  // output differs from avx512's, by about what the bound allows and far more than fp32 noise.
+  if (cpu::isa_kernels(Isa::kAvx512Bf16) == nullptr) {
+    GTEST_SKIP() << "this CPU cannot run the avx512_bf16 kernels";
+  }
+  KvShape s;
+  s.dtype = Dtype::kBF16;
+  s.head_dim = 128;
+  s.group = 4;
+  PagedKvFixture dot(s, {300}, {}, 95);
+  PagedKvFixture exact(s, {300}, {}, 95);
+  CpuOptions o;
+  o.isa = Isa::kAvx512Bf16;
+  ASSERT_TRUE(cpu::decode_attention(dot.params(), o).ok());
+  o.isa = Isa::kAvx512;
+  ASSERT_TRUE(cpu::decode_attention(exact.params(), o).ok());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < dot.out().size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(dot.out()[i] - exact.out()[i])));
+  }
+  EXPECT_GT(worst, 1e-4) << "no sign of the bf16 roundings";
+  EXPECT_LT(worst, 1e-2);
 }
 
 TEST(AttentionStability, LargeScoresDoNotOverflow) {
@@ -217,7 +397,7 @@ TEST(AttentionStability, LargeScoresDoNotOverflow) {
     o.min_split_tokens = 32;
     ASSERT_TRUE(cpu::decode_attention(fx.params(), o).ok());
     for (float x : fx.out()) ASSERT_TRUE(std::isfinite(x)) << cpu::isa_name(isa);
-    expect_matches_reference(fx, {2e-5, 2e-4}, 0.0f, s.value_scale);
+    expect_matches(fx, isa, s.dtype, {2e-5, 2e-4}, 0.0f, s.value_scale);
   }
 }
 
@@ -228,7 +408,7 @@ TEST(AttentionStability, ExplicitSoftmaxScale) {
   AttentionParams p = fx.params();
   p.sm_scale = 0.3f;
   ASSERT_TRUE(cpu::decode_attention(p).ok());
-  expect_matches_reference(fx, tolerance_for(s.dtype), 0.3f);
+  expect_matches(fx, Isa::kAuto, s.dtype, tolerance_for(s.dtype), 0.3f);
 }
 
 TEST(AttentionConcurrency, IndependentCallsFromSeveralThreadsAgree) {
@@ -259,16 +439,21 @@ TEST(AttentionDeterminism, ResultsDoNotDependOnThreadsOrOnTheRestOfTheBatch) {
   std::copy(batch.q().begin(), batch.q().begin() + static_cast<long>(q_row),
             alone.mutable_q().begin());
   alone.copy_sequence_from(batch, 0, 0);
-  std::vector<float> wide;
-  {
-    tbb::task_arena two(2);
-    two.execute([&] { ASSERT_TRUE(cpu::decode_attention(batch.params()).ok()); });
-    wide.assign(batch.out().begin(), batch.out().begin() + static_cast<long>(q_row));
+  for (Isa isa : runnable_isas()) {
+    CpuOptions o;
+    o.isa = isa;
+    std::vector<float> wide;
+    {
+      tbb::task_arena two(2);
+      two.execute([&] { ASSERT_TRUE(cpu::decode_attention(batch.params(), o).ok()); });
+      wide.assign(batch.out().begin(), batch.out().begin() + static_cast<long>(q_row));
+    }
+    tbb::task_arena one(1);
+    one.execute([&] { ASSERT_TRUE(cpu::decode_attention(alone.params(), o).ok()); });
+    EXPECT_EQ(0, std::memcmp(wide.data(), alone.out().data(), q_row * sizeof(float)))
+        << "decode output changed with the batch or the thread count (" << cpu::isa_name(isa)
+        << ")";
   }
-  tbb::task_arena one(1);
-  one.execute([&] { ASSERT_TRUE(cpu::decode_attention(alone.params()).ok()); });
-  EXPECT_EQ(0, std::memcmp(wide.data(), alone.out().data(), q_row * sizeof(float)))
-      << "decode output changed with the batch or the thread count";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -207,7 +207,8 @@ TEST_P(Fp8Frames, EveryIsaProducesTheSameBytes) {
 
 INSTANTIATE_TEST_SUITE_P(
     IsasAndDtypes, Fp8Frames,
-    ::testing::Combine(::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512),
+    ::testing::Combine(::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512,
+                                         cpu::Isa::kAvx512Bf16),
                        ::testing::Values(Dtype::kF32, Dtype::kF16, Dtype::kBF16)),
     [](const auto& info) {
       return std::string(cpu::isa_name(std::get<0>(info.param))) + "_" +

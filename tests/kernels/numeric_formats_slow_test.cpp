@@ -23,7 +23,7 @@ TEST(NumericFormatsExhaustive, SimdEncodersEqualScalarOnAllFloats) {
   constexpr uint64_t kChunk = 1 << 20;
   std::vector<float> in(kChunk);
   std::vector<uint8_t> out(4 * kChunk);
-  for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+  for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAvx512Bf16}) {
     const cpu::IsaKernels* k = cpu::isa_kernels(isa);
     if (k == nullptr) continue;
     for (uint64_t base = 0; base < (1ull << 32); base += kChunk) {

@@ -190,7 +190,8 @@ TEST_P(SimdConversions, AbsMaxIncludingNaN) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, SimdConversions,
-                         ::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512),
+                         ::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512,
+                                           cpu::Isa::kAvx512Bf16),
                          [](const ::testing::TestParamInfo<cpu::Isa>& info) {
                            return std::string(cpu::isa_name(info.param));
                          });
