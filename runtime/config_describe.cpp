@@ -67,7 +67,8 @@ std::string describe_config(const Config& config) {
   } else {
     line("tier nvme capacity " + size_text(n.capacity_bytes) + " over " +
          std::to_string(n.paths.size()) + (n.paths.size() == 1 ? " path" : " paths") +
-         ", checksum " + std::string(enum_name(n.checksum)));
+         ", checksum " + std::string(enum_name(n.checksum)) + ", pages stored as " +
+         std::string(dtype_name(t.nvme_page_format(config.model.geometry).stored_dtype)));
     line("          direct I/O " + on_off(n.direct_io) + ", queue depth " +
          std::to_string(n.queue_depth) + ", " + std::to_string(n.io_threads) +
          (n.io_threads == 1 ? " I/O thread" : " I/O threads") + ", sqpoll " + on_off(n.sqpoll));

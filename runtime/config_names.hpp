@@ -37,6 +37,10 @@ inline constexpr std::array<EnumSpelling<ChecksumKind>, 2> kChecksumSpellings = 
     {"xxh3", ChecksumKind::kXxh3},
     {"crc32c", ChecksumKind::kCrc32c},
 }};
+inline constexpr std::array<EnumSpelling<TierKvDtype>, 2> kTierKvDtypeSpellings = {{
+    {"model", TierKvDtype::kModel},
+    {dtype_name(Dtype::kFP8E4M3), TierKvDtype::kFp8E4M3},
+}};
 inline constexpr std::array<EnumSpelling<EvictionPolicy>, 5> kEvictionSpellings = {{
     {"lru", EvictionPolicy::kLru},
     {"lfu", EvictionPolicy::kLfu},
@@ -59,6 +63,7 @@ constexpr std::span<const EnumSpelling<E>> enum_spellings() {
   if constexpr (std::is_same_v<E, Dtype>) return kDtypeSpellings;
   if constexpr (std::is_same_v<E, HbmBackend>) return kHbmBackendSpellings;
   if constexpr (std::is_same_v<E, ChecksumKind>) return kChecksumSpellings;
+  if constexpr (std::is_same_v<E, TierKvDtype>) return kTierKvDtypeSpellings;
   if constexpr (std::is_same_v<E, EvictionPolicy>) return kEvictionSpellings;
   if constexpr (std::is_same_v<E, WritePolicy>) return kWritePolicySpellings;
   if constexpr (std::is_same_v<E, LatePolicy>) return kLatePolicySpellings;

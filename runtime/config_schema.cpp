@@ -267,6 +267,8 @@ const ConfigKey kKeys[] = {
      [](Config& c, const YAML::Node& n) { return read_bool(n, c.tiers.nvme.sqpoll); }},
     {"tiers.nvme.checksum", "xxh3|crc32c",
      [](Config& c, const YAML::Node& n) { return read_enum(n, c.tiers.nvme.checksum); }},
+    {"tiers.nvme.kv_dtype", "model|fp8_e4m3",
+     [](Config& c, const YAML::Node& n) { return read_enum(n, c.tiers.nvme.kv_dtype); }},
     {"tiers.nvme.read_gbps", "number",
      [](Config& c, const YAML::Node& n) { return read_double(n, c.tiers.nvme.read_gbps); }},
     {"tiers.nvme.write_gbps", "number",

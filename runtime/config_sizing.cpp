@@ -25,7 +25,7 @@ TierSizing size_tiers(const Config& config) {
   const NvmeTierConfig& nvme = config.tiers.nvme;
   s.nvme_enabled = nvme.enabled;
   s.nvme_first_offset = kSuperblockBytes;
-  auto layout = ExtentLayout::make(g, kNvmeSizingAlignment);
+  auto layout = ExtentLayout::make(config.tiers.nvme_page_format(g), kNvmeSizingAlignment);
   if (layout.ok()) {
     s.nvme_header_bytes = layout->header_bytes;
     s.nvme_page_stride = layout->page_stride;

@@ -6,7 +6,8 @@
 // The layout is the tiers' own, asked of them rather than restated here:
 //   - HBM and host frames: FrameArena::frame_stride (page_bytes rounded up to 4096).
 //   - NVMe extents: ExtentLayout::make at the O_DIRECT alignment of 512 bytes (a header with the
-//     per-page checksums, then the block's pages); each path holds capacity / paths / extent_bytes
+//     per-page checksums, then the block's pages in the tier's page format, fp8 pages included);
+//     each path holds capacity / paths / extent_bytes
 //     extents after a 4096-byte superblock. A device with larger logical blocks gets a larger
 //     alignment, and so slightly larger extents, when the store opens it.
 // Pure arithmetic on a Config; no allocation beyond the result, safe from any thread.

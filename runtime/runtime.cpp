@@ -156,8 +156,8 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
   prior[static_cast<int>(Link::kHbmToHost)] = LinkModel{kPriorHostLinkBytesPerS, 10 * us};
   prior[static_cast<int>(Link::kNvmeToHost)] = LinkModel{kPriorNvmeReadBytesPerS, 80 * us};
   prior[static_cast<int>(Link::kHostToNvme)] = LinkModel{kPriorNvmeWriteBytesPerS, 80 * us};
-  impl->port = std::make_unique<EngineTransferPort>(*t.engine, t.nvme.get(), *impl->loop, g,
-                                                    configured, prior);
+  impl->port = std::make_unique<EngineTransferPort>(
+      *t.engine, t.nvme_io(), *impl->loop, g, config.tiers.nvme_page_format(g), configured, prior);
 
   SchedulerOptions so;
   so.geometry = g;
@@ -348,7 +348,7 @@ RuntimeStats Runtime::Impl::snapshot() const {
   r.capacity_bytes[tier_index(Tier::kHost)] = t.host->capacity_bytes();
   if (t.nvme != nullptr) {
     const uint64_t extent =
-        t.nvme->capacity_blocks() == 0 ? 0 : config.model.geometry.block_bytes();
+        t.nvme->capacity_blocks() == 0 ? 0 : t.nvme->page_format().block_bytes();
     r.used_bytes[tier_index(Tier::kNvme)] = t.nvme->used_blocks() * extent;
     r.capacity_bytes[tier_index(Tier::kNvme)] = t.nvme->capacity_blocks() * extent;
   }

@@ -15,10 +15,15 @@ constexpr double kEwmaWeight = 0.05;
 }  // namespace
 
 EngineTransferPort::EngineTransferPort(TransferEngine& engine, BlockStore* store, EventLoop& loop,
-                                       const Geometry& geometry,
+                                       const Geometry& geometry, const PageFormat& nvme_format,
                                        const std::array<LinkModel, kNumLinks>& configured,
                                        const std::array<LinkModel, kNumLinks>& prior)
-    : engine_(engine), store_(store), loop_(loop), geometry_(geometry), configured_(configured) {
+    : engine_(engine),
+      store_(store),
+      loop_(loop),
+      geometry_(geometry),
+      nvme_format_(nvme_format),
+      configured_(configured) {
   for (int i = 0; i < kNumLinks; ++i) {
     measured_[i].store(prior[i].bytes_per_second, std::memory_order_relaxed);
     latency_[i] = configured[i].bytes_per_second > 0 ? configured[i].latency : prior[i].latency;
@@ -86,7 +91,7 @@ Status EngineTransferPort::write_block(const BlockKey& key, std::span<const uint
   KVTIER_ASSIGN_OR_RETURN(
       Transfer t, engine_.write_block(
                       key, host_frames,
-                      options_for(Link::kHostToNvme, geometry_.block_bytes(), std::move(done))));
+                      options_for(Link::kHostToNvme, nvme_format_.block_bytes(), std::move(done))));
   t.detach();
   return ok_status();
 }
@@ -94,9 +99,9 @@ Status EngineTransferPort::write_block(const BlockKey& key, std::span<const uint
 Status EngineTransferPort::read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
                                       TransferDone done) {
   KVTIER_ASSIGN_OR_RETURN(
-      Transfer t,
-      engine_.read_block(key, host_frames,
-                         options_for(Link::kNvmeToHost, geometry_.block_bytes(), std::move(done))));
+      Transfer t, engine_.read_block(
+                      key, host_frames,
+                      options_for(Link::kNvmeToHost, nvme_format_.block_bytes(), std::move(done))));
   t.detach();
   return ok_status();
 }
@@ -104,8 +109,9 @@ Status EngineTransferPort::read_block(const BlockKey& key, std::span<const uint3
 Status EngineTransferPort::read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
                                      TransferDone done) {
   KVTIER_ASSIGN_OR_RETURN(
-      Transfer t, engine_.read_page(key, layer, host_frame,
-                                    options_for(Link::kNvmeToHost, page_bytes(), std::move(done))));
+      Transfer t,
+      engine_.read_page(key, layer, host_frame,
+                        options_for(Link::kNvmeToHost, nvme_page_bytes(), std::move(done))));
   t.detach();
   return ok_status();
 }

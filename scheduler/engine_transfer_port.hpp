@@ -23,10 +23,12 @@ namespace kvtier {
 class EngineTransferPort final : public TransferPort {
  public:
   // `configured` links with bytes_per_second > 0 are used as given; the others are measured,
-  // starting from `prior`. `store` (null: no NVMe tier) is the engine's block store, for erase.
+  // starting from `prior`. `store` (null: no NVMe tier) is the engine's block store, for erase;
+  // `nvme_format` how it stores pages (what NVMe transfers move).
   // The port must outlive every transfer it submitted (the runtime drains them at shutdown).
   EngineTransferPort(TransferEngine& engine, BlockStore* store, EventLoop& loop,
-                     const Geometry& geometry, const std::array<LinkModel, kNumLinks>& configured,
+                     const Geometry& geometry, const PageFormat& nvme_format,
+                     const std::array<LinkModel, kNumLinks>& configured,
                      const std::array<LinkModel, kNumLinks>& prior);
 
   Status copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) override;
@@ -39,6 +41,7 @@ class EngineTransferPort final : public TransferPort {
   Status erase_block(const BlockKey& key) override;
   LinkModel link_model(Link link) const override;
   uint64_t page_bytes() const override { return geometry_.page_bytes(); }
+  uint64_t nvme_page_bytes() const override { return nvme_format_.page_bytes(); }
 
  private:
   TransferOptions options_for(Link link, uint64_t bytes, TransferDone done);
@@ -48,6 +51,7 @@ class EngineTransferPort final : public TransferPort {
   BlockStore* store_;
   EventLoop& loop_;
   const Geometry geometry_;
+  const PageFormat nvme_format_;
   const std::array<LinkModel, kNumLinks> configured_;
   // Measured bandwidth in bytes/s per link, stored as double bits (atomic: engine threads record).
   std::array<std::atomic<double>, kNumLinks> measured_{};

@@ -177,16 +177,15 @@ MatchResult Scheduler::match(std::span<const BlockKey> keys) {
 
 Nanos Scheduler::estimated_load_time(Tier from, uint32_t blocks) const {
   if (from == Tier::kHbm) return 0;
-  const uint64_t block_bytes = options_.geometry.block_bytes();
   // Host -> HBM for every tier below HBM; NVMe -> host first for NVMe. Queued bytes on the link
   // delay this load too.
-  const auto over = [&](Link link) {
+  const auto over = [&](Link link, uint64_t block_bytes) {
     const LinkModel m = parts_.port->link_model(link);
     return m.transfer_time(blocks * block_bytes + links_.queued_bytes(link) +
                            links_.inflight_bytes(link));
   };
-  Nanos t = over(Link::kHostToHbm);
-  if (from == Tier::kNvme) t += over(Link::kNvmeToHost);
+  Nanos t = over(Link::kHostToHbm, options_.geometry.block_bytes());
+  if (from == Tier::kNvme) t += over(Link::kNvmeToHost, nvme_block_bytes());
   return t;
 }
 
@@ -214,7 +213,8 @@ void Scheduler::decide_reuse(std::span<const BlockKey> keys, const MatchResult& 
       case Tier::kHbm: return 0;
       case Tier::kHost: return h2d.transfer_time(bb) - h2d.latency;
       case Tier::kNvme:
-        return h2d.transfer_time(bb) - h2d.latency + nvme.transfer_time(bb) - nvme.latency;
+        return h2d.transfer_time(bb) - h2d.latency + nvme.transfer_time(nvme_block_bytes()) -
+               nvme.latency;
     }
     return 0;
   };

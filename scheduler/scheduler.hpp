@@ -195,6 +195,10 @@ class Scheduler {
   void decide_reuse(std::span<const BlockKey> keys, const MatchResult& match, Sequence& seq,
                     OpenedSequence& out);
   Nanos estimated_load_time(Tier from, uint32_t blocks) const;
+  // Bytes one block moves over the NVMe links (the NVMe tier's page format).
+  uint64_t nvme_block_bytes() const {
+    return parts_.port->nvme_page_bytes() * options_.geometry.layers;
+  }
 
   // ---- Moves (scheduler_moves.cpp) ----
   // Brings page (key, layer) into HBM; `done` runs when its HBM copy is ready (or failed).

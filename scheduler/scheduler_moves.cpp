@@ -476,7 +476,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
         const uint32_t host_frame = *frame;
         reading_[key] += 1;  // the NVMe extent is read: keep it
         const JobId job = links_.enqueue(
-            Link::kNvmeToHost, prio, parts_.port->page_bytes(),
+            Link::kNvmeToHost, prio, parts_.port->nvme_page_bytes(),
             [this, key, layer, pk, host_frame](std::function<void()> finished) {
               Status submitted = parts_.port->read_page(
                   key, layer, host_frame, [this, key, layer, pk, finished](const Status& s) {
@@ -574,7 +574,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
           }
           reading_[key] += 1;
           links_.enqueue(
-              Link::kNvmeToHost, prio, options_.geometry.block_bytes(),
+              Link::kNvmeToHost, prio, nvme_block_bytes(),
               [this, key, layers, g, fail_all](std::function<void()> finished) {
                 auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
                   finished();
@@ -825,7 +825,7 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
   }
   ops_.emplace(pk, std::make_unique<PageOp>());
   links_.enqueue(
-      Link::kHostToNvme, prio, options_.geometry.block_bytes(),
+      Link::kHostToNvme, prio, nvme_block_bytes(),
       [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
         auto on_done = [this, key, layers, pk, keep_host, finished](const Status& s) {
           finished();

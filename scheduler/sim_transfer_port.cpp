@@ -67,7 +67,7 @@ Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_
   }
   writing_.insert(key);
   schedule(
-      Link::kHostToNvme, geometry_.block_bytes(),
+      Link::kHostToNvme, nvme_page_bytes() * geometry_.layers,
       [this, key, done = std::move(done)](const Status& s) {
         writing_.erase(key);
         done(s);
@@ -83,7 +83,7 @@ Status SimTransferPort::read_block(const BlockKey& key, std::span<const uint32_t
     return invalid_argument("read_block with " + std::to_string(host_frames.size()) +
                             " pages, geometry has " + std::to_string(geometry_.layers) + " layers");
   }
-  schedule(Link::kNvmeToHost, geometry_.block_bytes(), std::move(done), nullptr);
+  schedule(Link::kNvmeToHost, nvme_page_bytes() * geometry_.layers, std::move(done), nullptr);
   return ok_status();
 }
 
@@ -93,7 +93,7 @@ Status SimTransferPort::read_page(const BlockKey& key, uint32_t layer, uint32_t 
   if (layer >= geometry_.layers) {
     return out_of_range("layer " + std::to_string(layer) + " of " + to_string(key));
   }
-  schedule(Link::kNvmeToHost, geometry_.page_bytes(), std::move(done), nullptr);
+  schedule(Link::kNvmeToHost, nvme_page_bytes(), std::move(done), nullptr);
   return ok_status();
 }
 

@@ -24,9 +24,10 @@ namespace kvtier {
 struct SimWorldSpec {
   Geometry geometry;
   uint32_t hbm_frames = 0;
-  uint32_t host_frames = 0;                  // 0: no host tier
-  uint32_t nvme_extents = 0;                 // 0: no NVMe tier
-  std::array<LinkModel, kNumLinks> links{};  // indexed by Link
+  uint32_t host_frames = 0;                         // 0: no host tier
+  uint32_t nvme_extents = 0;                        // 0: no NVMe tier
+  TierKvDtype nvme_kv_dtype = TierKvDtype::kModel;  // how NVMe stores pages (what its links move)
+  std::array<LinkModel, kNumLinks> links{};         // indexed by Link
   PoliciesConfig policies;
   std::array<Watermarks, kNumTiers> watermarks{};
 };

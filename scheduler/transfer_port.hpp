@@ -61,8 +61,11 @@ class TransferPort {
   virtual Status erase_block(const BlockKey& key) = 0;
 
   virtual LinkModel link_model(Link link) const = 0;
-  // Bytes of one page and of one NVMe block transfer, for planning.
+  // Bytes of one page as HBM and host memory hold it, for planning.
   virtual uint64_t page_bytes() const = 0;
+  // Bytes one page moves over the NVMe links, in the NVMe tier's PageFormat (half of a bf16 page
+  // plus its scales when tiers.nvme.kv_dtype is fp8_e4m3); a block moves layers times this.
+  virtual uint64_t nvme_page_bytes() const = 0;
 };
 
 }  // namespace kvtier

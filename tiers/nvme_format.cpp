@@ -53,18 +53,36 @@ std::string describe_geometry(const Geometry& g) {
          ", page_tokens=" + std::to_string(g.page_tokens) + "}";
 }
 
-Result<ExtentLayout> ExtentLayout::make(const Geometry& geometry, uint32_t io_align) {
+uint64_t store_fingerprint(const PageFormat& format) {
+  const uint64_t base = geometry_fingerprint(format.stored_geometry());
+  if (!format.encodes()) return base;
+  unsigned char buf[32] = "kvtier.scaled_pages.v1";
+  std::memcpy(buf + 24, &base, 8);
+  return xxh3_64(buf, sizeof(buf));
+}
+
+std::string describe_page_format(const PageFormat& format) {
+  std::string s = describe_geometry(format.stored_geometry());
+  if (format.encodes()) {
+    s +=
+        " (quantized from " + std::string(dtype_name(format.geometry.dtype)) + ", per-page scales)";
+  }
+  return s;
+}
+
+Result<ExtentLayout> ExtentLayout::make(const PageFormat& format, uint32_t io_align) {
+  const Geometry geometry = format.stored_geometry();
   if (io_align == 0 || (io_align & (io_align - 1)) != 0 || io_align > (1u << 20)) {
     return invalid_argument("I/O alignment " + std::to_string(io_align) +
                             " is not a power of two up to 1 MiB");
   }
-  if (geometry.layers == 0 || geometry.page_bytes() == 0) {
+  if (geometry.layers == 0 || format.page_bytes() == 0) {
     return invalid_argument("geometry " + describe_geometry(geometry) + " has no pages");
   }
   ExtentLayout l;
   l.io_align = io_align;
   l.layers = geometry.layers;
-  l.page_bytes = geometry.page_bytes();
+  l.page_bytes = format.page_bytes();
   const uint64_t stride = round_up(l.page_bytes, io_align);
   const uint64_t header =
       round_up(kHeaderFixed + 8ull * geometry.layers + 8, std::max(4096u, io_align));

@@ -21,6 +21,10 @@
 // The generation is a store-wide counter: when a crash leaves two extents with one key, the
 // higher generation wins. The geometry fingerprint (XXH3-64 of "kvtier.geometry.v1" and the five
 // geometry fields) makes a store of another geometry refuse to open and a foreign extent fail.
+// Pages are in the store's PageFormat (kvtier/types.hpp): the superblock's geometry is the stored
+// one (dtype fp8_e4m3 for pages quantized from a wider model dtype) and its page_bytes include
+// the scale trailer; the fingerprint of such a format also covers the trailer, so a store of fp8
+// pages with scales never opens as one of a natively fp8 model.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +45,10 @@ inline constexpr std::size_t kSuperblockBytes = 4096;
 
 uint64_t geometry_fingerprint(const Geometry& geometry);
 std::string describe_geometry(const Geometry& geometry);
+// The fingerprint of a store of `format`: geometry_fingerprint of the stored geometry, mixed with
+// the scale trailer when the pages are encoded.
+uint64_t store_fingerprint(const PageFormat& format);
+std::string describe_page_format(const PageFormat& format);
 
 // Sizes derived from a geometry and the I/O alignment.
 struct ExtentLayout {
@@ -51,7 +59,7 @@ struct ExtentLayout {
   uint32_t layers = 0;
   uint64_t extent_bytes = 0;  // header_bytes + layers * page_stride
 
-  static Result<ExtentLayout> make(const Geometry& geometry, uint32_t io_align);
+  static Result<ExtentLayout> make(const PageFormat& format, uint32_t io_align);
   uint64_t page_offset(uint32_t layer) const {
     return header_bytes + uint64_t{layer} * page_stride;
   }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "kvtier/log.hpp"
+#include "tiers/aligned_bytes.hpp"
 #include "tiers/checksum.hpp"
 #include "tiers/key_text.hpp"
 #include "tiers/sys_error.hpp"
@@ -24,19 +25,6 @@ namespace {
 constexpr std::size_t kMaxFixedRuns = 4;
 constexpr std::size_t kMaxIov = 1024;                    // IOV_MAX
 constexpr uint64_t kMaxFixedBuffer = uint64_t{1} << 30;  // io_uring's limit per registered buffer
-
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-struct AlignedFree {
-  void operator()(std::byte* p) const noexcept { std::free(p); }
-};
-using AlignedBytes = std::unique_ptr<std::byte[], AlignedFree>;
-
-AlignedBytes aligned_bytes(std::size_t align, std::size_t bytes) {
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, round_up(bytes, align)));
-  if (p != nullptr) std::memset(p, 0, round_up(bytes, align));
-  return AlignedBytes(p);
-}
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -554,8 +542,11 @@ class NvmeStore::Worker {
 
 // --- NvmeStore -----------------------------------------------------------------------------------
 
-NvmeStore::NvmeStore(const Geometry& geometry, NvmeStoreOptions options)
-    : geometry_(geometry), options_(std::move(options)), stats_(options_.stats) {
+NvmeStore::NvmeStore(const PageFormat& format, NvmeStoreOptions options)
+    : format_(format),
+      geometry_(format.stored_geometry()),
+      options_(std::move(options)),
+      stats_(options_.stats) {
   if (!stats_) stats_ = std::make_shared<TransferStats>();
   if (!options_.backend) options_.backend = posix_io_backend();
 }
@@ -565,7 +556,7 @@ NvmeStore::~NvmeStore() {
   workers_.clear();
 }
 
-Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const Geometry& geometry,
+Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const PageFormat& format,
                                                      NvmeStoreOptions options) {
   const NvmeTierConfig& c = options.config;
   if (c.paths.empty()) return invalid_argument("tiers.nvme.paths is empty");
@@ -578,8 +569,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const Geometry& geometry,
                             " is outside 1..64");
   }
   if (c.capacity_bytes == 0) return invalid_argument("tiers.nvme.capacity_bytes is 0");
-  auto store = std::unique_ptr<NvmeStore>(new NvmeStore(geometry, std::move(options)));
-  store->fingerprint_ = geometry_fingerprint(geometry);
+  auto store = std::unique_ptr<NvmeStore>(new NvmeStore(format, std::move(options)));
+  store->fingerprint_ = store_fingerprint(format);
   KVTIER_RETURN_IF_ERROR(store->open_files());
   KVTIER_RETURN_IF_ERROR(store->start_workers());
   KVTIER_RETURN_IF_ERROR(store->recover());
@@ -660,7 +651,7 @@ Status NvmeStore::open_files() {
   if (existing == 0) {
     uint32_t io_align = 512;
     for (const Opened& o : opened) io_align = std::max(io_align, o.info.logical_block);
-    KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(geometry_, io_align));
+    KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, io_align));
     const uint64_t first = std::max<uint64_t>(kSuperblockBytes, io_align);
     store_id_ = random_store_id();
     auto sb_buf = aligned_bytes(4096, kSuperblockBytes);
@@ -706,7 +697,10 @@ Status NvmeStore::open_files() {
       if (sb.fingerprint != fingerprint_ || !(sb.geometry == geometry_)) {
         return failed_precondition(
             o.path + " holds a kvtier store for geometry " + describe_geometry(sb.geometry) +
-            " but the configured geometry is " + describe_geometry(geometry_) +
+            (sb.fingerprint != fingerprint_ && sb.geometry == geometry_
+                 ? std::string(format_.encodes() ? " without" : " with") + " per-page fp8 scales"
+                 : std::string()) +
+            " but the configured geometry is " + describe_page_format(format_) +
             "; point tiers.nvme.paths elsewhere or remove the file");
       }
       if (sb.store_id != store_id_ || sb.file_count != opened.size() || sb.file_index != i) {
@@ -716,8 +710,7 @@ Status NvmeStore::open_files() {
                                    std::to_string(i) + "] of " + std::to_string(opened.size()) +
                                    " (store " + hex64(store_id_) + ")");
       }
-      KVTIER_ASSIGN_OR_RETURN(ExtentLayout expect,
-                              ExtentLayout::make(geometry_, sb.layout.io_align));
+      KVTIER_ASSIGN_OR_RETURN(ExtentLayout expect, ExtentLayout::make(format_, sb.layout.io_align));
       if (expect.header_bytes != sb.layout.header_bytes ||
           expect.page_stride != sb.layout.page_stride ||
           expect.extent_bytes != sb.layout.extent_bytes || sb.first_offset != first.first_offset ||
@@ -736,7 +729,7 @@ Status NvmeStore::open_files() {
       }
       per_file.push_back(static_cast<uint32_t>(sb.extent_count));
     }
-    KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(geometry_, first.layout.io_align));
+    KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, first.layout.io_align));
     needs_scan_ = true;
     uint64_t total = 0;
     bool differs = false;
@@ -924,7 +917,7 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
     op->page_sums[i] = checksum(op->checksum_kind, pages[i], layout_.page_bytes);
     op->pages[i] = const_cast<std::byte*>(pages[i]);  // iovec wants non-const; never written
   }
-  op->state = std::make_shared<TransferState>(Link::kHostToNvme, geometry_.block_bytes(),
+  op->state = std::make_shared<TransferState>(Link::kHostToNvme, format_.block_bytes(),
                                               std::move(options), stats_, options_.notifier);
   Transfer t(op->state);
   post(std::move(op));
@@ -964,7 +957,7 @@ Result<Transfer> NvmeStore::read_block(const BlockKey& key, std::span<std::byte*
     ++readers_[op->extent];
   }
   op->pages.assign(pages.begin(), pages.end());
-  op->state = std::make_shared<TransferState>(Link::kNvmeToHost, geometry_.block_bytes(),
+  op->state = std::make_shared<TransferState>(Link::kNvmeToHost, format_.block_bytes(),
                                               std::move(options), stats_, options_.notifier);
   Transfer t(op->state);
   post(std::move(op));
@@ -1002,7 +995,7 @@ Result<Transfer> NvmeStore::read_page(const BlockKey& key, uint32_t layer, std::
     ++readers_[op->extent];
   }
   op->pages = {page};
-  op->state = std::make_shared<TransferState>(Link::kNvmeToHost, geometry_.page_bytes(),
+  op->state = std::make_shared<TransferState>(Link::kNvmeToHost, format_.page_bytes(),
                                               std::move(options), stats_, options_.notifier);
   Transfer t(op->state);
   post(std::move(op));

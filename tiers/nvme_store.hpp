@@ -29,6 +29,10 @@
 // served. Writes are not fsync'ed: this is a cache, and losing the last writes in a crash only
 // loses hits. A store written with another geometry is refused with a message naming both.
 //
+// Pages are stored in the store's PageFormat: as computed, or fp8 with a scale trailer. The store
+// never converts; its callers hand it pages already in that format (ConvertingStore does it for
+// the transfer engine), and geometry() is the geometry of the stored pages.
+//
 // Erase is in memory only: an erased block may reappear after a restart, which is harmless — its
 // key still names exactly those bytes, and the scan verifies the header as for any other block.
 #pragma once
@@ -74,12 +78,18 @@ class NvmeStore final : public BlockStore {
  public:
   // Opens or creates the store files of `options.config.paths` (created 0600, parents 0700),
   // recovers the index of existing ones, and starts the I/O threads.
-  static Result<std::unique_ptr<NvmeStore>> create(const Geometry& geometry,
+  static Result<std::unique_ptr<NvmeStore>> create(const PageFormat& format,
                                                    NvmeStoreOptions options);
+  // A store of pages as the model computes them.
+  static Result<std::unique_ptr<NvmeStore>> create(const Geometry& geometry,
+                                                   NvmeStoreOptions options) {
+    return create(PageFormat::as_computed(geometry), std::move(options));
+  }
   // Cancels queued operations, waits for those in flight, stops the threads, closes the files.
   ~NvmeStore() override;
 
   const Geometry& geometry() const override { return geometry_; }
+  const PageFormat& page_format() const { return format_; }
   std::size_t page_io_bytes() const override { return layout_.page_stride; }
   std::size_t buffer_alignment() const override { return layout_.io_align; }
 
@@ -125,7 +135,7 @@ class NvmeStore final : public BlockStore {
     std::vector<uint64_t> page_sums;
   };
 
-  NvmeStore(const Geometry& geometry, NvmeStoreOptions options);
+  NvmeStore(const PageFormat& format, NvmeStoreOptions options);
 
   Status open_files();
   Status start_workers();
@@ -140,7 +150,8 @@ class NvmeStore final : public BlockStore {
   void drop_corrupt(const Op& op, const std::string& why);
   void free_extent_locked(uint32_t extent);
 
-  const Geometry geometry_;
+  const PageFormat format_;
+  const Geometry geometry_;  // format_.stored_geometry()
   NvmeStoreOptions options_;
   std::shared_ptr<TransferStats> stats_;
   ExtentLayout layout_;

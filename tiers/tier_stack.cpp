@@ -26,9 +26,15 @@ Result<std::unique_ptr<TierStack>> open_tiers(const TiersConfig& config, const G
     if (stack->host->region_bytes() > 0) {
       nvme.fixed_buffers.push_back(iovec{stack->host->base(), stack->host->region_bytes()});
     }
-    auto store = NvmeStore::create(geometry, std::move(nvme));
+    const PageFormat format = config.nvme_page_format(geometry);
+    auto store = NvmeStore::create(format, std::move(nvme));
     if (!store.ok()) return std::move(store).status().with_context("tiers.nvme");
     stack->nvme = std::move(store).value();
+    if (format.encodes()) {
+      auto codec = ConvertingStore::create(*stack->nvme, format);
+      if (!codec.ok()) return std::move(codec).status().with_context("tiers.nvme.kv_dtype");
+      stack->nvme_codec = std::move(codec).value();
+    }
   }
   TransferEngineOptions engine;
   engine.link_gbps = config.hbm.link_gbps;
@@ -36,7 +42,7 @@ Result<std::unique_ptr<TierStack>> open_tiers(const TiersConfig& config, const G
   engine.notifier = stack->notifier;
   KVTIER_ASSIGN_OR_RETURN(
       stack->engine,
-      TransferEngine::create(*stack->hbm, *stack->host, stack->nvme.get(), std::move(engine)));
+      TransferEngine::create(*stack->hbm, *stack->host, stack->nvme_io(), std::move(engine)));
   return stack;
 }
 

@@ -5,6 +5,8 @@
 // as io_uring fixed buffers, then start the transfer engine — all sharing one TransferStats and one
 // completion eventfd. Members are declared so that destruction runs in reverse: the engine stops
 // first (its queues drain), then the store (its I/O threads finish), then the memory tiers.
+// With tiers.nvme.kv_dtype: fp8_e4m3 the store holds fp8 pages and a ConvertingStore in front of
+// it quantizes and dequantizes; the engine (and whoever moves blocks) goes through nvme_io().
 // The seams (device, host memory, I/O backend) can be replaced for tests and benchmarks.
 #pragma once
 
@@ -12,6 +14,7 @@
 
 #include "kvtier/config.hpp"
 #include "kvtier/transfer_stats.hpp"
+#include "tiers/converting_store.hpp"
 #include "tiers/device_api.hpp"
 #include "tiers/hbm_arena.hpp"
 #include "tiers/host_memory_api.hpp"
@@ -28,8 +31,14 @@ struct TierStack {
   std::shared_ptr<CompletionNotifier> notifier;
   std::unique_ptr<HbmArena> hbm;
   std::unique_ptr<HostPool> host;
-  std::unique_ptr<NvmeStore> nvme;  // null when tiers.nvme.enabled is false
+  std::unique_ptr<NvmeStore> nvme;              // null when tiers.nvme.enabled is false
+  std::unique_ptr<ConvertingStore> nvme_codec;  // null unless the NVMe tier stores another dtype
   std::unique_ptr<TransferEngine> engine;
+
+  // The NVMe tier as host pages in the model's dtype see it; null without an NVMe tier.
+  BlockStore* nvme_io() const {
+    return nvme_codec ? static_cast<BlockStore*>(nvme_codec.get()) : nvme.get();
+  }
 };
 
 struct TierStackOptions {

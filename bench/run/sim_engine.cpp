@@ -208,7 +208,11 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
   spec.geometry = g;
   spec.hbm_frames = frames_of(options.hbm_kv_bytes, g.page_bytes());
   spec.host_frames = baseline.host ? frames_of(options.host_bytes, g.page_bytes()) : 0;
-  spec.nvme_extents = baseline.nvme ? frames_of(options.nvme_bytes, g.block_bytes()) : 0;
+  TiersConfig tiers;
+  tiers.nvme.kv_dtype = options.nvme_kv_dtype;
+  const uint64_t nvme_block_bytes = tiers.nvme_page_format(g).block_bytes();
+  spec.nvme_extents = baseline.nvme ? frames_of(options.nvme_bytes, nvme_block_bytes) : 0;
+  spec.nvme_kv_dtype = options.nvme_kv_dtype;
   const auto link = [](double bytes_per_s, double latency_us) {
     return LinkModel{bytes_per_s, static_cast<Nanos>(latency_us * 1e3)};
   };
@@ -232,7 +236,7 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
   result.tier_bytes[tier_index(Tier::kHost)] =
       static_cast<uint64_t>(spec.host_frames) * g.page_bytes();
   result.tier_bytes[tier_index(Tier::kNvme)] =
-      static_cast<uint64_t>(spec.nvme_extents) * g.block_bytes();
+      static_cast<uint64_t>(spec.nvme_extents) * nvme_block_bytes;
   std::unique_ptr<MetricsExporter> metrics;  // declared after the world: stops serving first
   if (!options.metrics.listen.empty()) {
     KVTIER_ASSIGN_OR_RETURN(metrics,

@@ -63,6 +63,11 @@ struct HostTierConfig {
 
 enum class ChecksumKind : uint8_t { kXxh3 = 0, kCrc32c = 1 };
 
+// The dtype a tier below HBM stores pages in: as the model computes them, or fp8 e4m3 with
+// per-page scales (half the bytes of bf16 on disk and over the link; lossy within e4m3's 2^-4
+// relative step). See PageFormat in kvtier/types.hpp.
+enum class TierKvDtype : uint8_t { kModel = 0, kFp8E4M3 = 1 };
+
 struct NvmeTierConfig {
   bool enabled = true;
   uint64_t capacity_bytes = 16ull << 30;  // 16 GiB, summed over all paths
@@ -76,6 +81,8 @@ struct NvmeTierConfig {
   bool direct_io = true;    // O_DIRECT; requires 512-byte multiples of page size
   bool sqpoll = false;      // IORING_SETUP_SQPOLL
   ChecksumKind checksum = ChecksumKind::kXxh3;
+  // fp8_e4m3: blocks are quantized as they are written and dequantized as they are read back.
+  TierKvDtype kv_dtype = TierKvDtype::kModel;
   double read_gbps = 0.0;  // bandwidth for compute-or-load planning; 0 = measure/assume default
   double write_gbps = 0.0;
   Watermarks watermarks;
@@ -87,6 +94,12 @@ struct TiersConfig {
   HbmTierConfig hbm;
   HostTierConfig host;
   NvmeTierConfig nvme;
+
+  // How the NVMe tier stores the pages of `model`.
+  PageFormat nvme_page_format(const Geometry& model) const {
+    return nvme.kv_dtype == TierKvDtype::kFp8E4M3 ? PageFormat::fp8(model)
+                                                  : PageFormat::as_computed(model);
+  }
 
   friend bool operator==(const TiersConfig&, const TiersConfig&) = default;
 };

@@ -83,4 +83,41 @@ struct Geometry {
   friend constexpr bool operator==(const Geometry&, const Geometry&) = default;
 };
 
+// How a tier below HBM stores a page: as computed (the model's dtype, byte for byte) or re-encoded
+// in fp8 e4m3 to halve its bytes. An encoded page is [K fp8][V fp8] followed by a trailer of two
+// f32 scales (K, V; value = fp8 * scale), so the page alone is enough to read it back — the
+// NVMe store checksums and moves it like any other page, and a single layer can be read without
+// its block. HBM always holds pages as computed: attention reads them there.
+struct PageFormat {
+  Geometry geometry;                  // the model's KV geometry
+  Dtype stored_dtype = Dtype::kBF16;  // == geometry.dtype: stored as computed
+
+  static constexpr std::size_t kScaleTrailerBytes = 2 * sizeof(float);
+
+  static constexpr PageFormat as_computed(const Geometry& g) { return PageFormat{g, g.dtype}; }
+  // fp8 e4m3 for a wider model dtype; as computed when the model's KV is already fp8.
+  static constexpr PageFormat fp8(const Geometry& g) {
+    return PageFormat{g, g.dtype == Dtype::kFP8E4M3 ? g.dtype : Dtype::kFP8E4M3};
+  }
+
+  constexpr bool encodes() const { return stored_dtype != geometry.dtype; }
+  // K (or V) elements of one page.
+  constexpr std::size_t half_elems() const {
+    return static_cast<std::size_t>(geometry.page_tokens) * geometry.kv_heads * geometry.head_dim;
+  }
+  constexpr std::size_t page_bytes() const {
+    return encodes() ? 2 * half_elems() * dtype_size(stored_dtype) + kScaleTrailerBytes
+                     : geometry.page_bytes();
+  }
+  constexpr std::size_t block_bytes() const { return page_bytes() * geometry.layers; }
+  // The geometry of the stored pages (the dtype replaced), as stores record it.
+  constexpr Geometry stored_geometry() const {
+    Geometry g = geometry;
+    g.dtype = stored_dtype;
+    return g;
+  }
+
+  friend constexpr bool operator==(const PageFormat&, const PageFormat&) = default;
+};
+
 }  // namespace kvtier

@@ -144,6 +144,7 @@ tiers:
     direct_io: false
     sqpoll: true
     checksum: crc32c
+    kv_dtype: fp8_e4m3
     read_gbps: 6.5
     write_gbps: 3.25
     watermarks: {low: 0.3, high: 0.8}
@@ -193,6 +194,7 @@ metrics:
   EXPECT_FALSE(c.tiers.nvme.direct_io);
   EXPECT_TRUE(c.tiers.nvme.sqpoll);
   EXPECT_EQ(c.tiers.nvme.checksum, ChecksumKind::kCrc32c);
+  EXPECT_EQ(c.tiers.nvme.kv_dtype, TierKvDtype::kFp8E4M3);
   EXPECT_EQ(c.tiers.nvme.read_gbps, 6.5);
   EXPECT_EQ(c.tiers.nvme.write_gbps, 3.25);
   EXPECT_EQ(c.tiers.nvme.watermarks.low, 0.3);
@@ -387,6 +389,10 @@ TEST(Errors, UnknownEnumValuesListTheValidOnes) {
               HasSubstr("(valid values: auto, cuda, emulated)"));
   EXPECT_THAT(error_of(parse("tiers:\n  nvme:\n    checksum: crc32\n")),
               HasSubstr("did you mean \"crc32c\"? (valid values: xxh3, crc32c)"));
+  EXPECT_THAT(
+      error_of(parse("tiers:\n  nvme:\n    kv_dtype: fp8-e4m3\n")),
+      HasSubstr("tiers.nvme.kv_dtype: unknown value \"fp8-e4m3\"; did you mean \"fp8_e4m3\"? "
+                "(valid values: model, fp8_e4m3)"));
   EXPECT_THAT(error_of(parse("policies:\n  prefetch:\n    on_late: wait\n")),
               HasSubstr("(valid values: stall, recompute)"));
 }

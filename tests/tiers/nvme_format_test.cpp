@@ -44,7 +44,7 @@ Geometry geom() {
 }
 
 TEST(NvmeFormat, LayoutOfTheDefaultGeometry) {
-  auto l = ExtentLayout::make(geom(), 512);
+  auto l = ExtentLayout::make(PageFormat::as_computed(geom()), 512);
   ASSERT_TRUE(l.ok());
   EXPECT_EQ(l->page_stride, 65536u);
   EXPECT_EQ(l->header_bytes, 4096u);
@@ -52,10 +52,28 @@ TEST(NvmeFormat, LayoutOfTheDefaultGeometry) {
   EXPECT_EQ(l->page_offset(3), 4096u + 3u * 65536u);
   Geometry odd = geom();
   odd.head_dim = 100;  // 51200-byte pages
-  auto m = ExtentLayout::make(odd, 4096);
+  auto m = ExtentLayout::make(PageFormat::as_computed(odd), 4096);
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->page_stride, 53248u);
-  EXPECT_EQ(ExtentLayout::make(geom(), 1000).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExtentLayout::make(PageFormat::as_computed(geom()), 1000).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(NvmeFormat, Fp8PagesCarryTheirScalesAndAFingerprintOfTheirOwn) {
+  const PageFormat fp8 = PageFormat::fp8(geom());
+  ASSERT_TRUE(fp8.encodes());
+  auto l = ExtentLayout::make(fp8, 512);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->page_bytes, 32768u + 8u);  // fp8 K and V, then two f32 scales
+  EXPECT_EQ(l->page_stride, 33280u);
+  EXPECT_EQ(l->extent_bytes, 4096u + 32u * 33280u);
+  // Not the store of a bf16 model, nor that of a model computing fp8 KV itself.
+  Geometry native = geom();
+  native.dtype = Dtype::kFP8E4M3;
+  EXPECT_NE(store_fingerprint(fp8), store_fingerprint(PageFormat::as_computed(geom())));
+  EXPECT_NE(store_fingerprint(fp8), store_fingerprint(PageFormat::as_computed(native)));
+  EXPECT_EQ(store_fingerprint(PageFormat::as_computed(geom())), geometry_fingerprint(geom()));
+  EXPECT_NE(describe_page_format(fp8).find("quantized from bf16"), std::string::npos);
 }
 
 TEST(NvmeFormat, FingerprintChangesWithEveryGeometryField) {
@@ -82,7 +100,7 @@ TEST(NvmeFormat, SuperblockRoundTripAndCorruption) {
   Superblock sb;
   sb.file_index = 1;
   sb.file_count = 2;
-  sb.layout = *ExtentLayout::make(geom(), 512);
+  sb.layout = *ExtentLayout::make(PageFormat::as_computed(geom()), 512);
   sb.extent_count = 77;
   sb.store_id = 0xABCDEF;
   sb.geometry = geom();

@@ -1,0 +1,218 @@
+// tiers.nvme.kv_dtype: fp8_e4m3 — blocks written to NVMe are quantized to fp8 with per-page scales
+// and come back within e4m3's error bound, through the tier stack a runtime opens (HBM -> host ->
+// NVMe -> host -> HBM, whole blocks and single layers); the NVMe links move and the store holds
+// the fp8 bytes; pages fp8 cannot represent are refused whole; a store is never reopened in the
+// other form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/numeric_formats.hpp"
+#include "tests/tiers/tier_test_support.hpp"
+#include "tiers/tier_stack.hpp"
+
+namespace kvtier {
+namespace {
+
+struct Shape {
+  uint32_t page_tokens;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+};
+
+TiersConfig fp8_config(const testing::TempDir& dir, const Geometry& g, TierKvDtype kv_dtype) {
+  TiersConfig c;
+  c.hbm.backend = HbmBackend::kEmulated;
+  c.hbm.capacity_bytes = 16 * FrameArena::frame_stride(g);
+  c.host.capacity_bytes = 16 * FrameArena::frame_stride(g);
+  c.nvme.paths = {dir.file("fp8.kvs")};
+  c.nvme.capacity_bytes = 8 * (g.block_bytes() + g.layers * 4096 + 4096);
+  c.nvme.queue_depth = 4;
+  c.nvme.kv_dtype = kv_dtype;
+  return c;
+}
+
+// Values spread over several binades, a few zeros and tiny ones, in the page's dtype.
+void fill_values(std::byte* page, const Geometry& g, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::size_t n = g.page_bytes() / dtype_size(g.dtype);
+  for (std::size_t i = 0; i < n; ++i) {
+    float v = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 9) - 4));
+    if (rng() % 53 == 0) v = 0.0f;
+    if (rng() % 61 == 0) v *= 1e-6f;
+    kernels::store_from_float(page, g.dtype, i, v);
+  }
+}
+
+// Each half page (K, V) of `back` within e4m3's bound of `orig`: half an ulp of a 3-bit mantissa
+// (2^-4 relative) for normals, half the subnormal step (2^-10 of the half's scale, amax / 448)
+// below, plus one rounding back into the page's dtype.
+::testing::AssertionResult within_fp8_bound(const std::byte* orig, const std::byte* back,
+                                            const Geometry& g) {
+  const PageFormat f = PageFormat::fp8(g);
+  const std::size_t half = f.half_elems();
+  const double wide_rel =
+      g.dtype == Dtype::kF32 ? 0.0 : (g.dtype == Dtype::kF16 ? 0x1p-11 : 0x1p-8);
+  for (std::size_t h = 0; h < 2; ++h) {
+    double amax = 0;
+    for (std::size_t i = 0; i < half; ++i) {
+      amax = std::max<double>(amax, std::fabs(kernels::load_as_float(orig, g.dtype, h * half + i)));
+    }
+    const double scale = amax / 448.0;
+    for (std::size_t i = 0; i < half; ++i) {
+      const double x = kernels::load_as_float(orig, g.dtype, h * half + i);
+      const double y = kernels::load_as_float(back, g.dtype, h * half + i);
+      const double bound = (0x1p-4 + wide_rel) * std::fabs(x) + 0x1p-10 * scale * 1.0001;
+      if (!(std::fabs(x - y) <= bound)) {
+        return ::testing::AssertionFailure()
+               << (h == 0 ? "K" : "V") << " element " << i << ": " << x << " came back as " << y
+               << " (bound " << bound << ")";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class Fp8Offload : public ::testing::TestWithParam<std::tuple<Dtype, Shape>> {};
+
+TEST_P(Fp8Offload, BlocksComeBackWithinTheFp8BoundAndMoveHalfTheBytes) {
+  const auto [dtype, shape] = GetParam();
+  const Geometry g =
+      testing::small_geometry(dtype, 3, shape.page_tokens, shape.kv_heads, shape.head_dim);
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto opened = open_tiers(fp8_config(dir, g, TierKvDtype::kFp8E4M3), g);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  TierStack& s = **opened;
+  ASSERT_NE(s.nvme_codec, nullptr);
+  const PageFormat f = PageFormat::fp8(g);
+  EXPECT_EQ(s.nvme->geometry().dtype, Dtype::kFP8E4M3);
+  EXPECT_EQ(s.nvme->layout().page_bytes, f.page_bytes());
+  const std::size_t page = g.page_bytes();
+  const BlockKey key = testing::test_key(7);
+
+  std::vector<std::vector<std::byte>> orig(g.layers, std::vector<std::byte>(page));
+  std::vector<FramePair> out;
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    fill_values(orig[l].data(), g, 100 + l);
+    std::memcpy(s.hbm->frame_address(l), orig[l].data(), page);
+    out.push_back({l, 4 + l});
+  }
+  ASSERT_TRUE(s.engine->copy(CopyDirection::kHbmToHost, out)->wait().ok());
+  std::vector<uint32_t> host_frames = {4, 5, 6};
+  ASSERT_TRUE(s.engine->write_block(key, host_frames)->wait().ok());
+  EXPECT_EQ(s.stats->link(Link::kHostToNvme).bytes.load(), f.block_bytes());
+
+  for (uint32_t fr = 0; fr < 16; ++fr) {
+    std::memset(s.host->frame_address(fr), 0xA5, s.host->frame_bytes());
+    std::memset(s.hbm->frame_address(fr), 0x5A, s.hbm->frame_bytes());
+  }
+  std::vector<uint32_t> back = {12, 10, 11};
+  ASSERT_TRUE(s.engine->read_block(key, back)->wait().ok());
+  std::vector<FramePair> in;
+  for (uint32_t l = 0; l < g.layers; ++l) in.push_back({back[l], 8 + l});
+  ASSERT_TRUE(s.engine->copy(CopyDirection::kHostToHbm, in)->wait().ok());
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    EXPECT_TRUE(within_fp8_bound(orig[l].data(), s.hbm->frame_address(8 + l), g)) << "layer " << l;
+  }
+  // One layer alone, as a layer-wise prefetch reads it.
+  ASSERT_TRUE(s.engine->read_page(key, 2, 15)->wait().ok());
+  EXPECT_TRUE(within_fp8_bound(orig[2].data(), s.host->frame_address(15), g));
+  EXPECT_EQ(s.stats->link(Link::kNvmeToHost).bytes.load(), f.block_bytes() + f.page_bytes());
+  EXPECT_TRUE(s.nvme->audit().ok());
+  EXPECT_EQ(s.stats->checksum_failures.load(), 0u);
+}
+
+std::string name(const ::testing::TestParamInfo<std::tuple<Dtype, Shape>>& info) {
+  const auto& [dtype, shape] = info.param;
+  return std::string(dtype_name(dtype)) + "_" + std::to_string(shape.page_tokens) + "x" +
+         std::to_string(shape.kv_heads) + "x" + std::to_string(shape.head_dim);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, Fp8Offload,
+    ::testing::Combine(::testing::Values(Dtype::kBF16, Dtype::kF16, Dtype::kF32),
+                       ::testing::Values(Shape{3, 1, 50}, Shape{16, 2, 64}, Shape{16, 8, 128})),
+    name);
+
+TEST(Fp8OffloadStore, HoldsTwiceTheBlocksOfTheSameCapacity) {
+  const Geometry g = testing::small_geometry(Dtype::kBF16, 4, 16, 8, 128);  // 64 KiB pages
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  TiersConfig c = fp8_config(dir, g, TierKvDtype::kModel);
+  c.nvme.capacity_bytes = 64ull << 20;
+  uint64_t model_blocks = 0;
+  {
+    auto s = open_tiers(c, g);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    model_blocks = (*s)->nvme->capacity_blocks();
+  }
+  c.nvme.paths = {dir.file("other.kvs")};
+  c.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  auto s = open_tiers(c, g);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const uint64_t fp8_blocks = (*s)->nvme->capacity_blocks();
+  // Each 32 KiB fp8 page carries 8 bytes of scales, so it takes 32.5 KiB at 512-byte alignment.
+  EXPECT_GE(fp8_blocks, model_blocks * 19 / 10);
+  EXPECT_LE(fp8_blocks, model_blocks * 2);
+  EXPECT_EQ((*s)->nvme_io()->capacity_blocks(), fp8_blocks);
+}
+
+TEST(Fp8OffloadStore, APageWithNanOrInfIsRefusedAndNothingIsWritten) {
+  const Geometry g = testing::small_geometry(Dtype::kBF16, 3, 16, 2, 64);
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto opened = open_tiers(fp8_config(dir, g, TierKvDtype::kFp8E4M3), g);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  TierStack& s = **opened;
+  for (uint32_t l = 0; l < g.layers; ++l) fill_values(s.host->frame_address(l), g, l);
+  kernels::store_from_float(s.host->frame_address(1), g.dtype, 77, INFINITY);
+  std::vector<uint32_t> frames = {0, 1, 2};
+  auto w = s.engine->write_block(testing::test_key(3), frames);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find("layer 1"), std::string::npos) << w.status().to_string();
+  EXPECT_NE(w.status().message().find("NaN or inf"), std::string::npos);
+  EXPECT_FALSE(s.nvme->contains(testing::test_key(3)));
+  EXPECT_EQ(s.nvme->used_blocks(), 0u);
+  EXPECT_TRUE(s.nvme->audit().ok());
+}
+
+TEST(Fp8OffloadStore, AStoreIsNotReopenedInTheOtherForm) {
+  const Geometry g = testing::small_geometry(Dtype::kBF16, 3, 16, 2, 64);
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(open_tiers(fp8_config(dir, g, TierKvDtype::kFp8E4M3), g).ok());
+  auto as_model = open_tiers(fp8_config(dir, g, TierKvDtype::kModel), g);
+  ASSERT_FALSE(as_model.ok());
+  EXPECT_EQ(as_model.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(as_model.status().message().find("fp8_e4m3"), std::string::npos)
+      << as_model.status().to_string();
+  // And it still opens as what it is.
+  EXPECT_TRUE(open_tiers(fp8_config(dir, g, TierKvDtype::kFp8E4M3), g).ok());
+
+  testing::TempDir other;
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(open_tiers(fp8_config(other, g, TierKvDtype::kModel), g).ok());
+  auto as_fp8 = open_tiers(fp8_config(other, g, TierKvDtype::kFp8E4M3), g);
+  ASSERT_FALSE(as_fp8.ok());
+  EXPECT_EQ(as_fp8.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(Fp8OffloadStore, AModelAlreadyInFp8IsStoredAsComputed) {
+  const Geometry g = testing::small_geometry(Dtype::kFP8E4M3, 3, 16, 2, 64);
+  const PageFormat f = PageFormat::fp8(g);
+  EXPECT_FALSE(f.encodes());
+  EXPECT_EQ(f.page_bytes(), g.page_bytes());
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto s = open_tiers(fp8_config(dir, g, TierKvDtype::kFp8E4M3), g);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ((*s)->nvme_codec, nullptr);
+}
+
+}  // namespace
+}  // namespace kvtier
