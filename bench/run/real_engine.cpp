@@ -178,10 +178,12 @@ class RealPass {
     result_.link_bytes[static_cast<int>(Link::kHostToHbm)] = out.bytes_to_hbm;
     result_.link_bytes[static_cast<int>(Link::kHbmToHost)] =
         s.demotions[tier_index(Tier::kHost)] * geometry_.page_bytes();
+    // NVMe links move pages in the NVMe tier's format (fp8 with scales under tiers.nvme.kv_dtype).
+    const PageFormat nvme = rt_.config().tiers.nvme_page_format(geometry_);
     result_.link_bytes[static_cast<int>(Link::kNvmeToHost)] =
-        s.promotions[tier_index(Tier::kHost)] * geometry_.page_bytes();
+        s.promotions[tier_index(Tier::kHost)] * nvme.page_bytes();
     result_.link_bytes[static_cast<int>(Link::kHostToNvme)] =
-        s.demotions[tier_index(Tier::kNvme)] * geometry_.block_bytes();
+        s.demotions[tier_index(Tier::kNvme)] * nvme.block_bytes();
     for (Tier t : kAllTiers) {
       result_.promotions[tier_index(t)] = s.promotions[tier_index(t)];
       result_.demotions[tier_index(t)] = s.demotions[tier_index(t)];
