@@ -316,9 +316,11 @@ double report_number(const Json& report, std::initializer_list<std::string_view>
   return v->number;
 }
 
-// The value Prometheus holds for `series` (one sample), or -1.
+// The last value Prometheus scraped for `series` (one sample), or -1. Through last_over_time: once
+// the benchmark has exited, a failed scrape marks its series stale and a plain instant query
+// returns nothing, while range selectors skip staleness markers.
 double last_value(uint16_t api_port, const std::string& series) {
-  const QueryResult r = query(api_port, series);
+  const QueryResult r = query(api_port, "last_over_time(" + series + "[10m])");
   return r.ok && r.samples.size() == 1 ? r.samples[0].second : -1;
 }
 
@@ -385,8 +387,8 @@ TEST(MetricsPrometheus, RealServerScrapesAKvtierBenchRun) {
   // The per-tier token hit rate over the whole run, computed by Prometheus from the counters.
   const QueryResult rates =
       query(server.api_port,
-            "sum by (tier) (kvtier_hit_tokens_total) / ignoring(tier) group_left() "
-            "sum(kvtier_lookup_tokens_total)");
+            "sum by (tier) (last_over_time(kvtier_hit_tokens_total[10m])) / ignoring(tier) "
+            "group_left() sum(last_over_time(kvtier_lookup_tokens_total[10m]))");
   ASSERT_TRUE(rates.ok) << rates.raw;
   ASSERT_EQ(rates.samples.size(), 3u) << rates.raw;
   const double lookups = last_value(server.api_port, "kvtier_lookup_tokens_total");
