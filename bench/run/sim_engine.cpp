@@ -208,9 +208,7 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
   spec.geometry = g;
   spec.hbm_frames = frames_of(options.hbm_kv_bytes, g.page_bytes());
   spec.host_frames = baseline.host ? frames_of(options.host_bytes, g.page_bytes()) : 0;
-  TiersConfig tiers;
-  tiers.nvme.kv_dtype = options.nvme_kv_dtype;
-  const uint64_t nvme_block_bytes = tiers.nvme_page_format(g).block_bytes();
+  const uint64_t nvme_block_bytes = tier_page_format(g, options.nvme_kv_dtype).block_bytes();
   spec.nvme_extents = baseline.nvme ? frames_of(options.nvme_bytes, nvme_block_bytes) : 0;
   spec.nvme_kv_dtype = options.nvme_kv_dtype;
   const auto link = [](double bytes_per_s, double latency_us) {

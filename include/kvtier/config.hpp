@@ -68,6 +68,12 @@ enum class ChecksumKind : uint8_t { kXxh3 = 0, kCrc32c = 1 };
 // relative step). See PageFormat in kvtier/types.hpp.
 enum class TierKvDtype : uint8_t { kModel = 0, kFp8E4M3 = 1 };
 
+// How a tier storing `kv_dtype` holds the pages of `model`.
+inline PageFormat tier_page_format(const Geometry& model, TierKvDtype kv_dtype) {
+  return kv_dtype == TierKvDtype::kFp8E4M3 ? PageFormat::fp8(model)
+                                           : PageFormat::as_computed(model);
+}
+
 struct NvmeTierConfig {
   bool enabled = true;
   uint64_t capacity_bytes = 16ull << 30;  // 16 GiB, summed over all paths
@@ -97,8 +103,7 @@ struct TiersConfig {
 
   // How the NVMe tier stores the pages of `model`.
   PageFormat nvme_page_format(const Geometry& model) const {
-    return nvme.kv_dtype == TierKvDtype::kFp8E4M3 ? PageFormat::fp8(model)
-                                                  : PageFormat::as_computed(model);
+    return tier_page_format(model, nvme.kv_dtype);
   }
 
   friend bool operator==(const TiersConfig&, const TiersConfig&) = default;
