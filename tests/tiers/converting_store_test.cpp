@@ -106,15 +106,8 @@ TEST_P(Fp8Offload, BlocksComeBackWithinTheFp8BoundAndMoveHalfTheBytes) {
   ASSERT_TRUE(s.engine->write_block(key, host_frames)->wait().ok());
   EXPECT_EQ(s.stats->link(Link::kHostToNvme).bytes.load(), f.block_bytes());
 
-  for (uint32_t fr = 0; fr < 16; ++fr) {
-    std::memset(s.host->frame_address(fr), 0xA5, s.host->frame_bytes());
-    std::memset(s.hbm->frame_address(fr), 0x5A, s.hbm->frame_bytes());
-  }
-  std::vector<uint32_t> back = {12, 10, 11};
-  ASSERT_TRUE(s.engine->read_block(key, back)->wait().ok());
-  std::vector<FramePair> in;
-  for (uint32_t l = 0; l < g.layers; ++l) in.push_back({back[l], 8 + l});
-  ASSERT_TRUE(s.engine->copy(CopyDirection::kHostToHbm, in)->wait().ok());
+  testing::forget_memory_tiers(s, 16);
+  ASSERT_TRUE(testing::read_block_into_hbm(s, key, {12, 10, 11}, 8).ok());
   for (uint32_t l = 0; l < g.layers; ++l) {
     EXPECT_TRUE(within_fp8_bound(orig[l].data(), s.hbm->frame_address(8 + l), g)) << "layer " << l;
   }

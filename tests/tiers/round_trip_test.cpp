@@ -53,16 +53,8 @@ TEST_P(RoundTrip, HbmHostNvmeHostHbmIsBitExact) {
   ASSERT_TRUE(s.engine->write_block(key, host_frames)->wait().ok());
 
   // Forget everything above NVMe.
-  for (uint32_t f = 0; f < 16; ++f) {
-    std::memset(s.host->frame_address(f), 0xA5, s.host->frame_bytes());
-    std::memset(s.hbm->frame_address(f), 0x5A, s.hbm->frame_bytes());
-  }
-
-  std::vector<uint32_t> back = {12, 11, 10};
-  ASSERT_TRUE(s.engine->read_block(key, back)->wait().ok());
-  std::vector<FramePair> in;
-  for (uint32_t l = 0; l < g.layers; ++l) in.push_back({back[l], 8 + l});
-  ASSERT_TRUE(s.engine->copy(CopyDirection::kHostToHbm, in)->wait().ok());
+  testing::forget_memory_tiers(s, 16);
+  ASSERT_TRUE(testing::read_block_into_hbm(s, key, {12, 11, 10}, 8).ok());
   for (uint32_t l = 0; l < g.layers; ++l) {
     EXPECT_TRUE(testing::matches_pattern(s.hbm->frame_address(8 + l), page, 7000 + l))
         << "layer " << l;

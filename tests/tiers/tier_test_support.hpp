@@ -28,6 +28,7 @@
 #include "kvtier/types.hpp"
 #include "tiers/device_api.hpp"
 #include "tiers/host_memory_api.hpp"
+#include "tiers/tier_stack.hpp"
 
 namespace kvtier::testing {
 
@@ -361,5 +362,25 @@ class FakeDevice final : public DeviceApi, public std::enable_shared_from_this<F
   std::map<void*, std::unique_ptr<Stream>> streams_;
   std::map<void*, std::shared_ptr<Event>> events_;
 };
+
+// Overwrites the first `frames` HBM and host frames, so what is read next can only come from NVMe.
+inline void forget_memory_tiers(TierStack& s, uint32_t frames) {
+  for (uint32_t f = 0; f < frames; ++f) {
+    std::memset(s.host->frame_address(f), 0xA5, s.host->frame_bytes());
+    std::memset(s.hbm->frame_address(f), 0x5A, s.hbm->frame_bytes());
+  }
+}
+
+// Reads block `key` from NVMe into host frames `host_frames` (one per layer), then copies layer l
+// up into HBM frame first_hbm + l; the first error of either step.
+inline Status read_block_into_hbm(TierStack& s, const BlockKey& key,
+                                  const std::vector<uint32_t>& host_frames, uint32_t first_hbm) {
+  KVTIER_ASSIGN_OR_RETURN(Transfer read, s.engine->read_block(key, host_frames));
+  KVTIER_RETURN_IF_ERROR(read.wait());
+  std::vector<FramePair> up;
+  for (uint32_t l = 0; l < host_frames.size(); ++l) up.push_back({host_frames[l], first_hbm + l});
+  KVTIER_ASSIGN_OR_RETURN(Transfer copy, s.engine->copy(CopyDirection::kHostToHbm, up));
+  return copy.wait();
+}
 
 }  // namespace kvtier::testing
