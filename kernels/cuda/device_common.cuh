@@ -1,5 +1,7 @@
 // Device helpers shared by the CUDA kernel files: widening 8 KV elements to f32, warp reductions,
-// paged addressing. Header-only, included by .cu files only.
+// paged addressing, and the fp8 page quantization steps of frame_ops.cu and page_codec.cu (one
+// copy, so both produce the bytes of the CPU path in kernels/cpu/frame_ops.cpp: the same f32
+// operations, correctly rounded, in the same order). Header-only, included by .cu files only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -67,6 +69,51 @@ __device__ __forceinline__ void load8(const uint8_t* p, float scale, float (&out
   }
 }
 
+template <KvType T>
+__device__ __forceinline__ float load_wide(const uint8_t* p, uint64_t i) {
+  if constexpr (T == KvType::kF32) {
+    return reinterpret_cast<const float*>(p)[i];
+  } else if constexpr (T == KvType::kF16) {
+    return __half2float(reinterpret_cast<const __half*>(p)[i]);
+  } else {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+// Element i of a wide (f32/f16/bf16) buffer = v, rounded to nearest even.
+template <KvType T>
+__device__ __forceinline__ void store_wide(uint8_t* p, uint64_t i, float v) {
+  if constexpr (T == KvType::kF32) {
+    reinterpret_cast<float*>(p)[i] = v;
+  } else if constexpr (T == KvType::kF16) {
+    reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
+  } else {
+    reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  }
+}
+
+constexpr float kFp8Max = 448.0f;
+
+// The scale kept with a half page whose finite max |x| is amax (1 for an all-zero half), and the
+// factor its elements are multiplied by before rounding to e4m3.
+__device__ __forceinline__ float fp8_scale(float amax) {
+  return amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+}
+__device__ __forceinline__ float fp8_inverse_scale(float amax) {
+  return amax > 0.0f ? __fdiv_rn(kFp8Max, amax) : 1.0f;
+}
+// The scale of a half holding NaN or inf (its bytes are zeros): the CPU path's quiet NaN.
+__device__ __forceinline__ float fp8_refused_scale() { return __int_as_float(0x7fc00000); }
+
+// e4m3(x * inv), round to nearest even, saturating at +-448.
+__device__ __forceinline__ uint8_t encode_fp8(float x, float inv) {
+  return __nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3);
+}
+// value(v) * scale; every e4m3 value is exact in f16.
+__device__ __forceinline__ float decode_fp8(uint8_t v, float scale) {
+  return __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3))), scale);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
@@ -77,6 +124,20 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
+}
+
+// Max |x| over a CTA of kThreads threads (every thread calls it with its partial max). fmaxf
+// drops NaN: callers track non-finite elements separately.
+template <int kThreads>
+__device__ __forceinline__ float block_abs_max(float v) {
+  __shared__ float partial[kThreads / 32];
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) r = fmaxf(r, partial[w]);
+  __syncthreads();
+  return r;
 }
 
 __device__ __forceinline__ uint32_t sequence_length(const PagedArgs& kv, uint32_t b) {

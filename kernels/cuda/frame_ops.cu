@@ -21,7 +21,6 @@ namespace {
 
 constexpr int kCopyThreads = 256;
 constexpr int kQuantThreads = 256;
-constexpr float kFp8Max = 448.0f;
 
 __global__ void copy_kernel(CopyArgs a, bool to_staging, bool vectorized) {
   const uint32_t i = blockIdx.x;
@@ -42,40 +41,6 @@ __global__ void copy_kernel(CopyArgs a, bool to_staging, bool vectorized) {
 }
 
 template <KvType T>
-__device__ __forceinline__ float load_wide(const uint8_t* p, uint64_t i) {
-  if constexpr (T == KvType::kF32) {
-    return reinterpret_cast<const float*>(p)[i];
-  } else if constexpr (T == KvType::kF16) {
-    return __half2float(reinterpret_cast<const __half*>(p)[i]);
-  } else {
-    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-  }
-}
-
-template <KvType T>
-__device__ __forceinline__ void store_wide(uint8_t* p, uint64_t i, float v) {
-  if constexpr (T == KvType::kF32) {
-    reinterpret_cast<float*>(p)[i] = v;
-  } else if constexpr (T == KvType::kF16) {
-    reinterpret_cast<__half*>(p)[i] = __float2half_rn(v);
-  } else {
-    reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  }
-}
-
-// Max |x| over the CTA; NaN if any element is NaN.
-__device__ float block_abs_max(float v) {
-  __shared__ float partial[kQuantThreads / 32];
-  v = warp_max(v);  // fmaxf drops NaN: callers pass NaN through `bad` separately
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < kQuantThreads / 32; ++w) r = fmaxf(r, partial[w]);
-  __syncthreads();
-  return r;
-}
-
-template <KvType T>
 __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(Fp8Args a) {
   constexpr uint32_t kEs = KvBytes<T>::kValue;
   const uint32_t i = blockIdx.x;
@@ -91,17 +56,16 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(Fp8Args a) {
     amax = fmaxf(amax, x);
   }
   bad = __syncthreads_or(bad);
-  amax = block_abs_max(amax);
+  amax = block_abs_max<kQuantThreads>(amax);
   if (bad) {
     for (uint64_t k = threadIdx.x; k < a.half_elems; k += kQuantThreads) dst[k] = 0;
-    if (threadIdx.x == 0) a.scales[2 * i + half] = __int_as_float(0x7fc00000);
+    if (threadIdx.x == 0) a.scales[2 * i + half] = fp8_refused_scale();
     return;
   }
-  const float inv = amax > 0.0f ? __fdiv_rn(kFp8Max, amax) : 1.0f;
-  if (threadIdx.x == 0) a.scales[2 * i + half] = amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+  const float inv = fp8_inverse_scale(amax);
+  if (threadIdx.x == 0) a.scales[2 * i + half] = fp8_scale(amax);
   for (uint64_t k = threadIdx.x; k < a.half_elems; k += kQuantThreads) {
-    const float x = __fmul_rn(load_wide<T>(src, k), inv);
-    dst[k] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+    dst[k] = encode_fp8(load_wide<T>(src, k), inv);
   }
 }
 
@@ -115,8 +79,7 @@ __global__ void __launch_bounds__(kQuantThreads) dequantize_kernel(Fp8Args a) {
   const uint8_t* src = a.staging + (2 * static_cast<uint64_t>(i) + half) * a.half_elems;
   const float scale = a.scales[2 * i + half];
   for (uint64_t k = threadIdx.x; k < a.half_elems; k += kQuantThreads) {
-    const __half h = __half(__nv_cvt_fp8_to_halfraw(src[k], __NV_E4M3));
-    store_wide<T>(dst, k, __fmul_rn(__half2float(h), scale));
+    store_wide<T>(dst, k, decode_fp8(src[k], scale));
   }
 }
 
