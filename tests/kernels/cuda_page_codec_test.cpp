@@ -239,7 +239,6 @@ class PinnedBuffer {
                         "cudaHostAlloc(" + std::to_string(bytes) + " bytes, mapped)"));
     KVTIER_RETURN_IF_ERROR(
         kc::cuda_status(cudaHostGetDevicePointer(&b.device_, b.host_, 0), "mapping pinned memory"));
-    b.bytes_ = bytes;
     return b;
   }
   PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
@@ -248,7 +247,6 @@ class PinnedBuffer {
       reset();
       std::swap(host_, o.host_);
       std::swap(device_, o.device_);
-      std::swap(bytes_, o.bytes_);
     }
     return *this;
   }
@@ -268,11 +266,9 @@ class PinnedBuffer {
       }
     }
     host_ = device_ = nullptr;
-    bytes_ = 0;
   }
   void* host_ = nullptr;
   void* device_ = nullptr;
-  std::size_t bytes_ = 0;
 };
 
 // An arena of equal frames in device memory or in mapped pinned host memory.
@@ -305,7 +301,6 @@ class Arena {
     }
     return v;
   }
-  const char* where() const { return pinned_ ? "pinned host" : "device"; }
 
  private:
   bool pinned_ = false;
