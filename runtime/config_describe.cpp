@@ -58,9 +58,11 @@ std::string describe_config(const Config& config) {
        ", link throttle " + gbps(t.hbm.link_gbps, "off"));
   line("tier host capacity " + size_text(t.host.capacity_bytes) + ", numa " +
        (t.host.numa_node < 0 ? std::string("auto") : std::to_string(t.host.numa_node)) +
-       ", huge pages " + on_off(t.host.huge_pages) + ", lock memory " + on_off(t.host.lock_memory));
+       ", huge pages " + on_off(t.host.huge_pages) + ", lock memory " + on_off(t.host.lock_memory) +
+       ", pages held as " +
+       std::string(dtype_name(t.host_page_format(config.model.geometry).stored_dtype)));
   line("          " + std::to_string(s.host_frames) + " frames of " +
-       format_size_approx(s.frame_bytes) + ", " + watermarks(t.host.watermarks));
+       format_size_approx(s.host_frame_bytes) + ", " + watermarks(t.host.watermarks));
   const NvmeTierConfig& n = t.nvme;
   if (!n.enabled) {
     line("tier nvme disabled");

@@ -246,6 +246,8 @@ const ConfigKey kKeys[] = {
      [](Config& c, const YAML::Node& n) { return read_bool(n, c.tiers.host.huge_pages); }},
     {"tiers.host.lock_memory", "boolean",
      [](Config& c, const YAML::Node& n) { return read_bool(n, c.tiers.host.lock_memory); }},
+    {"tiers.host.kv_dtype", "model|fp8_e4m3",
+     [](Config& c, const YAML::Node& n) { return read_enum(n, c.tiers.host.kv_dtype); }},
     {"tiers.host.watermarks.low", "number",
      [](Config& c, const YAML::Node& n) { return read_double(n, c.tiers.host.watermarks.low); }},
     {"tiers.host.watermarks.high", "number",

@@ -17,10 +17,9 @@ TierSizing size_tiers(const Config& config) {
   s.page_bytes = g.page_bytes();
   s.block_bytes = g.block_bytes();
   s.frame_bytes = FrameArena::frame_stride(g);
-  if (s.frame_bytes > 0) {
-    s.hbm_frames = config.tiers.hbm.capacity_bytes / s.frame_bytes;
-    s.host_frames = config.tiers.host.capacity_bytes / s.frame_bytes;
-  }
+  s.host_frame_bytes = FrameArena::frame_stride(config.tiers.host_page_format(g));
+  if (s.frame_bytes > 0) s.hbm_frames = config.tiers.hbm.capacity_bytes / s.frame_bytes;
+  if (s.host_frame_bytes > 0) s.host_frames = config.tiers.host.capacity_bytes / s.host_frame_bytes;
 
   const NvmeTierConfig& nvme = config.tiers.nvme;
   s.nvme_enabled = nvme.enabled;

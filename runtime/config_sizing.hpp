@@ -4,7 +4,8 @@
 // validation (a tier must hold at least one frame, and no more than a FrameAllocator can index),
 // describe_config and `kvtier-bench check`, which opens the allocators with exactly these counts.
 // The layout is the tiers' own, asked of them rather than restated here:
-//   - HBM and host frames: FrameArena::frame_stride (page_bytes rounded up to 4096).
+//   - HBM and host frames: FrameArena::frame_stride (the tier's page bytes rounded up to 4096;
+//     host pages in fp8 with their scale trailer under tiers.host.kv_dtype: fp8_e4m3).
 //   - NVMe extents: ExtentLayout::make at the O_DIRECT alignment of 512 bytes (a header with the
 //     per-page checksums, then the block's pages in the tier's page format, fp8 pages included);
 //     each path holds capacity / paths / extent_bytes
@@ -25,7 +26,8 @@ inline constexpr uint32_t kNvmeSizingAlignment = 512;
 struct TierSizing {
   uint64_t page_bytes = 0;
   uint64_t block_bytes = 0;
-  uint64_t frame_bytes = 0;  // stride of an HBM or host frame
+  uint64_t frame_bytes = 0;       // stride of an HBM frame
+  uint64_t host_frame_bytes = 0;  // stride of a host frame (smaller when the host holds fp8)
   // 64-bit so validation can say "too many" instead of wrapping; FrameAllocator takes uint32.
   uint64_t hbm_frames = 0;
   uint64_t host_frames = 0;

@@ -150,7 +150,7 @@ std::vector<ConfigIssue> find_config_issues(const Config& config) {
   const TiersConfig& t = config.tiers;
   if (geometry_ok) {
     check_frames(out, "hbm", t.hbm.capacity_bytes, sizing.hbm_frames, sizing.frame_bytes);
-    check_frames(out, "host", t.host.capacity_bytes, sizing.host_frames, sizing.frame_bytes);
+    check_frames(out, "host", t.host.capacity_bytes, sizing.host_frames, sizing.host_frame_bytes);
   } else {
     if (t.hbm.capacity_bytes == 0) out.add("tiers.hbm.capacity", "must be greater than 0 bytes");
     if (t.host.capacity_bytes == 0) out.add("tiers.host.capacity", "must be greater than 0 bytes");
@@ -171,6 +171,13 @@ std::vector<ConfigIssue> find_config_issues(const Config& config) {
   check_watermarks(out, "host", t.host.watermarks);
 
   const NvmeTierConfig& n = t.nvme;
+  if (n.enabled && t.host.kv_dtype == TierKvDtype::kFp8E4M3 && n.kv_dtype != t.host.kv_dtype) {
+    // The host hands NVMe its pages as they are; widening them again would double the bytes on
+    // disk and bring back no precision.
+    out.add("tiers.nvme.kv_dtype",
+            "is model, but tiers.host.kv_dtype is fp8_e4m3: blocks reach NVMe from the host "
+            "already in fp8; set tiers.nvme.kv_dtype: fp8_e4m3 (or the host tier back to model)");
+  }
   if (n.enabled) {
     if (n.paths.empty()) {
       out.add("tiers.nvme.paths", "is empty; list at least one file or block device");

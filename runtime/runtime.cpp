@@ -157,7 +157,8 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
   prior[static_cast<int>(Link::kNvmeToHost)] = LinkModel{kPriorNvmeReadBytesPerS, 80 * us};
   prior[static_cast<int>(Link::kHostToNvme)] = LinkModel{kPriorNvmeWriteBytesPerS, 80 * us};
   impl->port = std::make_unique<EngineTransferPort>(
-      *t.engine, t.nvme_io(), *impl->loop, g, config.tiers.nvme_page_format(g), configured, prior);
+      *t.engine, t.nvme_io(), *impl->loop, config.tiers.host_page_format(g),
+      config.tiers.nvme_page_format(g), configured, prior);
 
   SchedulerOptions so;
   so.geometry = g;

@@ -15,13 +15,13 @@ constexpr double kEwmaWeight = 0.05;
 }  // namespace
 
 EngineTransferPort::EngineTransferPort(TransferEngine& engine, BlockStore* store, EventLoop& loop,
-                                       const Geometry& geometry, const PageFormat& nvme_format,
+                                       const PageFormat& host_format, const PageFormat& nvme_format,
                                        const std::array<LinkModel, kNumLinks>& configured,
                                        const std::array<LinkModel, kNumLinks>& prior)
     : engine_(engine),
       store_(store),
       loop_(loop),
-      geometry_(geometry),
+      host_format_(host_format),
       nvme_format_(nvme_format),
       configured_(configured) {
   for (int i = 0; i < kNumLinks; ++i) {
@@ -80,8 +80,9 @@ Status EngineTransferPort::copy_pages(Link link, std::span<const FrameMove> move
   pairs.reserve(moves.size());
   for (const FrameMove& m : moves) pairs.push_back(FramePair{m.src, m.dst});
   KVTIER_ASSIGN_OR_RETURN(
-      Transfer t, engine_.copy(direction, pairs,
-                               options_for(link, moves.size() * page_bytes(), std::move(done))));
+      Transfer t,
+      engine_.copy(direction, pairs,
+                   options_for(link, moves.size() * host_page_bytes(), std::move(done))));
   t.detach();
   return ok_status();
 }

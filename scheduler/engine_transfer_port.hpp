@@ -24,10 +24,10 @@ class EngineTransferPort final : public TransferPort {
  public:
   // `configured` links with bytes_per_second > 0 are used as given; the others are measured,
   // starting from `prior`. `store` (null: no NVMe tier) is the engine's block store, for erase;
-  // `nvme_format` how it stores pages (what NVMe transfers move).
+  // `host_format` and `nvme_format` say how those tiers hold pages (what their links move).
   // The port must outlive every transfer it submitted (the runtime drains them at shutdown).
   EngineTransferPort(TransferEngine& engine, BlockStore* store, EventLoop& loop,
-                     const Geometry& geometry, const PageFormat& nvme_format,
+                     const PageFormat& host_format, const PageFormat& nvme_format,
                      const std::array<LinkModel, kNumLinks>& configured,
                      const std::array<LinkModel, kNumLinks>& prior);
 
@@ -40,7 +40,7 @@ class EngineTransferPort final : public TransferPort {
                    TransferDone done) override;
   Status erase_block(const BlockKey& key) override;
   LinkModel link_model(Link link) const override;
-  uint64_t page_bytes() const override { return geometry_.page_bytes(); }
+  uint64_t host_page_bytes() const override { return host_format_.page_bytes(); }
   uint64_t nvme_page_bytes() const override { return nvme_format_.page_bytes(); }
 
  private:
@@ -50,7 +50,7 @@ class EngineTransferPort final : public TransferPort {
   TransferEngine& engine_;
   BlockStore* store_;
   EventLoop& loop_;
-  const Geometry geometry_;
+  const PageFormat host_format_;
   const PageFormat nvme_format_;
   const std::array<LinkModel, kNumLinks> configured_;
   // Measured bandwidth in bytes/s per link, stored as double bits (atomic: engine threads record).

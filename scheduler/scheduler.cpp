@@ -184,7 +184,7 @@ Nanos Scheduler::estimated_load_time(Tier from, uint32_t blocks) const {
     return m.transfer_time(blocks * block_bytes + links_.queued_bytes(link) +
                            links_.inflight_bytes(link));
   };
-  Nanos t = over(Link::kHostToHbm, options_.geometry.block_bytes());
+  Nanos t = over(Link::kHostToHbm, host_block_bytes());
   if (from == Tier::kNvme) t += over(Link::kNvmeToHost, nvme_block_bytes());
   return t;
 }
@@ -206,7 +206,7 @@ void Scheduler::decide_reuse(std::span<const BlockKey> keys, const MatchResult& 
       static_cast<Nanos>(static_cast<double>(options_.geometry.page_tokens) / prefill * 1e9);
   const LinkModel h2d = parts_.port->link_model(Link::kHostToHbm);
   const LinkModel nvme = parts_.port->link_model(Link::kNvmeToHost);
-  const uint64_t bb = options_.geometry.block_bytes();
+  const uint64_t bb = host_block_bytes();
   // Per-block cost at the links' bandwidth; their fixed latency overlaps across a batch of loads.
   const auto load_time = [&](Tier t) -> Nanos {
     switch (t) {

@@ -195,6 +195,10 @@ class Scheduler {
   void decide_reuse(std::span<const BlockKey> keys, const MatchResult& match, Sequence& seq,
                     OpenedSequence& out);
   Nanos estimated_load_time(Tier from, uint32_t blocks) const;
+  // Bytes one block moves over the HBM<->host links (the host tier's page format).
+  uint64_t host_block_bytes() const {
+    return parts_.port->host_page_bytes() * options_.geometry.layers;
+  }
   // Bytes one block moves over the NVMe links (the NVMe tier's page format).
   uint64_t nvme_block_bytes() const {
     return parts_.port->nvme_page_bytes() * options_.geometry.layers;

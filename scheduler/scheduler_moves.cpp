@@ -382,7 +382,7 @@ void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority pr
   }
   reading_[key] += 1;
   const JobId job = links_.enqueue(
-      Link::kHostToHbm, prio, parts_.port->page_bytes(),
+      Link::kHostToHbm, prio, parts_.port->host_page_bytes(),
       [this, key, layer, pk, host_frame = src.host_frame,
        hbm_frame](std::function<void()> finished) {
         const FrameMove move{host_frame, hbm_frame};
@@ -758,7 +758,7 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
         const uint32_t host_frame = *frame;
         const PageSnapshot p = page_snapshot(key, layer);
         links_.enqueue(
-            Link::kHbmToHost, prio, parts_.port->page_bytes(),
+            Link::kHbmToHost, prio, parts_.port->host_page_bytes(),
             [this, key, layer, pk, host_frame, hbm_frame = p.hbm_frame,
              undo](std::function<void()> finished) {
               const FrameMove move{hbm_frame, host_frame};
@@ -919,7 +919,7 @@ void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint3
                                       uint32_t host_frame, TransferPriority prio,
                                       std::function<void(bool)> done) {
   links_.enqueue(
-      Link::kHbmToHost, prio, parts_.port->page_bytes(),
+      Link::kHbmToHost, prio, parts_.port->host_page_bytes(),
       [this, key, layer, hbm_frame, host_frame, done](std::function<void()> finished) {
         const FrameMove move{hbm_frame, host_frame};
         auto on_done = [this, key, layer, finished, done](const Status& s) {

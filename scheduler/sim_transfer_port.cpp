@@ -49,7 +49,7 @@ Status SimTransferPort::copy_pages(Link link, std::span<const FrameMove> moves, 
                             std::string(link_name(link)));
   }
   if (moves.empty()) return invalid_argument("copy_pages with no pages");
-  schedule(link, moves.size() * geometry_.page_bytes(), std::move(done), nullptr);
+  schedule(link, moves.size() * host_page_bytes(), std::move(done), nullptr);
   return ok_status();
 }
 

@@ -24,6 +24,7 @@ namespace kvtier {
 struct SimLinkSpec {
   std::array<LinkModel, kNumLinks> links{};  // indexed by Link
   uint64_t nvme_extents = 0;                 // blocks the store holds
+  uint64_t host_page_bytes = 0;              // a page on the HBM<->host links; 0: as computed
   uint64_t nvme_page_bytes = 0;              // a page on the NVMe links; 0: as computed
 };
 
@@ -46,7 +47,9 @@ class SimTransferPort final : public TransferPort {
                    TransferDone done) override;
   Status erase_block(const BlockKey& key) override;
   LinkModel link_model(Link link) const override { return spec_.links[static_cast<int>(link)]; }
-  uint64_t page_bytes() const override { return geometry_.page_bytes(); }
+  uint64_t host_page_bytes() const override {
+    return spec_.host_page_bytes != 0 ? spec_.host_page_bytes : geometry_.page_bytes();
+  }
   uint64_t nvme_page_bytes() const override {
     return spec_.nvme_page_bytes != 0 ? spec_.nvme_page_bytes : geometry_.page_bytes();
   }

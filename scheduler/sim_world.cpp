@@ -33,6 +33,7 @@ Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
   SimLinkSpec links;
   links.links = spec.links;
   links.nvme_extents = spec.nvme_extents;
+  links.host_page_bytes = tier_page_format(spec.geometry, spec.host_kv_dtype).page_bytes();
   links.nvme_page_bytes = tier_page_format(spec.geometry, spec.nvme_kv_dtype).page_bytes();
   w->port_ = std::make_unique<SimTransferPort>(w->loop_, spec.geometry, links);
   SchedulerOptions so;

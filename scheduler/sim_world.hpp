@@ -26,6 +26,7 @@ struct SimWorldSpec {
   uint32_t hbm_frames = 0;
   uint32_t host_frames = 0;                         // 0: no host tier
   uint32_t nvme_extents = 0;                        // 0: no NVMe tier
+  TierKvDtype host_kv_dtype = TierKvDtype::kModel;  // how host holds pages (what PCIe moves)
   TierKvDtype nvme_kv_dtype = TierKvDtype::kModel;  // how NVMe stores pages (what its links move)
   std::array<LinkModel, kNumLinks> links{};         // indexed by Link
   PoliciesConfig policies;

@@ -47,7 +47,7 @@ class TransferPort {
  public:
   virtual ~TransferPort() = default;
 
-  // HBM->host (`link` kHbmToHost) or host->HBM (kHostToHbm) page copies, page_bytes each.
+  // HBM->host (`link` kHbmToHost) or host->HBM (kHostToHbm) page copies, host_page_bytes each.
   virtual Status copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) = 0;
   // host->NVMe: one block from its `layers` host frames (one per layer, in layer order).
   virtual Status write_block(const BlockKey& key, std::span<const uint32_t> host_frames,
@@ -61,8 +61,9 @@ class TransferPort {
   virtual Status erase_block(const BlockKey& key) = 0;
 
   virtual LinkModel link_model(Link link) const = 0;
-  // Bytes of one page as HBM and host memory hold it, for planning.
-  virtual uint64_t page_bytes() const = 0;
+  // Bytes one page moves over the HBM<->host links, in the host tier's PageFormat (fp8 and its
+  // scales when tiers.host.kv_dtype is fp8_e4m3; the page as computed otherwise).
+  virtual uint64_t host_page_bytes() const = 0;
   // Bytes one page moves over the NVMe links, in the NVMe tier's PageFormat (half of a bf16 page
   // plus its scales when tiers.nvme.kv_dtype is fp8_e4m3); a block moves layers times this.
   virtual uint64_t nvme_page_bytes() const = 0;

@@ -4,8 +4,8 @@
 #include <string>
 #include <utility>
 
-#include "kernels/cpu/frame_ops.hpp"
 #include "tiers/key_text.hpp"
+#include "tiers/page_codec.hpp"
 
 namespace kvtier {
 
@@ -48,30 +48,6 @@ class ConvertingStore::StagingPool : public std::enable_shared_from_this<Staging
 };
 
 namespace {
-
-const kernels::cpu::IsaKernels& simd() {
-  static const kernels::cpu::IsaKernels* isa = kernels::cpu::isa_kernels(kernels::cpu::Isa::kAuto);
-  return *isa;
-}
-
-// [K fp8][V fp8][k_scale f32][v_scale f32]; false when the page holds NaN or inf.
-bool encode_page(const PageFormat& f, const std::byte* wide, std::byte* out) {
-  const std::size_t half = f.half_elems();
-  float scales[2];
-  const bool ok =
-      kernels::cpu::quantize_page_fp8(simd(), wide, f.geometry.dtype, half,
-                                      reinterpret_cast<uint8_t*>(out), &scales[0], &scales[1]);
-  std::memcpy(out + 2 * half, scales, sizeof(scales));
-  return ok;
-}
-
-void decode_page(const PageFormat& f, const std::byte* stored, std::byte* wide) {
-  const std::size_t half = f.half_elems();
-  float scales[2];
-  std::memcpy(scales, stored + 2 * half, sizeof(scales));
-  kernels::cpu::dequantize_page_fp8(simd(), reinterpret_cast<const uint8_t*>(stored), scales[0],
-                                    scales[1], f.geometry.dtype, half, wide);
-}
 
 // The callback of a read into staging: on OK, dequantizes staged page i (`stride` bytes apart) into
 // pages[i]; then runs `then`. Captures values only, so it may run after the store is gone (a

@@ -15,6 +15,14 @@
 // two FIFOs cannot deadlock. A job whose state asks to cancel before it starts completes with
 // kCancelled and copies nothing; it still advances its direction's sequence.
 //
+// Re-encoding: when the host tier holds pages in another format (tiers.host.kv_dtype: fp8_e4m3)
+// the job carries that format and every segment is one page (frames of the two tiers differ in
+// size, so nothing coalesces): HBM->host encodes each page into its host frame, host->HBM decodes.
+// The host engine runs the codec on its worker; the CUDA engine launches the codec kernels on the
+// direction's stream, reading and writing the pinned host frames through their device mapping.
+// A page that cannot be encoded (NaN or inf) fails its job, naming the HBM frame; the others in
+// the job are encoded, and the caller frees the host frames of a failed job as for any failure.
+//
 // Threads: `submit` is called under the TransferEngine's hazard mutex (so seq order is queue
 // order) and only queues — it makes no driver call and never blocks. Each engine's own threads
 // run the copies and complete the states (callbacks run there).
@@ -22,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -50,7 +59,15 @@ struct CopyJob {
   uint32_t pages = 0;
   void* wait_device_event = nullptr;  // CUDA only: the stream waits on it first
   std::shared_ptr<TransferState> state;
+  // Set when host frames hold pages in this format (it encodes): one page per segment, `bytes`
+  // the page as computed; hbm_frames[i] is segment i's HBM frame, for error messages.
+  std::optional<PageFormat> host_format;
+  std::vector<uint32_t> hbm_frames;
 };
+
+// After an encoding job has run: kInvalidArgument naming the HBM frames whose pages held NaN or
+// inf (their host frames carry a NaN scale), or OK. Reads the host frames; OK for other jobs.
+Status refused_pages_status(const CopyJob& job);
 
 class CopyEngine {
  public:

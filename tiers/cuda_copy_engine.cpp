@@ -4,10 +4,12 @@
 // takes jobs in seq order; for a job that depends on the other direction it makes the stream wait
 // on that job's event (GPU-side, no host stall) once the other issue thread has recorded it; it
 // also waits on the caller's event (e.g. "K/V written" on the compute stream); then it enqueues the
-// job's segments as one batched copy, records a fresh event and publishes it on the transfer. The
-// completion thread synchronizes those events in order (blocking-sync events: it sleeps, it does
-// not spin) and completes the transfers, so callbacks run on a kvtier thread and may do anything a
-// callback may do. No kvtier lock is held across a CUDA call.
+// job's segments as one batched copy (or, for a job that re-encodes pages for an fp8 host tier, the
+// codec kernels, which read or write the pinned host frames through their device mapping), records
+// a fresh event and publishes it on the transfer. The completion thread synchronizes those events
+// in order (blocking-sync events: it sleeps, it does not spin) and completes the transfers, so
+// callbacks run on a kvtier thread and may do anything a callback may do. No kvtier lock is held
+// across a CUDA call.
 //
 // Events are owned by shared_ptr: the transfer state keeps its event alive for as long as its
 // handle exists, and a dependent job holds the event it waits on, so no event is destroyed or
@@ -161,6 +163,11 @@ class CudaCopyEngine final : public CopyEngine {
       KVTIER_RETURN_IF_ERROR(
           api_->stream_wait_event(dir.stream.get(), EventHandle{job.wait_device_event}));
     }
+    if (job.host_format) {
+      return kind == CopyKind::kDeviceToHost
+                 ? api_->encode_pages_async(job.segments, *job.host_format, dir.stream.get())
+                 : api_->decode_pages_async(job.segments, *job.host_format, dir.stream.get());
+    }
     return api_->copy_async(job.segments, kind, dir.stream.get());
   }
 
@@ -185,6 +192,7 @@ class CudaCopyEngine final : public CopyEngine {
           s.ignore();
         }
       }
+      if (result.ok()) result = refused_pages_status(issued.job);  // host frames are final now
       if (result.ok() && stats_) {
         stats_->copy_segments.fetch_add(issued.job.segments.size(), std::memory_order_relaxed);
         stats_->copy_pages.fetch_add(issued.job.pages, std::memory_order_relaxed);

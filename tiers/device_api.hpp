@@ -76,6 +76,15 @@ class DeviceApi {
   // in any order among themselves), using one batched call where the runtime offers it.
   virtual Status copy_async(std::span<const CopySegment> segments, CopyKind kind,
                             StreamHandle stream) = 0;
+
+  // Enqueues the fp8 page codec on `stream`, one segment per page (`bytes`: the page as computed).
+  // Encode reads a page as computed from device memory and writes it in `format` into pinned host
+  // memory; decode reads `format` from pinned host memory and writes the page as computed into
+  // device memory. A page holding NaN or inf is written with a NaN scale and zeros.
+  virtual Status encode_pages_async(std::span<const CopySegment> pages, const PageFormat& format,
+                                    StreamHandle stream) = 0;
+  virtual Status decode_pages_async(std::span<const CopySegment> pages, const PageFormat& format,
+                                    StreamHandle stream) = 0;
 };
 
 // True when this build has the CUDA runtime linked in.

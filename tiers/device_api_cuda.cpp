@@ -1,11 +1,14 @@
 // The CUDA runtime behind DeviceApi. Compiled only when the build has CUDA (KVTIER_HAVE_CUDA);
-// device_api_nocuda.cpp stands in otherwise. Plain C++ against cuda_runtime_api.h: no kernels here.
+// device_api_nocuda.cpp stands in otherwise. Plain C++ against cuda_runtime_api.h: the only
+// kernels it enqueues are the fp8 page codec's, through their launchers in kvtier_kernels.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/page_codec_cuda.hpp"
 #include "kvtier/log.hpp"
 #include "tiers/device_api.hpp"
 
@@ -62,7 +65,7 @@ class CudaDeviceApi final : public DeviceApi {
   Result<void*> allocate_pinned(std::size_t bytes) override {
     KVTIER_RETURN_IF_ERROR(use_device());
     void* ptr = nullptr;
-    const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
+    const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
     if (err != cudaSuccess) {
       cudaGetLastError();
       return cuda_status(err, where("cudaHostAlloc(" + std::to_string(bytes) + " bytes)"));
@@ -179,7 +182,46 @@ class CudaDeviceApi final : public DeviceApi {
 #endif
   }
 
+  Status encode_pages_async(std::span<const CopySegment> pages, const PageFormat& format,
+                            StreamHandle stream) override {
+    return run_codec(pages, format, stream, /*encode=*/true);
+  }
+  Status decode_pages_async(std::span<const CopySegment> pages, const PageFormat& format,
+                            StreamHandle stream) override {
+    return run_codec(pages, format, stream, /*encode=*/false);
+  }
+
  private:
+  // One launch per kMaxPages pages: the page pointers travel in the kernel's parameters, so
+  // nothing is allocated or uploaded per job. Host pages are used through their UVA mapping
+  // (pinned with cudaHostAllocMapped, so the host pointer is the device pointer).
+  Status run_codec(std::span<const CopySegment> pages, const PageFormat& format,
+                   StreamHandle stream, bool encode) {
+    if (pages.empty()) return Status();
+    KVTIER_RETURN_IF_ERROR(use_device());
+    auto s = static_cast<cudaStream_t>(stream.raw);
+    kernels::PageCodecBatch batch;
+    batch.wide = format.geometry.dtype;
+    batch.half_elems = format.half_elems();
+    for (std::size_t i = 0; i < pages.size(); i += kernels::PageCodecBatch::kMaxPages) {
+      const std::size_t n =
+          std::min<std::size_t>(kernels::PageCodecBatch::kMaxPages, pages.size() - i);
+      batch.count = static_cast<uint32_t>(n);
+      for (std::size_t j = 0; j < n; ++j) {
+        batch.src[j] = pages[i + j].src;
+        batch.dst[j] = pages[i + j].dst;
+      }
+      const cudaError_t err = encode ? kernels::cuda::launch_encode_pages_fp8(batch, s)
+                                     : kernels::cuda::launch_decode_pages_fp8(batch, s);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_status(err, where(std::string(encode ? "fp8 encode" : "fp8 decode") + " of " +
+                                      std::to_string(n) + " pages"));
+      }
+    }
+    return Status();
+  }
+
   Status use_device() { return cuda_status(cudaSetDevice(device_), where("cudaSetDevice")); }
   std::string where(const std::string& call) const {
     return call + " on device " + std::to_string(device_);

@@ -5,18 +5,22 @@
 namespace kvtier {
 
 std::size_t FrameArena::frame_stride(const Geometry& geometry) {
-  const std::size_t page = geometry.page_bytes();
+  return frame_stride(PageFormat::as_computed(geometry));
+}
+
+std::size_t FrameArena::frame_stride(const PageFormat& format) {
+  const std::size_t page = format.page_bytes();
   return (page + kFrameAlignment - 1) / kFrameAlignment * kFrameAlignment;
 }
 
-FrameArena::FrameArena(Tier tier, std::string backend, bool device_memory, const Geometry& geometry,
+FrameArena::FrameArena(Tier tier, std::string backend, bool device_memory, const PageFormat& format,
                        Region region, std::unique_ptr<FrameAllocator> allocator, int numa_node,
                        bool locked)
     : tier_(tier),
       backend_(std::move(backend)),
       device_memory_(device_memory),
-      geometry_(geometry),
-      frame_bytes_(frame_stride(geometry)),
+      format_(format),
+      frame_bytes_(frame_stride(format)),
       region_(std::move(region)),
       base_(region_.base),
       allocator_(std::move(allocator)),

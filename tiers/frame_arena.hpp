@@ -1,6 +1,9 @@
 // FrameArena: one tier's page frames — a contiguous region of HBM or host memory cut into frames of
 // one page each — and the FrameAllocator that hands them out.
 //
+// Frames hold pages in the arena's PageFormat: HBM always as computed (attention reads them), the
+// host tier as computed or in fp8 with a scale trailer (tiers.host.kv_dtype), so a host frame is
+// exactly what the NVMe store writes and reads for it.
 // A frame is 4096-aligned and `frame_bytes()` apart: page_bytes rounded up to 4096, so the NVMe
 // store can DMA straight into a frame with O_DIRECT and read up to the I/O alignment past the page.
 // The region is owned here (released by the destructor, after every user is gone); the allocator is
@@ -30,8 +33,9 @@ class FrameArena {
  public:
   static constexpr std::size_t kFrameAlignment = 4096;
 
-  // page_bytes rounded up to kFrameAlignment.
+  // page_bytes rounded up to kFrameAlignment (pages as computed, or in `format`).
   static std::size_t frame_stride(const Geometry& geometry);
+  static std::size_t frame_stride(const PageFormat& format);
 
   virtual ~FrameArena();
   FrameArena(const FrameArena&) = delete;
@@ -41,8 +45,11 @@ class FrameArena {
   // "cuda", "emulated" (HBM); "cuda_pinned", "mmap_2m", "mmap_4k" (host).
   std::string_view backend() const { return backend_; }
   bool device_memory() const { return device_memory_; }
-  const Geometry& geometry() const { return geometry_; }
-  std::size_t page_bytes() const { return geometry_.page_bytes(); }
+  // The model's geometry, whatever the frames hold.
+  const Geometry& geometry() const { return format_.geometry; }
+  const PageFormat& page_format() const { return format_; }
+  // Bytes of one page as this arena holds it.
+  std::size_t page_bytes() const { return format_.page_bytes(); }
   std::size_t frame_bytes() const { return frame_bytes_; }
   uint32_t frame_count() const { return allocator_->capacity(); }
   uint64_t capacity_bytes() const { return uint64_t{frame_bytes_} * frame_count(); }
@@ -74,7 +81,7 @@ class FrameArena {
     std::function<void()> release;
   };
 
-  FrameArena(Tier tier, std::string backend, bool device_memory, const Geometry& geometry,
+  FrameArena(Tier tier, std::string backend, bool device_memory, const PageFormat& format,
              Region region, std::unique_ptr<FrameAllocator> allocator, int numa_node, bool locked);
 
   // Obtains a region for as many of `frames` as `try_map` grants: on kResourceExhausted it halves
@@ -88,7 +95,7 @@ class FrameArena {
   const Tier tier_;
   const std::string backend_;
   const bool device_memory_;
-  const Geometry geometry_;
+  const PageFormat format_;
   const std::size_t frame_bytes_;
   Region region_;
   std::byte* base_;

@@ -28,8 +28,9 @@ class HbmArena final : public FrameArena {
  private:
   HbmArena(std::shared_ptr<DeviceApi> device, std::string backend, const Geometry& geometry,
            Region region, std::unique_ptr<FrameAllocator> allocator)
-      : FrameArena(Tier::kHbm, std::move(backend), device != nullptr, geometry, std::move(region),
-                   std::move(allocator), -1, false),
+      : FrameArena(Tier::kHbm, std::move(backend), device != nullptr,
+                   PageFormat::as_computed(geometry), std::move(region), std::move(allocator), -1,
+                   false),
         device_(std::move(device)) {}
 
   std::shared_ptr<DeviceApi> device_;

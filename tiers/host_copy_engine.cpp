@@ -4,7 +4,9 @@
 // waits for the other direction when a job depends on it, copies each segment with memcpy and
 // completes the job. With link_gbps > 0 each direction is paced like a full-duplex link of that
 // bandwidth: a segment of n bytes may finish no earlier than n / rate after the previous one
-// (a token bucket with no burst), which is what PCIe transfers look like from the host.
+// (a token bucket with no burst), which is what PCIe transfers look like from the host. A job that
+// re-encodes (fp8 host tier) runs the page codec on the worker instead of the copy, and is paced
+// by the encoded bytes, which are what would cross the link.
 // Lock: mu_ guards both queues and both watermarks; it is never held while copying or sleeping.
 #include <condition_variable>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <thread>
 
 #include "tiers/copy_engine.hpp"
+#include "tiers/page_codec.hpp"
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -118,26 +121,39 @@ class HostCopyEngine final : public CopyEngine {
         queues_[d].pop_front();
       }
       const bool cancel = job.state->cancel_requested();
-      if (!cancel) {
+      Status result;
+      if (cancel) {
+        result = cancelled("copy " + std::string(link_name(copy_link(dir))) +
+                           " cancelled before it started");
+      } else {
         for (const CopySegment& s : job.segments) {
-          copy_segment(s.dst, s.src, s.bytes);
+          std::size_t moved = s.bytes;
+          if (!job.host_format) {
+            copy_segment(s.dst, s.src, s.bytes);
+          } else if (dir == CopyDirection::kHbmToHost) {
+            encode_page(*job.host_format, static_cast<const std::byte*>(s.src),
+                        static_cast<std::byte*>(s.dst));
+            moved = job.host_format->page_bytes();
+          } else {
+            decode_page(*job.host_format, static_cast<const std::byte*>(s.src),
+                        static_cast<std::byte*>(s.dst));
+            moved = job.host_format->page_bytes();
+          }
           if (bytes_per_ns_ > 0) {
             const auto now = std::chrono::steady_clock::now();
             if (link_free < now) link_free = now;
             link_free += std::chrono::nanoseconds(
-                static_cast<int64_t>(static_cast<double>(s.bytes) / bytes_per_ns_));
+                static_cast<int64_t>(static_cast<double>(moved) / bytes_per_ns_));
             std::this_thread::sleep_until(link_free);
           }
         }
         store_fence();
+        result = refused_pages_status(job);
         if (stats_) {
           stats_->copy_segments.fetch_add(job.segments.size(), std::memory_order_relaxed);
           stats_->copy_pages.fetch_add(job.pages, std::memory_order_relaxed);
         }
       }
-      const Status result = cancel ? cancelled("copy " + std::string(link_name(copy_link(dir))) +
-                                               " cancelled before it started")
-                                   : Status();
       {
         std::lock_guard<std::mutex> lock(mu_);
         completed_[d] = job.seq;

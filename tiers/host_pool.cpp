@@ -42,9 +42,16 @@ Result<std::unique_ptr<HostPool>> HostPool::create(const HostTierConfig& config,
                                                    const Geometry& geometry,
                                                    std::shared_ptr<DeviceApi> device,
                                                    std::shared_ptr<HostMemoryApi> memory) {
+  return create(config, PageFormat::as_computed(geometry), std::move(device), std::move(memory));
+}
+
+Result<std::unique_ptr<HostPool>> HostPool::create(const HostTierConfig& config,
+                                                   const PageFormat& format,
+                                                   std::shared_ptr<DeviceApi> device,
+                                                   std::shared_ptr<HostMemoryApi> memory) {
   if (!memory) return invalid_argument("tiers.host: no host memory interface");
-  if (geometry.page_bytes() == 0) return invalid_argument("tiers.host: geometry has empty pages");
-  const std::size_t stride = frame_stride(geometry);
+  if (format.page_bytes() == 0) return invalid_argument("tiers.host: geometry has empty pages");
+  const std::size_t stride = frame_stride(format);
   const uint64_t wanted = config.capacity_bytes / stride;
   if (wanted > FrameAllocator::kMaxFrames) {
     return invalid_argument("tiers.host.capacity_bytes " + std::to_string(config.capacity_bytes) +
@@ -139,7 +146,7 @@ Result<std::unique_ptr<HostPool>> HostPool::create(const HostTierConfig& config,
   }
 
   KVTIER_ASSIGN_OR_RETURN(auto allocator, FrameAllocator::create(frames));
-  return std::unique_ptr<HostPool>(new HostPool(Tier::kHost, std::move(backend), false, geometry,
+  return std::unique_ptr<HostPool>(new HostPool(Tier::kHost, std::move(backend), false, format,
                                                 std::move(region), std::move(allocator), node,
                                                 locked));
 }

@@ -24,7 +24,12 @@ namespace kvtier {
 
 class HostPool final : public FrameArena {
  public:
-  // `device` null: no GPU (mmap path). `memory` is the seam for mmap/mlock/NUMA.
+  // `device` null: no GPU (mmap path). `memory` is the seam for mmap/mlock/NUMA. Frames hold
+  // pages in `format` (the model's pages as computed, or fp8: tiers.host.kv_dtype).
+  static Result<std::unique_ptr<HostPool>> create(
+      const HostTierConfig& config, const PageFormat& format, std::shared_ptr<DeviceApi> device,
+      std::shared_ptr<HostMemoryApi> memory = system_host_memory());
+  // Pages as computed.
   static Result<std::unique_ptr<HostPool>> create(
       const HostTierConfig& config, const Geometry& geometry, std::shared_ptr<DeviceApi> device,
       std::shared_ptr<HostMemoryApi> memory = system_host_memory());

@@ -14,9 +14,16 @@ Result<std::unique_ptr<TierStack>> open_tiers(const TiersConfig& config, const G
   KVTIER_ASSIGN_OR_RETURN(stack->notifier, CompletionNotifier::create());
   KVTIER_ASSIGN_OR_RETURN(stack->hbm,
                           HbmArena::create(config.hbm, geometry, stack->device, options.memory));
-  KVTIER_ASSIGN_OR_RETURN(stack->host,
-                          HostPool::create(config.host, geometry, stack->device, options.memory));
+  const PageFormat host_format = config.host_page_format(geometry);
+  KVTIER_ASSIGN_OR_RETURN(
+      stack->host, HostPool::create(config.host, host_format, stack->device, options.memory));
   if (config.nvme.enabled) {
+    const PageFormat format = config.nvme_page_format(geometry);
+    if (host_format.encodes() && !(format == host_format)) {
+      return invalid_argument(
+          "tiers.nvme.kv_dtype: the host tier holds fp8_e4m3 pages, which NVMe stores as they "
+          "are; set tiers.nvme.kv_dtype: fp8_e4m3");
+    }
     NvmeStoreOptions nvme;
     nvme.config = config.nvme;
     nvme.backend = options.io;
@@ -26,11 +33,10 @@ Result<std::unique_ptr<TierStack>> open_tiers(const TiersConfig& config, const G
     if (stack->host->region_bytes() > 0) {
       nvme.fixed_buffers.push_back(iovec{stack->host->base(), stack->host->region_bytes()});
     }
-    const PageFormat format = config.nvme_page_format(geometry);
     auto store = NvmeStore::create(format, std::move(nvme));
     if (!store.ok()) return std::move(store).status().with_context("tiers.nvme");
     stack->nvme = std::move(store).value();
-    if (format.encodes()) {
+    if (format.encodes() && !host_format.encodes()) {
       auto codec = ConvertingStore::create(*stack->nvme, format);
       if (!codec.ok()) return std::move(codec).status().with_context("tiers.nvme.kv_dtype");
       stack->nvme_codec = std::move(codec).value();

@@ -5,8 +5,11 @@
 // as io_uring fixed buffers, then start the transfer engine — all sharing one TransferStats and one
 // completion eventfd. Members are declared so that destruction runs in reverse: the engine stops
 // first (its queues drain), then the store (its I/O threads finish), then the memory tiers.
-// With tiers.nvme.kv_dtype: fp8_e4m3 the store holds fp8 pages and a ConvertingStore in front of
-// it quantizes and dequantizes; the engine (and whoever moves blocks) goes through nvme_io().
+// Page formats: with tiers.host.kv_dtype: fp8_e4m3 the host frames hold fp8 pages (the copy engine
+// encodes and decodes on the HBM<->host copies) and the store, which must be fp8 too, takes them as
+// they are. With only tiers.nvme.kv_dtype: fp8_e4m3 the store holds fp8 pages and a
+// ConvertingStore in front of it quantizes and dequantizes host pages as computed. Either way the
+// engine (and whoever moves blocks) goes through nvme_io().
 // The seams (device, host memory, I/O backend) can be replaced for tests and benchmarks.
 #pragma once
 
@@ -31,11 +34,12 @@ struct TierStack {
   std::shared_ptr<CompletionNotifier> notifier;
   std::unique_ptr<HbmArena> hbm;
   std::unique_ptr<HostPool> host;
-  std::unique_ptr<NvmeStore> nvme;              // null when tiers.nvme.enabled is false
-  std::unique_ptr<ConvertingStore> nvme_codec;  // null unless the NVMe tier stores another dtype
+  std::unique_ptr<NvmeStore> nvme;  // null when tiers.nvme.enabled is false
+  // Null unless the NVMe tier stores another format than the host tier holds.
+  std::unique_ptr<ConvertingStore> nvme_codec;
   std::unique_ptr<TransferEngine> engine;
 
-  // The NVMe tier as host pages in the model's dtype see it; null without an NVMe tier.
+  // The NVMe tier as host frames see it; null without an NVMe tier.
   BlockStore* nvme_io() const {
     return nvme_codec ? static_cast<BlockStore*>(nvme_codec.get()) : nvme.get();
   }

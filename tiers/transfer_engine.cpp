@@ -11,8 +11,13 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::create(HbmArena& hbm, Ho
     return invalid_argument("transfer engine: HBM and host tiers have different geometries");
   }
   if (store != nullptr) {
-    if (!(store->geometry() == host.geometry())) {
-      return invalid_argument("transfer engine: the NVMe store has another geometry");
+    // The store receives host frames as they are: it must hold pages in the host's format.
+    if (!(store->geometry() == host.page_format().stored_geometry())) {
+      return invalid_argument(
+          "transfer engine: the NVMe store holds pages of another geometry or dtype than the "
+          "host tier (" +
+          std::string(dtype_name(store->geometry().dtype)) + " vs " +
+          std::string(dtype_name(host.page_format().stored_dtype)) + ")");
     }
     if (store->page_io_bytes() > host.frame_bytes() ||
         FrameArena::kFrameAlignment % store->buffer_alignment() != 0) {
@@ -78,15 +83,24 @@ Result<Transfer> TransferEngine::copy(CopyDirection direction, std::span<const F
     }
   }
   const std::size_t page = hbm_.page_bytes();
-  const std::size_t stride = hbm_.frame_bytes();  // equal in both arenas: same geometry
+  const std::size_t stride = hbm_.frame_bytes();
 
   CopyJob job;
   job.direction = direction;
   job.pages = static_cast<uint32_t>(pages.size());
   job.wait_device_event = options.wait_device_event;
-  // Coalesce runs that are consecutive on both sides into one segment. The padding between pages
-  // inside a run is copied too: it belongs to the frames and costs less than a second copy.
-  std::size_t i = 0;
+  if (host_.page_format().encodes()) {
+    // The host holds pages re-encoded: one segment per page, the codec runs on each.
+    job.host_format = host_.page_format();
+    for (const FramePair& p : pages) {
+      job.segments.push_back(CopySegment{dst.frame_address(p.dst), src.frame_address(p.src), page});
+      job.hbm_frames.push_back(to_host ? p.src : p.dst);
+    }
+  }
+  // Otherwise coalesce runs that are consecutive on both sides into one segment (frames are the
+  // same size in both arenas). The padding between pages inside a run is copied too: it belongs
+  // to the frames and costs less than a second copy.
+  std::size_t i = job.host_format ? pages.size() : 0;
   while (i < pages.size()) {
     std::size_t n = 1;
     while (i + n < pages.size() && pages[i + n].src == pages[i].src + n &&
@@ -97,7 +111,9 @@ Result<Transfer> TransferEngine::copy(CopyDirection direction, std::span<const F
                                        src.frame_address(pages[i].src), (n - 1) * stride + page});
     i += n;
   }
-  job.state = std::make_shared<TransferState>(copy_link(direction), uint64_t{page} * pages.size(),
+  // The link carries pages as the host holds them (fp8 and scales when it re-encodes).
+  job.state = std::make_shared<TransferState>(copy_link(direction),
+                                              uint64_t{host_.page_bytes()} * pages.size(),
                                               std::move(options), stats_, notifier_);
   Transfer handle(job.state);
 

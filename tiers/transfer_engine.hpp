@@ -61,8 +61,9 @@ class TransferEngine {
   ~TransferEngine();
 
   // HBM->host (pairs: hbm frame -> host frame) or host->HBM (host frame -> hbm frame). Copies
-  // page_bytes per page. kInvalidArgument for an empty list or a frame past its arena; nothing
-  // starts then.
+  // page_bytes per page; when the host tier holds fp8 (tiers.host.kv_dtype) each page is encoded
+  // on the way out and decoded on the way in, and the transfer counts the encoded bytes.
+  // kInvalidArgument for an empty list or a frame past its arena; nothing starts then.
   Result<Transfer> copy(CopyDirection direction, std::span<const FramePair> pages,
                         TransferOptions options = {});
 

@@ -294,6 +294,7 @@ class RunCommand final : public Command {
     vo.hbm_kv_bytes = o_.hbm > 0 ? o_.hbm : model.hbm_kv_bytes();
     vo.host_bytes = o_.host > 0 ? o_.host : gpu.host_kv_bytes;
     vo.nvme_bytes = o_.nvme > 0 ? o_.nvme : gpu.nvme_bytes;
+    vo.host_kv_dtype = ctx.config.tiers.host.kv_dtype;
     vo.nvme_kv_dtype = ctx.config.tiers.nvme.kv_dtype;
     vo.watermarks = {ctx.config.tiers.hbm.watermarks, ctx.config.tiers.host.watermarks,
                      ctx.config.tiers.nvme.watermarks};

@@ -20,6 +20,7 @@
 #include "kernels/numeric_formats.hpp"
 #include "kvtier/kvtier.hpp"
 #include "runtime/config_size.hpp"
+#include "runtime/config_sizing.hpp"
 
 namespace kvtier::bench::run {
 namespace {
@@ -172,14 +173,16 @@ class RealPass {
     out.stall = stall_;
     out.compute = compute_ns_;
     out.steps = std::move(step_loads_);
-    out.bytes_to_hbm = s.promotions[tier_index(Tier::kHbm)] * geometry_.page_bytes();
+    // Links move pages in the format of the tier below HBM they reach (fp8 with scales under
+    // tiers.host.kv_dtype or tiers.nvme.kv_dtype).
+    const PageFormat host = rt_.config().tiers.host_page_format(geometry_);
+    const PageFormat nvme = rt_.config().tiers.nvme_page_format(geometry_);
+    out.bytes_to_hbm = s.promotions[tier_index(Tier::kHbm)] * host.page_bytes();
     result_.stall_ns = stall_;
     result_.compute_ns = compute_ns_;
     result_.link_bytes[static_cast<int>(Link::kHostToHbm)] = out.bytes_to_hbm;
     result_.link_bytes[static_cast<int>(Link::kHbmToHost)] =
-        s.demotions[tier_index(Tier::kHost)] * geometry_.page_bytes();
-    // NVMe links move pages in the NVMe tier's format (fp8 with scales under tiers.nvme.kv_dtype).
-    const PageFormat nvme = rt_.config().tiers.nvme_page_format(geometry_);
+        s.demotions[tier_index(Tier::kHost)] * host.page_bytes();
     result_.link_bytes[static_cast<int>(Link::kNvmeToHost)] =
         s.promotions[tier_index(Tier::kHost)] * nvme.page_bytes();
     result_.link_bytes[static_cast<int>(Link::kHostToNvme)] =
@@ -202,8 +205,7 @@ class RealPass {
     c.page_tokens = geometry_.page_tokens;
     c.layers = geometry_.layers;
     c.hbm_frames = view_.frames;
-    c.host_frames =
-        rt_.config().tiers.host.capacity_bytes / std::max<uint64_t>(1, view_.frame_stride);
+    c.host_frames = size_tiers(rt_.config()).host_frames;  // host frames may hold fp8 pages
     c.admit_fraction = 0.9;
     c.max_sequences = 16;
     c.max_batched_tokens = options_.max_batched_tokens;

@@ -207,9 +207,12 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
   SimWorldSpec spec;
   spec.geometry = g;
   spec.hbm_frames = frames_of(options.hbm_kv_bytes, g.page_bytes());
-  spec.host_frames = baseline.host ? frames_of(options.host_bytes, g.page_bytes()) : 0;
+  // Host frames hold pages in the host tier's format: fp8 fits about twice as many.
+  const uint64_t host_page_bytes = tier_page_format(g, options.host_kv_dtype).page_bytes();
+  spec.host_frames = baseline.host ? frames_of(options.host_bytes, host_page_bytes) : 0;
   const uint64_t nvme_block_bytes = tier_page_format(g, options.nvme_kv_dtype).block_bytes();
   spec.nvme_extents = baseline.nvme ? frames_of(options.nvme_bytes, nvme_block_bytes) : 0;
+  spec.host_kv_dtype = options.host_kv_dtype;
   spec.nvme_kv_dtype = options.nvme_kv_dtype;
   const auto link = [](double bytes_per_s, double latency_us) {
     return LinkModel{bytes_per_s, static_cast<Nanos>(latency_us * 1e3)};
@@ -232,7 +235,7 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
   result.tier_bytes[tier_index(Tier::kHbm)] =
       static_cast<uint64_t>(spec.hbm_frames) * g.page_bytes();
   result.tier_bytes[tier_index(Tier::kHost)] =
-      static_cast<uint64_t>(spec.host_frames) * g.page_bytes();
+      static_cast<uint64_t>(spec.host_frames) * host_page_bytes;
   result.tier_bytes[tier_index(Tier::kNvme)] =
       static_cast<uint64_t>(spec.nvme_extents) * nvme_block_bytes;
   std::unique_ptr<MetricsExporter> metrics;  // declared after the world: stops serving first

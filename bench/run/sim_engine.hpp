@@ -45,6 +45,7 @@ struct VirtualRunOptions {
   uint64_t hbm_kv_bytes = 0;
   uint64_t host_bytes = 0;
   uint64_t nvme_bytes = 0;
+  TierKvDtype host_kv_dtype = TierKvDtype::kModel;  // tiers.host.kv_dtype: what PCIe links move
   TierKvDtype nvme_kv_dtype = TierKvDtype::kModel;  // tiers.nvme.kv_dtype: what NVMe links move
   std::array<Watermarks, kNumTiers> watermarks{};
   uint32_t hint_window = 32;                  // waiting requests shown to the scheduler

@@ -51,18 +51,6 @@ struct HbmTierConfig {
   friend bool operator==(const HbmTierConfig&, const HbmTierConfig&) = default;
 };
 
-struct HostTierConfig {
-  uint64_t capacity_bytes = 4ull << 30;  // 4 GiB
-  int numa_node = -1;                    // -1 = auto (nearest the GPU when one is known)
-  bool huge_pages = true;                // try 2 MiB pages first, fall back to 4 KiB
-  bool lock_memory = true;               // mlock when permitted (no CUDA); cudaHostAlloc otherwise
-  Watermarks watermarks;
-
-  friend bool operator==(const HostTierConfig&, const HostTierConfig&) = default;
-};
-
-enum class ChecksumKind : uint8_t { kXxh3 = 0, kCrc32c = 1 };
-
 // The dtype a tier below HBM stores pages in: as the model computes them, or fp8 e4m3 with
 // per-page scales (half the bytes of bf16 on disk and over the link; lossy within e4m3's 2^-4
 // relative step). See PageFormat in kvtier/types.hpp.
@@ -73,6 +61,21 @@ inline PageFormat tier_page_format(const Geometry& model, TierKvDtype kv_dtype) 
   return kv_dtype == TierKvDtype::kFp8E4M3 ? PageFormat::fp8(model)
                                            : PageFormat::as_computed(model);
 }
+
+struct HostTierConfig {
+  uint64_t capacity_bytes = 4ull << 30;  // 4 GiB
+  int numa_node = -1;                    // -1 = auto (nearest the GPU when one is known)
+  bool huge_pages = true;                // try 2 MiB pages first, fall back to 4 KiB
+  bool lock_memory = true;               // mlock when permitted (no CUDA); cudaHostAlloc otherwise
+  // fp8_e4m3: pages are quantized on the HBM->host copy and dequantized on the way back; the
+  // NVMe tier below must then store fp8 too (it receives the host's pages as they are).
+  TierKvDtype kv_dtype = TierKvDtype::kModel;
+  Watermarks watermarks;
+
+  friend bool operator==(const HostTierConfig&, const HostTierConfig&) = default;
+};
+
+enum class ChecksumKind : uint8_t { kXxh3 = 0, kCrc32c = 1 };
 
 struct NvmeTierConfig {
   bool enabled = true;
@@ -101,6 +104,10 @@ struct TiersConfig {
   HostTierConfig host;
   NvmeTierConfig nvme;
 
+  // How the host tier holds the pages of `model` (what the HBM<->host links move).
+  PageFormat host_page_format(const Geometry& model) const {
+    return tier_page_format(model, host.kv_dtype);
+  }
   // How the NVMe tier stores the pages of `model`.
   PageFormat nvme_page_format(const Geometry& model) const {
     return tier_page_format(model, nvme.kv_dtype);

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "tests/e2e/e2e_util.hpp"
+#include "tiers/frame_arena.hpp"
 
 #ifndef KVTIER_E2E_SCALE
 #define KVTIER_E2E_SCALE 1
@@ -118,38 +119,59 @@ TEST_F(KVTIER_E2E_SUITE, TinyHbmGivesTheSameTokensAndLogitsBitForBit) {
 // tiers.nvme.kv_dtype: fp8_e4m3: the same workload with every block that goes to NVMe quantized.
 // The reference engine's small random model is chaotic (a perturbation of one logit in 1e-3
 // changes the greedy token and the rest of the sequence with it), so outputs are not compared
-// token by token; the fp8 round trip's accuracy is checked in tiers/converting_store_test. Here:
-// every request is served to its full length, blocks really went to NVMe in fp8 and came back,
-// the NVMe links moved fp8 bytes, and nothing failed.
-TEST_F(KVTIER_E2E_SUITE, Fp8OnNvmeServesEveryRequestFromQuantizedBlocks) {
-  ScratchDir dir("e2e-fp8");
-  Config config = engine_config(dir.path(), small_tiers());
-  config.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+// token by token; the fp8 round trip's accuracy is checked in tiers/converting_store_test and
+// tiers/fp8_host_tier_test. Here: every request is served to its full length, blocks really went
+// down in fp8 and came back, and nothing failed.
+RunResult serve_with_fp8_tiers(const Config& config, const std::vector<Request>& requests,
+                               const std::vector<RequestOutput>& reference, const char* what) {
   auto rt = open_runtime(config);
-  ASSERT_NE(rt, nullptr);
-  const RunResult r = run_engine(*rt, workload(kScale));
+  EXPECT_NE(rt, nullptr);
+  if (rt == nullptr) return {};
+  RunResult r = run_engine(*rt, requests);
   const RuntimeStats& s = r.runtime;
   EXPECT_GT(s.demotions[tier_index(Tier::kNvme)], 0u) << "nothing went down to NVMe";
   EXPECT_GT(s.promotions[tier_index(Tier::kHost)], 0u) << "nothing came back up from NVMe";
+  EXPECT_GT(s.promotions[tier_index(Tier::kHbm)], 0u) << "nothing came back up from the host";
   EXPECT_EQ(s.failed_loads, 0u);
   EXPECT_EQ(s.checksum_failures, 0u);
   EXPECT_EQ(s.io_errors, 0u);
   const PageFormat fp8 = PageFormat::fp8(config.model.geometry);
   EXPECT_EQ(s.capacity_bytes[tier_index(Tier::kNvme)] % fp8.block_bytes(), 0u);
-  ASSERT_EQ(r.outputs.size(), reference_->size());
+  EXPECT_EQ(r.outputs.size(), reference.size());
   std::size_t same_prefix = 0;
-  for (std::size_t i = 0; i < r.outputs.size(); ++i) {
-    const RequestOutput& e = (*reference_)[i];
+  for (std::size_t i = 0; i < std::min(r.outputs.size(), reference.size()); ++i) {
+    const RequestOutput& e = reference[i];
     const RequestOutput& a = r.outputs[i];
     EXPECT_EQ(e.tokens.size(), a.tokens.size()) << "request " << e.id;
     std::size_t k = 0;
     while (k < e.tokens.size() && k < a.tokens.size() && e.tokens[k] == a.tokens[k]) ++k;
     same_prefix += k;
   }
-  std::printf("fp8 on NVMe: %zu of %llu generated tokens before each request's first difference\n",
+  std::printf("%s: %zu of %llu generated tokens before each request's first difference\n", what,
               same_prefix, static_cast<unsigned long long>(generated(r.outputs)));
   EXPECT_EQ(s.open_sequences, 0u);
-  ASSERT_TRUE(rt->shutdown().ok());
+  EXPECT_TRUE(rt->shutdown().ok());
+  return r;
+}
+
+TEST_F(KVTIER_E2E_SUITE, Fp8OnNvmeServesEveryRequestFromQuantizedBlocks) {
+  ScratchDir dir("e2e-fp8");
+  Config config = engine_config(dir.path(), small_tiers());
+  config.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  serve_with_fp8_tiers(config, workload(kScale), *reference_, "fp8 on NVMe");
+}
+
+TEST_F(KVTIER_E2E_SUITE, Fp8OnHostAndNvmeServesEveryRequestFromQuantizedPages) {
+  ScratchDir dir("e2e-fp8-host");
+  Config config = engine_config(dir.path(), small_tiers());
+  config.tiers.host.kv_dtype = TierKvDtype::kFp8E4M3;
+  config.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  const RunResult r =
+      serve_with_fp8_tiers(config, workload(kScale), *reference_, "fp8 on host and NVMe");
+  // The same host capacity holds more pages: frames of fp8 pages are smaller.
+  const uint64_t host_frame = FrameArena::frame_stride(PageFormat::fp8(config.model.geometry));
+  EXPECT_EQ(r.runtime.capacity_bytes[tier_index(Tier::kHost)],
+            config.tiers.host.capacity_bytes / host_frame * host_frame);
 }
 
 TEST_F(KVTIER_E2E_SUITE, AfterARestartPromptsComeFromNvmeNotRecomputed) {

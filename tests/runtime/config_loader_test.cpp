@@ -134,6 +134,7 @@ tiers:
     numa: 1
     huge_pages: false
     lock_memory: false
+    kv_dtype: fp8_e4m3
     watermarks: {low: 0.4, high: 0.7}
   nvme:
     enabled: true
@@ -195,6 +196,7 @@ metrics:
   EXPECT_TRUE(c.tiers.nvme.sqpoll);
   EXPECT_EQ(c.tiers.nvme.checksum, ChecksumKind::kCrc32c);
   EXPECT_EQ(c.tiers.nvme.kv_dtype, TierKvDtype::kFp8E4M3);
+  EXPECT_EQ(c.tiers.host.kv_dtype, TierKvDtype::kFp8E4M3);
   EXPECT_EQ(c.tiers.nvme.read_gbps, 6.5);
   EXPECT_EQ(c.tiers.nvme.write_gbps, 3.25);
   EXPECT_EQ(c.tiers.nvme.watermarks.low, 0.3);
@@ -250,7 +252,7 @@ TEST(Errors, UnknownKeySuggestsTheNearestAndListsTheValidOnes) {
       error_of(parse("model:\n  layers: 32\ntiers:\n  host:\n    capcity: 4GiB\n"));
   EXPECT_EQ(m,
             "t.yaml:5:5: tiers.host.capcity: unknown key; did you mean \"capacity\"? (valid keys "
-            "under tiers.host: capacity, numa, huge_pages, lock_memory, watermarks)");
+            "under tiers.host: capacity, numa, huge_pages, lock_memory, kv_dtype, watermarks)");
 }
 
 TEST(Errors, UnknownTopLevelKey) {
@@ -374,6 +376,15 @@ TEST(Errors, PageSizeNotAMultipleOf512UnderDirectIo) {
                                         "page_tokens: 1}\n",
                                     "t.yaml")),
               StartsWith("t.yaml:3:16: tiers.nvme.direct_io: a page of"));
+}
+
+TEST(Errors, AnFp8HostTierNeedsAnFp8NvmeTier) {
+  const std::string m = error_of(parse("tiers:\n  host:\n    kv_dtype: fp8_e4m3\n"));
+  EXPECT_THAT(m, HasSubstr("tiers.nvme.kv_dtype: is model, but tiers.host.kv_dtype is fp8_e4m3"));
+  EXPECT_THAT(m, HasSubstr("set tiers.nvme.kv_dtype: fp8_e4m3"));
+  EXPECT_TRUE(parse("tiers: {host: {kv_dtype: fp8_e4m3}, nvme: {kv_dtype: fp8_e4m3}}\n").ok());
+  EXPECT_TRUE(parse("tiers: {host: {kv_dtype: fp8_e4m3}, nvme: {enabled: false}}\n").ok());
+  EXPECT_TRUE(parse("tiers: {nvme: {kv_dtype: fp8_e4m3}}\n").ok());
 }
 
 TEST(Errors, UnknownEnumValuesListTheValidOnes) {
@@ -507,7 +518,7 @@ TEST(Errors, BadEnvironmentOverrides) {
   EXPECT_EQ(error_of(load_config(hermetic({{"KVTIER_TIERS__HOST__CAPCITY", "1GiB"}}))),
             "environment KVTIER_TIERS__HOST__CAPCITY=1GiB: tiers.host.capcity: unknown key; did "
             "you mean \"capacity\"? (valid keys under tiers.host: capacity, numa, huge_pages, "
-            "lock_memory, watermarks)");
+            "lock_memory, kv_dtype, watermarks)");
   EXPECT_EQ(error_of(load_config(hermetic({{"KVTIER_MODEL__LAYERS", "many"}}))),
             "environment KVTIER_MODEL__LAYERS=many: model.layers: expected an integer >= 0, got "
             "\"many\"");

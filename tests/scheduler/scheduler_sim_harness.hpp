@@ -29,6 +29,8 @@ struct SimSetup {
   double d2h_gbps = 10.0;
   double nvme_read_gbps = 2.0;
   double nvme_write_gbps = 1.0;
+  TierKvDtype host_kv_dtype = TierKvDtype::kModel;
+  TierKvDtype nvme_kv_dtype = TierKvDtype::kModel;
   PoliciesConfig policies;
   std::array<Watermarks, kNumTiers> watermarks{Watermarks{0.9, 1.0}, Watermarks{0.9, 1.0},
                                                Watermarks{0.9, 1.0}};
@@ -42,6 +44,8 @@ class SimWorld {
     spec.hbm_frames = setup.hbm_frames;
     spec.host_frames = setup.host_frames;
     spec.nvme_extents = setup.nvme_extents;
+    spec.host_kv_dtype = setup.host_kv_dtype;
+    spec.nvme_kv_dtype = setup.nvme_kv_dtype;
     const auto link = [](double gbps) { return LinkModel{gbps * 1e9, 2 * kNanosPerMicro}; };
     spec.links[static_cast<int>(Link::kHostToHbm)] = link(setup.h2d_gbps);
     spec.links[static_cast<int>(Link::kHbmToHost)] = link(setup.d2h_gbps);

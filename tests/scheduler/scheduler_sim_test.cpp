@@ -97,6 +97,54 @@ TEST(SchedulerSim, BlocksEvictedDownTheTiersComeBackIntact) {
   expect_consistent(w);
 }
 
+// The same workload with the tiers below HBM in fp8 (tiers.host.kv_dtype, tiers.nvme.kv_dtype):
+// the scheduler makes the same moves, and each link carries the pages in the format of the tier
+// it reaches or leaves, so its bytes shrink by exactly the page formats' ratio.
+TEST(SchedulerSim, LinksMovePagesInTheFormatOfTheTierBelowHbm) {
+  const auto run = [](TierKvDtype host, TierKvDtype nvme) {
+    SimSetup setup;
+    setup.hbm_frames = 32;
+    setup.host_frames = 64;
+    setup.nvme_extents = 128;
+    setup.host_kv_dtype = host;
+    setup.nvme_kv_dtype = nvme;
+    auto w = std::make_unique<SimWorld>(setup);
+    for (uint32_t p = 0; p < 12; ++p) {
+      auto s = w->scheduler().open_sequence(w->prompt(4, p + 1));
+      EXPECT_TRUE(s.ok());
+      const StepItem item{s->id, 4 * 16};
+      EXPECT_TRUE(w->run_step(std::span(&item, 1), 5 * kNanosPerMicro).status.ok());
+      EXPECT_TRUE(w->scheduler().close_sequence(s->id).ok());
+      w->settle();
+    }
+    auto s = w->scheduler().open_sequence(w->prompt(4, 1));  // back up from NVMe
+    EXPECT_TRUE(s.ok());
+    const StepItem decode{s->id, 1};
+    EXPECT_TRUE(w->run_step(std::span(&decode, 1), 5 * kNanosPerMicro).status.ok());
+    EXPECT_TRUE(w->scheduler().close_sequence(s->id).ok());
+    w->settle();
+    expect_consistent(*w);
+    return w;
+  };
+  const auto model = run(TierKvDtype::kModel, TierKvDtype::kModel);
+  const auto nvme = run(TierKvDtype::kModel, TierKvDtype::kFp8E4M3);
+  const auto both = run(TierKvDtype::kFp8E4M3, TierKvDtype::kFp8E4M3);
+  const Geometry& g = model->setup().geometry;
+  const uint64_t wide = g.page_bytes();
+  const uint64_t fp8 = PageFormat::fp8(g).page_bytes();
+  for (Link link : {Link::kHbmToHost, Link::kHostToHbm, Link::kHostToNvme, Link::kNvmeToHost}) {
+    const bool nvme_link = link == Link::kHostToNvme || link == Link::kNvmeToHost;
+    const SimLinkCounters& m = model->port().counters(link);
+    ASSERT_GT(m.transfers, 0u) << link_name(link);
+    for (SimWorld* w : {nvme.get(), both.get()}) {
+      const SimLinkCounters& c = w->port().counters(link);
+      const bool narrow = nvme_link || w == both.get();
+      EXPECT_EQ(c.transfers, m.transfers) << link_name(link);
+      EXPECT_EQ(c.bytes * wide, m.bytes * (narrow ? fp8 : wide)) << link_name(link);
+    }
+  }
+}
+
 TEST(SchedulerSim, ContextFourTimesLargerThanHbmDecodesLayerByLayer) {
   SimSetup setup;
   setup.geometry.layers = 8;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "kernels/numeric_formats.hpp"
+#include "tests/tiers/fp8_test_support.hpp"
 #include "tests/tiers/tier_test_support.hpp"
 #include "tiers/tier_stack.hpp"
 
@@ -34,48 +35,6 @@ TiersConfig fp8_config(const testing::TempDir& dir, const Geometry& g, TierKvDty
   return c;
 }
 
-// Values spread over several binades, a few zeros and tiny ones, in the page's dtype.
-void fill_values(std::byte* page, const Geometry& g, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const std::size_t n = g.page_bytes() / dtype_size(g.dtype);
-  for (std::size_t i = 0; i < n; ++i) {
-    float v = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 9) - 4));
-    if (rng() % 53 == 0) v = 0.0f;
-    if (rng() % 61 == 0) v *= 1e-6f;
-    kernels::store_from_float(page, g.dtype, i, v);
-  }
-}
-
-// Each half page (K, V) of `back` within e4m3's bound of `orig`: half an ulp of a 3-bit mantissa
-// (2^-4 relative) for normals, half the subnormal step (2^-10 of the half's scale, amax / 448)
-// below, plus one rounding back into the page's dtype.
-::testing::AssertionResult within_fp8_bound(const std::byte* orig, const std::byte* back,
-                                            const Geometry& g) {
-  const PageFormat f = PageFormat::fp8(g);
-  const std::size_t half = f.half_elems();
-  const double wide_rel =
-      g.dtype == Dtype::kF32 ? 0.0 : (g.dtype == Dtype::kF16 ? 0x1p-11 : 0x1p-8);
-  for (std::size_t h = 0; h < 2; ++h) {
-    double amax = 0;
-    for (std::size_t i = 0; i < half; ++i) {
-      amax = std::max<double>(amax, std::fabs(kernels::load_as_float(orig, g.dtype, h * half + i)));
-    }
-    const double scale = amax / 448.0;
-    for (std::size_t i = 0; i < half; ++i) {
-      const double x = kernels::load_as_float(orig, g.dtype, h * half + i);
-      const double y = kernels::load_as_float(back, g.dtype, h * half + i);
-      const double bound = (0x1p-4 + wide_rel) * std::fabs(x) + 0x1p-10 * scale * 1.0001;
-      if (!(std::fabs(x - y) <= bound)) {
-        return ::testing::AssertionFailure()
-               << (h == 0 ? "K" : "V") << " element " << i << ": " << x << " came back as " << y
-               << " (bound " << bound << ")";
-      }
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 class Fp8Offload : public ::testing::TestWithParam<std::tuple<Dtype, Shape>> {};
 
 TEST_P(Fp8Offload, BlocksComeBackWithinTheFp8BoundAndMoveHalfTheBytes) {
@@ -97,7 +56,7 @@ TEST_P(Fp8Offload, BlocksComeBackWithinTheFp8BoundAndMoveHalfTheBytes) {
   std::vector<std::vector<std::byte>> orig(g.layers, std::vector<std::byte>(page));
   std::vector<FramePair> out;
   for (uint32_t l = 0; l < g.layers; ++l) {
-    fill_values(orig[l].data(), g, 100 + l);
+    testing::fill_values(orig[l].data(), g, 100 + l);
     std::memcpy(s.hbm->frame_address(l), orig[l].data(), page);
     out.push_back({l, 4 + l});
   }
@@ -109,11 +68,12 @@ TEST_P(Fp8Offload, BlocksComeBackWithinTheFp8BoundAndMoveHalfTheBytes) {
   testing::forget_memory_tiers(s, 16);
   ASSERT_TRUE(testing::read_block_into_hbm(s, key, {12, 10, 11}, 8).ok());
   for (uint32_t l = 0; l < g.layers; ++l) {
-    EXPECT_TRUE(within_fp8_bound(orig[l].data(), s.hbm->frame_address(8 + l), g)) << "layer " << l;
+    EXPECT_TRUE(testing::within_fp8_bound(orig[l].data(), s.hbm->frame_address(8 + l), g))
+        << "layer " << l;
   }
   // One layer alone, as a layer-wise prefetch reads it.
   ASSERT_TRUE(s.engine->read_page(key, 2, 15)->wait().ok());
-  EXPECT_TRUE(within_fp8_bound(orig[2].data(), s.host->frame_address(15), g));
+  EXPECT_TRUE(testing::within_fp8_bound(orig[2].data(), s.host->frame_address(15), g));
   EXPECT_EQ(s.stats->link(Link::kNvmeToHost).bytes.load(), f.block_bytes() + f.page_bytes());
   EXPECT_TRUE(s.nvme->audit().ok());
   EXPECT_EQ(s.stats->checksum_failures.load(), 0u);
@@ -161,7 +121,7 @@ TEST(Fp8OffloadStore, APageWithNanOrInfIsRefusedAndNothingIsWritten) {
   auto opened = open_tiers(fp8_config(dir, g, TierKvDtype::kFp8E4M3), g);
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   TierStack& s = **opened;
-  for (uint32_t l = 0; l < g.layers; ++l) fill_values(s.host->frame_address(l), g, l);
+  for (uint32_t l = 0; l < g.layers; ++l) testing::fill_values(s.host->frame_address(l), g, l);
   kernels::store_from_float(s.host->frame_address(1), g.dtype, 77, INFINITY);
   std::vector<uint32_t> frames = {0, 1, 2};
   auto w = s.engine->write_block(testing::test_key(3), frames);

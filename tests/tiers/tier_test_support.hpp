@@ -28,6 +28,7 @@
 #include "kvtier/types.hpp"
 #include "tiers/device_api.hpp"
 #include "tiers/host_memory_api.hpp"
+#include "tiers/page_codec.hpp"
 #include "tiers/tier_stack.hpp"
 
 namespace kvtier::testing {
@@ -272,8 +273,34 @@ class FakeDevice final : public DeviceApi, public std::enable_shared_from_this<F
     });
     return Status();
   }
+  // The codec kernels, run on the CPU in stream order (the fake's device memory is host memory).
+  Status encode_pages_async(std::span<const CopySegment> pages, const PageFormat& format,
+                            StreamHandle s) override {
+    return run_codec(pages, format, s, true);
+  }
+  Status decode_pages_async(std::span<const CopySegment> pages, const PageFormat& format,
+                            StreamHandle s) override {
+    return run_codec(pages, format, s, false);
+  }
+  std::atomic<int> codec_calls{0};
 
  private:
+  Status run_codec(std::span<const CopySegment> pages, const PageFormat& format, StreamHandle s,
+                   bool encode) {
+    ++codec_calls;
+    std::vector<CopySegment> copy(pages.begin(), pages.end());
+    stream(s)->push([copy = std::move(copy), format, encode] {
+      for (const CopySegment& c : copy) {
+        if (encode) {
+          encode_page(format, static_cast<const std::byte*>(c.src), static_cast<std::byte*>(c.dst));
+        } else {
+          decode_page(format, static_cast<const std::byte*>(c.src), static_cast<std::byte*>(c.dst));
+        }
+      }
+    });
+    return Status();
+  }
+
   static void* aligned(std::size_t bytes) {
     return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   }
