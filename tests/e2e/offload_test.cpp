@@ -174,6 +174,73 @@ TEST_F(KVTIER_E2E_SUITE, Fp8OnHostAndNvmeServesEveryRequestFromQuantizedPages) {
             config.tiers.host.capacity_bytes / host_frame * host_frame);
 }
 
+// What fp8 offload costs the model, measured where the model is not chaotic: the logits of a
+// request's first token, computed over a prompt prefix reused from fp8 pages, against the same
+// request served with every prefix in HBM. Many short requests share three prefixes and arrive
+// spaced out, so the prefixes keep leaving HBM (for the fp8 host tier and NVMe) between uses.
+// The bound is loose on purpose (a relative L2 error of the logits under 0.1 and the same top
+// token for most requests; the figures are printed): a wrong scale or a page decoded into the
+// wrong frame gives errors of order 1.
+TEST_F(KVTIER_E2E_SUITE, Fp8ReusedPrefixesMoveTheFirstTokenLogitsLittle) {
+  std::vector<Request> requests;
+  const std::vector<std::vector<uint32_t>> prefixes = {tokens(96, 71), tokens(128, 72),
+                                                       tokens(80, 73)};
+  for (uint32_t i = 0; i < 24 * kScale; ++i) {
+    requests.push_back({100 + i, concat(prefixes[i % 3], tokens(9 + i % 7, 500 + i)), 1, 4 * i});
+  }
+  ScratchDir roomy_dir("e2e-fp8-logits-roomy");
+  auto roomy = open_runtime(engine_config(roomy_dir.path(), roomy_tiers()));
+  ASSERT_NE(roomy, nullptr);
+  const RunResult exact = run_engine(*roomy, requests);
+  ASSERT_TRUE(roomy->shutdown().ok());
+
+  ScratchDir dir("e2e-fp8-logits");
+  TierSizes tight = small_tiers();
+  tight.hbm_frames = 48;
+  Config config = engine_config(dir.path(), tight);
+  config.tiers.host.kv_dtype = TierKvDtype::kFp8E4M3;
+  config.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  auto rt = open_runtime(config);
+  ASSERT_NE(rt, nullptr);
+  const RunResult fp8 = run_engine(*rt, requests);
+  ASSERT_TRUE(rt->shutdown().ok());
+
+  ASSERT_EQ(exact.outputs.size(), requests.size());
+  ASSERT_EQ(fp8.outputs.size(), requests.size());
+  uint32_t compared = 0;
+  uint32_t same_top = 0;
+  double worst_rel = 0.0;
+  double sum_rel = 0.0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const RequestOutput& e = exact.outputs[i];
+    const RequestOutput& a = fp8.outputs[i];
+    const uint32_t from_below =
+        a.reused_by_tier[tier_index(Tier::kHost)] + a.reused_by_tier[tier_index(Tier::kNvme)];
+    if (from_below == 0) continue;  // its prefix was still in HBM, or computed
+    ASSERT_EQ(e.final_logits.size(), a.final_logits.size());
+    double diff = 0.0;
+    double norm = 0.0;
+    for (std::size_t v = 0; v < e.final_logits.size(); ++v) {
+      const double d = static_cast<double>(a.final_logits[v]) - e.final_logits[v];
+      diff += d * d;
+      norm += static_cast<double>(e.final_logits[v]) * e.final_logits[v];
+    }
+    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
+    worst_rel = std::max(worst_rel, rel);
+    sum_rel += rel;
+    ++compared;
+    same_top += e.tokens == a.tokens ? 1 : 0;
+  }
+  std::printf(
+      "fp8 host and NVMe, first-token logits over reused prefixes: %u requests, relative L2 error "
+      "mean %.2e worst %.2e, same top token %u of %u\n",
+      compared, compared ? sum_rel / compared : 0.0, worst_rel, same_top, compared);
+  ASSERT_GE(compared, requests.size() / 2) << "too few prefixes came back from below HBM";
+  EXPECT_GT(worst_rel, 0.0) << "the reused pages were not quantized";
+  EXPECT_LT(worst_rel, 0.1);
+  EXPECT_GE(same_top * 10, compared * 8);
+}
+
 TEST_F(KVTIER_E2E_SUITE, AfterARestartPromptsComeFromNvmeNotRecomputed) {
   ScratchDir dir("e2e-restart");
   const Config config = engine_config(dir.path(), small_tiers());
