@@ -1,7 +1,8 @@
 // HostPool: the host tier's frames in one pinned region — the staging side of every HBM copy and
 // the DMA target of every NVMe read.
 //
-// With a GPU: cudaHostAlloc (pinned, portable), allocated while this thread's memory policy is
+// With a GPU: cudaHostAlloc (pinned, portable, mapped: the fp8 codec kernels of an fp8 host tier
+// reach the frames through the mapping), allocated while this thread's memory policy is
 // bound to the NUMA node nearest the GPU. Without: mmap with 2 MiB huge pages when the system has
 // them (else 4 KiB pages with a transparent-huge-page hint, said once), bound to the chosen node
 // with hwloc before the pages are touched, then mlock'ed when permitted (said once when not).

@@ -17,6 +17,17 @@ Result<std::unique_ptr<TierStack>> open_tiers(const TiersConfig& config, const G
   const PageFormat host_format = config.host_page_format(geometry);
   KVTIER_ASSIGN_OR_RETURN(
       stack->host, HostPool::create(config.host, host_format, stack->device, options.memory));
+  if (stack->device && host_format.encodes() && stack->host->frame_count() > 0 &&
+      stack->host->backend() != "cuda_pinned") {
+    // The codec kernels read and write host frames through their device mapping, which only
+    // cudaHostAlloc'd memory has; a pool that fell back to plain pages cannot hold fp8.
+    return failed_precondition(
+        "tiers.host.kv_dtype: fp8_e4m3 needs the host pool pinned by the GPU driver, but it fell "
+        "back to " +
+        std::string(stack->host->backend()) +
+        " memory (cudaHostAlloc refused); lower tiers.host.capacity or set tiers.host.kv_dtype: "
+        "model");
+  }
   if (config.nvme.enabled) {
     const PageFormat format = config.nvme_page_format(geometry);
     if (host_format.encodes() && !(format == host_format)) {

@@ -166,6 +166,21 @@ TEST(Fp8HostTierEngines, TheCudaEngineRunsTheCodecOnItsStreams) {
   refuses_page_with_inf(**opened, g);
 }
 
+TEST(Fp8HostTierEngines, WithAGpuTheHostPoolMustBeDriverPinned) {
+  const Geometry g = testing::small_geometry(Dtype::kBF16, 3, 16, 2, 64);
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto device = std::make_shared<testing::FakeDevice>();
+  device->refuse_pinned = true;  // the pool falls back to mmap: not mapped for the device
+  TierStackOptions o;
+  o.device = device;
+  auto opened = open_tiers(fp8_host_config(dir, g), g, std::move(o));
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(opened.status().message().find("tiers.host.kv_dtype"), std::string::npos)
+      << opened.status().to_string();
+}
+
 TEST(Fp8HostTierCapacity, HoldsAboutTwiceThePagesOfTheSameCapacity) {
   const Geometry g = testing::small_geometry(Dtype::kBF16, 4, 16, 8, 128);  // 64 KiB pages
   TiersConfig c;
