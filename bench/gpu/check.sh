@@ -11,7 +11,8 @@
 #                plain cudaMemcpyAsync of the same bytes (aim >= 0.9)
 #   attn.json    kvtier-bench attn --device cuda: split-K decode attention, GB/s of KV read against
 #                the device's measured copy bandwidth (aim >= 0.8)
-#   ctest.log    the CUDA kernel and tier tests (they compare every kernel with the CPU reference)
+#   ctest.log    the CUDA kernel and tier tests (they compare every kernel with the CPU reference,
+#                the fp8 page codec byte for byte, and the fp8 host tier on the copy streams)
 #
 # Machines without the Debian -dev packages kvtier builds against: put the .deb files in .debs/ at
 # the repository root (apt-get download <pkg> on a Debian 12 machine); they are unpacked into a
@@ -41,7 +42,7 @@ if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_
       -DKVTIER_BUILD_PYTHON=OFF > "$OUT/configure.log" 2>&1; then
   tail -30 "$OUT/configure.log"; exit 1
 fi
-if ! cmake --build "$BUILD" -j "$JOBS" --target kvtier-bench kernels_cuda_test cuda_tier_test \
+if ! cmake --build "$BUILD" -j "$JOBS" --target kvtier-bench kernels_cuda_test kernels_page_codec_test cuda_tier_test \
       transfer_engine_test > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi

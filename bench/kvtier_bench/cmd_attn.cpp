@@ -191,6 +191,86 @@ double stream_pages(const kernels::cpu::IsaKernels& isa, const HostPages& pages,
   return now_seconds() - t0;
 }
 
+// How the decode kernel walks memory, without its arithmetic: the same items (a sequence cut
+// into splits of the kernel's default 1024 tokens), on the same threads, each item tile by tile
+// and within a tile head by head, the 16 K rows of a head then its 16 V rows, every row read with
+// the same wide loads as the streaming read. `prefetch` adds the kernel's prefetching: the next
+// (tile, head) step's rows, one row's lines after each row read. `address_order` reads each
+// tile's K rows and then its V rows whole (every head of a token at once), in the same row-sized
+// calls, which separates the cost of the order from the cost of the small reads.
+enum class ReadOrder { kKernel, kKernelPrefetch, kAddress };
+
+inline void prefetch_row(const uint8_t* row, std::size_t bytes) {
+  for (std::size_t off = 0; off < bytes; off += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht0 %0" : : "m"(row[off]));
+#else
+    __builtin_prefetch(row + off, 0, 3);
+#endif
+  }
+}
+
+double ordered_read(const kernels::cpu::IsaKernels& isa, const HostPages& pages, ReadOrder order,
+                    std::atomic<uint64_t>& sink) {
+  constexpr uint32_t kSplit = 1024;
+  constexpr uint32_t kTile = kernels::cpu::kTileTokens;
+  const kernels::PagedKv& kv = pages.kv;
+  const std::size_t head_bytes = static_cast<std::size_t>(kv.head_dim) * dtype_size(kv.dtype);
+  const std::size_t token_bytes = head_bytes * kv.kv_heads;
+  const std::size_t v_offset = token_bytes * kv.page_tokens;
+  const uint32_t splits_per_seq =
+      (kernels::sequence_length(kv, 0) + kSplit - 1) / kSplit;  // every sequence has one length
+  const double t0 = now_seconds();
+  tbb::parallel_for(
+      tbb::blocked_range<std::size_t>(0, std::size_t{kv.batch} * splits_per_seq, 1),
+      [&](const auto& r) {
+        uint64_t acc = 0;
+        for (std::size_t item = r.begin(); item != r.end(); ++item) {
+          const uint32_t seq = static_cast<uint32_t>(item / splits_per_seq);
+          const uint32_t len = kernels::sequence_length(kv, seq);
+          const uint32_t begin = static_cast<uint32_t>(item % splits_per_seq) * kSplit;
+          const uint32_t end = std::min(len, begin + kSplit);
+          const uint32_t* frames = kv.indices + kv.indptr[seq];
+          auto row_of = [&](uint32_t pos) {
+            const uint32_t page = pos / kv.page_tokens;
+            return kv.arena + static_cast<uint64_t>(frames[page]) * kv.frame_stride +
+                   (pos - page * kv.page_tokens) * token_bytes;
+          };
+          for (uint32_t tile = begin; tile < end; tile += kTile) {
+            const uint32_t tokens = std::min(kTile, end - tile);
+            if (order == ReadOrder::kAddress) {
+              for (std::size_t part = 0; part < 2; ++part) {
+                for (uint32_t j = 0; j < tokens; ++j) {
+                  acc += isa.stream_read(row_of(tile + j) + part * v_offset, token_bytes);
+                }
+              }
+              continue;
+            }
+            for (uint32_t h = 0; h < kv.kv_heads; ++h) {
+              // The next step: this tile's next head, or the next tile's first head.
+              const bool last_head = h + 1 == kv.kv_heads;
+              const uint32_t next_tile = last_head ? tile + kTile : tile;
+              const uint32_t next_head = last_head ? 0 : h + 1;
+              const uint32_t next_tokens = next_tile < end ? std::min(kTile, end - next_tile) : 0;
+              for (uint32_t i = 0; i < 2 * tokens; ++i) {
+                const std::size_t part = i < tokens ? 0 : v_offset;
+                const uint32_t j = i < tokens ? i : i - tokens;
+                acc += isa.stream_read(row_of(tile + j) + part + h * head_bytes, head_bytes);
+                if (order == ReadOrder::kKernelPrefetch && i < 2 * next_tokens) {
+                  const std::size_t next_part = i < next_tokens ? 0 : v_offset;
+                  const uint32_t nj = i < next_tokens ? i : i - next_tokens;
+                  prefetch_row(row_of(next_tile + nj) + next_part + next_head * head_bytes,
+                               head_bytes);
+                }
+              }
+            }
+          }
+        }
+        sink.fetch_add(acc, std::memory_order_relaxed);
+      });
+  return now_seconds() - t0;
+}
+
 Status run_cpu(const Geometry& g, uint32_t qo_heads, const AttnOptions& o, std::ostream& err,
                Report& report) {
   const kernels::cpu::IsaKernels* isa = kernels::cpu::isa_kernels(kernels::cpu::Isa::kAuto);
