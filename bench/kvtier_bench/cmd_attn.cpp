@@ -8,8 +8,13 @@
 // against the same kind of cache; it is compute bound, so its ratio is far below 1 and it also
 // reports query tokens and GFLOP per second. CUDA (--device cuda): the same decode with the split-K
 // kernel, against cudaMemcpy device-to-device of the same bytes (a copy also writes them, so a
-// ratio above 1 is possible). Progress goes to stderr; the result to stdout (a table, or --json).
+// ratio above 1 is possible). --access-order adds the decode kernel's reads without its
+// arithmetic, in its order and in address order (ordered_read), to tell what the order costs.
+// Progress goes to stderr; the result to stdout (a table, or --json).
 #include <sys/mman.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -57,6 +62,7 @@ struct AttnOptions {
   uint64_t prefill_batch = 4;
   uint64_t prefill_chunk = 256;
   bool skip_prefill = false;
+  bool access_order = false;
 };
 
 // The fastest of the measured rounds: on a shared machine the slow rounds measure the neighbours,
@@ -166,6 +172,10 @@ struct Report {
   SectionResult decode;
   SectionResult prefill;
   bool has_prefill = false;
+  // --access-order: seconds of the decode kernel's reads without its arithmetic (ordered_read),
+  // best of the same rounds, indexed by ReadOrder.
+  bool has_order = false;
+  double order_seconds[4] = {};
 };
 
 // Attention FLOPs: QK^T and PV, 2 per multiply-add, over the KV tokens each query row sees.
@@ -198,7 +208,7 @@ double stream_pages(const kernels::cpu::IsaKernels& isa, const HostPages& pages,
 // (tile, head) step's rows, one row's lines after each row read. `address_order` reads each
 // tile's K rows and then its V rows whole (every head of a token at once), in the same row-sized
 // calls, which separates the cost of the order from the cost of the small reads.
-enum class ReadOrder { kKernel, kKernelPrefetch, kAddress };
+enum class ReadOrder { kKernel, kKernelPrefetch, kGrouped, kAddress };
 
 inline void prefetch_row(const uint8_t* row, std::size_t bytes) {
   for (std::size_t off = 0; off < bytes; off += 64) {
@@ -210,61 +220,152 @@ inline void prefetch_row(const uint8_t* row, std::size_t bytes) {
   }
 }
 
+// One decode item's walk (see ordered_read), each row handed to `sum.add_row(row, bytes)`.
+struct ItemWalk {
+  const kernels::PagedKv* kv;
+  std::size_t head_bytes;
+  std::size_t token_bytes;
+  std::size_t v_offset;
+  uint32_t split;
+  uint32_t splits_per_seq;
+};
+
+template <class Sum>
+inline void walk_item(const ItemWalk& w, std::size_t item, ReadOrder order, Sum& sum) {
+  constexpr uint32_t kTile = kernels::cpu::kTileTokens;
+  const kernels::PagedKv& kv = *w.kv;
+  const uint32_t heads = kv.kv_heads;
+  const uint32_t seq = static_cast<uint32_t>(item / w.splits_per_seq);
+  const uint32_t len = kernels::sequence_length(kv, seq);
+  const uint32_t begin = static_cast<uint32_t>(item % w.splits_per_seq) * w.split;
+  const uint32_t end = std::min(len, begin + w.split);
+  const uint32_t* frames = kv.indices + kv.indptr[seq];
+  // Token rows (K; V is v_offset further) of this tile and the next, as the kernel's locate_tile
+  // keeps them.
+  const uint8_t* rows[2][kTile];
+  auto locate = [&](uint32_t tile, const uint8_t** out) {
+    const uint32_t tokens = tile < end ? std::min(kTile, end - tile) : 0;
+    for (uint32_t j = 0; j < tokens; ++j) {
+      const uint32_t pos = tile + j;
+      const uint32_t page = pos / kv.page_tokens;
+      out[j] = kv.arena + static_cast<uint64_t>(frames[page]) * kv.frame_stride +
+               (pos - page * kv.page_tokens) * w.token_bytes;
+    }
+    return tokens;
+  };
+  const std::size_t hb = w.head_bytes;
+  int cur = 0;
+  uint32_t tokens = locate(begin, rows[cur]);
+  for (uint32_t tile = begin; tile < end; tile += kTile, cur ^= 1) {
+    const uint32_t next_tokens = locate(tile + kTile, rows[cur ^ 1]);
+    const uint8_t* const* row = rows[cur];
+    if (order == ReadOrder::kAddress || order == ReadOrder::kGrouped) {
+      const uint32_t group = order == ReadOrder::kAddress ? 1 : 4;
+      for (std::size_t part = 0; part < 2 * w.v_offset; part += w.v_offset) {
+        for (uint32_t j0 = 0; j0 < tokens; j0 += group) {
+          const uint32_t j1 = std::min(tokens, j0 + group);
+          for (uint32_t h = 0; h < heads; ++h) {
+            for (uint32_t j = j0; j < j1; ++j) sum.add_row(row[j] + part + h * hb, hb);
+          }
+        }
+      }
+    } else {
+      const bool pf = order == ReadOrder::kKernelPrefetch;
+      for (uint32_t h = 0; h < heads; ++h) {
+        // The next step: this tile's next head, or the next tile's first head.
+        const bool last_head = h + 1 == heads;
+        const uint8_t* const* next_row = last_head ? rows[cur ^ 1] : row;
+        const uint32_t next_count = last_head ? next_tokens : tokens;
+        const std::size_t next_head = last_head ? 0 : (h + 1) * hb;
+        for (std::size_t part = 0; part < 2 * w.v_offset; part += w.v_offset) {
+          for (uint32_t j = 0; j < tokens; ++j) {
+            sum.add_row(row[j] + part + h * hb, hb);
+            if (pf && j < next_count) prefetch_row(next_row[j] + part + next_head, hb);
+          }
+        }
+      }
+    }
+    tokens = next_tokens;
+  }
+}
+
+// Rows through the ISA table's streaming read: a call and a reduction per row, which costs about
+// what a row takes to arrive, so this is used only where AVX-512 is missing.
+struct CallSum {
+  const kernels::cpu::IsaKernels* isa;
+  uint64_t s = 0;
+  void add_row(const uint8_t* p, std::size_t bytes) { s += isa->stream_read(p, bytes); }
+};
+
+uint64_t read_item_generic(const kernels::cpu::IsaKernels& isa, const ItemWalk& w, std::size_t item,
+                           ReadOrder order) {
+  CallSum sum{&isa};
+  walk_item(w, item, order, sum);
+  return sum.s;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVTIER_BENCH_AVX512 1
+// The streaming read's loop (four 64-byte lanes of integer adds) inlined into the walk, so the
+// only difference from the streaming read is the order. The walk is flattened into the
+// AVX-512 function (this file is built for plain x86-64; the CPU is checked before the call),
+// and it all has internal linkage, so no AVX-512 code can be lent to other callers.
+struct Avx512Sum {
+  __m512i s0, s1, s2, s3;
+  __attribute__((target("avx512f"))) void add_row(const uint8_t* p, std::size_t bytes) {
+    const auto* v = reinterpret_cast<const __m512i*>(p);
+    for (std::size_t i = 0; i + 4 <= bytes / 64; i += 4) {
+      s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(v + i));
+      s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(v + i + 1));
+      s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(v + i + 2));
+      s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(v + i + 3));
+    }
+  }
+};
+
+__attribute__((target("avx512f"), flatten)) uint64_t read_item_avx512(const ItemWalk& w,
+                                                                      std::size_t item,
+                                                                      ReadOrder order) {
+  Avx512Sum sum;
+  sum.s0 = sum.s1 = sum.s2 = sum.s3 = _mm512_setzero_si512();
+  walk_item(w, item, order, sum);
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(
+      lanes, _mm512_add_epi64(_mm512_add_epi64(sum.s0, sum.s1), _mm512_add_epi64(sum.s2, sum.s3)));
+  uint64_t total = 0;
+  for (uint64_t x : lanes) total += x;
+  return total;
+}
+#endif
+
 double ordered_read(const kernels::cpu::IsaKernels& isa, const HostPages& pages, ReadOrder order,
                     std::atomic<uint64_t>& sink) {
-  constexpr uint32_t kSplit = 1024;
-  constexpr uint32_t kTile = kernels::cpu::kTileTokens;
-  const kernels::PagedKv& kv = pages.kv;
-  const std::size_t head_bytes = static_cast<std::size_t>(kv.head_dim) * dtype_size(kv.dtype);
-  const std::size_t token_bytes = head_bytes * kv.kv_heads;
-  const std::size_t v_offset = token_bytes * kv.page_tokens;
-  const uint32_t splits_per_seq =
-      (kernels::sequence_length(kv, 0) + kSplit - 1) / kSplit;  // every sequence has one length
+  ItemWalk w{};
+  w.kv = &pages.kv;
+  w.head_bytes = static_cast<std::size_t>(pages.kv.head_dim) * dtype_size(pages.kv.dtype);
+  w.token_bytes = w.head_bytes * pages.kv.kv_heads;
+  w.v_offset = w.token_bytes * pages.kv.page_tokens;
+  w.split = 1024;  // attention.cpp's default split of a sequence into items
+  // Every sequence has one length here.
+  w.splits_per_seq = (kernels::sequence_length(pages.kv, 0) + w.split - 1) / w.split;
+#if defined(KVTIER_BENCH_AVX512)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && w.head_bytes % 256 == 0;
+#else
+  const bool avx512 = false;
+#endif
   const double t0 = now_seconds();
   tbb::parallel_for(
-      tbb::blocked_range<std::size_t>(0, std::size_t{kv.batch} * splits_per_seq, 1),
+      tbb::blocked_range<std::size_t>(0, std::size_t{pages.kv.batch} * w.splits_per_seq, 1),
       [&](const auto& r) {
         uint64_t acc = 0;
         for (std::size_t item = r.begin(); item != r.end(); ++item) {
-          const uint32_t seq = static_cast<uint32_t>(item / splits_per_seq);
-          const uint32_t len = kernels::sequence_length(kv, seq);
-          const uint32_t begin = static_cast<uint32_t>(item % splits_per_seq) * kSplit;
-          const uint32_t end = std::min(len, begin + kSplit);
-          const uint32_t* frames = kv.indices + kv.indptr[seq];
-          auto row_of = [&](uint32_t pos) {
-            const uint32_t page = pos / kv.page_tokens;
-            return kv.arena + static_cast<uint64_t>(frames[page]) * kv.frame_stride +
-                   (pos - page * kv.page_tokens) * token_bytes;
-          };
-          for (uint32_t tile = begin; tile < end; tile += kTile) {
-            const uint32_t tokens = std::min(kTile, end - tile);
-            if (order == ReadOrder::kAddress) {
-              for (std::size_t part = 0; part < 2; ++part) {
-                for (uint32_t j = 0; j < tokens; ++j) {
-                  acc += isa.stream_read(row_of(tile + j) + part * v_offset, token_bytes);
-                }
-              }
-              continue;
-            }
-            for (uint32_t h = 0; h < kv.kv_heads; ++h) {
-              // The next step: this tile's next head, or the next tile's first head.
-              const bool last_head = h + 1 == kv.kv_heads;
-              const uint32_t next_tile = last_head ? tile + kTile : tile;
-              const uint32_t next_head = last_head ? 0 : h + 1;
-              const uint32_t next_tokens = next_tile < end ? std::min(kTile, end - next_tile) : 0;
-              for (uint32_t i = 0; i < 2 * tokens; ++i) {
-                const std::size_t part = i < tokens ? 0 : v_offset;
-                const uint32_t j = i < tokens ? i : i - tokens;
-                acc += isa.stream_read(row_of(tile + j) + part + h * head_bytes, head_bytes);
-                if (order == ReadOrder::kKernelPrefetch && i < 2 * next_tokens) {
-                  const std::size_t next_part = i < next_tokens ? 0 : v_offset;
-                  const uint32_t nj = i < next_tokens ? i : i - next_tokens;
-                  prefetch_row(row_of(next_tile + nj) + next_part + next_head * head_bytes,
-                               head_bytes);
-                }
-              }
-            }
+#if defined(KVTIER_BENCH_AVX512)
+          if (avx512) {
+            acc += read_item_avx512(w, item, order);
+            continue;
           }
+#endif
+          acc += read_item_generic(isa, w, item, order);
         }
         sink.fetch_add(acc, std::memory_order_relaxed);
       });
@@ -293,7 +394,7 @@ Status run_cpu(const Geometry& g, uint32_t qo_heads, const AttnOptions& o, std::
     p.num_qo_heads = qo_heads;
     p.q = q.data();
     p.out = out.data();
-    std::vector<double> t_attn, t_stream;
+    std::vector<double> t_attn, t_stream, t_order[4];
     for (uint64_t i = 0; i <= o.iters; ++i) {  // the first round warms up and is dropped
       const double t0 = now_seconds();
       status = kernels::cpu::decode_attention(p);
@@ -304,7 +405,14 @@ Status run_cpu(const Geometry& g, uint32_t qo_heads, const AttnOptions& o, std::
         t_attn.push_back(t1 - t0);
         t_stream.push_back(ts);
       }
+      if (!o.access_order) continue;
+      for (int k = 0; k < 4; ++k) {
+        const double tk = ordered_read(*isa, pages, static_cast<ReadOrder>(k), sink);
+        if (i > 0) t_order[k].push_back(tk);
+      }
     }
+    report.has_order = o.access_order;
+    for (int k = 0; k < 4; ++k) report.order_seconds[k] = best(t_order[k]);
     report.decode.kv_bytes = static_cast<double>(pages.kv_bytes);
     report.decode.kv_seconds = best(t_attn);
     report.decode.base_bytes =
@@ -492,6 +600,18 @@ void print_json(const Report& r, std::ostream& out) {
       << ", \"dtype\": \"" << dtype_name(r.geometry.dtype)
       << "\", \"page_tokens\": " << r.geometry.page_tokens << "}, \"batch\": " << r.options.batch
       << ", \"context\": " << r.options.context << ", \"decode\": " << section(r.decode, false);
+  if (r.has_order) {
+    const char* keys[4] = {"kernel_order", "kernel_order_prefetch", "grouped_order",
+                           "address_order"};
+    out << ", \"access_order\": {";
+    for (int k = 0; k < 4; ++k) {
+      out << (k > 0 ? ", " : "") << "\"" << keys[k]
+          << "\": {\"read_gib_s\": " << number(r.decode.kv_bytes / r.order_seconds[k] / kGiB)
+          << ", \"ratio\": "
+          << number(r.decode.kv_bytes / r.order_seconds[k] / r.decode.base_rate()) << "}";
+    }
+    out << "}";
+  }
   if (r.has_prefill) {
     out << ", \"prefill\": " << section(r.prefill, true)
         << ", \"prefill_batch\": " << r.options.prefill_batch
@@ -520,6 +640,17 @@ void print_table(const Report& r, std::ostream& out) {
   };
   row("decode", r.decode,
       std::to_string(r.options.batch) + "x" + std::to_string(r.options.context));
+  if (r.has_order) {
+    const char* names[4] = {"read-kern", "read-kpf", "read-grp4", "read-addr"};
+    for (int k = 0; k < 4; ++k) {
+      SectionResult s = r.decode;
+      s.kv_seconds = r.order_seconds[k];
+      row(names[k], s, "same bytes");
+    }
+    out << "\nread-kern: the decode kernel's reads alone, in its order (per tile, per head: K rows "
+           "then V rows);\nread-kpf: the same with its prefetches; read-addr: each tile's K then "
+           "V rows whole, in address order;\nread-grp4: 4 tokens at a time, head by head\n";
+  }
   if (r.has_prefill) {
     row("prefill", r.prefill,
         std::to_string(r.options.prefill_batch) + "x" +
@@ -559,6 +690,10 @@ class AttnCommand final : public Command {
     p.add_uint("prefill-chunk", "TOKENS", "new tokens per prefill sequence (default 256)",
                &o_.prefill_chunk);
     p.add_flag("no-prefill", "measure decode only", &o_.skip_prefill);
+    p.add_flag("access-order",
+               "CPU: also time the decode kernel's reads alone, in its order (with and without its "
+               "prefetches) and in address order",
+               &o_.access_order);
   }
 
   int run(const CommandContext& ctx) override {
