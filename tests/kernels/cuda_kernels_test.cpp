@@ -18,18 +18,13 @@
 #include "kernels/cuda/attention_cuda.hpp"
 #include "kernels/cuda/cuda_support.hpp"
 #include "kernels/cuda/frame_ops_cuda.hpp"
+#include "tests/common/assert_ok.hpp"
 #include "tests/kernels/paged_kv_fixture.hpp"
 
 namespace kvtier::kernels {
 namespace {
 
 namespace kc = kernels::cuda;
-
-#define KVTIER_ASSERT_OK(expr)                \
-  do {                                        \
-    const ::kvtier::Status st_ = (expr);      \
-    ASSERT_TRUE(st_.ok()) << st_.to_string(); \
-  } while (false)
 
 class CudaTest : public ::testing::Test {
  protected:

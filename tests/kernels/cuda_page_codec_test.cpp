@@ -12,6 +12,7 @@
 
 #include "kernels/page_codec.hpp"
 #include "kvtier/log.hpp"
+#include "tests/common/assert_ok.hpp"
 
 #if defined(KVTIER_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -175,12 +176,6 @@ TEST_F(PageCodecValidate, PagesCannotBeReencodedInPlace) {
 #if defined(KVTIER_HAVE_CUDA)
 
 namespace kc = kernels::cuda;
-
-#define KVTIER_ASSERT_OK(expr)                \
-  do {                                        \
-    const ::kvtier::Status st_ = (expr);      \
-    ASSERT_TRUE(st_.ok()) << st_.to_string(); \
-  } while (false)
 
 // ---------------------------------------------------------------------------------------------
 // Launch rejections: decided on the host before any CUDA call, so they run without a GPU.

@@ -17,12 +17,6 @@
 namespace kvtier {
 namespace {
 
-struct Shape {
-  uint32_t page_tokens;
-  uint32_t kv_heads;
-  uint32_t head_dim;
-};
-
 TiersConfig fp8_config(const testing::TempDir& dir, const Geometry& g, TierKvDtype kv_dtype) {
   TiersConfig c;
   c.hbm.backend = HbmBackend::kEmulated;
@@ -35,7 +29,7 @@ TiersConfig fp8_config(const testing::TempDir& dir, const Geometry& g, TierKvDty
   return c;
 }
 
-class Fp8Offload : public ::testing::TestWithParam<std::tuple<Dtype, Shape>> {};
+class Fp8Offload : public ::testing::TestWithParam<std::tuple<Dtype, testing::PageShape>> {};
 
 TEST_P(Fp8Offload, BlocksComeBackWithinTheFp8BoundAndMoveHalfTheBytes) {
   const auto [dtype, shape] = GetParam();
@@ -79,17 +73,8 @@ TEST_P(Fp8Offload, BlocksComeBackWithinTheFp8BoundAndMoveHalfTheBytes) {
   EXPECT_EQ(s.stats->checksum_failures.load(), 0u);
 }
 
-std::string name(const ::testing::TestParamInfo<std::tuple<Dtype, Shape>>& info) {
-  const auto& [dtype, shape] = info.param;
-  return std::string(dtype_name(dtype)) + "_" + std::to_string(shape.page_tokens) + "x" +
-         std::to_string(shape.kv_heads) + "x" + std::to_string(shape.head_dim);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Dtypes, Fp8Offload,
-    ::testing::Combine(::testing::Values(Dtype::kBF16, Dtype::kF16, Dtype::kF32),
-                       ::testing::Values(Shape{3, 1, 50}, Shape{16, 2, 64}, Shape{16, 8, 128})),
-    name);
+INSTANTIATE_TEST_SUITE_P(Dtypes, Fp8Offload, testing::fp8_dtype_shape_params(),
+                         testing::dtype_shape_name);
 
 TEST(Fp8OffloadStore, HoldsTwiceTheBlocksOfTheSameCapacity) {
   const Geometry g = testing::small_geometry(Dtype::kBF16, 4, 16, 8, 128);  // 64 KiB pages

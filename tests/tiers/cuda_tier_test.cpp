@@ -134,13 +134,12 @@ TEST_F(CudaTier, Fp8HostTierEncodesOnTheGpuAsTheCpuCodecDoes) {
     const PageFormat f = PageFormat::fp8(g);
     ASSERT_TRUE(s->host->page_format() == f);
     const std::size_t page = g.page_bytes();
-    std::vector<std::vector<std::byte>> orig(g.layers, std::vector<std::byte>(page));
-    std::vector<std::vector<std::byte>> encoded(g.layers, std::vector<std::byte>(f.page_bytes()));
+    const testing::Fp8Pages pages = testing::make_fp8_pages(g, g.layers, 700);
+    const auto& orig = pages.wide;
+    const auto& encoded = pages.encoded;
     std::vector<FramePair> out;
     std::vector<uint32_t> host_frames;
     for (uint32_t l = 0; l < g.layers; ++l) {
-      testing::fill_values(orig[l].data(), g, 700 + l);
-      ASSERT_TRUE(encode_page(f, orig[l].data(), encoded[l].data()));
       device_copy(s->hbm->frame_address(l), orig[l].data(), page, CopyKind::kHostToDevice);
       host_frames.push_back(9 - 2 * l);
       out.push_back({l, host_frames.back()});

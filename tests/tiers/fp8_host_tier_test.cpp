@@ -19,12 +19,6 @@
 namespace kvtier {
 namespace {
 
-struct Shape {
-  uint32_t page_tokens;
-  uint32_t kv_heads;
-  uint32_t head_dim;
-};
-
 TiersConfig fp8_host_config(const testing::TempDir& dir, const Geometry& g) {
   TiersConfig c;
   c.hbm.backend = HbmBackend::kEmulated;
@@ -50,13 +44,12 @@ void round_trip_block(TierStack& s, const Geometry& g) {
   EXPECT_EQ(s.nvme->geometry().dtype, Dtype::kFP8E4M3);
 
   const std::size_t page = g.page_bytes();
-  std::vector<std::vector<std::byte>> orig(g.layers, std::vector<std::byte>(page));
-  std::vector<std::vector<std::byte>> encoded(g.layers, std::vector<std::byte>(f.page_bytes()));
+  const testing::Fp8Pages pages = testing::make_fp8_pages(g, g.layers, 500);
+  const auto& orig = pages.wide;
+  const auto& encoded = pages.encoded;
   std::vector<FramePair> out;
   std::vector<uint32_t> host_frames;
   for (uint32_t l = 0; l < g.layers; ++l) {
-    testing::fill_values(orig[l].data(), g, 500 + l);
-    ASSERT_TRUE(encode_page(f, orig[l].data(), encoded[l].data()));
     std::memcpy(s.hbm->frame_address(l), orig[l].data(), page);
     host_frames.push_back(9 - 2 * l);  // scattered, descending
     out.push_back({l, host_frames.back()});
@@ -115,7 +108,7 @@ void refuses_page_with_inf(TierStack& s, const Geometry& g) {
   EXPECT_TRUE(testing::within_fp8_bound(orig.data(), s.hbm->frame_address(10), g));
 }
 
-class Fp8HostTier : public ::testing::TestWithParam<std::tuple<Dtype, Shape>> {};
+class Fp8HostTier : public ::testing::TestWithParam<std::tuple<Dtype, testing::PageShape>> {};
 
 TEST_P(Fp8HostTier, PagesAreEncodedOnTheWayDownAndStoredAsTheyAre) {
   const auto [dtype, shape] = GetParam();
@@ -129,17 +122,8 @@ TEST_P(Fp8HostTier, PagesAreEncodedOnTheWayDownAndStoredAsTheyAre) {
   round_trip_block(**opened, g);
 }
 
-std::string name(const ::testing::TestParamInfo<std::tuple<Dtype, Shape>>& info) {
-  const auto& [dtype, shape] = info.param;
-  return std::string(dtype_name(dtype)) + "_" + std::to_string(shape.page_tokens) + "x" +
-         std::to_string(shape.kv_heads) + "x" + std::to_string(shape.head_dim);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Dtypes, Fp8HostTier,
-    ::testing::Combine(::testing::Values(Dtype::kBF16, Dtype::kF16, Dtype::kF32),
-                       ::testing::Values(Shape{3, 1, 50}, Shape{16, 2, 64}, Shape{16, 8, 128})),
-    name);
+INSTANTIATE_TEST_SUITE_P(Dtypes, Fp8HostTier, testing::fp8_dtype_shape_params(),
+                         testing::dtype_shape_name);
 
 TEST(Fp8HostTierEngines, APageWithInfFailsItsCopyNamingTheFrame) {
   const Geometry g = testing::small_geometry(Dtype::kBF16, 3, 16, 2, 64);

@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstddef>
 #include <random>
+#include <vector>
 
 #include "kernels/numeric_formats.hpp"
 #include "kvtier/types.hpp"
+#include "tests/tiers/tier_test_support.hpp"
+#include "tiers/page_codec.hpp"
 
 namespace kvtier::testing {
 
@@ -54,6 +57,33 @@ inline ::testing::AssertionResult within_fp8_bound(const std::byte* orig, const 
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// The dtypes quantized to fp8 and three page shapes (odd, small, the default model's), for
+// INSTANTIATE_TEST_SUITE_P of tests over std::tuple<Dtype, PageShape>.
+inline auto fp8_dtype_shape_params() {
+  return ::testing::Combine(
+      ::testing::Values(Dtype::kBF16, Dtype::kF16, Dtype::kF32),
+      ::testing::Values(PageShape{3, 1, 50}, PageShape{16, 2, 64}, PageShape{16, 8, 128}));
+}
+
+// `count` pages of values (fill_values, seeds seed, seed + 1, ...) and their fp8 encodings as the
+// CPU codec makes them: what an fp8 host frame must hold after the copy out of HBM.
+struct Fp8Pages {
+  std::vector<std::vector<std::byte>> wide;
+  std::vector<std::vector<std::byte>> encoded;
+};
+
+inline Fp8Pages make_fp8_pages(const Geometry& g, uint32_t count, uint64_t seed) {
+  const PageFormat f = PageFormat::fp8(g);
+  Fp8Pages p;
+  for (uint32_t i = 0; i < count; ++i) {
+    p.wide.emplace_back(g.page_bytes());
+    p.encoded.emplace_back(f.page_bytes());
+    fill_values(p.wide.back().data(), g, seed + i);
+    EXPECT_TRUE(encode_page(f, p.wide.back().data(), p.encoded.back().data()));
+  }
+  return p;
 }
 
 }  // namespace kvtier::testing

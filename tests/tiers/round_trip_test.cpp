@@ -12,16 +12,10 @@
 namespace kvtier {
 namespace {
 
-struct Shape {
-  uint32_t page_tokens;
-  uint32_t kv_heads;
-  uint32_t head_dim;
-};
-
 // Page bytes (bf16): 32 B, 600 B (not 512-aligned), 8 KiB, 64 KiB (the default model's page).
-const Shape kShapes[] = {{1, 1, 8}, {3, 1, 50}, {16, 2, 64}, {16, 8, 128}};
+const testing::PageShape kShapes[] = {{1, 1, 8}, {3, 1, 50}, {16, 2, 64}, {16, 8, 128}};
 
-class RoundTrip : public ::testing::TestWithParam<std::tuple<Dtype, Shape>> {};
+class RoundTrip : public ::testing::TestWithParam<std::tuple<Dtype, testing::PageShape>> {};
 
 TEST_P(RoundTrip, HbmHostNvmeHostHbmIsBitExact) {
   const auto [dtype, shape] = GetParam();
@@ -69,16 +63,10 @@ TEST_P(RoundTrip, HbmHostNvmeHostHbmIsBitExact) {
   EXPECT_EQ(s.stats->checksum_failures.load(), 0u);
 }
 
-std::string name(const ::testing::TestParamInfo<std::tuple<Dtype, Shape>>& info) {
-  const auto& [dtype, shape] = info.param;
-  return std::string(dtype_name(dtype)) + "_t" + std::to_string(shape.page_tokens) + "_h" +
-         std::to_string(shape.kv_heads) + "_d" + std::to_string(shape.head_dim);
-}
-
 INSTANTIATE_TEST_SUITE_P(AllDtypesAndPageSizes, RoundTrip,
                          ::testing::Combine(::testing::ValuesIn(kAllDtypes),
                                             ::testing::ValuesIn(kShapes)),
-                         name);
+                         testing::dtype_shape_name);
 
 }  // namespace
 }  // namespace kvtier

@@ -22,6 +22,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kvtier/block_key.hpp"
@@ -70,6 +71,20 @@ inline Geometry small_geometry(Dtype dtype = Dtype::kBF16, uint32_t layers = 4,
   g.dtype = dtype;
   g.page_tokens = page_tokens;
   return g;
+}
+
+// A page shape for tests parameterized over dtypes and page sizes, and their test-name suffix.
+struct PageShape {
+  uint32_t page_tokens;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+};
+
+inline std::string dtype_shape_name(
+    const ::testing::TestParamInfo<std::tuple<Dtype, PageShape>>& info) {
+  const auto& [dtype, shape] = info.param;
+  return std::string(dtype_name(dtype)) + "_" + std::to_string(shape.page_tokens) + "x" +
+         std::to_string(shape.kv_heads) + "x" + std::to_string(shape.head_dim);
 }
 
 // Deterministic page contents: every byte depends on (seed, index).
