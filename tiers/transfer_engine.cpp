@@ -96,20 +96,21 @@ Result<Transfer> TransferEngine::copy(CopyDirection direction, std::span<const F
       job.segments.push_back(CopySegment{dst.frame_address(p.dst), src.frame_address(p.src), page});
       job.hbm_frames.push_back(to_host ? p.src : p.dst);
     }
-  }
-  // Otherwise coalesce runs that are consecutive on both sides into one segment (frames are the
-  // same size in both arenas). The padding between pages inside a run is copied too: it belongs
-  // to the frames and costs less than a second copy.
-  std::size_t i = job.host_format ? pages.size() : 0;
-  while (i < pages.size()) {
-    std::size_t n = 1;
-    while (i + n < pages.size() && pages[i + n].src == pages[i].src + n &&
-           pages[i + n].dst == pages[i].dst + n) {
-      ++n;
+  } else {
+    // Coalesce runs that are consecutive on both sides into one segment (frames are the same size
+    // in both arenas). The padding between pages inside a run is copied too: it belongs to the
+    // frames and costs less than a second copy.
+    std::size_t i = 0;
+    while (i < pages.size()) {
+      std::size_t n = 1;
+      while (i + n < pages.size() && pages[i + n].src == pages[i].src + n &&
+             pages[i + n].dst == pages[i].dst + n) {
+        ++n;
+      }
+      job.segments.push_back(CopySegment{dst.frame_address(pages[i].dst),
+                                         src.frame_address(pages[i].src), (n - 1) * stride + page});
+      i += n;
     }
-    job.segments.push_back(CopySegment{dst.frame_address(pages[i].dst),
-                                       src.frame_address(pages[i].src), (n - 1) * stride + page});
-    i += n;
   }
   // The link carries pages as the host holds them (fp8 and scales when it re-encodes).
   job.state = std::make_shared<TransferState>(copy_link(direction),
