@@ -112,7 +112,10 @@ void run_item(const AttentionParams& p, const IsaKernels& isa, const Plan& plan,
   float* m = scratch.floats(1, rows);
   float* l = scratch.floats(2, rows);
   float* o = scratch.floats(3, rows * dim);
-  float* work = scratch.floats(4, static_cast<std::size_t>(rows_per_head) * (kTileTokens + 1));
+  // Scores and weights of every KV head of a tile (isa_core.inl scores a tile's K in address
+  // order, all heads at once): [kv_heads][rows_per_head][kTileTokens], then
+  // [kv_heads][rows_per_head].
+  float* work = scratch.floats(4, rows * (kTileTokens + 1));
   uint16_t* q_bf16 = scratch.halves(5, rows * dim);  // touched only by ISAs that take q in bf16
   uint32_t* visible_end = scratch.words(qb.tokens);
 

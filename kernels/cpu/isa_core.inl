@@ -175,37 +175,51 @@ float abs_max(const void* src, Dtype dtype, std::size_t n) {
 // Attention
 // ---------------------------------------------------------------------------------------------
 
-// GCC deduces that a function whose only effect is __builtin_prefetch is "const" and deletes the
-// calls, prefetches and all; an asm statement cannot be deleted.
-inline void prefetch_line(const uint8_t* p) {
+// Into L2 (prefetcht1): a tile is 64 KiB of K and V, more than an L1 holds, and L2 hits are
+// what the out-of-order window hides well. GCC deduces that a function whose only effect is
+// __builtin_prefetch is "const" and deletes the calls, prefetches and all; an asm statement
+// cannot be deleted.
+inline void prefetch_line_l2(const uint8_t* p) {
 #if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht0 %0" : : "m"(*p));
+  asm volatile("prefetcht1 %0" : : "m"(*p));
 #else
-  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p, 0, 2);
 #endif
 }
 
-// The cache lines of the next (tile, head) step, handed out a few at a time so that the requests
-// are spread over this step's arithmetic rather than issued in one burst that fills the miss
-// queues and stalls it. Frames are scattered, so the hardware prefetchers lose the stream at every
-// page; one step of lead (about 8 KiB) covers DRAM latency and still fits L1 when it lands.
-class PrefetchQueue {
+// The cache lines of the next tile (K rows, then V rows, in address order), handed out a few at a
+// time so that the requests are spread over this tile's arithmetic rather than issued in one
+// burst that fills the miss queues and stalls it. Frames are scattered, so the hardware
+// prefetchers lose the stream at every page (and, measured, barely follow it within one while
+// the arithmetic runs: without these prefetches decode runs at 0.30 of a streaming read).
+class TilePrefetch {
  public:
-  PrefetchQueue() = default;
-  PrefetchQueue(const uint8_t* const* rows, uint32_t count, std::size_t row_bytes,
-                std::size_t v_offset, uint32_t calls)
+  TilePrefetch() = default;
+  // `rows`: `count` K rows of `row_bytes` each (every head of a token); V rows are `v_offset`
+  // further. `calls`: the issue() calls the tile will make.
+  TilePrefetch(const uint8_t* const* rows, uint32_t count, std::size_t row_bytes,
+               std::size_t v_offset, uint32_t calls)
       : rows_(rows), count_(count), row_bytes_(row_bytes), v_offset_(v_offset) {
-    per_call_ = calls == 0 ? 2 * count : (2 * count + calls - 1) / calls;
+    const std::size_t lines = 2 * count * ((row_bytes + 63) / 64);
+    per_call_ = calls == 0 ? static_cast<uint32_t>(lines)
+                           : static_cast<uint32_t>((lines + calls - 1) / calls);
+    half_ = count == 0 ? 2 : 0;
   }
   void issue() { issue(per_call_); }
-  void drain() { issue(2 * count_); }
+  void drain() { issue(~0u); }
 
  private:
-  // Whole rows at a time, K rows then V rows: the bookkeeping stays a small part of the cost.
   void issue(uint32_t n) {
-    for (; n > 0 && next_ < 2 * count_; --n, ++next_) {
-      const uint8_t* row = next_ < count_ ? rows_[next_] : rows_[next_ - count_] + v_offset_;
-      for (std::size_t off = 0; off < row_bytes_; off += 64) prefetch_line(row + off);
+    for (; n > 0 && half_ < 2; --n) {
+      prefetch_line_l2(rows_[row_] + (half_ != 0 ? v_offset_ : 0) + offset_);
+      offset_ += 64;
+      if (offset_ >= row_bytes_) {
+        offset_ = 0;
+        if (++row_ == count_) {
+          row_ = 0;
+          ++half_;
+        }
+      }
     }
   }
 
@@ -214,7 +228,9 @@ class PrefetchQueue {
   std::size_t row_bytes_ = 0;
   std::size_t v_offset_ = 0;
   uint32_t per_call_ = 0;
-  uint32_t next_ = 0;
+  uint32_t half_ = 2;  // 0: K rows, 1: V rows, 2: done
+  uint32_t row_ = 0;
+  std::size_t offset_ = 0;
 };
 
 // Lane types that set kBf16Dot (vec_avx512bf16.inl) take bf16 KV through the dot-product path.
@@ -261,17 +277,6 @@ inline void score_block(const float* q, const uint8_t* const* k, uint32_t dim, f
   store_scores<V, RB, TB>(acc, scores);
 }
 
-template <class V, Dtype D, int RB>
-inline void score_rows(const float* q, const uint8_t* const* k, uint32_t tokens, uint32_t dim,
-                       float* scores, PrefetchQueue& pf) {
-  uint32_t t = 0;
-  for (; t + 4 <= tokens; t += 4) {
-    pf.issue();
-    score_block<V, D, RB, 4>(q, k + t, dim, scores + t);
-  }
-  for (; t < tokens; ++t) score_block<V, D, RB, 1>(q, k + t, dim, scores + t);
-}
-
 // o_r = o_r * alpha_r + sum_t p[r][t] * v_t for RB rows over DC vectors of dims at once: RB * DC
 // independent accumulators, so the chain of FMAs over the tokens never waits on FMA latency (one
 // row alone would run at a quarter of the FMA rate). v_t widened once per row block.
@@ -303,7 +308,7 @@ inline void accumulate_chunk(const float* p, const float* alpha, const uint8_t* 
 
 template <class V, Dtype D, int RB>
 inline void accumulate_rows(const float* p, const float* alpha, const uint8_t* const* v,
-                            uint32_t tokens, uint32_t dim, float* o, PrefetchQueue& pf) {
+                            uint32_t tokens, uint32_t dim, float* o, TilePrefetch& pf) {
   constexpr uint32_t kDc = RB >= 4 ? 2 : 4;
   uint32_t d = 0;
   for (; d + kDc * V::kWidth <= dim; d += kDc * V::kWidth) {
@@ -323,8 +328,6 @@ struct TileRows {
   uint32_t group;               // row r belongs to query token r / group
   const uint32_t* visible_end;  // per query token
   uint32_t tile_begin;          // KV position of the tile's first token
-  const uint8_t* const* k;      // [tokens] K rows of this head
-  const uint8_t* const* v;      // [tokens] V rows of this head
   const float* k_scale;         // [kTileTokens] per-token (per-page) scales; fp8 only
   const float* v_scale;
   float* m;
@@ -384,27 +387,6 @@ void softmax_rows(const TileRows& a, uint32_t tokens) {
   }
 }
 
-template <class V, Dtype D>
-void attend_tile(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue& pf) {
-  uint32_t r = 0;
-  for (; r + 4 <= a.rows; r += 4) {
-    score_rows<V, D, 4>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
-  }
-  for (; r < a.rows; ++r) {
-    score_rows<V, D, 1>(a.q + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
-  }
-  softmax_rows<V, D, false>(a, tokens);
-  for (r = 0; r + 4 <= a.rows; r += 4) {
-    accumulate_rows<V, D, 4>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
-                             a.o + r * dim, pf);
-  }
-  for (; r < a.rows; ++r) {
-    accumulate_rows<V, D, 1>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
-                             a.o + r * dim, pf);
-  }
-  pf.drain();
-}
-
 // ---------------------------------------------------------------------------------------------
 // bf16 KV with vdpbf16ps (lane types with kBf16Dot). Same tiles, register blocks, softmax and
 // prefetching as above; what changes is the arithmetic:
@@ -445,17 +427,6 @@ inline void score_block_dot(const uint16_t* q, const uint8_t* const* k, uint32_t
     }
   }
   store_scores<V, RB, TB>(acc, scores);
-}
-
-template <class V, int RB>
-inline void score_rows_dot(const uint16_t* q, const uint8_t* const* k, uint32_t tokens,
-                           uint32_t dim, float* scores, PrefetchQueue& pf) {
-  uint32_t t = 0;
-  for (; t + 4 <= tokens; t += 4) {
-    pf.issue();
-    score_block_dot<V, RB, 4>(q, k + t, dim, scores + t);
-  }
-  for (; t < tokens; ++t) score_block_dot<V, RB, 1>(q, k + t, dim, scores + t);
 }
 
 // o_r = o_r * alpha_r + sum_t p[r][t] * v_t over DC chunks of 32 dims from d, o in pair order.
@@ -508,7 +479,7 @@ inline void accumulate_half_dot(const float* p, const float* alpha, const uint8_
 
 template <class V, int RB>
 inline void accumulate_rows_dot(const float* p, const float* alpha, const uint8_t* const* v,
-                                uint32_t tokens, uint32_t dim, float* o, PrefetchQueue& pf) {
+                                uint32_t tokens, uint32_t dim, float* o, TilePrefetch& pf) {
   constexpr uint32_t kDc = RB >= 4 ? 2 : 4;
   const uint32_t pairs = (tokens + 1) / 2;
   uint32_t d = 0;
@@ -521,28 +492,6 @@ inline void accumulate_rows_dot(const float* p, const float* alpha, const uint8_
     accumulate_chunk_dot<V, RB, 1>(p, alpha, v, pairs, dim, d, o);
   }
   if (d < dim) accumulate_half_dot<V, RB>(p, alpha, v, pairs, dim, d, o);
-}
-
-// As attend_tile, for bf16 KV through vdpbf16ps; a.v has a zero row after an odd last token.
-template <class V>
-void attend_tile_dot(const TileRows& a, uint32_t tokens, uint32_t dim, PrefetchQueue& pf) {
-  uint32_t r = 0;
-  for (; r + 4 <= a.rows; r += 4) {
-    score_rows_dot<V, 4>(a.q_bf16 + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
-  }
-  for (; r < a.rows; ++r) {
-    score_rows_dot<V, 1>(a.q_bf16 + r * dim, a.k, tokens, dim, a.scores + r * kTileTokens, pf);
-  }
-  softmax_rows<V, Dtype::kBF16, true>(a, tokens);
-  for (r = 0; r + 4 <= a.rows; r += 4) {
-    accumulate_rows_dot<V, 4>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
-                              a.o + r * dim, pf);
-  }
-  for (; r < a.rows; ++r) {
-    accumulate_rows_dot<V, 1>(a.scores + r * kTileTokens, a.alpha + r, a.v, tokens, dim,
-                              a.o + r * dim, pf);
-  }
-  pf.drain();
 }
 
 // Row addresses (K; V is v_offset further) and per-page scales of the tokens of one tile.
@@ -572,28 +521,48 @@ inline void locate_tile(const ItemArgs& a, std::size_t token_bytes, uint32_t beg
   }
 }
 
+// scores[r][t..t+TB) = q_r . k for every row r of one head, in register blocks of 4 rows.
+template <class V, Dtype D, bool kDot, int TB>
+inline void score_head(const float* q, const uint16_t* q_bf16, uint32_t rows,
+                       const uint8_t* const* k, uint32_t dim, float* scores) {
+  uint32_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    if constexpr (kDot) {
+      score_block_dot<V, 4, TB>(q_bf16 + r * dim, k, dim, scores + r * kTileTokens);
+    } else {
+      score_block<V, D, 4, TB>(q + r * dim, k, dim, scores + r * kTileTokens);
+    }
+  }
+  for (; r < rows; ++r) {
+    if constexpr (kDot) {
+      score_block_dot<V, 1, TB>(q_bf16 + r * dim, k, dim, scores + r * kTileTokens);
+    } else {
+      score_block<V, D, 1, TB>(q + r * dim, k, dim, scores + r * kTileTokens);
+    }
+  }
+}
+
 template <class V, Dtype D>
 void attend_item_t(const ItemArgs& a) {
   constexpr bool kDot = has_bf16_dot<V>() && D == Dtype::kBF16;
   constexpr std::size_t kEs = elem_bytes<D>();
   const uint32_t dim = a.head_dim;
+  const uint32_t heads = a.kv_heads;
   const uint32_t rows = a.q_tokens * a.group;
   const std::size_t head_bytes = static_cast<std::size_t>(dim) * kEs;
-  const std::size_t token_bytes = head_bytes * a.kv_heads;
+  const std::size_t token_bytes = head_bytes * heads;
   const std::size_t v_offset = token_bytes * a.page_tokens;
-  float* scores = a.work;
-  float* alpha = scores + static_cast<std::size_t>(rows) * kTileTokens;
-  // pf.issue() calls one step makes, per row block: one per 4-token score block, and one per group
-  // of V vectors (2 or 4 of them; a lower estimate only drains the queue early).
-  const uint32_t row_blocks = (rows + 3) / 4;
-  const uint32_t pf_calls = row_blocks * (kTileTokens / 4 + dim / V::kWidth / 4);
+  const std::size_t all_rows = static_cast<std::size_t>(heads) * rows;
+  float* scores = a.work;  // [heads][rows][kTileTokens]
+  float* alpha = scores + all_rows * kTileTokens;
+  // pf.issue() calls a full tile makes: one per 4 tokens and head while scoring, and one per
+  // chunk of V dims per row block and head (accumulate_rows / accumulate_rows_dot).
+  const uint32_t chunk = kDot ? 32 : V::kWidth;
+  const uint32_t calls_rb4 = dim / (2 * chunk) + dim % (2 * chunk) / chunk;
+  const uint32_t calls_rb1 = dim / (4 * chunk) + dim % (4 * chunk) / chunk;
+  const uint32_t pf_calls = heads * (kTileTokens / 4 + rows / 4 * calls_rb4 + rows % 4 * calls_rb1);
 
-  // Steps are (tile, head) in that order; step i prefetches step i + 1.
-  TileAddresses tiles[2];
-  const uint8_t* k_rows[kTileTokens];     // K rows of this step's head
-  const uint8_t* next_rows[kTileTokens];  // K rows of the next step's head
   if (a.kv_begin >= a.kv_end) return;
-  const std::size_t all_rows = static_cast<std::size_t>(a.kv_heads) * rows;
   if constexpr (kDot) {
     for (std::size_t i = 0; i < all_rows * dim; i += V::kWidth) {
       V::store_bf16_rne(a.q_bf16 + i, V::load(a.q + i));
@@ -602,52 +571,85 @@ void attend_item_t(const ItemArgs& a) {
       for (uint32_t d = 0; d + 32 <= dim; d += 32) V::to_pair_order(a.o + i * dim + d);
     }
   }
+  TileAddresses tiles[2];
   int cur = 0;
   locate_tile(a, token_bytes, a.kv_begin, tiles[cur]);
-  for (uint32_t begin = a.kv_begin; begin < a.kv_end; begin += kTileTokens) {
+  for (uint32_t begin = a.kv_begin; begin < a.kv_end; begin += kTileTokens, cur ^= 1) {
     const TileAddresses& tile = tiles[cur];
-    const bool has_next_tile = begin + kTileTokens < a.kv_end;
-    if (has_next_tile) locate_tile(a, token_bytes, begin + kTileTokens, tiles[cur ^ 1]);
-    for (uint32_t h = 0; h < a.kv_heads; ++h) {
-      for (uint32_t j = 0; j < tile.tokens; ++j) k_rows[j] = tile.row[j] + h * head_bytes;
-      // One step of lead: the next head of this tile, or the first head of the next tile.
-      PrefetchQueue pf;
-      if (h + 1 < a.kv_heads) {
-        for (uint32_t j = 0; j < tile.tokens; ++j) next_rows[j] = k_rows[j] + head_bytes;
-        pf = PrefetchQueue(next_rows, tile.tokens, head_bytes, v_offset, pf_calls);
-      } else if (has_next_tile) {
-        const TileAddresses& next = tiles[cur ^ 1];
-        for (uint32_t j = 0; j < next.tokens; ++j) next_rows[j] = next.row[j];
-        pf = PrefetchQueue(next_rows, next.tokens, head_bytes, v_offset, pf_calls);
+    const uint32_t tokens = tile.tokens;
+    TilePrefetch pf;
+    if (begin + kTileTokens < a.kv_end) {
+      TileAddresses& next = tiles[cur ^ 1];
+      locate_tile(a, token_bytes, begin + kTileTokens, next);
+      pf = TilePrefetch(next.row, next.tokens, token_bytes, v_offset, pf_calls);
+    }
+    // K in address order: 4 tokens (four consecutive rows of a page) at a time, every head of
+    // them before the next 4. Each score is the same sum in the same order as head by head.
+    uint32_t t = 0;
+    for (; t + 4 <= tokens; t += 4) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        pf.issue();
+        const std::size_t off = h * head_bytes;
+        const uint8_t* k[4] = {tile.row[t] + off, tile.row[t + 1] + off, tile.row[t + 2] + off,
+                               tile.row[t + 3] + off};
+        const std::size_t row0 = static_cast<std::size_t>(h) * rows;
+        score_head<V, D, kDot, 4>(a.q + row0 * dim, kDot ? a.q_bf16 + row0 * dim : nullptr, rows, k,
+                                  dim, scores + row0 * kTileTokens + t);
       }
-      const uint8_t* v_rows[kTileTokens];
-      for (uint32_t j = 0; j < tile.tokens; ++j) v_rows[j] = k_rows[j] + v_offset;
+    }
+    for (; t < tokens; ++t) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        const uint8_t* k[1] = {tile.row[t] + h * head_bytes};
+        const std::size_t row0 = static_cast<std::size_t>(h) * rows;
+        score_head<V, D, kDot, 1>(a.q + row0 * dim, kDot ? a.q_bf16 + row0 * dim : nullptr, rows, k,
+                                  dim, scores + row0 * kTileTokens + t);
+      }
+    }
+    // The online softmax, head by head.
+    for (uint32_t h = 0; h < heads; ++h) {
       const std::size_t row0 = static_cast<std::size_t>(h) * rows;
-      const TileRows t{a.q + row0 * dim,
-                       kDot ? a.q_bf16 + row0 * dim : nullptr,
-                       rows,
-                       a.group,
-                       a.visible_end,
-                       begin,
-                       k_rows,
-                       v_rows,
-                       tile.k_scale,
-                       tile.v_scale,
-                       a.m + row0,
-                       a.l + row0,
-                       a.o + row0 * dim,
-                       scores,
-                       alpha};
+      const TileRows tr{a.q + row0 * dim, nullptr,          rows,
+                        a.group,          a.visible_end,    begin,
+                        tile.k_scale,     tile.v_scale,     a.m + row0,
+                        a.l + row0,       a.o + row0 * dim, scores + row0 * kTileTokens,
+                        alpha + row0};
+      softmax_rows<V, D, kDot>(tr, tokens);
+    }
+    // P.V head by head over the whole tile. Rejected: 4 tokens at a time, every head of them
+    // (address order for V too): o is then loaded and stored four times per tile, which costs
+    // more than the order saves (0.56 against 0.60 of a streaming read, avx512_bf16).
+    for (uint32_t h = 0; h < heads; ++h) {
+      const std::size_t row0 = static_cast<std::size_t>(h) * rows;
+      const float* p = scores + row0 * kTileTokens;
+      const float* al = alpha + row0;
+      float* o = a.o + row0 * dim;
+      const uint8_t* v_rows[kTileTokens];
+      for (uint32_t j = 0; j < tokens; ++j) v_rows[j] = tile.row[j] + v_offset + h * head_bytes;
+      uint32_t r = 0;
       if constexpr (kDot) {
         // The partner of an odd last token (an odd count is always below kTileTokens).
         alignas(64) static constexpr uint8_t kZeroRow[2 * kMaxHeadDim] = {};
-        if (tile.tokens % 2 != 0) v_rows[tile.tokens] = kZeroRow;
-        attend_tile_dot<V>(t, tile.tokens, dim, pf);
+        if (tokens % 2 != 0) v_rows[tokens] = kZeroRow;
+        for (; r + 4 <= rows; r += 4) {
+          accumulate_rows_dot<V, 4>(p + r * kTileTokens, al + r, v_rows, tokens, dim, o + r * dim,
+                                    pf);
+        }
+        for (; r < rows; ++r) {
+          accumulate_rows_dot<V, 1>(p + r * kTileTokens, al + r, v_rows, tokens, dim, o + r * dim,
+                                    pf);
+        }
       } else {
-        attend_tile<V, D>(t, tile.tokens, dim, pf);
+        for (; r + 4 <= rows; r += 4) {
+          accumulate_rows<V, D, 4>(p + r * kTileTokens, al + r, v_rows, tokens, dim, o + r * dim,
+                                   pf);
+        }
+        for (; r < rows; ++r) {
+          accumulate_rows<V, D, 1>(p + r * kTileTokens, al + r, v_rows, tokens, dim, o + r * dim,
+                                   pf);
+        }
       }
     }
-    cur ^= 1;
+    pf.drain();
   }
   if constexpr (kDot) {
     for (std::size_t i = 0; i < all_rows; ++i) {
