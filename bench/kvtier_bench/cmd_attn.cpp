@@ -201,14 +201,14 @@ double stream_pages(const kernels::cpu::IsaKernels& isa, const HostPages& pages,
   return now_seconds() - t0;
 }
 
-// How the decode kernel walks memory, without its arithmetic: the same items (a sequence cut
-// into splits of the kernel's default 1024 tokens), on the same threads, each item tile by tile
-// and within a tile head by head, the 16 K rows of a head then its 16 V rows, every row read with
-// the same wide loads as the streaming read. `prefetch` adds the kernel's prefetching: the next
-// (tile, head) step's rows, one row's lines after each row read. `address_order` reads each
-// tile's K rows and then its V rows whole (every head of a token at once), in the same row-sized
-// calls, which separates the cost of the order from the cost of the small reads.
-enum class ReadOrder { kKernel, kKernelPrefetch, kGrouped, kAddress };
+// How a decode kernel walks memory, without its arithmetic: the same items (a sequence cut into
+// splits of the kernel's default 1024 tokens), on the same threads, tile by tile. kHead: within a
+// tile head by head, the 16 K rows of a head then its 16 V rows (the kernel's order until it
+// scored K in address order); kHeadPrefetch adds that kernel's prefetching (the next (tile, head)
+// step's rows, one row's lines after each row read); kGrouped: 4 tokens at a time, every head of
+// them, K then V (the order the kernel now scores K in); kAddress: token row by token row. Every
+// row read with the same wide loads as the streaming read, in rows of one head.
+enum class ReadOrder { kHead, kHeadPrefetch, kGrouped, kAddress };
 
 inline void prefetch_row(const uint8_t* row, std::size_t bytes) {
   for (std::size_t off = 0; off < bytes; off += 64) {
@@ -270,7 +270,7 @@ inline void walk_item(const ItemWalk& w, std::size_t item, ReadOrder order, Sum&
         }
       }
     } else {
-      const bool pf = order == ReadOrder::kKernelPrefetch;
+      const bool pf = order == ReadOrder::kHeadPrefetch;
       for (uint32_t h = 0; h < heads; ++h) {
         // The next step: this tile's next head, or the next tile's first head.
         const bool last_head = h + 1 == heads;
@@ -601,8 +601,7 @@ void print_json(const Report& r, std::ostream& out) {
       << "\", \"page_tokens\": " << r.geometry.page_tokens << "}, \"batch\": " << r.options.batch
       << ", \"context\": " << r.options.context << ", \"decode\": " << section(r.decode, false);
   if (r.has_order) {
-    const char* keys[4] = {"kernel_order", "kernel_order_prefetch", "grouped_order",
-                           "address_order"};
+    const char* keys[4] = {"head_order", "head_order_prefetch", "grouped_order", "address_order"};
     out << ", \"access_order\": {";
     for (int k = 0; k < 4; ++k) {
       out << (k > 0 ? ", " : "") << "\"" << keys[k]
@@ -641,15 +640,16 @@ void print_table(const Report& r, std::ostream& out) {
   row("decode", r.decode,
       std::to_string(r.options.batch) + "x" + std::to_string(r.options.context));
   if (r.has_order) {
-    const char* names[4] = {"read-kern", "read-kpf", "read-grp4", "read-addr"};
+    const char* names[4] = {"read-head", "read-hpf", "read-grp4", "read-addr"};
     for (int k = 0; k < 4; ++k) {
       SectionResult s = r.decode;
       s.kv_seconds = r.order_seconds[k];
       row(names[k], s, "same bytes");
     }
-    out << "\nread-kern: the decode kernel's reads alone, in its order (per tile, per head: K rows "
-           "then V rows);\nread-kpf: the same with its prefetches; read-addr: each tile's K then "
-           "V rows whole, in address order;\nread-grp4: 4 tokens at a time, head by head\n";
+    out << "\nread-*: the decode reads alone, no arithmetic. read-head: per tile, per head, K rows "
+           "then V rows;\nread-hpf: the same, prefetching the next (tile, head) one step ahead; "
+           "read-grp4: 4 tokens at a\ntime, every head of them (K then V); read-addr: token row "
+           "by token row\n";
   }
   if (r.has_prefill) {
     row("prefill", r.prefill,
