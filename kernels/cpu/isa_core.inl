@@ -2,20 +2,38 @@
 // and compiled once per instruction set. Included inside an anonymous namespace in namespace
 // kvtier::kernels::cpu, after V's definition; see isa.hpp for the linkage rules this obeys.
 //
-// Attention of a work item walks its KV range in tiles of kTileTokens tokens. For each tile and KV
-// head (a "step") it updates every query row of that head: scores in register blocks of 4 rows x 4
-// tokens with K widened in registers as it is loaded, one online-softmax rescale per row per tile
-// (not per token), and the weighted V sum in blocks of 4 rows, each V vector widened once per
+// Attention of a work item walks its KV range in tiles of kTileTokens tokens. A tile's K is scored
+// in address order: 4 tokens (four consecutive rows of a page) at a time, every KV head of them,
+// in register blocks of 4 rows x 4 tokens with K widened in registers as it is loaded, into the
+// scores of all heads; then one online-softmax rescale per row per tile (not per token), head by
+// head; then the weighted V sum head by head in blocks of 4 rows, each V vector widened once per
 // block. fp8 page scales are folded into the scores and the weights, never applied per element.
-// While a step computes, the next step's rows are prefetched a few lines at a time.
-// Rejected: widening each tile to an f32 scratch first (one compute path for every dtype, but an
-// extra store and reload of every element, with the misses exposed in the conversion loop), and
-// prefetching a whole tile of all heads at once (it overflows L1 and the miss queues). Measured
-// on one Zen 4 core, bf16, head_dim 128, pages in DRAM: GQA 4 runs at 9.8 GiB/s without
-// prefetching, 20 GiB/s with it, 23-25 GiB/s with everything in cache, which is the FMA limit
-// (2 x group x head_dim FMAs per token and head) against 37 GiB/s of streaming read; GQA 1 at
-// 22 GiB/s from DRAM, 37 GiB/s from cache, limited by the strided (per head) page reads. Two
-// steps of lead gain nothing.
+// While a tile computes, the whole next tile (K then V, address order) is prefetched into L2 a
+// few lines at a time. Each score and each accumulation is the same sum in the same order as in
+// a head-by-head walk, so the order of the walk does not change a bit of the result.
+// Measured with `kvtier-bench attn --access-order` (the decode reads alone, no arithmetic, same
+// items, threads and scattered pages; one Zen 4 core, bf16, GQA 4): head by head the reads run at
+// 0.66-0.70 of a streaming read (0.63-0.66 with the one-step L1 prefetches the kernel had), 4
+// tokens x every head or address order at 0.83-0.86: the per-head order cost the reads a fifth.
+// The kernel went from 0.51 (avx512) / 0.51 (avx512_bf16) to 0.57-0.58 / 0.60-0.61 of the
+// streaming read, GQA 1 from 0.55 to 0.77; fp8 (0.23, its conversions) and prefill unchanged.
+// With the pages in L3 it runs at 26-31 GiB/s per core, so from DRAM about a quarter of the time
+// is still exposed misses. Rejected: P.V in 4-token groups across heads too (o loaded and
+// stored four times per tile: 0.56 against 0.60, avx512_bf16); the next tile into L1
+// (prefetcht0: 64 KiB overflows L1; 0.50-0.57, unsteady, against 0.58); no software prefetch,
+// trusting the hardware prefetchers inside a page (0.30), or only each row's first 256 bytes to
+// start them (0.28); a second, just-in-time L1 prefetch of the next 4-token group and the next
+// head's V rows beside the L2 one (no gain, avx512_bf16 0.58-0.61 against 0.60-0.65); issuing
+// the next tile's lines during the K phase only (0.52 against 0.56). The 2-thread ratios could
+// not be measured cleanly (the shared machine gave the two threads one core's bandwidth).
+// Earlier, when the walk went head by head with one step of L1 prefetch, rejected: widening each
+// tile to an f32 scratch first (one compute path for every dtype, but an extra store and reload of
+// every element, with the misses exposed in the conversion loop), and prefetching a whole tile of
+// all heads at once (it overflows L1 and the miss queues). Measured on one Zen 4 core, bf16,
+// head_dim 128, pages in DRAM: GQA 4 runs at 9.8 GiB/s without prefetching, 20 GiB/s with it, 23-25
+// GiB/s with everything in cache, which is the FMA limit (2 x group x head_dim FMAs per token and
+// head) against 37 GiB/s of streaming read; GQA 1 at 22 GiB/s from DRAM, 37 GiB/s from cache,
+// limited by the strided (per head) page reads. Two steps of lead gain nothing.
 //
 // bf16 KV on lane types with kBf16Dot (avx512_bf16) takes a dot-product path instead (see the
 // section before locate_tile): vdpbf16ps multiplies 32 bf16 pairs into 16 fp32 lanes, so neither
@@ -34,7 +52,9 @@
 // 16-lane horizontal sums now cost about as much as their dot products) take a third of the time,
 // softmax and P.V a fifth each, prefetching an eighth. Tried and dropped: the next tile streamed
 // into L2 (prefetcht1, all heads, address order) beside the one-step L1 queue (DRAM ratio
-// unchanged, in cache 25 GiB/s), and the L2 stream alone (in cache 32, DRAM 15.5 GiB/s).
+// unchanged, in cache 25 GiB/s), and the L2 stream alone (in cache 32, DRAM 15.5 GiB/s); both
+// with K still read head by head. With K scored in address order the L2 stream alone is what
+// the kernel now does.
 
 // Register blocks must stay in registers: GCC at -O2 does not fully unroll the small constant
 // loops over them by itself and keeps the blocks in memory instead (measured 3x slower).
