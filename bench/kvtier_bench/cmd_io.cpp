@@ -320,9 +320,12 @@ class IoCommand final : public Command {
     hb.link_gbps = 0;
     auto hbm = HbmArena::create(hb, g, nullptr);
     if (!hbm.ok()) return fail(ctx, "HBM arena", hbm.status());
+    // The host pool in the configured format: with tiers.host.kv_dtype fp8_e4m3 each copy
+    // encodes or decodes, and the figure is the codec's rate in bytes of the model's pages.
+    const PageFormat host_format = ctx.config.tiers.host_page_format(g);
     HostTierConfig hp = ctx.config.tiers.host;
     hp.capacity_bytes = hb.capacity_bytes;
-    auto host = HostPool::create(hp, g, nullptr);
+    auto host = HostPool::create(hp, host_format, nullptr);
     if (!host.ok()) return fail(ctx, "host pool", host.status());
     std::memset((*hbm)->base(), 1, (*hbm)->region_bytes());
     std::memset((*host)->base(), 2, (*host)->region_bytes());
@@ -364,7 +367,8 @@ class IoCommand final : public Command {
               << ", \"memcpy_gib_s\": " << json_number(mcm)
               << ", \"ratio\": " << json_number(ratio(kcm, mcm)) << "}, \"block_bytes\": " << block
               << ", \"queue_depth\": " << qd << ", \"file_bytes\": " << blocks * block
-              << ", \"page_bytes\": " << g.page_bytes() << ", \"runs\": " << o_.runs
+              << ", \"page_bytes\": " << g.page_bytes() << ", \"host_dtype\": \""
+              << dtype_name(host_format.stored_dtype) << "\", \"runs\": " << o_.runs
               << ", \"io\": \"" << io_kind << (fixed ? "+fixed" : "") << "\"}\n";
       return kExitOk;
     }
@@ -400,8 +404,8 @@ class IoCommand final : public Command {
             << "   baseline: fio\n"
             << std::left << std::setw(22) << "copy (GiB/s)" << std::right << std::setw(14)
             << cell(kcm) << std::setw(14) << cell(mcm) << std::setw(10) << rcell(ratio(kcm, mcm))
-            << "   baseline: memcpy; host pool <-> emulated HBM, " << g.layers
-            << " scattered pages per transfer\n";
+            << "   baseline: memcpy; host pool (" << dtype_name(host_format.stored_dtype)
+            << ") <-> emulated HBM, " << g.layers << " scattered pages per transfer\n";
     return kExitOk;
   }
 
@@ -416,9 +420,12 @@ class IoCommand final : public Command {
     hb.capacity_bytes = uint64_t{pages} * FrameArena::frame_stride(g);
     auto hbm = HbmArena::create(hb, g, *device);
     if (!hbm.ok()) return fail(ctx, "HBM arena", hbm.status());
+    // As the CPU pass: the configured host format. The host region is at least the bytes of the
+    // model's pages, which the baseline copies whole.
+    const PageFormat host_format = ctx.config.tiers.host_page_format(g);
     HostTierConfig hp = ctx.config.tiers.host;
-    hp.capacity_bytes = hb.capacity_bytes;
-    auto host = HostPool::create(hp, g, *device);
+    hp.capacity_bytes = hb.capacity_bytes + FrameArena::frame_stride(host_format);
+    auto host = HostPool::create(hp, host_format, *device);
     if (!host.ok()) return fail(ctx, "host pool", host.status());
     if ((*hbm)->frame_count() < pages || (*host)->frame_count() < pages) {
       ctx.err << "kvtier-bench io --gpu: arenas smaller than asked; measuring "
@@ -470,13 +477,15 @@ class IoCommand final : public Command {
               << "}, \"d2h\": {\"kvtier_gib_s\": " << json_number(kdm)
               << ", \"cuda_gib_s\": " << json_number(cdm)
               << ", \"ratio\": " << json_number(ratio(kdm, cdm))
-              << "}}, \"page_bytes\": " << g.page_bytes() << ", \"pages\": " << n
+              << "}}, \"page_bytes\": " << g.page_bytes() << ", \"host_dtype\": \""
+              << dtype_name(host_format.stored_dtype) << "\", \"pages\": " << n
               << ", \"pages_per_transfer\": " << g.layers << ", \"runs\": " << o_.runs << "}\n";
       return kExitOk;
     }
     ctx.out << std::fixed << std::setprecision(2) << "kvtier-bench io --gpu: " << n << " pages of "
-            << g.page_bytes() << " bytes (" << g.layers
-            << " scattered pages per transfer), median of " << o_.runs << " runs\n"
+            << g.page_bytes() << " bytes, host pool in " << dtype_name(host_format.stored_dtype)
+            << " (" << g.layers << " scattered pages per transfer), median of " << o_.runs
+            << " runs\n"
             << "  host->hbm  kvtier " << khm << " GiB/s   cudaMemcpyAsync " << chm
             << " GiB/s   ratio " << std::setprecision(3) << ratio(khm, chm).value_or(0) << "\n"
             << std::setprecision(2) << "  hbm->host  kvtier " << kdm << " GiB/s   cudaMemcpyAsync "
