@@ -10,6 +10,18 @@ struct Placement::Budget {
   // Keys already leaving, and keys arriving, per tier in this plan: neither may be chosen again.
   std::array<std::unordered_set<BlockKey, BlockKeyHash>, kNumTiers> leaving;
   std::array<std::unordered_set<BlockKey, BlockKeyHash>, kNumTiers> arriving;
+  // Each tier's victims in its evictor's order, fetched in growing batches. The evictors do not
+  // change while a plan is made, so a tier asked for room again (once per block demoted into it)
+  // continues where it stopped. Rejected: asking the evictor afresh each time, which walks its
+  // list from the cold end past every block already leaving: quadratic in the plan's size, and
+  // most of the scheduler's time when links are saturated.
+  struct Candidates {
+    std::vector<BlockKey> keys;
+    std::size_t next = 0;    // first key of `keys` not yet considered
+    std::size_t asked = 0;   // size of the last batch asked for
+    bool exhausted = false;  // the evictor had no more candidates
+  };
+  std::array<Candidates, kNumTiers> candidates;
 };
 
 namespace {
@@ -106,79 +118,86 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
   Evictor* ev = evictors_[ti];
   if (ev == nullptr || depth >= kNumTiers) return frames;
   uint64_t freed = 0;
-  std::vector<BlockKey> victims;
-  const auto refuse = [&](const BlockKey& k) {
-    return skip(k) || budget.leaving[ti].count(k) != 0 || budget.arriving[ti].count(k) != 0;
+  const auto taken = [&](const BlockKey& k) {
+    return budget.leaving[ti].count(k) != 0 || budget.arriving[ti].count(k) != 0;
   };
+  const auto refuse = [&](const BlockKey& k) { return skip(k) || taken(k); };
+  Budget::Candidates& c = budget.candidates[ti];
   while (freed < frames) {
-    victims.clear();
-    const std::size_t n = ev->select_victims(frames - freed, KeyFilter(refuse), victims);
-    if (n == 0) break;
-    for (const BlockKey& key : victims) {
-      if (freed >= frames) break;
-      budget.leaving[ti].insert(key);  // never proposed twice in one plan
-      const Snapshot s = read_block(table_, key, tier);
-      // Memory tiers give up pages one by one: a block whose other pages are pinned (a step's
-      // window) or in flight still frees its ready, unpinned ones. The NVMe copy is one extent.
-      if (!s.found || s.evictable == 0 || (tier == Tier::kNvme && s.in_flight)) {
-        ++counters_.skipped;
-        continue;
-      }
-      PlannedMove move;
-      move.block.key = key;
-      move.block.parent = s.parent;
-      move.block.hits = s.hits;
-      ev->describe(key, move.block);
-      move.block.demoted = true;
-      move.from = tier;
-      move.frames_freed = s.evictable;
-
-      bool clean = false;
-      switch (tier) {
-        case Tier::kHbm: clean = s.host_missing == 0 || s.nvme_ready; break;
-        case Tier::kHost: clean = s.nvme_ready; break;
-        case Tier::kNvme: clean = false; break;
-      }
-      const std::optional<Tier> next = next_tier(tier);
-      if (clean || !write_.demote_on_evict() || !next) {
-        move.clean_below = clean;
-        if (clean) {
-          ++counters_.clean_drops;
-        } else {
-          ++counters_.drops;
-        }
-      } else {
-        const std::size_t ni = static_cast<std::size_t>(tier_index(*next));
-        bool admitted = true;
-        uint64_t need = 0;
-        if (*next == Tier::kNvme) {
-          admitted = s.nvme_absent && s.all_in_memory && admission_.admits(s.hits) &&
-                     evictors_[ni]->admit(move.block);
-          need = 1;
-        } else {  // host, from HBM
-          admitted = evictors_[ni]->contains(key) || evictors_[ni]->admit(move.block);
-          need = s.host_missing;
-        }
-        if (admitted && budget.free[ni] < need) {
-          const uint64_t short_by =
-              free_in(*next, need - budget.free[ni], budget, skip, plan, depth + 1);
-          admitted = short_by == 0 && budget.free[ni] >= need;
-        }
-        if (admitted) {
-          budget.free[ni] -= need;
-          budget.arriving[ni].insert(key);
-          move.to = *next;
-          move.frames_taken = static_cast<uint32_t>(need);
-          ++counters_.demotions;
-        } else {
-          ++counters_.refused;
-          ++counters_.drops;
-        }
-      }
-      budget.free[ti] += move.frames_freed;
-      freed += move.frames_freed;
-      plan.moves.push_back(move);
+    if (c.next == c.keys.size()) {
+      if (c.exhausted) break;
+      // Twice the last batch: the walks past keys already leaving add up to a constant factor.
+      const std::size_t want = std::max<std::size_t>(frames - freed, 2 * c.asked);
+      c.keys.clear();
+      c.next = 0;
+      c.asked = want;
+      c.exhausted = ev->select_victims(want, KeyFilter(refuse), c.keys) < want;
+      if (c.keys.empty()) break;
     }
+    const BlockKey key = c.keys[c.next++];
+    if (taken(key)) continue;        // chosen or arriving since the batch was fetched
+    budget.leaving[ti].insert(key);  // never proposed twice in one plan
+    const Snapshot s = read_block(table_, key, tier);
+    // Memory tiers give up pages one by one: a block whose other pages are pinned (a step's
+    // window) or in flight still frees its ready, unpinned ones. The NVMe copy is one extent.
+    if (!s.found || s.evictable == 0 || (tier == Tier::kNvme && s.in_flight)) {
+      ++counters_.skipped;
+      continue;
+    }
+    PlannedMove move;
+    move.block.key = key;
+    move.block.parent = s.parent;
+    move.block.hits = s.hits;
+    ev->describe(key, move.block);
+    move.block.demoted = true;
+    move.from = tier;
+    move.frames_freed = s.evictable;
+
+    bool clean = false;
+    switch (tier) {
+      case Tier::kHbm: clean = s.host_missing == 0 || s.nvme_ready; break;
+      case Tier::kHost: clean = s.nvme_ready; break;
+      case Tier::kNvme: clean = false; break;
+    }
+    const std::optional<Tier> next = next_tier(tier);
+    if (clean || !write_.demote_on_evict() || !next) {
+      move.clean_below = clean;
+      if (clean) {
+        ++counters_.clean_drops;
+      } else {
+        ++counters_.drops;
+      }
+    } else {
+      const std::size_t ni = static_cast<std::size_t>(tier_index(*next));
+      bool admitted = true;
+      uint64_t need = 0;
+      if (*next == Tier::kNvme) {
+        admitted = s.nvme_absent && s.all_in_memory && admission_.admits(s.hits) &&
+                   evictors_[ni]->admit(move.block);
+        need = 1;
+      } else {  // host, from HBM
+        admitted = evictors_[ni]->contains(key) || evictors_[ni]->admit(move.block);
+        need = s.host_missing;
+      }
+      if (admitted && budget.free[ni] < need) {
+        const uint64_t short_by =
+            free_in(*next, need - budget.free[ni], budget, skip, plan, depth + 1);
+        admitted = short_by == 0 && budget.free[ni] >= need;
+      }
+      if (admitted) {
+        budget.free[ni] -= need;
+        budget.arriving[ni].insert(key);
+        move.to = *next;
+        move.frames_taken = static_cast<uint32_t>(need);
+        ++counters_.demotions;
+      } else {
+        ++counters_.refused;
+        ++counters_.drops;
+      }
+    }
+    budget.free[ti] += move.frames_freed;
+    freed += move.frames_freed;
+    plan.moves.push_back(move);
   }
   return freed >= frames ? 0 : frames - freed;
 }

@@ -25,6 +25,10 @@
 // takes per tier, so several plans can be made before any is executed. Frames are pages for HBM
 // and host, extents (one per block) for NVMe.
 //
+// Cost: a plan walks each tier's eviction order about once, however many times the cascade asks
+// that tier for room (victims are fetched in doubling batches and consumed in order), so planning
+// is linear in the victims it considers.
+//
 // Threading: called from the scheduler's loop (or the replay's thread), like the evictors it
 // uses; it reads the page table through its locked lookups, one entry at a time, and holds no lock
 // of its own. The page table can change between planning and execution; an executor re-checks

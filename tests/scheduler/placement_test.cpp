@@ -1,0 +1,129 @@
+// Placement: the cost of planning room, counted (not timed). Demoting N blocks from HBM asks the
+// host tier for room N times within one plan; the host's evictor must be walked about once in all,
+// not from its cold end at every ask (which made planning quadratic and, with the links saturated,
+// most of the scheduler's time). The plan itself is checked move by move.
+#include "scheduler/placement.hpp"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "scheduler/page_table.hpp"
+#include "scheduler/policies/admission.hpp"
+#include "scheduler/policies/evictor.hpp"
+#include "scheduler/policies/write_strategy.hpp"
+#include "tiers/frame_allocator.hpp"
+
+namespace kvtier {
+namespace {
+
+BlockKey key_of(uint64_t id) { return BlockKey{id, uint64_t{7} << 40}; }
+
+// An evictor that forwards to another and counts how it is asked for victims.
+class CountingEvictor final : public Evictor {
+ public:
+  explicit CountingEvictor(std::unique_ptr<Evictor> inner) : inner_(std::move(inner)) {}
+
+  uint64_t select_calls = 0;
+  uint64_t examined = 0;  // keys the placement's filter was asked about
+
+  std::string_view name() const override { return inner_->name(); }
+  void on_insert(const BlockFacts& block) override { inner_->on_insert(block); }
+  void on_access(const BlockKey& key) override { inner_->on_access(key); }
+  void on_erase(const BlockKey& key) override { inner_->on_erase(key); }
+  void on_miss(const BlockFacts& block) override { inner_->on_miss(block); }
+  bool admit(const BlockFacts& block) override { return inner_->admit(block); }
+  std::size_t select_victims(std::size_t count, KeyFilter skip,
+                             std::vector<BlockKey>& out) override {
+    ++select_calls;
+    const auto counted = [&](const BlockKey& k) {
+      ++examined;
+      return skip(k);
+    };
+    return inner_->select_victims(count, KeyFilter(counted), out);
+  }
+  void describe(const BlockKey& key, BlockFacts& facts) const override {
+    inner_->describe(key, facts);
+  }
+  bool contains(const BlockKey& key) const override { return inner_->contains(key); }
+  std::size_t size() const override { return inner_->size(); }
+  std::size_t memory_bytes() const override { return inner_->memory_bytes(); }
+
+ private:
+  std::unique_ptr<Evictor> inner_;
+};
+
+class PlacementCost : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kBlocks = 512;  // in each tier, one page per block
+
+  void SetUp() override {
+    hbm_ = std::move(FrameAllocator::create(kBlocks)).value();
+    host_ = std::move(FrameAllocator::create(kBlocks)).value();
+    PageTableOptions o;
+    o.layers = 1;
+    o.shards = 4;
+    table_ =
+        std::move(PageTable::create(o, TierAllocators{hbm_.get(), host_.get(), nullptr})).value();
+    EvictorOptions eo;
+    eo.capacity_blocks = kBlocks;
+    hbm_evictor_ = make_evictor(EvictionPolicy::kLru, eo);
+    host_evictor_ = std::make_unique<CountingEvictor>(make_evictor(EvictionPolicy::kLru, eo));
+    write_ = make_write_strategy(WritePolicy::kWriteBack, 2);
+    // Blocks 0..511 fill HBM, 1000..1511 fill host memory, oldest first.
+    for (uint64_t i = 0; i < kBlocks; ++i) {
+      fill(Tier::kHbm, i, *hbm_evictor_);
+      fill(Tier::kHost, 1000 + i, *host_evictor_);
+    }
+  }
+
+  void fill(Tier tier, uint64_t id, Evictor& evictor) {
+    const BlockKey key = key_of(id);
+    ASSERT_TRUE(table_->create_block(key, BlockKey{}).ok());
+    ASSERT_TRUE(table_
+                    ->update(key,
+                             [&](EntryView& v) -> Status {
+                               const CopyId copy = CopyId::page(tier, 0);
+                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
+                               return v.complete_fill(copy);
+                             })
+                    .ok());
+    BlockFacts f;
+    f.key = key;
+    evictor.on_insert(f);
+  }
+
+  std::unique_ptr<FrameAllocator> hbm_, host_;
+  std::unique_ptr<PageTable> table_;
+  std::unique_ptr<Evictor> hbm_evictor_;
+  std::unique_ptr<CountingEvictor> host_evictor_;
+  std::unique_ptr<WriteStrategy> write_;
+  NvmeAdmission admission_{0u};
+};
+
+TEST_F(PlacementCost, EveryTierIsWalkedAboutOnceForAWholePlan) {
+  Placement placement(*table_, {hbm_evictor_.get(), host_evictor_.get(), nullptr}, admission_,
+                      *write_);
+  const PlacementPlan plan = placement.plan_room(Tier::kHbm, kBlocks, {0, 0, 0});
+  EXPECT_EQ(plan.shortfall, 0u);
+  ASSERT_EQ(plan.moves.size(), 2u * kBlocks);
+  // Each HBM block goes to host memory after the oldest host block not yet chosen made room.
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    const PlannedMove& room = plan.moves[2 * i];
+    const PlannedMove& down = plan.moves[2 * i + 1];
+    EXPECT_EQ(room.block.key, key_of(1000 + i));
+    EXPECT_EQ(room.from, Tier::kHost);
+    EXPECT_FALSE(room.to.has_value());
+    EXPECT_EQ(down.block.key, key_of(i));
+    EXPECT_EQ(down.from, Tier::kHbm);
+    EXPECT_EQ(down.to, Tier::kHost);
+  }
+  // 512 asks for one frame each: batches that double (1, 2, 4, ... 512) walk the host's list a
+  // bounded number of times over, where asking afresh each time examined 1 + 2 + ... + 512.
+  EXPECT_LE(host_evictor_->select_calls, 11u);
+  EXPECT_LE(host_evictor_->examined, 4u * kBlocks);
+}
+
+}  // namespace
+}  // namespace kvtier
