@@ -652,6 +652,19 @@ bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
   return in_use && loses;
 }
 
+bool Scheduler::drop_hbm_pages(const BlockKey& key) {
+  if (may_lose_last_copy(key, Tier::kHbm)) return false;
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.hbm != CopyState::kReady || p.pins != 0) continue;
+    if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
+      stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  after_change(key);
+  return true;
+}
+
 void Scheduler::drop_nvme_copy(const BlockKey& key) {
   const PageSnapshot p = page_snapshot(key, 0);
   if (p.nvme != CopyState::kReady) return;
@@ -672,14 +685,16 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
   switch (move.from) {
     case Tier::kHbm: {
       const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
+      // A block the host tier refused is dropped rather than demoted (when it may be).
+      const bool demote = move.to.has_value() && !unencodable_.contains(key);
       for (uint32_t l = 0; l < layers; ++l) {
         const PageSnapshot p = page_snapshot(key, l);
         if (p.hbm != CopyState::kReady || p.pins != 0) continue;
-        if (p.host == CopyState::kReady || (!must_keep && !move.to)) {
+        if (p.host == CopyState::kReady || (!must_keep && !demote)) {
           if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
             stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
           }
-        } else if (p.host == CopyState::kAbsent && parts_.host->capacity() > 0) {
+        } else if (demote && p.host == CopyState::kAbsent && parts_.host->capacity() > 0) {
           demote_page_to_host(key, l, prio);
         }
       }
@@ -777,6 +792,17 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
                 } else {
                   parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
                   undo(s);
+                  if (s.code() == StatusCode::kInvalidArgument) {
+                    // The host tier cannot hold this page (an fp8 host and a page with NaN or
+                    // inf): the block stays in HBM while it is needed, and is dropped, never
+                    // demoted again, once it is not.
+                    stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
+                    log_once(LogLevel::kWarn, "scheduler.unencodable",
+                             "the host tier refused a page of block " + to_string(key) + ": " +
+                                 s.message() + "; such blocks are dropped from HBM, not demoted");
+                    unencodable_.insert(key);
+                    drop_hbm_pages(key);
+                  }
                 }
                 serve_frame_waiters(Tier::kHbm);
                 serve_frame_waiters(Tier::kHost);
@@ -1091,6 +1117,7 @@ void Scheduler::after_change(const BlockKey& key) {
     }
     if (!parts_.table->erase(current).ok()) return;
     facts_.erase(current);
+    unencodable_.erase(current);
     current = parent;
   }
 }

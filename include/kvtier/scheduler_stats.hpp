@@ -44,6 +44,9 @@ struct SchedulerStats {
   Counter recompute_tokens{0};
   // Loads that failed (I/O error, checksum) and became misses.
   Counter failed_loads{0};
+  // HBM pages the host tier refused (an fp8 host and a page with NaN or inf): their blocks are
+  // dropped from HBM instead of demoted.
+  Counter refused_demotions{0};
 
   Counter steps{0};
   Counter windowed_steps{0};  // steps that did not fit in HBM at once and ran layer by layer

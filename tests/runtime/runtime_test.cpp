@@ -261,6 +261,39 @@ namespace {
 
 // Shutdown while an engine thread waits on a layer: the waiter returns at once, and every later
 // call — including hbm_view and stats, which hold no Status — is safe.
+// An fp8 host tier cannot hold a page with NaN or inf, and the bytes this test writes are random
+// (as bf16, nearly every page holds some). Such blocks must not clog HBM: their demotions are
+// refused, and they are dropped instead once no step needs them, so every step still runs and
+// every page read back is either exactly what was written or recomputed.
+TEST(Runtime, PagesAnFp8HostCannotHoldAreDroppedNotStuck) {
+  ScratchDir dir("runtime-fp8-nan");
+  Config c = small_config(dir.path());
+  c.tiers.host.kv_dtype = TierKvDtype::kFp8E4M3;
+  c.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  auto rt = open_or_skip(c);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
+  const Geometry& g = rt->geometry();
+  std::vector<std::vector<uint32_t>> prompts;
+  for (uint32_t p = 0; p < 12; ++p) prompts.push_back(make_tokens(6 * g.page_tokens, p + 1));
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& tokens : prompts) {
+      auto seq = rt->open_sequence(rt->block_keys(tokens));
+      ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+      bool bytes_ok = true;
+      Status s =
+          run_checked_step(*rt, seq->id, tokens, seq->reused_tokens,
+                           static_cast<uint32_t>(tokens.size() - seq->reused_tokens), &bytes_ok);
+      ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.to_string();
+      EXPECT_TRUE(bytes_ok) << "a reused page differs from what was written";
+      ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+    }
+  }
+  const RuntimeStats st = rt->stats();
+  EXPECT_GT(st.evictions[tier_index(Tier::kHbm)], 0u);
+  EXPECT_EQ(st.failed_loads, 0u);
+  ASSERT_TRUE(rt->shutdown().ok());
+}
+
 TEST(RuntimeShutdown, WakesWaitersAndLaterCallsAreSafe) {
   testing::ScratchDir dir("runtime-shutdown");
   Config c = testing::small_config(dir.path());
