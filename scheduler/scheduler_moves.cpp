@@ -194,7 +194,8 @@ bool Scheduler::host_pages_stuck(const BlockKey& key) const {
     }
     // Nothing ready here (the placement passes it by anyway), or no last copy: all droppable.
     if (!any_host || all_safe) return;
-    const bool to_nvme = parts_.nvme != nullptr && v.state(CopyId::nvme()) == CopyState::kAbsent;
+    const bool to_nvme = parts_.nvme != nullptr && v.state(CopyId::nvme()) == CopyState::kAbsent &&
+                         !refused(key, Tier::kNvme);
     if (to_nvme) {
       stuck = !all_host && !stageable;  // written whole, or staged; else nothing moves
     } else {
@@ -652,17 +653,26 @@ bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
   return in_use && loses;
 }
 
-bool Scheduler::drop_hbm_pages(const BlockKey& key) {
-  if (may_lose_last_copy(key, Tier::kHbm)) return false;
-  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
-    const PageSnapshot p = page_snapshot(key, l);
-    if (p.hbm != CopyState::kReady || p.pins != 0) continue;
-    if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
-      stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& why) {
+  refused_[key] |= static_cast<uint8_t>(1u << tier_index(tier));
+  stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
+  log_once(LogLevel::kWarn, std::string("scheduler.refused.") + std::string(tier_name(tier)),
+           std::string("the ") + std::string(tier_name(tier)) + " tier refused block " +
+               to_string(key) + ": " + why.message() +
+               "; such blocks are dropped when nothing needs them, never sent there again");
+  // The copies that would have gone down leave the tier above once nothing needs them.
+  const Tier above = tier == Tier::kHost ? Tier::kHbm : Tier::kHost;
+  if (!may_lose_last_copy(key, above)) {
+    for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+      const PageSnapshot p = page_snapshot(key, l);
+      const CopyState state = above == Tier::kHbm ? p.hbm : p.host;
+      if (state != CopyState::kReady || (above == Tier::kHbm && p.pins != 0)) continue;
+      if (parts_.table->drop(key, CopyId::page(above, l)).ok()) {
+        stats_.evictions[tier_index(above)].fetch_add(1, std::memory_order_relaxed);
+      }
     }
   }
   after_change(key);
-  return true;
 }
 
 void Scheduler::drop_nvme_copy(const BlockKey& key) {
@@ -686,7 +696,7 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
     case Tier::kHbm: {
       const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
       // A block the host tier refused is dropped rather than demoted (when it may be).
-      const bool demote = move.to.has_value() && !unencodable_.contains(key);
+      const bool demote = move.to.has_value() && !refused(key, Tier::kHost);
       for (uint32_t l = 0; l < layers; ++l) {
         const PageSnapshot p = page_snapshot(key, l);
         if (p.hbm != CopyState::kReady || p.pins != 0) continue;
@@ -709,14 +719,15 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
       const PageSnapshot p0 = page_snapshot(key, 0);
       // The NVMe store is addressed by content key: a private block (no identity yet) stays in
       // memory until it is published.
-      if (!key.is_private() && p0.nvme != CopyState::kReady && parts_.nvme != nullptr &&
-          all_host_ready && (move.to == Tier::kNvme || must_keep) &&
+      const bool to_nvme =
+          !key.is_private() && parts_.nvme != nullptr && !refused(key, Tier::kNvme);
+      if (to_nvme && p0.nvme != CopyState::kReady && all_host_ready &&
+          (move.to == Tier::kNvme || must_keep) &&
           demote_block_to_nvme(key, prio, /*keep_host=*/false)) {
         break;
       }
       // Not written down (NVMe full of blocks in use, or refused): a cached block is dropped.
-      if (!key.is_private() && must_keep && p0.nvme == CopyState::kAbsent &&
-          parts_.nvme != nullptr && !all_host_ready) {
+      if (to_nvme && must_keep && p0.nvme == CopyState::kAbsent && !all_host_ready) {
         // In use and split between HBM and host: its host pages can only leave through NVMe.
         stage_to_nvme(key, prio);
         break;
@@ -796,12 +807,7 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
                     // The host tier cannot hold this page (an fp8 host and a page with NaN or
                     // inf): the block stays in HBM while it is needed, and is dropped, never
                     // demoted again, once it is not.
-                    stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
-                    log_once(LogLevel::kWarn, "scheduler.unencodable",
-                             "the host tier refused a page of block " + to_string(key) + ": " +
-                                 s.message() + "; such blocks are dropped from HBM, not demoted");
-                    unencodable_.insert(key);
-                    drop_hbm_pages(key);
+                    refused_by_tier(key, Tier::kHost, s);
                   }
                 }
                 serve_frame_waiters(Tier::kHbm);
@@ -858,11 +864,13 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           if (s.ok()) {
             parts_.table->complete_fill(key, CopyId::nvme()).ignore();
             stats_.demotions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
-          } else {
+          } else if (s.code() != StatusCode::kInvalidArgument) {
             parts_.table->abort_fill(key, CopyId::nvme()).ignore();
             log_once(LogLevel::kWarn, "nvme-write-failed",
                      "writing a block to nvme failed (the block stays in host memory): " +
                          s.to_string());
+          } else {
+            parts_.table->abort_fill(key, CopyId::nvme()).ignore();
           }
           if (!keep_host) {
             for (uint32_t l = 0; l < layers; ++l) {
@@ -884,6 +892,9 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           sync_membership(key, Tier::kNvme);
           sync_membership(key, Tier::kHost);
           finish_op(pk, s);
+          // The store refused the block (an fp8 store and a page with NaN or inf): it is never
+          // written again, and its host pages go when nothing needs them.
+          if (s.code() == StatusCode::kInvalidArgument) refused_by_tier(key, Tier::kNvme, s);
           after_change(key);
           serve_memory_waiters();  // the block read is a victim again
         };
@@ -1117,7 +1128,7 @@ void Scheduler::after_change(const BlockKey& key) {
     }
     if (!parts_.table->erase(current).ok()) return;
     facts_.erase(current);
-    unencodable_.erase(current);
+    refused_.erase(current);
     current = parent;
   }
 }
