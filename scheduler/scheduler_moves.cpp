@@ -727,7 +727,8 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
         break;
       }
       // Not written down (NVMe full of blocks in use, or refused): a cached block is dropped.
-      if (to_nvme && must_keep && p0.nvme == CopyState::kAbsent && !all_host_ready) {
+      if (to_nvme && must_keep && p0.nvme == CopyState::kAbsent && !all_host_ready &&
+          !refused(key, Tier::kHost)) {
         // In use and split between HBM and host: its host pages can only leave through NVMe.
         stage_to_nvme(key, prio);
         break;
@@ -864,13 +865,13 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           if (s.ok()) {
             parts_.table->complete_fill(key, CopyId::nvme()).ignore();
             stats_.demotions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
-          } else if (s.code() != StatusCode::kInvalidArgument) {
-            parts_.table->abort_fill(key, CopyId::nvme()).ignore();
-            log_once(LogLevel::kWarn, "nvme-write-failed",
-                     "writing a block to nvme failed (the block stays in host memory): " +
-                         s.to_string());
           } else {
             parts_.table->abort_fill(key, CopyId::nvme()).ignore();
+            if (s.code() != StatusCode::kInvalidArgument) {  // a refusal is said below
+              log_once(LogLevel::kWarn, "nvme-write-failed",
+                       "writing a block to nvme failed (the block stays in host memory): " +
+                           s.to_string());
+            }
           }
           if (!keep_host) {
             for (uint32_t l = 0; l < layers; ++l) {
@@ -967,6 +968,7 @@ void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint3
             stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
           } else {
             parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+            if (s.code() == StatusCode::kInvalidArgument) refused_by_tier(key, Tier::kHost, s);
           }
           done(s.ok());
         };
@@ -977,7 +979,7 @@ void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint3
 
 void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
   const uint32_t layers = options_.geometry.layers;
-  if (tiers.has(Tier::kHost) && parts_.host->capacity() > 0) {
+  if (tiers.has(Tier::kHost) && parts_.host->capacity() > 0 && !refused(key, Tier::kHost)) {
     // Copy every HBM page down (the HBM copy stays, pinned while it is read); continue to NVMe
     // once the last page has arrived when the strategy asks for it.
     auto remaining = std::make_shared<uint32_t>(0);

@@ -265,14 +265,17 @@ namespace {
 // bf16, nearly every page holds some). Such blocks must not clog the tier above: the slower tier
 // refuses them once, and they are dropped instead of sent down again once no step needs them, so
 // every step still runs and every page read back is exactly what was written. With fp8 on the
-// host tier the HBM->host copy refuses; with fp8 on NVMe only, the NVMe write does.
-class RefusedPages : public ::testing::TestWithParam<bool> {};
+// host tier the HBM->host copy refuses; with fp8 on NVMe only, the NVMe write does; under
+// write_through the copies of pages still pinned by their step are refused as well.
+class RefusedPages : public ::testing::TestWithParam<std::tuple<bool, WritePolicy>> {};
 
 TEST_P(RefusedPages, AreDroppedNotStuck) {
   ScratchDir dir("runtime-fp8-nan");
   Config c = small_config(dir.path());
-  if (GetParam()) c.tiers.host.kv_dtype = TierKvDtype::kFp8E4M3;
+  const auto [host_fp8, write] = GetParam();
+  if (host_fp8) c.tiers.host.kv_dtype = TierKvDtype::kFp8E4M3;
   c.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  c.policies.write = write;
   auto rt = open_or_skip(c);
   if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
   const Geometry& g = rt->geometry();
@@ -292,15 +295,19 @@ TEST_P(RefusedPages, AreDroppedNotStuck) {
     }
   }
   const RuntimeStats st = rt->stats();
-  EXPECT_GT(st.evictions[tier_index(GetParam() ? Tier::kHbm : Tier::kHost)], 0u);
+  EXPECT_GT(st.evictions[tier_index(host_fp8 ? Tier::kHbm : Tier::kHost)], 0u);
   EXPECT_EQ(st.failed_loads, 0u);
   ASSERT_TRUE(rt->shutdown().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fp8Tiers, RefusedPages, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "HostAndNvme" : "NvmeOnly");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fp8Tiers, RefusedPages,
+    ::testing::Combine(::testing::Bool(),
+                       ::testing::Values(WritePolicy::kWriteBack, WritePolicy::kWriteThrough)),
+    [](const ::testing::TestParamInfo<std::tuple<bool, WritePolicy>>& info) {
+      return std::string(std::get<0>(info.param) ? "HostAndNvme" : "NvmeOnly") +
+             (std::get<1>(info.param) == WritePolicy::kWriteBack ? "_WriteBack" : "_WriteThrough");
+    });
 
 TEST(RuntimeShutdown, WakesWaitersAndLaterCallsAreSafe) {
   testing::ScratchDir dir("runtime-shutdown");
