@@ -9,6 +9,9 @@
 # What it reports (JSON files under $OUT, and a summary on stdout):
 #   tiers.json   kvtier-bench io --gpu: pinned H2D/D2H throughput of the transfer engine against a
 #                plain cudaMemcpyAsync of the same bytes (aim >= 0.9)
+#   tiers_fp8.json  the same with the host tier in fp8: the page codec kernels reading HBM and
+#                writing pinned memory (and back) against a plain copy of the bf16 pages (> 1 means
+#                the halved PCIe bytes pay for the codec)
 #   attn.json    kvtier-bench attn --device cuda: split-K decode attention, GB/s of KV read against
 #                the device's measured copy bandwidth (aim >= 0.8)
 #   ctest.log    the CUDA kernel and tier tests (they compare every kernel with the CPU reference,
@@ -55,6 +58,11 @@ grep -E "tests passed|tests failed|Passed|Failed|SKIPPED" "$OUT/ctest.log" | tai
 echo "== transfer engine vs cudaMemcpyAsync"
 "$BUILD"/bin/kvtier-bench io --gpu --json > "$OUT/tiers.json" 2> "$OUT/tiers.err" || status=1
 cat "$OUT/tiers.json"
+
+echo "== fp8 host tier: the codec kernels on the copy streams vs cudaMemcpyAsync of the bf16 pages"
+"$BUILD"/bin/kvtier-bench io --gpu --json --set tiers.host.kv_dtype=fp8_e4m3 \
+    --set tiers.nvme.kv_dtype=fp8_e4m3 > "$OUT/tiers_fp8.json" 2> "$OUT/tiers_fp8.err" || status=1
+cat "$OUT/tiers_fp8.json"
 
 echo "== decode attention vs device copy bandwidth"
 "$BUILD"/bin/kvtier-bench attn --device cuda --json > "$OUT/attn.json" 2> "$OUT/attn.err" || status=1
