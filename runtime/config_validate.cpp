@@ -171,7 +171,8 @@ std::vector<ConfigIssue> find_config_issues(const Config& config) {
   check_watermarks(out, "host", t.host.watermarks);
 
   const NvmeTierConfig& n = t.nvme;
-  if (n.enabled && t.host.kv_dtype == TierKvDtype::kFp8E4M3 && n.kv_dtype != t.host.kv_dtype) {
+  const PageFormat host_format = t.host_page_format(g);
+  if (n.enabled && host_format.encodes() && !(t.nvme_page_format(g) == host_format)) {
     // The host hands NVMe its pages as they are; widening them again would double the bytes on
     // disk and bring back no precision.
     out.add("tiers.nvme.kv_dtype",

@@ -4,6 +4,7 @@
 // Frames hold pages in the arena's PageFormat: HBM always as computed (attention reads them), the
 // host tier as computed or in fp8 with a scale trailer (tiers.host.kv_dtype), so a host frame is
 // exactly what the NVMe store writes and reads for it.
+//
 // A frame is 4096-aligned and `frame_bytes()` apart: page_bytes rounded up to 4096, so the NVMe
 // store can DMA straight into a frame with O_DIRECT and read up to the I/O alignment past the page.
 // The region is owned here (released by the destructor, after every user is gone); the allocator is

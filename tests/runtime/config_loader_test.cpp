@@ -385,6 +385,8 @@ TEST(Errors, AnFp8HostTierNeedsAnFp8NvmeTier) {
   EXPECT_TRUE(parse("tiers: {host: {kv_dtype: fp8_e4m3}, nvme: {kv_dtype: fp8_e4m3}}\n").ok());
   EXPECT_TRUE(parse("tiers: {host: {kv_dtype: fp8_e4m3}, nvme: {enabled: false}}\n").ok());
   EXPECT_TRUE(parse("tiers: {nvme: {kv_dtype: fp8_e4m3}}\n").ok());
+  // A model already in fp8 is held as computed everywhere: nothing to widen.
+  EXPECT_TRUE(parse("model: {dtype: fp8_e4m3}\ntiers: {host: {kv_dtype: fp8_e4m3}}\n").ok());
 }
 
 TEST(Errors, UnknownEnumValuesListTheValidOnes) {
