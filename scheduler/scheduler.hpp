@@ -245,7 +245,7 @@ class Scheduler {
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);
-  // After `tier` refused to store `key` (`why`): remembers it, says so once, and drops the copies
+  // After `tier` could not store `key` (`why`): remembers it, says so once, and drops the copies
   // that could not go down (HBM pages for the host, host pages for NVMe) when nothing needs them.
   void refused_by_tier(const BlockKey& key, Tier tier, const Status& why);
   bool refused(const BlockKey& key, Tier tier) const {
@@ -331,9 +331,9 @@ class Scheduler {
   std::unordered_map<uint64_t, PrefixPin> prefix_pins_;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> protected_;
   uint64_t next_pin_ = 0;
-  // Blocks a slower tier refused to store (an fp8 tier cannot encode NaN or inf), as a bit per
-  // tier: they leave the faster tier only by being dropped, when nothing needs them
-  // (execute_move), and are never sent to the refusing tier again.
+  // Blocks a slower tier could not store (an fp8 tier cannot encode NaN or inf; an NVMe write
+  // failed), as a bit per tier: they leave the faster tier only by being dropped, when nothing
+  // needs them (execute_move), and are never sent to that tier again.
   std::unordered_map<BlockKey, uint8_t, BlockKeyHash> refused_;
   // HBM frames pinned by open steps (loop thread).
   uint64_t pinned_frames_ = 0;

@@ -657,9 +657,9 @@ void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& wh
   refused_[key] |= static_cast<uint8_t>(1u << tier_index(tier));
   stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
   log_once(LogLevel::kWarn, std::string("scheduler.refused.") + std::string(tier_name(tier)),
-           std::string("the ") + std::string(tier_name(tier)) + " tier refused block " +
-               to_string(key) + ": " + why.message() +
-               "; such blocks are dropped when nothing needs them, never sent there again");
+           std::string("the ") + std::string(tier_name(tier)) + " tier could not store block " +
+               to_string(key) + " (" + why.to_string() +
+               "); such blocks are dropped when nothing needs them, never sent there again");
   // The copies that would have gone down leave the tier above once nothing needs them.
   const Tier above = tier == Tier::kHost ? Tier::kHbm : Tier::kHost;
   if (!may_lose_last_copy(key, above)) {
@@ -857,51 +857,52 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
     reading_[key] += 1;
   }
   ops_.emplace(pk, std::make_unique<PageOp>());
-  links_.enqueue(
-      Link::kHostToNvme, prio, nvme_block_bytes(),
-      [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
-        auto on_done = [this, key, layers, pk, keep_host, finished](const Status& s) {
-          finished();
-          if (s.ok()) {
-            parts_.table->complete_fill(key, CopyId::nvme()).ignore();
-            stats_.demotions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
-          } else {
-            parts_.table->abort_fill(key, CopyId::nvme()).ignore();
-            if (s.code() != StatusCode::kInvalidArgument) {  // a refusal is said below
-              log_once(LogLevel::kWarn, "nvme-write-failed",
-                       "writing a block to nvme failed (the block stays in host memory): " +
-                           s.to_string());
-            }
-          }
-          if (!keep_host) {
-            for (uint32_t l = 0; l < layers; ++l) {
-              if (s.ok()) {
-                parts_.table->complete_drain(key, CopyId::host(l)).ignore();
-              } else {
-                parts_.table->cancel_drain(key, CopyId::host(l)).ignore();
-              }
-            }
-            draining_[tier_index(Tier::kHost)] -= layers;
-            if (s.ok()) {
-              stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers,
-                                                                  std::memory_order_relaxed);
-            }
-            for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, s);
-          } else if (--reading_[key] == 0) {
-            reading_.erase(key);
-          }
-          sync_membership(key, Tier::kNvme);
-          sync_membership(key, Tier::kHost);
-          finish_op(pk, s);
-          // The store refused the block (an fp8 store and a page with NaN or inf): it is never
-          // written again, and its host pages go when nothing needs them.
-          if (s.code() == StatusCode::kInvalidArgument) refused_by_tier(key, Tier::kNvme, s);
-          after_change(key);
-          serve_memory_waiters();  // the block read is a victim again
-        };
-        Status submitted = parts_.port->write_block(key, host_frames, on_done);
-        if (!submitted.ok()) on_done(submitted);
-      });
+  links_.enqueue(Link::kHostToNvme, prio, nvme_block_bytes(),
+                 [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
+                   auto on_done = [this, key, layers, pk, keep_host, finished](const Status& s) {
+                     finished();
+                     if (s.ok()) {
+                       parts_.table->complete_fill(key, CopyId::nvme()).ignore();
+                       stats_.demotions[tier_index(Tier::kNvme)].fetch_add(
+                           1, std::memory_order_relaxed);
+                     } else {
+                       parts_.table->abort_fill(key, CopyId::nvme()).ignore();
+                     }
+                     if (!keep_host) {
+                       for (uint32_t l = 0; l < layers; ++l) {
+                         if (s.ok()) {
+                           parts_.table->complete_drain(key, CopyId::host(l)).ignore();
+                         } else {
+                           parts_.table->cancel_drain(key, CopyId::host(l)).ignore();
+                         }
+                       }
+                       draining_[tier_index(Tier::kHost)] -= layers;
+                       if (s.ok()) {
+                         stats_.evictions[tier_index(Tier::kHost)].fetch_add(
+                             layers, std::memory_order_relaxed);
+                       }
+                       for (uint32_t l = 0; l < layers; ++l)
+                         finish_op(PageKey{key, l, Tier::kHost}, s);
+                     } else if (--reading_[key] == 0) {
+                       reading_.erase(key);
+                     }
+                     sync_membership(key, Tier::kNvme);
+                     sync_membership(key, Tier::kHost);
+                     finish_op(pk, s);
+                     // The store refused the block (an fp8 store and a page with NaN or inf) or
+                     // could not write it (an I/O error): it is not written again — a failing disk
+                     // would otherwise be hammered with the same block, at once when the failure
+                     // comes from the submit call — and its host pages go when nothing needs them,
+                     // as any victim's that cannot go down.
+                     if (!s.ok() && s.code() != StatusCode::kCancelled) {
+                       refused_by_tier(key, Tier::kNvme, s);
+                     }
+                     after_change(key);
+                     serve_memory_waiters();  // the block read is a victim again
+                   };
+                   Status submitted = parts_.port->write_block(key, host_frames, on_done);
+                   if (!submitted.ok()) on_done(submitted);
+                 });
   return true;
 }
 

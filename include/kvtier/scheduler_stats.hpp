@@ -44,8 +44,8 @@ struct SchedulerStats {
   Counter recompute_tokens{0};
   // Loads that failed (I/O error, checksum) and became misses.
   Counter failed_loads{0};
-  // HBM pages the host tier refused (an fp8 host and a page with NaN or inf): their blocks are
-  // dropped from HBM instead of demoted.
+  // Copies a slower tier could not store (an fp8 tier and a page with NaN or inf, or a failed
+  // NVMe write): their blocks are dropped instead of sent down again.
   Counter refused_demotions{0};
 
   Counter steps{0};

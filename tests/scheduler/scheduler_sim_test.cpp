@@ -317,6 +317,34 @@ TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
   expect_consistent(w);
 }
 
+// A disk that fails every write: each block is tried once, then leaves host memory by being
+// dropped (a cache may lose a block); it is not written again and again, and every step runs.
+TEST(SchedulerSim, AFailedWriteIsNotRetriedTheBlockIsDropped) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  w.port().fail_next(Link::kHostToNvme, 1000000);
+  std::set<BlockKey> blocks;
+  for (uint32_t p = 0; p < 8; ++p) {
+    const std::vector<BlockKey> keys = w.prompt(4, p + 1);
+    blocks.insert(keys.begin(), keys.end());
+    auto s = w.scheduler().open_sequence(keys);
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok()) << "prompt " << p;
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+    expect_consistent(w);
+  }
+  const SimLinkCounters& writes = w.port().counters(Link::kHostToNvme);
+  EXPECT_GT(writes.transfers, 0u);
+  EXPECT_LE(writes.transfers, blocks.size()) << "a block whose write failed was written again";
+  EXPECT_EQ(w.port().nvme_blocks(), 0u);
+  EXPECT_GT(w.scheduler().stats().evictions[tier_index(Tier::kHost)].load(), 0u);
+}
+
 TEST(SchedulerSim, MisuseIsReportedAndChangesNothing) {
   SimWorld w(SimSetup{});
   EXPECT_EQ(w.scheduler().close_sequence(99).code(), StatusCode::kNotFound);
