@@ -24,8 +24,11 @@
 // trusting the hardware prefetchers inside a page (0.30), or only each row's first 256 bytes to
 // start them (0.28); a second, just-in-time L1 prefetch of the next 4-token group and the next
 // head's V rows beside the L2 one (no gain, avx512_bf16 0.58-0.61 against 0.60-0.65); issuing
-// the next tile's lines during the K phase only (0.52 against 0.56). Two threads, measured only
-// while other work shared the memory (streaming read 45 GiB/s): 36.2 against 28.0-28.5 GiB/s.
+// the next tile's lines during the K phase only (0.52 against 0.56); two tiles of lead (the tile
+// after next streamed into L2, the next drained up front: 0.58-0.59 against 0.56-0.57 on one core,
+// 0.77 both on two, within noise). Two threads: 36.2 against 28.0-28.5 GiB/s for the head-by-head
+// kernel while other work shared the memory (streaming read 45 GiB/s); on a quiet machine (76
+// GiB/s) 43.5 GiB/s, 0.56-0.57.
 // Earlier, when the walk went head by head with one step of L1 prefetch, rejected: widening each
 // tile to an f32 scratch first (one compute path for every dtype, but an extra store and reload of
 // every element, with the misses exposed in the conversion loop), and prefetching a whole tile of
