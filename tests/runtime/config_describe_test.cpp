@@ -43,6 +43,20 @@ TEST(Describe, ReflectsWhatChanged) {
   EXPECT_THAT(d, HasSubstr("numa 1,"));
 }
 
+TEST(Describe, SaysHowEachTierBelowHbmHoldsPages) {
+  Config c;
+  std::string d = describe_config(c);
+  EXPECT_THAT(d, HasSubstr("pages held as bf16\n"));
+  EXPECT_THAT(d, HasSubstr("pages stored as bf16\n"));
+  c.tiers.host.kv_dtype = TierKvDtype::kFp8E4M3;
+  c.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  d = describe_config(c);
+  EXPECT_THAT(d, HasSubstr("pages held as fp8_e4m3\n"));
+  EXPECT_THAT(d, HasSubstr("pages stored as fp8_e4m3\n"));
+  // 4 GiB of 36 KiB frames (a 32 KiB fp8 page and its scales, 4 KiB aligned) instead of 64 KiB.
+  EXPECT_THAT(d, HasSubstr("116508 frames of 36 KiB"));
+}
+
 TEST(Describe, ListsEveryNvmePath) {
   Config c;
   c.tiers.nvme.paths = {"/mnt/a.kvs", "/mnt/b.kvs"};
