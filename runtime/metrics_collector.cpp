@@ -135,6 +135,10 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_single(out, "kvtier_failed_loads_total",
              "Loads that failed (I/O error, checksum) and became misses", kCounter,
              read(s.failed_loads));
+  add_single(out, "kvtier_refused_demotions_total",
+             "Copies a slower tier could not store (fp8 cannot encode NaN or inf, or an NVMe write "
+             "failed); their blocks are dropped instead of sent down again",
+             kCounter, read(s.refused_demotions));
   add_single(out, "kvtier_steps_total", "Engine steps (begin_step calls)", kCounter, read(s.steps));
   add_single(out, "kvtier_windowed_steps_total",
              "Steps that did not fit in HBM at once and ran layer by layer", kCounter,

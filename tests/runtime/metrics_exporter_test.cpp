@@ -136,7 +136,8 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_checksum_failures_total",
                            "kvtier_recompute_tokens_total",
                            "kvtier_deadline_misses_total",
-                           "kvtier_failed_loads_total"}) {
+                           "kvtier_failed_loads_total",
+                           "kvtier_refused_demotions_total"}) {
     EXPECT_THAT(names, Contains(want));
   }
   // Hit rates are derived from counters, never exported as a ratio.

@@ -343,6 +343,7 @@ TEST(SchedulerSim, AFailedWriteIsNotRetriedTheBlockIsDropped) {
   EXPECT_LE(writes.transfers, blocks.size()) << "a block whose write failed was written again";
   EXPECT_EQ(w.port().nvme_blocks(), 0u);
   EXPECT_GT(w.scheduler().stats().evictions[tier_index(Tier::kHost)].load(), 0u);
+  EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), writes.transfers);
 }
 
 TEST(SchedulerSim, MisuseIsReportedAndChangesNothing) {
