@@ -241,6 +241,20 @@ TEST_F(KVTIER_E2E_SUITE, Fp8ReusedPrefixesMoveTheFirstTokenLogitsLittle) {
   EXPECT_GE(same_top * 10, compared * 8);
 }
 
+// Nothing cached was recomputed: each prompt was prefilled only past its last full cached block.
+void expect_every_cached_block_reused(const std::vector<Request>& requests, const RunResult& r) {
+  ASSERT_EQ(r.outputs.size(), requests.size());
+  uint64_t expected_prefill = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const uint64_t len = requests[i].prompt.size();
+    const uint64_t cached = (len - 1) / kPageTokens * kPageTokens;
+    EXPECT_EQ(r.outputs[i].reused_tokens, cached) << "request " << requests[i].id;
+    EXPECT_EQ(r.outputs[i].prefilled_tokens, len - cached) << "request " << requests[i].id;
+    expected_prefill += len - cached;
+  }
+  EXPECT_EQ(r.engine.prefilled_tokens, expected_prefill);
+}
+
 TEST_F(KVTIER_E2E_SUITE, AfterARestartPromptsComeFromNvmeNotRecomputed) {
   ScratchDir dir("e2e-restart");
   const Config config = engine_config(dir.path(), small_tiers());
@@ -271,16 +285,7 @@ TEST_F(KVTIER_E2E_SUITE, AfterARestartPromptsComeFromNvmeNotRecomputed) {
   expect_identical(*reference_, r.outputs, "after a restart on the same store");
   ASSERT_EQ(r.outputs.size(), requests.size());
 
-  // Nothing cached was recomputed: each prompt was prefilled only past its last full cached block.
-  uint64_t expected_prefill = 0;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    const uint64_t len = requests[i].prompt.size();
-    const uint64_t cached = (len - 1) / kPageTokens * kPageTokens;
-    EXPECT_EQ(r.outputs[i].reused_tokens, cached) << "request " << requests[i].id;
-    EXPECT_EQ(r.outputs[i].prefilled_tokens, len - cached) << "request " << requests[i].id;
-    expected_prefill += len - cached;
-  }
-  EXPECT_EQ(r.engine.prefilled_tokens, expected_prefill);
+  expect_every_cached_block_reused(requests, r);
   EXPECT_LT(r.engine.prefilled_tokens, first_prefilled);
   EXPECT_EQ(r.engine.recomputed_tokens, 0u);
   EXPECT_EQ(r.runtime.recompute_tokens, 0u);
@@ -288,6 +293,34 @@ TEST_F(KVTIER_E2E_SUITE, AfterARestartPromptsComeFromNvmeNotRecomputed) {
   EXPECT_EQ(r.outputs[0].reused_by_tier[tier_index(Tier::kNvme)] * uint64_t{kPageTokens},
             r.outputs[0].reused_tokens);
   EXPECT_GE(r.runtime.hit_tokens[tier_index(Tier::kNvme)], 96u);
+  EXPECT_EQ(r.runtime.failed_loads, 0u);
+  EXPECT_EQ(r.runtime.checksum_failures, 0u);
+  ASSERT_TRUE(rt->shutdown().ok());
+}
+
+// The same restart with the host tier and NVMe in fp8: shutdown persists the cached blocks as
+// fp8 pages, the reopened store (same format) recovers them, and every prompt is served from
+// them without recomputing what is cached (outputs are not compared: fp8 is lossy; the first-token
+// logits test measures what that costs).
+TEST_F(KVTIER_E2E_SUITE, AfterARestartFp8BlocksAreRecoveredAndReused) {
+  ScratchDir dir("e2e-restart-fp8");
+  Config config = engine_config(dir.path(), small_tiers());
+  config.tiers.host.kv_dtype = TierKvDtype::kFp8E4M3;
+  config.tiers.nvme.kv_dtype = TierKvDtype::kFp8E4M3;
+  const std::vector<Request> requests = workload(kScale);
+  {
+    auto rt = open_runtime(config);
+    ASSERT_NE(rt, nullptr);
+    run_engine(*rt, requests);
+    ASSERT_TRUE(rt->shutdown().ok());
+  }
+  auto rt = open_runtime(config);
+  ASSERT_NE(rt, nullptr);
+  EXPECT_GT(rt->stats().nvme_recovered_blocks, 0u);
+  const RunResult r = run_engine(*rt, requests);
+  expect_every_cached_block_reused(requests, r);
+  EXPECT_EQ(r.outputs[0].reused_by_tier[tier_index(Tier::kNvme)] * uint64_t{kPageTokens},
+            r.outputs[0].reused_tokens);
   EXPECT_EQ(r.runtime.failed_loads, 0u);
   EXPECT_EQ(r.runtime.checksum_failures, 0u);
   ASSERT_TRUE(rt->shutdown().ok());
