@@ -336,7 +336,7 @@ class IoCommand final : public Command {
     std::shuffle(perm.begin(), perm.end(), std::mt19937(42));
     const std::size_t bytes = std::size_t{pages} * g.page_bytes();
     std::vector<std::byte> a(bytes, std::byte{3}), b(bytes, std::byte{4});
-    std::vector<double> kc, mc;
+    std::vector<double> kc, kd, kh, mc;
     for (uint64_t r = 0; r < o_.runs + 1; ++r) {  // the first round warms caches and is dropped
       auto d2h = engine_copy_pass(**engine, CopyDirection::kHbmToHost, pages, g.layers, perm,
                                   g.page_bytes());
@@ -349,11 +349,13 @@ class IoCommand final : public Command {
       const double m = static_cast<double>(bytes) / kGiB / (now_s() - t0);
       if (r == 0) continue;
       kc.push_back((*d2h + *h2d) / 2);
+      kd.push_back(*d2h);
+      kh.push_back(*h2d);
       mc.push_back(m);
     }
 
     const std::optional<double> kwm = median(kw), krm = median(kr), kcm = median(kc),
-                                mcm = median(mc);
+                                kdm = median(kd), khm = median(kh), mcm = median(mc);
     const std::optional<double> fwm = fio ? std::optional<double>(median(fw)) : std::nullopt;
     const std::optional<double> frm = fio ? std::optional<double>(median(fr)) : std::nullopt;
     if (o_.json) {
@@ -364,6 +366,8 @@ class IoCommand final : public Command {
               << ", \"fio_mib_s\": " << json_number(fwm)
               << ", \"ratio\": " << json_number(ratio(kwm, fwm))
               << "}, \"copy\": {\"kvtier_gib_s\": " << json_number(kcm)
+              << ", \"hbm_to_host_gib_s\": " << json_number(kdm)
+              << ", \"host_to_hbm_gib_s\": " << json_number(khm)
               << ", \"memcpy_gib_s\": " << json_number(mcm)
               << ", \"ratio\": " << json_number(ratio(kcm, mcm)) << "}, \"block_bytes\": " << block
               << ", \"queue_depth\": " << qd << ", \"file_bytes\": " << blocks * block
@@ -405,7 +409,13 @@ class IoCommand final : public Command {
             << std::left << std::setw(22) << "copy (GiB/s)" << std::right << std::setw(14)
             << cell(kcm) << std::setw(14) << cell(mcm) << std::setw(10) << rcell(ratio(kcm, mcm))
             << "   baseline: memcpy; host pool (" << dtype_name(host_format.stored_dtype)
-            << ") <-> emulated HBM, " << g.layers << " scattered pages per transfer\n";
+            << ") <-> emulated HBM, " << g.layers << " scattered pages per transfer\n"
+            << std::left << std::setw(22) << "  hbm->host" << std::right << std::setw(14)
+            << cell(kdm) << std::setw(14) << cell(mcm) << std::setw(10) << rcell(ratio(kdm, mcm))
+            << "\n"
+            << std::left << std::setw(22) << "  host->hbm" << std::right << std::setw(14)
+            << cell(khm) << std::setw(14) << cell(mcm) << std::setw(10) << rcell(ratio(khm, mcm))
+            << "\n";
     return kExitOk;
   }
 
