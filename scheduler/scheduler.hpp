@@ -249,6 +249,7 @@ class Scheduler {
   // that could not go down (HBM pages for the host, host pages for NVMe) when nothing needs them.
   void refused_by_tier(const BlockKey& key, Tier tier, const Status& why);
   bool refused(const BlockKey& key, Tier tier) const {
+    if (refused_.empty()) return false;  // the common case: asked per room-making candidate
     auto it = refused_.find(key);
     return it != refused_.end() && (it->second & (1u << tier_index(tier))) != 0;
   }

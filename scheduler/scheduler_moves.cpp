@@ -176,6 +176,10 @@ bool Scheduler::host_pages_stuck(const BlockKey& key) const {
   // of their layer, and that can be neither written to NVMe whole nor staged there, frees nothing
   // now. Skipping it up front keeps room-making from planning (and re-planning) around it, which
   // costs a round per such block ahead of the first one that can go.
+  // What execute_move may do with it besides dropping: write it whole to NVMe, or stage its HBM
+  // pages down first (neither toward a tier that refused it). Looked up outside the shard lock.
+  const bool nvme_open = parts_.nvme != nullptr && !refused(key, Tier::kNvme);
+  const bool host_open = !refused(key, Tier::kHost);
   bool stuck = false;
   Status s = parts_.table->visit(key, [&](const EntryView& v) {
     if (v.refcount() == 0 || v.state(CopyId::nvme()) == CopyState::kReady) return;
@@ -194,10 +198,9 @@ bool Scheduler::host_pages_stuck(const BlockKey& key) const {
     }
     // Nothing ready here (the placement passes it by anyway), or no last copy: all droppable.
     if (!any_host || all_safe) return;
-    const bool to_nvme = parts_.nvme != nullptr && v.state(CopyId::nvme()) == CopyState::kAbsent &&
-                         !refused(key, Tier::kNvme);
+    const bool to_nvme = nvme_open && v.state(CopyId::nvme()) == CopyState::kAbsent;
     if (to_nvme) {
-      stuck = !all_host && !stageable;  // written whole, or staged; else nothing moves
+      stuck = !all_host && !(stageable && host_open);  // written whole, or staged; else stays
     } else {
       stuck = !any_safe;  // only pages with an HBM copy may be dropped
     }
