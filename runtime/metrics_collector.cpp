@@ -114,7 +114,9 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_per_tier(out, "kvtier_evictions_total",
                "Copies given up to make room, by tier (pages in hbm and host, blocks in nvme)",
                s.evictions);
-  add_single(out, "kvtier_prefetches_total", "Prefetches issued", kCounter, read(s.prefetches));
+  add_single(out, "kvtier_prefetches_total",
+             "Prefetches into HBM, counted as they arrive or as a step needs them in flight",
+             kCounter, read(s.prefetches));
   add_single(out, "kvtier_late_prefetches_total",
              "Prefetches still in flight when a step needed them", kCounter,
              read(s.late_prefetches));

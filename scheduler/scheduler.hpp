@@ -211,6 +211,8 @@ class Scheduler {
   void ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPriority prio,
                      std::function<void(uint32_t frame)> on_filling, Done done);
   void ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio, Done done);
+  // A demand joins an HBM load issued as a prefetch; see the definition for how it is counted.
+  void demand_prefetched(PageOp& op);
   // The second half of an HBM load: host copy first, then an HBM frame and the copy up.
   void load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
   // With an HBM frame held for (key, layer): copy the host copy up, fetching it again first if it

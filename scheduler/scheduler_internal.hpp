@@ -66,6 +66,7 @@ struct Scheduler::Step {
 struct Scheduler::PageOp {
   JobId job = 0;
   bool prefetch = false;
+  Nanos issued = 0;  // loop time the op was created (HBM prefetches are counted by it)
   bool drain = false;
   std::optional<uint32_t> frame;
   std::vector<Done> waiters;

@@ -31,7 +31,10 @@ struct SchedulerStats {
   // Copies given up to make room (pages for HBM/host, blocks for NVMe), per tier.
   std::array<Counter, kNumTiers> evictions{};
 
-  // Prefetches that were still in flight when a step needed them.
+  // Loads into HBM issued ahead of a step (from hints, at open_sequence, for the next layers),
+  // counted as they resolve: arrived first (or failed, or never needed), or still in flight when
+  // a step needed them (also late_prefetches). A load a step joins at the instant it was issued
+  // had no lead and counts as neither (Scheduler::demand_prefetched).
   Counter late_prefetches{0};
   Counter prefetches{0};
   // Time engine threads spent waiting on a layer that was not ready, in nanoseconds.

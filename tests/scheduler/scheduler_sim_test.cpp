@@ -235,6 +235,79 @@ TEST(SchedulerSim, PrefetchHidesTransfersWhenLinksAreTwiceTheDemand) {
   expect_consistent(w);
 }
 
+// Prefetches are counted by their lead: one a step joins while it is still in flight is late, one
+// that arrived first is on time, and a load a step joins at the instant it was issued (a sequence
+// opened and stepped at once: open_sequence prefetches the reused prefix, begin_step demands it)
+// had no lead to lose and is neither. Before, those last ones were all counted late, which made
+// "prefetch on time" fall whenever more prompts started from host memory.
+TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
+  SimSetup setup;
+  setup.hbm_frames = 64;  // 16 blocks of 4 layers, kept half free by its watermarks, so
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.5, 0.6};  // prefetches fit in HBM
+  setup.host_frames = 256;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  // Three prompts computed, then two more that push them down to host memory.
+  std::vector<std::vector<BlockKey>> prompts;
+  for (uint32_t p = 0; p < 5; ++p) {
+    prompts.push_back(w.prompt(4, p + 1));
+    auto s = w.scheduler().open_sequence(prompts.back());
+    ASSERT_TRUE(s.ok());
+    const StepItem prefill{s->id, 4 * 16};
+    ASSERT_TRUE(w.run_step(std::span(&prefill, 1), 5 * kNanosPerMicro).status.ok());
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+  }
+  prompts.resize(3);
+  for (const auto& keys : prompts) {
+    const MatchResult m = w.scheduler().match(keys);
+    ASSERT_EQ(m.blocks, 4u);
+    ASSERT_EQ(m.by_tier[tier_index(Tier::kHost)], 4u) << "the prompt must start from host memory";
+  }
+  const SchedulerStats& st = w.scheduler().stats();
+  const uint32_t pages = 4 * setup.geometry.layers;
+  const auto serve = [&](const std::vector<BlockKey>& keys) {
+    auto s = w.scheduler().open_sequence(keys);
+    ASSERT_TRUE(s.ok());
+    const StepItem decode{s->id, 1};
+    auto r = w.run_step(std::span(&decode, 1), 5 * kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+  };
+
+  // Opened and stepped at once: demand loads, neither prefetches nor late.
+  uint64_t prefetches = st.prefetches.load();
+  uint64_t late = st.late_prefetches.load();
+  const uint64_t promoted = st.promotions[tier_index(Tier::kHbm)].load();
+  serve(prompts[0]);
+  EXPECT_EQ(st.promotions[tier_index(Tier::kHbm)].load() - promoted, pages);
+  EXPECT_EQ(st.prefetches.load() - prefetches, 0u);
+  EXPECT_EQ(st.late_prefetches.load() - late, 0u);
+
+  // Hinted, then stepped 1 us later, before any load arrived (each takes the link's 2 us
+  // latency): every one is a late prefetch.
+  prefetches = st.prefetches.load();
+  late = st.late_prefetches.load();
+  const HintedRequest soon{1, 0, prompts[1]};
+  ASSERT_TRUE(w.scheduler().hint(std::span(&soon, 1)).ok());
+  w.loop().run_until(w.loop().now() + kNanosPerMicro);
+  serve(prompts[1]);
+  EXPECT_EQ(st.prefetches.load() - prefetches, pages);
+  EXPECT_EQ(st.late_prefetches.load() - late, pages);
+
+  // Hinted, and stepped once every load has arrived: on time.
+  prefetches = st.prefetches.load();
+  late = st.late_prefetches.load();
+  const HintedRequest ahead{2, 0, prompts[2]};
+  ASSERT_TRUE(w.scheduler().hint(std::span(&ahead, 1)).ok());
+  w.settle();
+  serve(prompts[2]);
+  EXPECT_EQ(st.prefetches.load() - prefetches, pages);
+  EXPECT_EQ(st.late_prefetches.load() - late, 0u);
+  expect_consistent(w);
+}
+
 TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
   SimSetup setup;
   setup.hbm_frames = 16;
