@@ -68,6 +68,8 @@ Result<std::vector<RunSpec>> parse_policies(const std::string& text) {
       s.kind = RunKind::kReferenceLru;
     } else if (item == "opt") {
       s.kind = RunKind::kBelady;
+    } else if (item == "count_oracle") {
+      s.kind = RunKind::kCountOracle;
     } else {
       bool found = false;
       for (EvictionPolicy p : kAllPolicies) {
@@ -78,7 +80,8 @@ Result<std::vector<RunSpec>> parse_policies(const std::string& text) {
       }
       if (!found) {
         return invalid_argument("--policies: unknown policy \"" + item +
-                                "\" (lru, lfu, s3fifo, prefix_aware, lookahead, ref_lru, opt)");
+                                "\" (lru, lfu, s3fifo, prefix_aware, lookahead, ref_lru, opt, "
+                                "count_oracle)");
       }
     }
     out.push_back(s);
@@ -126,7 +129,8 @@ class ReplayCommand final : public Command {
     return "Replays a JSONL request trace (timestamp, input_length, output_length, 512-token\n"
            "hash_ids) through the page table and the eviction policies, metadata only, and\n"
            "reports the token hit rate per policy and capacity, overall and per tier, next to\n"
-           "plain LRU (ref_lru) and offline Belady (opt). --capacities sweeps one tier;\n"
+           "plain LRU (ref_lru), offline Belady (opt) and count_oracle (knows how often each\n"
+           "block comes back, not when, and the queue). --capacities sweeps one tier;\n"
            "without it the configuration's tier capacities are used. --lookahead N lets the\n"
            "policies see the keys of the next N requests (the engine's waiting queue).";
   }
@@ -135,7 +139,8 @@ class ReplayCommand final : public Command {
     p.add_string("capacities", "LIST", "single-tier sweep, tokens (e.g. 1e6,3e6)", &capacities_);
     p.add_uint("lookahead", "N", "requests visible ahead to the policies (default 0)", &lookahead_);
     p.add_string("policies", "LIST",
-                 "subset of lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt (default all)",
+                 "subset of lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt,count_oracle "
+                 "(default all)",
                  &policies_);
     p.add_uint("block-tokens", "N", "tokens per replay block (default model.page_tokens)",
                &block_tokens_);
@@ -347,7 +352,7 @@ class ReplayCommand final : public Command {
   std::vector<std::string> positionals_;
   std::string capacities_;
   uint64_t lookahead_ = 0;
-  std::string policies_ = "lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt";
+  std::string policies_ = "lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt,count_oracle";
   uint64_t block_tokens_ = 0;
   uint64_t threads_ = 0;
   bool json_ = false;

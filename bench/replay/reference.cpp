@@ -1,7 +1,9 @@
 #include "bench/replay/reference.hpp"
 
+#include <functional>
 #include <limits>
 #include <queue>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -103,6 +105,92 @@ uint64_t belady_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks) {
       cached[x] = 1;
       current[x] = nu;
       heap.emplace(nu, x);
+      ++size;
+    }
+  }
+  return hits;
+}
+
+uint64_t count_oracle_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks,
+                                 uint32_t lookahead) {
+  constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  const std::size_t accesses = w.dense.size();
+  // Per access j: the request of the block's next access, and how many accesses follow it.
+  std::vector<uint64_t> next_request(accesses);
+  std::vector<uint32_t> left(accesses);
+  {
+    std::vector<uint64_t> last_request(w.unique_blocks, kNever);
+    std::vector<uint32_t> later(w.unique_blocks, 0);
+    for (std::size_t r = w.requests(); r-- > 0;) {
+      for (std::size_t j = w.offsets[r + 1]; j-- > w.offsets[r];) {
+        const uint32_t x = w.dense[j];
+        next_request[j] = last_request[x];
+        left[j] = later[x];
+        last_request[x] = r;
+        ++later[x];
+      }
+    }
+  }
+  // Lowest goes first: (queued, then -next request | references left, last access, -depth).
+  using Rank = std::tuple<bool, int64_t, uint64_t, int64_t>;
+  struct Block {
+    Rank rank;
+    uint64_t next_request = kNever;
+    int64_t depth = 0;  // in the request that last read it
+    bool cached = false;
+  };
+  std::vector<Block> blocks(w.unique_blocks);
+  using Entry = std::pair<Rank, uint32_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;  // stale when rank moved
+  const auto queued_rank = [](uint64_t next, int64_t depth) {
+    return Rank{true, -static_cast<int64_t>(next), 0, -depth};
+  };
+  uint64_t size = 0, hits = 0;
+  for (std::size_t r = 0; r < w.requests(); ++r) {
+    // Request r + lookahead joins the queue: the cached blocks it reads rank as queued.
+    if (lookahead > 0 && r + lookahead < w.requests()) {
+      const std::size_t q = r + lookahead;
+      for (std::size_t j = w.offsets[q]; j < w.offsets[q + 1]; ++j) {
+        Block& b = blocks[w.dense[j]];
+        if (!b.cached || b.next_request != q || std::get<0>(b.rank)) continue;
+        b.rank = queued_rank(q, b.depth);
+        heap.emplace(b.rank, w.dense[j]);
+      }
+    }
+    const auto ids = w.request_dense(r);
+    uint64_t k = 0;
+    while (k < ids.size() && blocks[ids[k]].cached) ++k;
+    hits += w.hit_tokens(r, k);
+    bool admitting = capacity_blocks > 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const uint32_t x = ids[i];
+      const std::size_t j = w.offsets[r] + i;
+      Block& b = blocks[x];
+      const uint64_t next = next_request[j];
+      const auto depth = static_cast<int64_t>(i);
+      const Rank rank = next != kNever && next <= r + lookahead ? queued_rank(next, depth)
+                                                                : Rank{false, left[j], j, -depth};
+      if (b.cached) {
+        b = Block{rank, next, depth, true};
+        heap.emplace(rank, x);
+        continue;
+      }
+      if (!admitting) continue;
+      if (size >= capacity_blocks) {
+        while (!blocks[heap.top().second].cached ||
+               blocks[heap.top().second].rank != heap.top().first) {
+          heap.pop();
+        }
+        if (!(heap.top().first < rank)) {
+          admitting = false;  // worth less than every cached block: neither it nor its chain
+          continue;
+        }
+        blocks[heap.top().second].cached = false;
+        heap.pop();
+        --size;
+      }
+      b = Block{rank, next, depth, true};
+      heap.emplace(rank, x);
       ++size;
     }
   }

@@ -7,8 +7,18 @@
 //   opt      Belady's policy on the same model, computed offline: when a block must enter a full
 //            cache, the block whose next use is furthest away leaves — the newcomer included, so a
 //            block that is not used again before every cached one is not kept (bypass).
-// Both return hit tokens (capped per request at its input_length). Single-threaded, O(accesses)
-// for LRU and O(accesses log capacity) for OPT.
+//   count_oracle  what knowing HOW OFTEN a block comes back buys, without knowing WHEN: each
+//   block's
+//            number of references left in the trace is known, and so are the next `lookahead`
+//            requests (the queue, exactly). A block read by a request in the queue is kept before
+//            any other (the one read last goes first among those); the rest rank by references
+//            left, then by recency, deeper blocks of a chain first; a newcomer ranking below
+//            every cached block is not kept, nor the rest of its chain. It is what a policy would
+//            do that knew every block's reuse rate exactly (on a trace whose reuses are close to a
+//            Poisson process per prefix, the best an online policy can aim for), so its gap to
+//            opt is the part of opt's advantage that lies in timing alone.
+// All return hit tokens (capped per request at its input_length). Single-threaded, O(accesses)
+// for LRU and O(accesses log capacity) for the others.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +29,7 @@ namespace kvtier::replay {
 
 uint64_t reference_lru_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks);
 uint64_t belady_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks);
+uint64_t count_oracle_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks,
+                                 uint32_t lookahead);
 
 }  // namespace kvtier::replay

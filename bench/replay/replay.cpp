@@ -19,6 +19,7 @@ std::string RunSpec::policy_name() const {
   switch (kind) {
     case RunKind::kReferenceLru: return "ref_lru";
     case RunKind::kBelady: return "opt";
+    case RunKind::kCountOracle: return "count_oracle";
     case RunKind::kPolicy: break;
   }
   return std::string(eviction_policy_name(eviction));
@@ -304,9 +305,16 @@ Result<RunResult> run_replay(const ReplayWorkload& workload, const RunSpec& spec
       blocks += c;
       tiers += c > 0 ? 1 : 0;
     }
-    result.hit_tokens = spec.kind == RunKind::kReferenceLru
-                            ? reference_lru_hit_tokens(workload, blocks)
-                            : belady_hit_tokens(workload, blocks);
+    switch (spec.kind) {
+      case RunKind::kReferenceLru:
+        result.hit_tokens = reference_lru_hit_tokens(workload, blocks);
+        break;
+      case RunKind::kBelady: result.hit_tokens = belady_hit_tokens(workload, blocks); break;
+      case RunKind::kCountOracle:
+        result.hit_tokens = count_oracle_hit_tokens(workload, blocks, options.lookahead);
+        break;
+      case RunKind::kPolicy: break;
+    }
     result.by_tier = tiers <= 1 && spec.capacity_blocks[ti(Tier::kNvme)] == 0 &&
                      spec.capacity_blocks[ti(Tier::kHost)] == 0;
     if (result.by_tier) result.hit_tokens_by_tier[ti(Tier::kHbm)] = result.hit_tokens;

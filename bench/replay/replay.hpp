@@ -37,7 +37,7 @@
 
 namespace kvtier::replay {
 
-enum class RunKind : uint8_t { kPolicy, kReferenceLru, kBelady };
+enum class RunKind : uint8_t { kPolicy, kReferenceLru, kBelady, kCountOracle };
 
 struct RunSpec {
   RunKind kind = RunKind::kPolicy;

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "bench/replay/reference.hpp"
@@ -172,6 +173,71 @@ uint64_t naive_belady(const ReplayWorkload& w, uint64_t cap) {
   return hits;
 }
 
+// count_oracle by its definition, every rank computed afresh at every decision from a scan of the
+// trace: queued (read by one of the next `lookahead` requests: the one read last goes first),
+// else fewest references left, then least recent, deeper first.
+uint64_t naive_count_oracle(const ReplayWorkload& w, uint64_t cap, uint32_t lookahead) {
+  struct Seen {
+    std::size_t last = 0;  // position of the last access
+    int64_t depth = 0;
+  };
+  std::map<uint32_t, Seen> c;
+  const auto request_of = [&](std::size_t j) {
+    std::size_t r = 0;
+    while (w.offsets[r + 1] <= j) ++r;
+    return r;
+  };
+  using Rank = std::tuple<bool, int64_t, uint64_t, int64_t>;
+  const auto rank = [&](uint32_t x, std::size_t last, int64_t depth, std::size_t now_request) {
+    int64_t later = 0;
+    std::size_t next = 0;
+    for (std::size_t j = last + 1; j < w.dense.size(); ++j) {
+      if (w.dense[j] != x) continue;
+      if (later++ == 0) next = request_of(j);
+    }
+    if (later > 0 && next <= now_request + lookahead) {
+      return Rank{true, -static_cast<int64_t>(next), 0, -depth};
+    }
+    return Rank{false, later, last, -depth};
+  };
+  uint64_t hits = 0;
+  for (std::size_t r = 0; r < w.requests(); ++r) {
+    const auto ids = w.request_dense(r);
+    std::size_t k = 0;
+    while (k < ids.size() && c.count(ids[k])) ++k;
+    hits += w.hit_tokens(r, k);
+    bool admitting = cap > 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const uint32_t x = ids[i];
+      const std::size_t j = w.offsets[r] + i;
+      const auto depth = static_cast<int64_t>(i);
+      if (c.count(x)) {
+        c[x] = Seen{j, depth};
+        continue;
+      }
+      if (!admitting) continue;
+      if (c.size() >= cap) {
+        auto victim = c.begin();
+        Rank lowest = rank(victim->first, victim->second.last, victim->second.depth, r);
+        for (auto it = c.begin(); it != c.end(); ++it) {
+          const Rank y = rank(it->first, it->second.last, it->second.depth, r);
+          if (y < lowest) {
+            lowest = y;
+            victim = it;
+          }
+        }
+        if (!(lowest < rank(x, j, depth, r))) {
+          admitting = false;
+          continue;
+        }
+        c.erase(victim);
+      }
+      c[x] = Seen{j, depth};
+    }
+  }
+  return hits;
+}
+
 TEST(Replay, ReferencesMatchNaiveVersionsOnRandomTraces) {
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
@@ -197,6 +263,36 @@ TEST(Replay, ReferencesMatchNaiveVersionsOnRandomTraces) {
       // hits, so the totals must agree even where the evicted block differs.
       EXPECT_EQ(belady_hit_tokens(*w, cap), naive_belady(*w, cap)) << trial << " " << cap;
       EXPECT_LE(reference_lru_hit_tokens(*w, cap), naive_belady(*w, cap) + 0);
+    }
+  }
+}
+
+// Longer chains than above, so that a newcomer refused in the middle of a request stops the rest
+// of its chain from being kept.
+TEST(Replay, CountOracleMatchesItsNaiveVersionOnRandomTraces) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    Trace t;
+    t.source = "random";
+    std::vector<std::vector<uint64_t>> convs(4);
+    uint64_t next = 0;
+    for (int i = 0; i < 30; ++i) {
+      auto& c = convs[rng() % convs.size()];
+      if (rng() % 3 == 0) c.resize(rng() % (c.size() + 1));
+      for (uint64_t n = 1 + rng() % 3; n > 0; --n) c.push_back(next++);
+      TraceRequest q;
+      q.hash_ids = c;
+      q.input_length = c.size() * 512 - rng() % 300;
+      t.requests.push_back(q);
+    }
+    auto w = build_workload(t, 512);
+    ASSERT_TRUE(w.ok());
+    for (uint64_t cap : {0, 1, 3, 6, 10}) {
+      for (uint32_t lookahead : {0u, 1u, 4u}) {
+        EXPECT_EQ(count_oracle_hit_tokens(*w, cap, lookahead),
+                  naive_count_oracle(*w, cap, lookahead))
+            << trial << " " << cap << " " << lookahead;
+      }
     }
   }
 }
@@ -369,7 +465,7 @@ TEST(ReplayCli, JsonShape) {
     EXPECT_NE(entry.find("\"host\": "), std::string::npos) << entry;
     EXPECT_NE(entry.find("\"nvme\": "), std::string::npos) << entry;
   }
-  EXPECT_EQ(entries, 2u * 7u);  // 2 capacities x (5 policies + ref_lru + opt)
+  EXPECT_EQ(entries, 2u * 8u);  // 2 capacities x (5 policies + ref_lru + opt + count_oracle)
   // The hand-computed LRU figure at 2 blocks: 1024 / 3824.
   EXPECT_NE(out.find("{\"policy\": \"ref_lru\", \"capacity_tokens\": 1024, \"hit_rate\": 0.267782"),
             std::string::npos)
