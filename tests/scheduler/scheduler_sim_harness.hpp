@@ -135,6 +135,20 @@ class SimWorld {
     return r;
   }
 
+  // Opens a sequence over `keys`, computes (or reuses) them in one step and closes it.
+  Status prefill_and_close(std::span<const BlockKey> keys, Nanos compute_per_layer) {
+    auto s = scheduler().open_sequence(keys);
+    if (!s.ok()) return s.status();
+    const StepItem prefill{s->id, static_cast<uint32_t>(keys.size()) * setup_.geometry.page_tokens};
+    Status step = run_step(std::span(&prefill, 1), compute_per_layer).status;
+    Status closed = scheduler().close_sequence(s->id);
+    if (!step.ok()) {
+      closed.ignore();
+      return step;
+    }
+    return closed;
+  }
+
   // Runs the loop until no transfer is pending.
   void settle() { loop().run_until_idle(); }
 

@@ -251,11 +251,7 @@ TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
   std::vector<std::vector<BlockKey>> prompts;
   for (uint32_t p = 0; p < 5; ++p) {
     prompts.push_back(w.prompt(4, p + 1));
-    auto s = w.scheduler().open_sequence(prompts.back());
-    ASSERT_TRUE(s.ok());
-    const StepItem prefill{s->id, 4 * 16};
-    ASSERT_TRUE(w.run_step(std::span(&prefill, 1), 5 * kNanosPerMicro).status.ok());
-    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    ASSERT_TRUE(w.prefill_and_close(prompts.back(), 5 * kNanosPerMicro).ok());
     w.settle();
   }
   prompts.resize(3);
@@ -319,11 +315,7 @@ TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
   std::vector<std::vector<BlockKey>> prompts;
   for (uint32_t p = 0; p < 8; ++p) {
     prompts.push_back(w.prompt(4, p + 1));
-    auto s = w.scheduler().open_sequence(prompts.back());
-    ASSERT_TRUE(s.ok());
-    const StepItem item{s->id, 4 * 16};
-    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok());
-    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    ASSERT_TRUE(w.prefill_and_close(prompts.back(), kNanosPerMicro).ok());
     w.settle();
   }
   const MatchResult m = w.scheduler().match(prompts[0]);
@@ -366,11 +358,7 @@ TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
   std::vector<std::vector<BlockKey>> prompts;
   for (uint32_t p = 0; p < 8; ++p) {
     prompts.push_back(w.prompt(4, p + 1));
-    auto s = w.scheduler().open_sequence(prompts.back());
-    ASSERT_TRUE(s.ok());
-    const StepItem item{s->id, 4 * 16};
-    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok());
-    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    ASSERT_TRUE(w.prefill_and_close(prompts.back(), kNanosPerMicro).ok());
     w.settle();
   }
   ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);

@@ -238,23 +238,34 @@ uint64_t naive_count_oracle(const ReplayWorkload& w, uint64_t cap, uint32_t look
   return hits;
 }
 
+// `requests` prompts over `conversations` chains of trace ids: before each, `grow(chain, next)`
+// changes a random chain (cuts it, appends new ids from `next`); the last block is partial.
+template <class Grow>
+Trace random_chain_trace(std::mt19937_64& rng, std::size_t conversations, int requests,
+                         const Grow& grow) {
+  Trace t;
+  t.source = "random";
+  std::vector<std::vector<uint64_t>> convs(conversations);
+  uint64_t next = 0;
+  for (int i = 0; i < requests; ++i) {
+    auto& c = convs[rng() % convs.size()];
+    grow(c, next);
+    TraceRequest q;
+    q.hash_ids = c;
+    q.input_length = c.size() * 512 - rng() % 300;
+    t.requests.push_back(q);
+  }
+  return t;
+}
+
 TEST(Replay, ReferencesMatchNaiveVersionsOnRandomTraces) {
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
-    Trace t;
-    t.source = "random";
-    std::vector<std::vector<uint64_t>> convs(3);
-    uint64_t next = 0;
-    for (int i = 0; i < 12; ++i) {
-      auto& c = convs[rng() % convs.size()];
+    const Trace t = random_chain_trace(rng, 3, 12, [&](std::vector<uint64_t>& c, uint64_t& next) {
       if (rng() % 2) c.clear();
       c.push_back(next++);
       if (rng() % 2) c.push_back(next++);
-      TraceRequest q;
-      q.hash_ids = c;
-      q.input_length = c.size() * 512 - rng() % 300;
-      t.requests.push_back(q);
-    }
+    });
     auto w = build_workload(t, 512);
     ASSERT_TRUE(w.ok());
     for (uint64_t cap : {0, 1, 2, 3, 5}) {
@@ -272,19 +283,10 @@ TEST(Replay, ReferencesMatchNaiveVersionsOnRandomTraces) {
 TEST(Replay, CountOracleMatchesItsNaiveVersionOnRandomTraces) {
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 40; ++trial) {
-    Trace t;
-    t.source = "random";
-    std::vector<std::vector<uint64_t>> convs(4);
-    uint64_t next = 0;
-    for (int i = 0; i < 30; ++i) {
-      auto& c = convs[rng() % convs.size()];
+    const Trace t = random_chain_trace(rng, 4, 30, [&](std::vector<uint64_t>& c, uint64_t& next) {
       if (rng() % 3 == 0) c.resize(rng() % (c.size() + 1));
       for (uint64_t n = 1 + rng() % 3; n > 0; --n) c.push_back(next++);
-      TraceRequest q;
-      q.hash_ids = c;
-      q.input_length = c.size() * 512 - rng() % 300;
-      t.requests.push_back(q);
-    }
+    });
     auto w = build_workload(t, 512);
     ASSERT_TRUE(w.ok());
     for (uint64_t cap : {0, 1, 3, 6, 10}) {
