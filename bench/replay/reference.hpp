@@ -1,5 +1,5 @@
-// The three references of `kvtier-bench replay`, computed from the workload's dense block ids with
-// no page table and no shared code with the policies, so a bug in either side shows as a gap:
+// The three references of `kvtier-bench replay`, computed from the workload's dense block ids
+// with no page table and no shared code with the policies, so a bug in either side shows as a gap:
 //
 //   ref_lru  one cache of `capacity` blocks; each request reuses its longest cached prefix, then
 //            every block of the request is touched in order (a cached one moves to the front, a
