@@ -17,9 +17,11 @@
 #   ctest.log    the CUDA kernel and tier tests (they compare every kernel with the CPU reference,
 #                the fp8 page codec byte for byte, and the fp8 host tier on the copy streams)
 #
-# Machines without the Debian -dev packages kvtier builds against: put the .deb files in .debs/ at
-# the repository root (apt-get download <pkg> on a Debian 12 machine); they are unpacked into a
-# private prefix that the build searches first. Nothing is installed system-wide.
+# Machines without the Debian -dev packages kvtier builds against: run bench/gpu/fetch-debs.sh on a
+# Debian 12 machine first (it puts the .deb files in .debs/ at the repository root, ~15 MiB) and
+# take .debs/ along; they are unpacked into a private prefix that the build searches first.
+# Nothing is installed system-wide. Checked in a minimal Debian 12 root holding only g++, CMake,
+# ninja and the CUDA toolkit: configure and build of these targets succeed there.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -34,7 +36,7 @@ if [ -d .debs ] && ls .debs/*.deb >/dev/null 2>&1; then
   export CMAKE_PREFIX_PATH="$prefix/usr:${CMAKE_PREFIX_PATH:-}"
   export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
   export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-  export CPATH="$prefix/usr/include:${CPATH:-}"
+  export CPATH="$prefix/usr/include:$prefix/usr/include/x86_64-linux-gnu:${CPATH:-}"
 fi
 
 status=0
