@@ -5,7 +5,7 @@
 # GPU machine beside the working tree; check.sh unpacks them into a private prefix and builds
 # against it. Nothing is installed.
 #
-#   bench/gpu/fetch-debs.sh          # .debs/*.deb, about 20 MiB
+#   bench/gpu/fetch-debs.sh          # .debs/*.deb, about 15 MiB
 #
 # The list is what the build links or includes, with the shared libraries those need at link time
 # that a CUDA image does not carry (checked in a minimal Debian 12 root with only g++, CMake and
