@@ -135,18 +135,24 @@ class SimWorld {
     return r;
   }
 
-  // Opens a sequence over `keys`, computes (or reuses) them in one step and closes it.
-  Status prefill_and_close(std::span<const BlockKey> keys, Nanos compute_per_layer) {
+  // Opens a sequence over `keys`, runs one step writing `new_tokens` and closes it.
+  Status step_and_close(std::span<const BlockKey> keys, uint32_t new_tokens,
+                        Nanos compute_per_layer) {
     auto s = scheduler().open_sequence(keys);
     if (!s.ok()) return s.status();
-    const StepItem prefill{s->id, static_cast<uint32_t>(keys.size()) * setup_.geometry.page_tokens};
-    Status step = run_step(std::span(&prefill, 1), compute_per_layer).status;
+    const StepItem item{s->id, new_tokens};
+    Status step = run_step(std::span(&item, 1), compute_per_layer).status;
     Status closed = scheduler().close_sequence(s->id);
     if (!step.ok()) {
       closed.ignore();
       return step;
     }
     return closed;
+  }
+  // The same, computing (or reusing) every token of `keys`.
+  Status prefill_and_close(std::span<const BlockKey> keys, Nanos compute_per_layer) {
+    return step_and_close(keys, static_cast<uint32_t>(keys.size()) * setup_.geometry.page_tokens,
+                          compute_per_layer);
   }
 
   // Runs the loop until no transfer is pending.

@@ -262,13 +262,9 @@ TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
   }
   const SchedulerStats& st = w.scheduler().stats();
   const uint32_t pages = 4 * setup.geometry.layers;
-  const auto serve = [&](const std::vector<BlockKey>& keys) {
-    auto s = w.scheduler().open_sequence(keys);
-    ASSERT_TRUE(s.ok());
-    const StepItem decode{s->id, 1};
-    auto r = w.run_step(std::span(&decode, 1), 5 * kNanosPerMicro);
-    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  const auto serve = [&](const std::vector<BlockKey>& keys) {  // one decode step
+    const Status s = w.step_and_close(keys, 1, 5 * kNanosPerMicro);
+    ASSERT_TRUE(s.ok()) << s.to_string();
     w.settle();
   };
 
