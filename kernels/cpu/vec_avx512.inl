@@ -43,7 +43,8 @@ struct VecAvx512 {
   // 2^x; 0 below -126 (so exp2(-inf) == 0), degree-7 Taylor on [-0.5, 0.5] (rel. error < 1e-8).
   static F exp2(F x) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+    // Clamped with x as the second operand, which min/max return when it is NaN: NaN stays NaN.
+    x = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-126.0f), x));
     const F n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const F f = _mm512_sub_ps(x, n);
     F p = _mm512_set1_ps(1.5252733804059841e-05f);

@@ -401,6 +401,61 @@ TEST(AttentionStability, LargeScoresDoNotOverflow) {
   }
 }
 
+TEST(AttentionStability, Fp8NanCodesPoisonTheirOwnOutputsOnly) {
+  // A NaN code (0x7F / 0xFF) in fp8 K makes every output of its KV head's query heads NaN; in V,
+  // that dim of theirs. Everything else stays exact. The AVX2 kernel converts NaN-free rows
+  // without the NaN step, so this also checks that it finds the rows that hold one (the second
+  // shape's token rows are 80 bytes: the codes sit in the scan's 16-byte tail).
+  struct Case {
+    uint32_t kv_heads, group, head_dim;
+  };
+  for (const Case c : {Case{2, 4, 128}, Case{1, 8, 80}}) {
+    KvShape s;
+    s.dtype = Dtype::kFP8E4M3;
+    s.kv_heads = c.kv_heads;
+    s.group = c.group;
+    s.head_dim = c.head_dim;
+    const uint32_t k_head = c.kv_heads - 1, k_dim = c.head_dim - 3, v_dim = c.head_dim - 10;
+    for (Isa isa : runnable_isas()) {
+      for (uint32_t min_split : {0u, 32u}) {
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + ", head_dim " + std::to_string(c.head_dim) +
+                     ", min split " + std::to_string(min_split));
+        PagedKvFixture fx(s, {100, 70, 40}, {}, 43);
+        fx.set_fp8_code(0, /*b=*/0, /*pos=*/37, k_head, k_dim, 0x7F);
+        fx.set_fp8_code(1, /*b=*/1, /*pos=*/50, /*h=*/0, v_dim, 0xFF);
+        CpuOptions o;
+        o.isa = isa;
+        o.min_split_tokens = min_split;
+        ASSERT_TRUE(cpu::decode_attention(fx.params(), o).ok());
+        std::vector<double> ref_out, ref_lse;
+        fx.reference(ref_out, ref_lse);
+        const uint32_t heads = fx.num_qo_heads();
+        const Tolerance tol = tolerance_for(s.dtype);
+        std::size_t nan_outputs = 0;
+        for (uint32_t b = 0; b < 3; ++b) {
+          for (uint32_t h = 0; h < heads; ++h) {
+            for (uint32_t d = 0; d < c.head_dim; ++d) {
+              const std::size_t i = (static_cast<std::size_t>(b) * heads + h) * c.head_dim + d;
+              const bool poisoned =
+                  (b == 0 && h / c.group == k_head) || (b == 1 && h / c.group == 0 && d == v_dim);
+              ASSERT_EQ(std::isnan(ref_out[i]), poisoned) << "reference, sequence " << b;
+              if (poisoned) {
+                ASSERT_TRUE(std::isnan(fx.out()[i]))
+                    << "sequence " << b << " head " << h << " dim " << d;
+                ++nan_outputs;
+              } else {
+                ASSERT_NEAR(fx.out()[i], ref_out[i], tol.atol + tol.rtol * std::fabs(ref_out[i]))
+                    << "sequence " << b << " head " << h << " dim " << d;
+              }
+            }
+          }
+        }
+        EXPECT_EQ(nan_outputs, c.group * c.head_dim + c.group);
+      }
+    }
+  }
+}
+
 TEST(AttentionStability, ExplicitSoftmaxScale) {
   KvShape s;
   s.head_dim = 64;

@@ -108,19 +108,31 @@ class PagedKvFixture {
     return p;
   }
 
-  // The stored value of K (part 0) or V (part 1) of token `pos` of sequence b, head h, dim d.
-  double kv_value(int part, uint32_t b, uint32_t pos, uint32_t h, uint32_t d) const {
-    const uint32_t page = pos / shape_.page_tokens;
-    const uint32_t frame = indices_[indptr_[b] + page];
+  // The frame and the element index within it of K (part 0) or V (part 1) of token `pos` of
+  // sequence b, head h, dim d.
+  uint32_t frame_of(uint32_t b, uint32_t pos) const {
+    return indices_[indptr_[b] + pos / shape_.page_tokens];
+  }
+  std::size_t element_in_frame(int part, uint32_t pos, uint32_t h, uint32_t d) const {
     const std::size_t half =
         static_cast<std::size_t>(shape_.page_tokens) * shape_.kv_heads * shape_.head_dim;
-    const std::size_t elem =
-        part * half +
-        (static_cast<std::size_t>(pos % shape_.page_tokens) * shape_.kv_heads + h) *
-            shape_.head_dim +
-        d;
-    const double v = load_as_float(arena_.data() + frame * kv_.frame_stride, shape_.dtype, elem);
+    return part * half +
+           (static_cast<std::size_t>(pos % shape_.page_tokens) * shape_.kv_heads + h) *
+               shape_.head_dim +
+           d;
+  }
+
+  // The stored value of that element.
+  double kv_value(int part, uint32_t b, uint32_t pos, uint32_t h, uint32_t d) const {
+    const uint32_t frame = frame_of(b, pos);
+    const double v = load_as_float(arena_.data() + frame * kv_.frame_stride, shape_.dtype,
+                                   element_in_frame(part, pos, h, d));
     return shape_.dtype == Dtype::kFP8E4M3 ? v * scales_[2 * frame + part] : v;
+  }
+
+  // Overwrites that element with the raw byte `code` (fp8 pages only).
+  void set_fp8_code(int part, uint32_t b, uint32_t pos, uint32_t h, uint32_t d, uint8_t code) {
+    arena_[frame_of(b, pos) * kv_.frame_stride + element_in_frame(part, pos, h, d)] = code;
   }
 
   // Naive fp64 attention: out [rows][heads][dim] and lse [rows][heads]. K/V of one sequence and KV
