@@ -159,36 +159,59 @@ void BM_MemcpyBaseline(benchmark::State& state) {
 }
 BENCHMARK(BM_MemcpyBaseline)->Arg(32)->Arg(512)->UseRealTime();
 
+// `count` bf16 pages and their packed fp8 form with per-half scales, as the page codec moves them.
+struct Fp8Frames {
+  Fp8FramesParams p;
+  std::vector<uint8_t> arena, staging;
+  std::vector<uint32_t> frames;
+  std::vector<float> scales;
+
+  explicit Fp8Frames(uint32_t count) {
+    p.dtype = Dtype::kBF16;
+    p.page_tokens = kPageTokens;
+    p.kv_heads = kKvHeads;
+    p.head_dim = kHeadDim;
+    p.frame_stride = p.wide_page_bytes();
+    p.num_frames = count;
+    arena.resize(p.frame_stride * count);
+    for (std::size_t i = 0; i < arena.size() / 2; ++i) {
+      store_from_float(arena.data(), Dtype::kBF16, i, static_cast<float>(i % 1000) * 1e-3f - 0.5f);
+    }
+    frames.resize(count);
+    std::iota(frames.begin(), frames.end(), 0u);
+    staging.resize(p.fp8_page_bytes() * count);
+    scales.resize(2 * count);
+    p.arena = arena.data();
+    p.frames = frames.data();
+    p.count = count;
+    p.staging = staging.data();
+    p.scales = scales.data();
+  }
+  int64_t wide_bytes() const { return static_cast<int64_t>(p.wide_page_bytes() * p.count); }
+};
+
 // bf16 pages -> packed fp8 with per-half scales (bytes counted on the wide side).
 void BM_QuantizeFp8(benchmark::State& state) {
-  const uint32_t count = static_cast<uint32_t>(state.range(0));
-  Fp8FramesParams p;
-  p.dtype = Dtype::kBF16;
-  p.page_tokens = kPageTokens;
-  p.kv_heads = kKvHeads;
-  p.head_dim = kHeadDim;
-  p.frame_stride = p.wide_page_bytes();
-  p.num_frames = count;
-  std::vector<uint8_t> arena(p.frame_stride * count);
-  for (std::size_t i = 0; i < arena.size() / 2; ++i) {
-    store_from_float(arena.data(), Dtype::kBF16, i, static_cast<float>(i % 1000) * 1e-3f - 0.5f);
-  }
-  std::vector<uint32_t> frames(count);
-  std::iota(frames.begin(), frames.end(), 0u);
-  std::vector<uint8_t> staging(p.fp8_page_bytes() * count);
-  std::vector<float> scales(2 * count);
-  p.arena = arena.data();
-  p.frames = frames.data();
-  p.count = count;
-  p.staging = staging.data();
-  p.scales = scales.data();
+  Fp8Frames f(static_cast<uint32_t>(state.range(0)));
   for (auto _ : state) {
-    if (!cpu::quantize_frames_fp8(p).ok()) state.SkipWithError("quantize failed");
-    benchmark::DoNotOptimize(staging.data());
+    if (!cpu::quantize_frames_fp8(f.p).ok()) state.SkipWithError("quantize failed");
+    benchmark::DoNotOptimize(f.staging.data());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(p.wide_page_bytes() * count));
+  state.SetBytesProcessed(state.iterations() * f.wide_bytes());
 }
 BENCHMARK(BM_QuantizeFp8)->Arg(128)->UseRealTime();
+
+// The way back: packed fp8 -> bf16 pages (bytes counted on the wide side).
+void BM_DequantizeFp8(benchmark::State& state) {
+  Fp8Frames f(static_cast<uint32_t>(state.range(0)));
+  if (!cpu::quantize_frames_fp8(f.p).ok()) state.SkipWithError("quantize failed");
+  for (auto _ : state) {
+    if (!cpu::dequantize_frames_fp8(f.p).ok()) state.SkipWithError("dequantize failed");
+    benchmark::DoNotOptimize(f.arena.data());
+  }
+  state.SetBytesProcessed(state.iterations() * f.wide_bytes());
+}
+BENCHMARK(BM_DequantizeFp8)->Arg(128)->UseRealTime();
 
 }  // namespace
 }  // namespace kvtier::kernels

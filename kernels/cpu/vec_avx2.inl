@@ -79,8 +79,8 @@ struct VecAvx2 {
   // 13..7: an f16 whose exponent field is one bit wider, so its value is 2^-8 of the e4m3 one,
   // subnormals included, once bit 14 (the sign's copy) is cleared. Code 0x7F/0xFF (NaN) becomes
   // 0x3F80 there; adding 0x80 carries into bit 14 for that code alone, and setting bit 14 from
-  // the carry makes it an f16 NaN. kNanCodes = false leaves that out (three instructions of
-  // eight), for bytes known to hold no NaN code (has_fp8_nan).
+  // the carry makes it an f16 NaN. kNanCodes = false leaves that out (three of the seven
+  // instructions), for bytes known to hold no NaN code (has_fp8_nan).
   template <bool kNanCodes = true>
   static __m128i fp8_to_f16_bits(__m128i high_bytes) {
     const __m128i h = _mm_and_si128(_mm_srai_epi16(high_bytes, 1), _mm_set1_epi16(-0x4001));
