@@ -155,6 +155,18 @@ class SimWorld {
                           compute_per_layer);
   }
 
+  // Computes `count` prompts of `blocks` blocks (prompt(blocks, 1), prompt(blocks, 2), ...) one
+  // after another, each settled before the next; their keys go to `out`.
+  Status compute_prompts(uint32_t count, uint32_t blocks, Nanos compute_per_layer,
+                         std::vector<std::vector<BlockKey>>& out) {
+    for (uint32_t p = 0; p < count; ++p) {
+      out.push_back(prompt(blocks, p + 1));
+      KVTIER_RETURN_IF_ERROR(prefill_and_close(out.back(), compute_per_layer));
+      settle();
+    }
+    return ok_status();
+  }
+
   // Runs the loop until no transfer is pending.
   void settle() { loop().run_until_idle(); }
 

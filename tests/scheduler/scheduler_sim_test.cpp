@@ -249,11 +249,7 @@ TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
   SimWorld w(setup);
   // Three prompts computed, then two more that push them down to host memory.
   std::vector<std::vector<BlockKey>> prompts;
-  for (uint32_t p = 0; p < 5; ++p) {
-    prompts.push_back(w.prompt(4, p + 1));
-    ASSERT_TRUE(w.prefill_and_close(prompts.back(), 5 * kNanosPerMicro).ok());
-    w.settle();
-  }
+  ASSERT_TRUE(w.compute_prompts(5, 4, 5 * kNanosPerMicro, prompts).ok());
   prompts.resize(3);
   for (const auto& keys : prompts) {
     const MatchResult m = w.scheduler().match(keys);
@@ -309,11 +305,7 @@ TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
   setup.policies.prefill_tokens_per_s = 1e4;
   SimWorld w(setup);
   std::vector<std::vector<BlockKey>> prompts;
-  for (uint32_t p = 0; p < 8; ++p) {
-    prompts.push_back(w.prompt(4, p + 1));
-    ASSERT_TRUE(w.prefill_and_close(prompts.back(), kNanosPerMicro).ok());
-    w.settle();
-  }
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
   const MatchResult m = w.scheduler().match(prompts[0]);
   ASSERT_EQ(m.blocks, 4u);
   ASSERT_EQ(m.by_tier[tier_index(Tier::kNvme)], 4u) << "the first prompt should be on nvme only";
@@ -352,11 +344,7 @@ TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
   setup.nvme_extents = 64;
   SimWorld w(setup);
   std::vector<std::vector<BlockKey>> prompts;
-  for (uint32_t p = 0; p < 8; ++p) {
-    prompts.push_back(w.prompt(4, p + 1));
-    ASSERT_TRUE(w.prefill_and_close(prompts.back(), kNanosPerMicro).ok());
-    w.settle();
-  }
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
   ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
   w.port().fail_next(Link::kNvmeToHost, 1000);
   auto s = w.scheduler().open_sequence(prompts[0]);
