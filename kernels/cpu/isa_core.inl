@@ -333,12 +333,12 @@ inline void store_scores(typename V::F (&acc)[RB][TB], float* scores) {
   }
 }
 
-// scores[r][t] = q_r . k_t for an RB x TB block; q rows are `dim` floats apart, k_t are rows of
-// the KV dtype, widened in registers as they are loaded.
+// acc[r][t] = the lane-wise partial sums of q_r . k_t for an RB x TB block; q rows are `dim`
+// floats apart, k_t are rows of the KV dtype, widened in registers as they are loaded.
 template <class V, Dtype D, int RB, int TB, bool kNanCodes>
-inline void score_block(const float* q, const uint8_t* const* k, uint32_t dim, float* scores) {
+inline void score_sums(const float* q, const uint8_t* const* k, uint32_t dim,
+                       typename V::F (&acc)[RB][TB]) {
   constexpr std::size_t kEs = elem_bytes<D>();
-  typename V::F acc[RB][TB];
   KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
     KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::zero();
   }
@@ -350,7 +350,42 @@ inline void score_block(const float* q, const uint8_t* const* k, uint32_t dim, f
       KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::fmadd(qv, kv[t], acc[r][t]);
     }
   }
-  store_scores<V, RB, TB>(acc, scores);
+}
+
+// Lane types whose 4-way horizontal sum comes in two halves (pair_sums, then reduce_pair_sums):
+// a 4 x 4 score block can then be computed as two 4 x 2 blocks, each pair of tokens reduced to
+// one register as soon as it is done, with the same operations in the same order.
+template <class V>
+constexpr bool has_pair_sums() {
+  return requires(typename V::F a, float* out) {
+    V::pair_sums(a, a);
+    V::reduce_pair_sums(a, a, out);
+  };
+}
+
+// scores[r][t] = q_r . k_t for an RB x TB block. A block holds RB * TB accumulators, TB widened
+// K vectors and one q vector in registers: 21 for 4 x 4, which fits AVX-512's 32 registers but not
+// AVX2's 16. There GCC spilled accumulators inside the loop over dims; two 4 x 2 halves (11
+// registers each) run without spills, bit-identical. Measured on one AVX2-only Zen 3 core, two
+// builds alternating in one process: decode 1.06-1.07x with the pages in L2, 1.00-1.06x from DRAM.
+template <class V, Dtype D, int RB, int TB, bool kNanCodes>
+inline void score_block(const float* q, const uint8_t* const* k, uint32_t dim, float* scores) {
+  constexpr bool kSpills = RB * TB + TB + 1 > V::kRegisters;
+  if constexpr (kSpills && TB == 4 && has_pair_sums<V>()) {
+    typename V::F acc[RB][2];
+    typename V::F first_pair[RB];
+    score_sums<V, D, RB, 2, kNanCodes>(q, k, dim, acc);
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) first_pair[r] = V::pair_sums(acc[r][0], acc[r][1]);
+    score_sums<V, D, RB, 2, kNanCodes>(q, k + 2, dim, acc);
+    KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+      V::reduce_pair_sums(first_pair[r], V::pair_sums(acc[r][0], acc[r][1]),
+                          scores + r * kTileTokens);
+    }
+  } else {
+    typename V::F acc[RB][TB];
+    score_sums<V, D, RB, TB, kNanCodes>(q, k, dim, acc);
+    store_scores<V, RB, TB>(acc, scores);
+  }
 }
 
 // o_r = o_r * alpha_r + sum_t p[r][t] * v_t for RB rows over DC vectors of dims at once: RB * DC

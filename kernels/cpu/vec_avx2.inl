@@ -4,6 +4,7 @@
 struct VecAvx2 {
   using F = __m256;
   static constexpr int kWidth = 8;
+  static constexpr int kRegisters = 16;  // vector registers the register blocks may fill
 
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float x) { return _mm256_set1_ps(x); }
@@ -42,8 +43,14 @@ struct VecAvx2 {
     return reduce_max(a);
   }
 
+  // out[0..3] = horizontal sums of a, b, c, d, in two steps: pair_sums(a, b) folds two vectors
+  // into one whose lanes hold partial sums of both, reduce_pair_sums finishes two such.
   static void reduce_add4(F a, F b, F c, F d, float* out) {
-    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    reduce_pair_sums(pair_sums(a, b), pair_sums(c, d), out);
+  }
+  static F pair_sums(F a, F b) { return _mm256_hadd_ps(a, b); }
+  static void reduce_pair_sums(F ab, F cd, float* out) {
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
   }
 

@@ -4,6 +4,7 @@
 struct VecAvx512 {
   using F = __m512;
   static constexpr int kWidth = 16;
+  static constexpr int kRegisters = 32;  // vector registers the register blocks may fill
 
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float x) { return _mm512_set1_ps(x); }

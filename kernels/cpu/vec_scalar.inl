@@ -4,6 +4,7 @@
 struct VecScalar {
   using F = float;
   static constexpr int kWidth = 1;
+  static constexpr int kRegisters = 16;  // vector registers the register blocks may fill
 
   static F zero() { return 0.0f; }
   static F set1(float x) { return x; }
