@@ -10,7 +10,6 @@
 #include <new>
 #include <string>
 
-#include "kernels/cpu/scratch.hpp"
 #include "kernels/numeric_formats.hpp"
 
 namespace kvtier::kernels::cpu {
@@ -18,8 +17,6 @@ namespace {
 
 // Below this many bytes per call a single thread copies: task overhead would dominate.
 constexpr std::size_t kParallelCopyBytes = 4u << 20;
-// Elements widened per step of an fp8 conversion (16 KiB of f32: stays in L1).
-constexpr std::size_t kConvertChunk = 4096;
 
 template <typename Fn>
 void for_each_frame(uint32_t count, std::size_t bytes_per_frame, Fn&& fn) {
@@ -45,25 +42,13 @@ float quantize_half(const IsaKernels& isa, const uint8_t* src, Dtype dtype, std:
   }
   const float inv = amax > 0.0f ? kFp8E4M3Max / amax : 1.0f;
   const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
-  float* tmp = thread_scratch().floats(0, kConvertChunk);
-  const std::size_t es = dtype_size(dtype);
-  for (std::size_t off = 0; off < n; off += kConvertChunk) {
-    const std::size_t c = std::min(kConvertChunk, n - off);
-    isa.to_f32(src + off * es, dtype, 1.0f, tmp, c);
-    isa.from_f32(tmp, inv, Dtype::kFP8E4M3, dst + off, c);
-  }
+  isa.convert(src, dtype, inv, dst, Dtype::kFP8E4M3, n);
   return scale;
 }
 
 void dequantize_half(const IsaKernels& isa, const uint8_t* src, float scale, Dtype dtype,
                      std::size_t n, uint8_t* dst) {
-  float* tmp = thread_scratch().floats(0, kConvertChunk);
-  const std::size_t es = dtype_size(dtype);
-  for (std::size_t off = 0; off < n; off += kConvertChunk) {
-    const std::size_t c = std::min(kConvertChunk, n - off);
-    isa.to_f32(src + off, Dtype::kFP8E4M3, scale, tmp, c);
-    isa.from_f32(tmp, 1.0f, dtype, dst + off * es, c);
-  }
+  isa.convert(src, Dtype::kFP8E4M3, scale, dst, dtype, n);
 }
 
 const IsaKernels* kernels_or_null(Isa isa) { return isa_kernels(isa); }
@@ -117,14 +102,10 @@ Status quantize_frames_fp8(const Fp8FramesParams& p, Isa isa_choice) {
   }
   KVTIER_RETURN_IF_ERROR(validate_fp8_frames(p, /*check_distinct=*/false));
   const std::size_t half = p.half_elems();
-  try {
-    for_each_frame(p.count, p.wide_page_bytes(), [&](uint32_t i) {
-      quantize_page_fp8(*isa, p.arena + p.frames[i] * p.frame_stride, p.dtype, half,
-                        p.staging + i * p.fp8_page_bytes(), &p.scales[2 * i], &p.scales[2 * i + 1]);
-    });
-  } catch (const std::bad_alloc&) {
-    return resource_exhausted("fp8 quantize: out of memory for conversion scratch");
-  }
+  for_each_frame(p.count, p.wide_page_bytes(), [&](uint32_t i) {
+    quantize_page_fp8(*isa, p.arena + p.frames[i] * p.frame_stride, p.dtype, half,
+                      p.staging + i * p.fp8_page_bytes(), &p.scales[2 * i], &p.scales[2 * i + 1]);
+  });
   for (uint32_t i = 0; i < p.count; ++i) {
     if (std::isnan(p.scales[2 * i]) || std::isnan(p.scales[2 * i + 1])) {
       return invalid_argument("fp8 quantize: frame " + std::to_string(p.frames[i]) + " (entry " +
@@ -142,21 +123,21 @@ Status dequantize_frames_fp8(const Fp8FramesParams& p, Isa isa_choice) {
   }
   try {
     KVTIER_RETURN_IF_ERROR(validate_fp8_frames(p, /*check_distinct=*/true));
-    for (uint32_t i = 0; i < p.count; ++i) {
-      if (!std::isfinite(p.scales[2 * i]) || !std::isfinite(p.scales[2 * i + 1])) {
-        return invalid_argument("fp8 dequantize: entry " + std::to_string(i) + " (frame " +
-                                std::to_string(p.frames[i]) + ") has a non-finite scale");
-      }
-    }
-    const std::size_t half = p.half_elems();
-    for_each_frame(p.count, p.wide_page_bytes(), [&](uint32_t i) {
-      dequantize_page_fp8(*isa, p.staging + i * p.fp8_page_bytes(), p.scales[2 * i],
-                          p.scales[2 * i + 1], p.dtype, half,
-                          p.arena + p.frames[i] * p.frame_stride);
-    });
   } catch (const std::bad_alloc&) {
-    return resource_exhausted("fp8 dequantize: out of memory for conversion scratch");
+    return resource_exhausted("fp8 dequantize: out of memory checking " + std::to_string(p.count) +
+                              " frame ids");
   }
+  for (uint32_t i = 0; i < p.count; ++i) {
+    if (!std::isfinite(p.scales[2 * i]) || !std::isfinite(p.scales[2 * i + 1])) {
+      return invalid_argument("fp8 dequantize: entry " + std::to_string(i) + " (frame " +
+                              std::to_string(p.frames[i]) + ") has a non-finite scale");
+    }
+  }
+  const std::size_t half = p.half_elems();
+  for_each_frame(p.count, p.wide_page_bytes(), [&](uint32_t i) {
+    dequantize_page_fp8(*isa, p.staging + i * p.fp8_page_bytes(), p.scales[2 * i],
+                        p.scales[2 * i + 1], p.dtype, half, p.arena + p.frames[i] * p.frame_stride);
+  });
   return ok_status();
 }
 

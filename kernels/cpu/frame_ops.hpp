@@ -2,8 +2,9 @@
 // quantize on the way out and dequantize on the way in (contract in kernels/frame_ops.hpp).
 //
 // Plain copies are memcpy per frame, spread over oneTBB workers once a call moves more than a few
-// MiB (one core does not saturate memory bandwidth). The fp8 forms stream each half page twice
-// from cache: once for its amax, once to convert, widening through a small per-thread f32 buffer.
+// MiB (one core does not saturate memory bandwidth). The fp8 forms read each half page twice,
+// the second time from cache: once for its amax, once to convert (IsaKernels::convert, widened
+// and narrowed in registers).
 // Calls are independent and thread-safe; on error nothing is guaranteed about staging/frames
 // already written by that call.
 #pragma once

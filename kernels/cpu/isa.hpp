@@ -70,6 +70,11 @@ struct ItemArgs {
 struct IsaKernels {
   Isa isa;
   const char* name;
+  // dst[i] = narrow(value(src[i]) * scale) for n elements, from src_dtype to dst_dtype in one
+  // pass (the fp8 page codec quantizes and dequantizes with it); to_f32 and from_f32 are it with
+  // f32 on one side.
+  void (*convert)(const void* src, Dtype src_dtype, float scale, void* dst, Dtype dst_dtype,
+                  std::size_t n);
   // dst[i] = value(src[i]) * scale, for n elements of `dtype`.
   void (*to_f32)(const void* src, Dtype dtype, float scale, float* dst, std::size_t n);
   // dst[i] = narrow(src[i] * scale), rounding to nearest even (fp8 saturates at +-448).

@@ -146,66 +146,78 @@ inline void store_elems(uint8_t* p, typename V::F v) {
 // so the scalar conversions never need to be compiled with these flags.
 // ---------------------------------------------------------------------------------------------
 
-template <class V, Dtype D>
-void to_f32_t(const uint8_t* src, float scale, float* dst, std::size_t n) {
+template <class V>
+constexpr bool has_store_fp8x4() {
+  return requires(uint8_t* p, typename V::F v) { V::store_fp8x4(p, v, v, v, v); };
+}
+
+// dst[i] = narrow<D>(value<S>(src[i]) * scale). Widening is exact, so the only rounding is the
+// multiply's and the narrowing's, as with a detour through f32. fp8 output goes 32 values per
+// store where the lane type packs them (store_fp8x4).
+template <class V, Dtype S, Dtype D>
+void convert_t(const uint8_t* src, float scale, uint8_t* dst, std::size_t n) {
   constexpr std::size_t kW = V::kWidth;
-  constexpr std::size_t kEs = elem_bytes<D>();
+  constexpr std::size_t kSrcBytes = elem_bytes<S>();
+  constexpr std::size_t kDstBytes = elem_bytes<D>();
   const auto s = V::set1(scale);
+  const auto value = [&](const uint8_t* p) { return V::mul(load_elems<V, S>(p), s); };
   std::size_t i = 0;
-  for (; i + kW <= n; i += kW) V::store(dst + i, V::mul(load_elems<V, D>(src + i * kEs), s));
+  if constexpr (D == Dtype::kFP8E4M3 && has_store_fp8x4<V>()) {
+    for (; i + 4 * kW <= n; i += 4 * kW) {
+      const uint8_t* p = src + i * kSrcBytes;
+      V::store_fp8x4(dst + i, value(p), value(p + kW * kSrcBytes), value(p + 2 * kW * kSrcBytes),
+                     value(p + 3 * kW * kSrcBytes));
+    }
+  }
+  for (; i + kW <= n; i += kW) store_elems<V, D>(dst + i * kDstBytes, value(src + i * kSrcBytes));
   if (i < n) {
     alignas(64) uint8_t in[kW * 4] = {};
-    alignas(64) float out[kW];
-    __builtin_memcpy(in, src + i * kEs, (n - i) * kEs);
-    V::store(out, V::mul(load_elems<V, D>(in), s));
-    __builtin_memcpy(dst + i, out, (n - i) * sizeof(float));
+    alignas(64) uint8_t out[kW * 4];
+    __builtin_memcpy(in, src + i * kSrcBytes, (n - i) * kSrcBytes);
+    store_elems<V, D>(out, value(in));
+    __builtin_memcpy(dst + i * kDstBytes, out, (n - i) * kDstBytes);
+  }
+}
+
+template <class V, Dtype S>
+void convert_from(const uint8_t* src, float scale, uint8_t* dst, Dtype dst_dtype, std::size_t n) {
+  switch (dst_dtype) {
+    case Dtype::kF32:
+      return convert_t<V, S, Dtype::kF32>(src, scale, dst, n);
+    case Dtype::kF16:
+      return convert_t<V, S, Dtype::kF16>(src, scale, dst, n);
+    case Dtype::kBF16:
+      return convert_t<V, S, Dtype::kBF16>(src, scale, dst, n);
+    case Dtype::kFP8E4M3:
+      return convert_t<V, S, Dtype::kFP8E4M3>(src, scale, dst, n);
+  }
+}
+
+template <class V>
+void convert(const void* src, Dtype src_dtype, float scale, void* dst, Dtype dst_dtype,
+             std::size_t n) {
+  const auto* from = static_cast<const uint8_t*>(src);
+  auto* to = static_cast<uint8_t*>(dst);
+  switch (src_dtype) {
+    case Dtype::kF32:
+      return convert_from<V, Dtype::kF32>(from, scale, to, dst_dtype, n);
+    case Dtype::kF16:
+      return convert_from<V, Dtype::kF16>(from, scale, to, dst_dtype, n);
+    case Dtype::kBF16:
+      return convert_from<V, Dtype::kBF16>(from, scale, to, dst_dtype, n);
+    case Dtype::kFP8E4M3:
+      return convert_from<V, Dtype::kFP8E4M3>(from, scale, to, dst_dtype, n);
   }
 }
 
 template <class V>
 void to_f32(const void* src, Dtype dtype, float scale, float* dst, std::size_t n) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  switch (dtype) {
-    case Dtype::kF32:
-      return to_f32_t<V, Dtype::kF32>(p, scale, dst, n);
-    case Dtype::kF16:
-      return to_f32_t<V, Dtype::kF16>(p, scale, dst, n);
-    case Dtype::kBF16:
-      return to_f32_t<V, Dtype::kBF16>(p, scale, dst, n);
-    case Dtype::kFP8E4M3:
-      return to_f32_t<V, Dtype::kFP8E4M3>(p, scale, dst, n);
-  }
-}
-
-template <class V, Dtype D>
-void from_f32_t(const float* src, float scale, uint8_t* dst, std::size_t n) {
-  constexpr std::size_t kW = V::kWidth;
-  constexpr std::size_t kEs = elem_bytes<D>();
-  const auto s = V::set1(scale);
-  std::size_t i = 0;
-  for (; i + kW <= n; i += kW) store_elems<V, D>(dst + i * kEs, V::mul(V::load(src + i), s));
-  if (i < n) {
-    alignas(64) float in[kW] = {};
-    alignas(64) uint8_t out[kW * 4];
-    __builtin_memcpy(in, src + i, (n - i) * sizeof(float));
-    store_elems<V, D>(out, V::mul(V::load(in), s));
-    __builtin_memcpy(dst + i * kEs, out, (n - i) * kEs);
-  }
+  convert<V>(src, dtype, scale, dst, Dtype::kF32, n);
 }
 
 template <class V>
 void from_f32(const float* src, float scale, Dtype dtype, void* dst, std::size_t n) {
-  auto* p = static_cast<uint8_t*>(dst);
-  switch (dtype) {
-    case Dtype::kF32:
-      return from_f32_t<V, Dtype::kF32>(src, scale, p, n);
-    case Dtype::kF16:
-      return from_f32_t<V, Dtype::kF16>(src, scale, p, n);
-    case Dtype::kBF16:
-      return from_f32_t<V, Dtype::kBF16>(src, scale, p, n);
-    case Dtype::kFP8E4M3:
-      return from_f32_t<V, Dtype::kFP8E4M3>(src, scale, p, n);
-  }
+  convert<V>(src, Dtype::kF32, scale, dst, dtype, n);
 }
 
 template <class V, Dtype D>
@@ -828,7 +840,8 @@ void attend_item(const ItemArgs& a) {
 template <class V>
 constexpr IsaKernels make_kernels(Isa isa, const char* name) {
   return IsaKernels{
-      isa, name, &to_f32<V>, &from_f32<V>, &abs_max<V>, &attend_item<V>, &V::stream_read};
+      isa,           name, &convert<V>, &to_f32<V>, &from_f32<V>, &abs_max<V>, &attend_item<V>,
+      &V::stream_read};
 }
 
 #undef KVTIER_UNROLL

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "kernels/cpu/isa.hpp"
@@ -174,6 +175,45 @@ TEST_P(SimdConversions, NarrowASweepOfFloats) {
       const float want = load_as_float(one.data(), d, 0);
       ASSERT_TRUE(same_bits_or_both_nan(got, want))
           << dtype_name(d) << " input bits " << std::hex << std::bit_cast<uint32_t>(in[i]);
+    }
+  }
+}
+
+// convert (one pass, dtype to dtype) equals the scalar widen, multiply, narrow, for every pair of
+// dtypes, at counts that end in each of its paths: 32 values per store (fp8), one vector, a
+// zero-padded tail.
+TEST_P(SimdConversions, ConvertEveryDtypePairAsTheScalarPath) {
+  std::mt19937 rng(7);
+  std::vector<float> values;
+  for (int i = 0; i < 4000; ++i) {
+    // Magnitudes from far below fp8's subnormals to beyond bf16's range, both signs.
+    const float mag = std::ldexp(std::uniform_real_distribution<float>(1.0f, 2.0f)(rng),
+                                 std::uniform_int_distribution<int>(-30, 40)(rng));
+    values.push_back((rng() & 1) != 0 ? -mag : mag);
+  }
+  for (float special :
+       {0.0f, -0.0f, 448.0f, 464.0f, -480.0f, std::numeric_limits<float>::infinity(), std::nanf(""),
+        std::ldexp(1.0f, -9), std::ldexp(1.5f, -10)}) {
+    values[rng() % values.size()] = special;
+  }
+  for (Dtype from : kAllDtypes) {
+    std::vector<uint8_t> src(values.size() * dtype_size(from));
+    for (std::size_t i = 0; i < values.size(); ++i)
+      store_from_float(src.data(), from, i, values[i]);
+    for (Dtype to : kAllDtypes) {
+      for (std::size_t n : {1u, 7u, 8u, 31u, 32u, 45u, 77u, 4000u}) {
+        const float scale = n % 2 != 0 ? 0.37f : 1.0f;
+        std::vector<uint8_t> got(n * dtype_size(to) + 1, 0xA5);
+        kernels_->convert(src.data(), from, scale, got.data(), to, n);
+        for (std::size_t i = 0; i < n; ++i) {
+          uint8_t one[4];
+          store_from_float(one, to, 0, load_as_float(src.data(), from, i) * scale);
+          ASSERT_TRUE(
+              same_bits_or_both_nan(load_as_float(got.data(), to, i), load_as_float(one, to, 0)))
+              << dtype_name(from) << " -> " << dtype_name(to) << " n " << n << " element " << i;
+        }
+        ASSERT_EQ(got.back(), 0xA5) << "wrote past " << n << " elements";
+      }
     }
   }
 }
