@@ -140,7 +140,8 @@ TEST_F(CudaAttention, DecodeMatchesCpuOnRandomShapes) {
     shape.head_dim = s.head_dim;
     shape.kv_heads = 1 + rng() % 3;
     shape.page_tokens = (rng() % 2) ? 16 : 7;
-    std::vector<uint32_t> lengths = {1, 1 + rng() % 300, 1 + rng() % 2000};
+    std::vector<uint32_t> lengths = {1, static_cast<uint32_t>(1 + rng() % 300),
+                                     static_cast<uint32_t>(1 + rng() % 2000)};
     testing::PagedKvFixture fx(shape, lengths, {}, rng());
     ASSERT_TRUE(cpu::decode_attention(fx.params()).ok());
     const std::vector<float> cpu_out = fx.out();
@@ -173,7 +174,7 @@ TEST_F(CudaAttention, PrefillMatchesCpuOnRandomShapes) {
     shape.head_dim = s.head_dim;
     shape.kv_heads = 1 + rng() % 2;
     const uint32_t l0 = 1 + rng() % 200, l1 = 1 + rng() % 600;
-    const std::vector<uint32_t> chunks = {l0, 1 + rng() % std::min(l1, 40u)};
+    const std::vector<uint32_t> chunks = {l0, static_cast<uint32_t>(1 + rng() % std::min(l1, 40u))};
     testing::PagedKvFixture fx(shape, {l0, l1}, chunks, rng());
     ASSERT_TRUE(cpu::prefill_attention(fx.params()).ok());
     const std::vector<float> cpu_out = fx.out();
