@@ -379,7 +379,8 @@ constexpr bool has_pair_sums() {
 // K vectors and one q vector in registers: 21 for 4 x 4, which fits AVX-512's 32 registers but not
 // AVX2's 16. There GCC spilled accumulators inside the loop over dims; two 4 x 2 halves (11
 // registers each) run without spills, bit-identical. Measured on one AVX2-only Zen 3 core, two
-// builds alternating in one process: decode 1.06-1.07x with the pages in L2, 1.00-1.06x from DRAM.
+// builds alternating in one process: decode 1.05-1.07x with the pages in L2, prefill 1.04x, from
+// DRAM within the noise. (A plain 4 x 2 block, reduced per score, lost 3 % in prefill.)
 template <class V, Dtype D, int RB, int TB, bool kNanCodes>
 inline void score_block(const float* q, const uint8_t* const* k, uint32_t dim, float* scores) {
   constexpr bool kSpills = RB * TB + TB + 1 > V::kRegisters;
