@@ -220,19 +220,34 @@ void from_f32(const float* src, float scale, Dtype dtype, void* dst, std::size_t
   convert<V>(src, Dtype::kF32, scale, dst, dtype, n);
 }
 
+template <class V>
+constexpr bool has_max_magnitude_bits() {
+  return requires(const uint8_t* p, std::size_t n) { V::template max_magnitude_bits<2>(p, n); };
+}
+
 template <class V, Dtype D>
 float abs_max_t(const uint8_t* src, std::size_t n) {
   constexpr std::size_t kW = V::kWidth;
   constexpr std::size_t kEs = elem_bytes<D>();
-  auto acc = V::zero();
-  std::size_t i = 0;
-  for (; i + kW <= n; i += kW) acc = V::max_keep_nan(acc, V::abs(load_elems<V, D>(src + i * kEs)));
-  if (i < n) {
-    alignas(64) uint8_t in[kW * 4] = {};
-    __builtin_memcpy(in, src + i * kEs, (n - i) * kEs);
-    acc = V::max_keep_nan(acc, V::abs(load_elems<V, D>(in)));
+  if constexpr (has_max_magnitude_bits<V>()) {
+    // The largest magnitude's bit pattern, widened as one element (NaN stays NaN).
+    const uint32_t bits = V::template max_magnitude_bits<kEs>(src, n);
+    alignas(64) uint8_t one[kW * 4] = {};
+    __builtin_memcpy(one, &bits, kEs);
+    return V::first(load_elems<V, D>(one));
+  } else {
+    auto acc = V::zero();
+    std::size_t i = 0;
+    for (; i + kW <= n; i += kW) {
+      acc = V::max_keep_nan(acc, V::abs(load_elems<V, D>(src + i * kEs)));
+    }
+    if (i < n) {
+      alignas(64) uint8_t in[kW * 4] = {};
+      __builtin_memcpy(in, src + i * kEs, (n - i) * kEs);
+      acc = V::max_keep_nan(acc, V::abs(load_elems<V, D>(in)));
+    }
+    return V::reduce_max_keep_nan(acc);
   }
-  return V::reduce_max_keep_nan(acc);
 }
 
 template <class V>

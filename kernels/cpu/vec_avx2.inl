@@ -186,6 +186,44 @@ struct VecAvx2 {
     _mm256_storeu_si256(static_cast<__m256i*>(p), abcd);
   }
 
+  // The bit pattern (sign cleared) of the largest magnitude among n elements of kBytes bytes.
+  // Non-negative values of IEEE-style formats, e4m3 included, order like their bit patterns, inf
+  // above every finite value and NaN above inf, so an integer max finds the abs max and any NaN
+  // at once: an and and a max per 32 bytes, where the float max that keeps NaN takes a widening,
+  // an and, a max, a compare and a blend per 8 values.
+  template <std::size_t kBytes>
+  static uint32_t max_magnitude_bits(const uint8_t* p, std::size_t n) {
+    static_assert(kBytes == 1 || kBytes == 2 || kBytes == 4);
+    constexpr uint32_t kMagnitude = kBytes == 4 ? 0x7FFFFFFFu : kBytes == 2 ? 0x7FFFu : 0x7Fu;
+    const __m256i mask = kBytes == 4   ? _mm256_set1_epi32(static_cast<int>(kMagnitude))
+                         : kBytes == 2 ? _mm256_set1_epi16(static_cast<short>(kMagnitude))
+                                       : _mm256_set1_epi8(static_cast<char>(kMagnitude));
+    const auto max = [](__m256i a, __m256i b) {
+      if constexpr (kBytes == 4) return _mm256_max_epu32(a, b);
+      if constexpr (kBytes == 2) return _mm256_max_epu16(a, b);
+      return _mm256_max_epu8(a, b);
+    };
+    const std::size_t bytes = n * kBytes;
+    __m256i acc = _mm256_setzero_si256();
+    std::size_t i = 0;
+    for (; i + 32 <= bytes; i += 32) {
+      acc = max(acc, _mm256_and_si256(
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), mask));
+    }
+    alignas(32) uint8_t lanes[32] = {};
+    __builtin_memcpy(lanes, p + i, bytes - i);  // a zero-padded tail: zeros never raise the max
+    acc = max(acc, _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)),
+                                    mask));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+    uint32_t best = 0;
+    for (std::size_t j = 0; j < 32; j += kBytes) {
+      uint32_t lane = 0;
+      __builtin_memcpy(&lane, lanes + j, kBytes);
+      best = lane > best ? lane : best;
+    }
+    return best;
+  }
+
   static uint64_t stream_read(const void* src, std::size_t bytes) {
     const auto* p = static_cast<const __m256i*>(src);
     const std::size_t n = bytes / 32;

@@ -229,6 +229,40 @@ TEST_P(SimdConversions, AbsMaxIncludingNaN) {
   EXPECT_EQ(kernels_->abs_max(v.data(), Dtype::kF32, 0), 0.0f);
 }
 
+// abs_max of every dtype equals a scalar loop over the widened values, at counts with and without
+// a partial last vector, with a NaN or an inf in the first, a middle or the last element.
+TEST_P(SimdConversions, AbsMaxOfEveryDtypeAsTheScalarLoop) {
+  std::mt19937 rng(11);
+  for (Dtype d : kAllDtypes) {
+    for (std::size_t n : {1u, 5u, 16u, 33u, 64u, 1000u}) {
+      for (int special = 0; special < 7; ++special) {
+        std::vector<float> values(n);
+        for (float& v : values) {
+          v = std::ldexp(std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng),
+                         std::uniform_int_distribution<int>(-12, 8)(rng));
+        }
+        // 0: none; 1-3: NaN first, middle, last; 4-6: -inf there.
+        if (special != 0) {
+          const std::size_t at = (special - 1) % 3 == 0   ? 0
+                                 : (special - 1) % 3 == 1 ? n / 2
+                                                          : n - 1;
+          values[at] = special <= 3 ? std::nanf("") : -std::numeric_limits<float>::infinity();
+        }
+        std::vector<uint8_t> src(n * dtype_size(d));
+        float want = 0.0f;
+        for (std::size_t i = 0; i < n; ++i) {
+          store_from_float(src.data(), d, i, values[i]);
+          const float stored = std::fabs(load_as_float(src.data(), d, i));
+          want = std::isnan(want) || std::isnan(stored) ? std::nanf("") : std::max(want, stored);
+        }
+        const float got = kernels_->abs_max(src.data(), d, n);
+        ASSERT_TRUE(same_bits_or_both_nan(got, want))
+            << dtype_name(d) << " n " << n << " case " << special << ": " << got << " vs " << want;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, SimdConversions,
                          ::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512,
                                            cpu::Isa::kAvx512Bf16),
