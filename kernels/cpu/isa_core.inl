@@ -855,9 +855,14 @@ void attend_item(const ItemArgs& a) {
 
 template <class V>
 constexpr IsaKernels make_kernels(Isa isa, const char* name) {
-  return IsaKernels{
-      isa,           name, &convert<V>, &to_f32<V>, &from_f32<V>, &abs_max<V>, &attend_item<V>,
-      &V::stream_read};
+  return IsaKernels{.isa = isa,
+                    .name = name,
+                    .convert = &convert<V>,
+                    .to_f32 = &to_f32<V>,
+                    .from_f32 = &from_f32<V>,
+                    .abs_max = &abs_max<V>,
+                    .attend_item = &attend_item<V>,
+                    .stream_read = &V::stream_read};
 }
 
 #undef KVTIER_UNROLL

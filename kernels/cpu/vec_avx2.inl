@@ -169,11 +169,13 @@ struct VecAvx2 {
                            _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
   }
   static void store_fp8(void* p, F v) {
-    // The low byte of each lane, lanes 0-3 and 4-7 brought together.
-    const __m256i bytes = _mm256_shuffle_epi8(
-        fp8_codes(v), _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                       0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
-    const __m256i packed = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+    // The low byte of each lane to the bottom of its 128-bit half, then the halves together.
+    const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               -1, -1, -1, -1);
+    const __m256i bytes = _mm256_shuffle_epi8(fp8_codes(v), low_bytes);
+    const __m256i packed =
+        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
     _mm_storel_epi64(static_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
   }
   // 32 values at once: the codes (0..255) packed by two unsigned-saturating packs, whose
