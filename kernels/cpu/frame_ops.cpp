@@ -46,11 +46,6 @@ float quantize_half(const IsaKernels& isa, const uint8_t* src, Dtype dtype, std:
   return scale;
 }
 
-void dequantize_half(const IsaKernels& isa, const uint8_t* src, float scale, Dtype dtype,
-                     std::size_t n, uint8_t* dst) {
-  isa.convert(src, Dtype::kFP8E4M3, scale, dst, dtype, n);
-}
-
 const IsaKernels* kernels_or_null(Isa isa) { return isa_kernels(isa); }
 
 }  // namespace
@@ -67,9 +62,9 @@ bool quantize_page_fp8(const IsaKernels& isa, const void* src, Dtype dtype, std:
 void dequantize_page_fp8(const IsaKernels& isa, const uint8_t* src, float k_scale, float v_scale,
                          Dtype dtype, std::size_t half_elems, void* dst) {
   auto* d = static_cast<uint8_t*>(dst);
-  dequantize_half(isa, src, k_scale, dtype, half_elems, d);
-  dequantize_half(isa, src + half_elems, v_scale, dtype, half_elems,
-                  d + half_elems * dtype_size(dtype));
+  isa.convert(src, Dtype::kFP8E4M3, k_scale, d, dtype, half_elems);
+  isa.convert(src + half_elems, Dtype::kFP8E4M3, v_scale, d + half_elems * dtype_size(dtype), dtype,
+              half_elems);
 }
 
 Status gather_frames(const FrameCopyParams& p) {

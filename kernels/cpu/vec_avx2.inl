@@ -106,23 +106,18 @@ struct VecAvx2 {
   static F load_fp8(const void* p) {
     return _mm256_mul_ps(load_fp8_over_256(p), _mm256_set1_ps(256.0f));
   }
-  // Whether `bytes` (a multiple of 16) of fp8 hold a NaN code (0x7F or 0xFF: the bytes that OR
-  // with 0x80 to 0xFF). Two instructions per 32 bytes, against three per 8 values for the NaN
-  // step of the conversion.
+  // Whether `bytes` (a multiple of 16) of fp8 hold a NaN code (0x7F or 0xFF: magnitude 0x7F, the
+  // largest, see max_magnitudes). Two instructions per 32 bytes, against three per 8 values for
+  // the NaN step of the conversion; run per 4-token group of K and per tile of V.
   static bool has_fp8_nan(const uint8_t* p, std::size_t bytes) {
-    const __m128i sign = _mm_set1_epi8(static_cast<char>(0x80));
-    __m256i hi = _mm256_setzero_si256();
     std::size_t i = 0;
-    for (; i + 32 <= bytes; i += 32) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
-      hi = _mm256_max_epu8(hi, _mm256_or_si256(x, _mm256_broadcastsi128_si256(sign)));
-    }
-    __m128i m = _mm_max_epu8(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+    const __m256i acc = max_magnitudes<1>(p, bytes, &i);
+    __m128i m = _mm_max_epu8(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
     if (i < bytes) {
       const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-      m = _mm_max_epu8(m, _mm_or_si128(x, sign));
+      m = _mm_max_epu8(m, _mm_and_si128(x, _mm_set1_epi8(0x7F)));
     }
-    return _mm_movemask_epi8(_mm_cmpeq_epi8(m, _mm_set1_epi8(static_cast<char>(0xFF)))) != 0;
+    return _mm_movemask_epi8(_mm_cmpeq_epi8(m, _mm_set1_epi8(0x7F))) != 0;
   }
 
   static void store_bf16(void* p, F v) {
@@ -188,34 +183,36 @@ struct VecAvx2 {
     _mm256_storeu_si256(static_cast<__m256i*>(p), abcd);
   }
 
-  // The bit pattern (sign cleared) of the largest magnitude among n elements of kBytes bytes.
-  // Non-negative values of IEEE-style formats, e4m3 included, order like their bit patterns, inf
-  // above every finite value and NaN above inf, so an integer max finds the abs max and any NaN
-  // at once: an and and a max per 32 bytes, where the float max that keeps NaN takes a widening,
-  // an and, a max, a compare and a blend per 8 values.
+  // Lane-wise maxima of the magnitudes (sign bits cleared) of elements of kBytes bytes, over the
+  // whole 32-byte blocks of `bytes`; *done = the bytes they cover. Non-negative values of
+  // IEEE-style formats, e4m3 included, order like their bit patterns, inf above every finite
+  // value and NaN above inf, so an integer max finds the abs max and any NaN at once: an and and
+  // a max per 32 bytes.
   template <std::size_t kBytes>
-  static uint32_t max_magnitude_bits(const uint8_t* p, std::size_t n) {
-    static_assert(kBytes == 1 || kBytes == 2 || kBytes == 4);
-    constexpr uint32_t kMagnitude = kBytes == 4 ? 0x7FFFFFFFu : kBytes == 2 ? 0x7FFFu : 0x7Fu;
-    const __m256i mask = kBytes == 4   ? _mm256_set1_epi32(static_cast<int>(kMagnitude))
-                         : kBytes == 2 ? _mm256_set1_epi16(static_cast<short>(kMagnitude))
-                                       : _mm256_set1_epi8(static_cast<char>(kMagnitude));
-    const auto max = [](__m256i a, __m256i b) {
-      if constexpr (kBytes == 4) return _mm256_max_epu32(a, b);
-      if constexpr (kBytes == 2) return _mm256_max_epu16(a, b);
-      return _mm256_max_epu8(a, b);
-    };
-    const std::size_t bytes = n * kBytes;
+  static __m256i max_magnitudes(const uint8_t* p, std::size_t bytes, std::size_t* done) {
+    const __m256i mask = magnitude_mask<kBytes>();
     __m256i acc = _mm256_setzero_si256();
     std::size_t i = 0;
     for (; i + 32 <= bytes; i += 32) {
-      acc = max(acc, _mm256_and_si256(
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), mask));
+      acc = max_unsigned<kBytes>(
+          acc, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), mask));
     }
+    *done = i;
+    return acc;
+  }
+  // The bit pattern (sign cleared) of the largest magnitude among n elements of kBytes bytes
+  // (abs_max; the float max that keeps NaN took a widening, an and, a max, a compare and a blend
+  // per 8 values).
+  template <std::size_t kBytes>
+  static uint32_t max_magnitude_bits(const uint8_t* p, std::size_t n) {
+    const std::size_t bytes = n * kBytes;
+    std::size_t i = 0;
+    __m256i acc = max_magnitudes<kBytes>(p, bytes, &i);
     alignas(32) uint8_t lanes[32] = {};
     __builtin_memcpy(lanes, p + i, bytes - i);  // a zero-padded tail: zeros never raise the max
-    acc = max(acc, _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)),
-                                    mask));
+    acc = max_unsigned<kBytes>(
+        acc, _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)),
+                              magnitude_mask<kBytes>()));
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
     uint32_t best = 0;
     for (std::size_t j = 0; j < 32; j += kBytes) {
@@ -224,6 +221,19 @@ struct VecAvx2 {
       best = lane > best ? lane : best;
     }
     return best;
+  }
+  template <std::size_t kBytes>
+  static __m256i magnitude_mask() {
+    static_assert(kBytes == 1 || kBytes == 2 || kBytes == 4);
+    if constexpr (kBytes == 4) return _mm256_set1_epi32(0x7FFFFFFF);
+    if constexpr (kBytes == 2) return _mm256_set1_epi16(0x7FFF);
+    return _mm256_set1_epi8(0x7F);
+  }
+  template <std::size_t kBytes>
+  static __m256i max_unsigned(__m256i a, __m256i b) {
+    if constexpr (kBytes == 4) return _mm256_max_epu32(a, b);
+    if constexpr (kBytes == 2) return _mm256_max_epu16(a, b);
+    return _mm256_max_epu8(a, b);
   }
 
   static uint64_t stream_read(const void* src, std::size_t bytes) {
