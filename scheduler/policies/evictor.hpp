@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -44,6 +45,15 @@
 namespace kvtier {
 
 class HintBoard;
+
+// Where the policy of the tier a block leaves ranked it, for a policy whose ranks mean the same in
+// every tier (lookahead: the time the block ranks from and the class whose learned gap shifts it).
+// The tier it is demoted into ranks it from there, so the tiers together keep one order, as one
+// cache of their summed size would.
+struct CarriedRank {
+  uint64_t time = 0;
+  uint8_t cls = 0;
+};
 
 // What the caller knows about a block when it enters a tier.
 struct BlockFacts {
@@ -62,6 +72,8 @@ struct BlockFacts {
   // True when the block came down from a faster tier (demotion) rather than being computed or
   // promoted into this one.
   bool demoted = false;
+  // The faster tier's rank for it (describe() of a policy that has one); read on demotion.
+  std::optional<CarriedRank> rank;
 };
 
 // A non-owning callable `bool(const BlockKey&)`: true means "do not choose this key now". Cheaper
@@ -105,7 +117,7 @@ class Evictor {
   virtual std::size_t select_victims(std::size_t count, KeyFilter skip,
                                      std::vector<BlockKey>& out) = 0;
 
-  // Fills what the policy remembers of a tracked block (depth, request_*) into `facts`, whose key
+  // Fills what the policy remembers of a tracked block (hits, its rank) into `facts`, whose key
   // and parent the caller has set; used to carry a block's facts along when it is demoted. The
   // default remembers nothing.
   virtual void describe(const BlockKey& key, BlockFacts& facts) const {}

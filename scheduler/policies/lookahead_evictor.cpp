@@ -43,20 +43,42 @@ void LookaheadEvictor::tick() {
 uint32_t LookaheadEvictor::list_for(uint32_t cls, uint32_t parent_slot) const {
   // A parent the queue will read is no reason to hold its child back.
   if (parent_slot == KeyIndex::kNone || list_[parent_slot] == kHintedList) return cls;
-  const uint32_t parent_list = list_[parent_slot];
-  return model_.expected_gap(parent_list) > model_.expected_gap(cls) ? parent_list : cls;
+  const uint32_t parent_cls = rank_class(parent_slot);
+  return model_.expected_gap(parent_cls) > model_.expected_gap(cls) ? parent_cls : cls;
+}
+
+std::optional<CarriedRank> LookaheadEvictor::arrival_rank(const BlockFacts& block) {
+  if (!block.demoted || !block.rank || block.rank->cls >= kClasses) return std::nullopt;
+  return block.rank;
+}
+
+void LookaheadEvictor::insert_ranked(uint32_t list, uint32_t slot) {
+  if (list < kArrivedLists) return lists_.push_front(list, slot);
+  // Newest first: past the blocks that rank from a later time. Ties go in front, as a chain
+  // demoted from its tail arrives child first and its parent must stay ahead of it.
+  uint32_t newer = SlotLists::kNil;
+  for (uint32_t s = lists_.front(list); s != SlotLists::kNil && rank_time_[s] > rank_time_[slot];
+       s = lists_.older(s)) {
+    newer = s;
+  }
+  if (newer == SlotLists::kNil) return lists_.push_front(list, slot);
+  lists_.insert_older_than(list, newer, slot);
 }
 
 void LookaheadEvictor::place(uint32_t slot, uint64_t time) {
   const uint32_t ps = links_.parent_slot(index_, slot);
-  const uint32_t list = list_for(class_[slot], ps);
+  place_in(slot, list_for(class_[slot], ps), ps, time);
+}
+
+void LookaheadEvictor::place_in(uint32_t slot, uint32_t list, uint32_t parent_slot,
+                                uint64_t time) {
   list_[slot] = static_cast<uint8_t>(list);
-  if (ps != KeyIndex::kNone && ps == last_placed_ && list_[ps] == list) {
-    rank_time_[slot] = rank_time_[ps];
-    lists_.insert_older_than(list, ps, slot);
+  if (parent_slot != KeyIndex::kNone && parent_slot == last_placed_ && list_[parent_slot] == list) {
+    rank_time_[slot] = rank_time_[parent_slot];
+    lists_.insert_older_than(list, parent_slot, slot);
   } else {
     rank_time_[slot] = time;
-    lists_.push_front(list, slot);
+    insert_ranked(list, slot);
   }
   last_placed_ = slot;
 }
@@ -74,11 +96,12 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     model_.moved(from, to);
     class_[slot] = static_cast<uint8_t>(to);
     if (list_[slot] == kHintedList) return;  // ranked again when it leaves that list
-    const uint32_t list = list_for(to, links_.parent_slot(index_, slot));
+    const uint32_t list = list_for(to, links_.parent_slot(index_, slot)) +
+                          (list_[slot] >= kArrivedLists ? kArrivedLists : 0);
     if (list != list_[slot]) {
       lists_.remove(list_[slot], slot);
       list_[slot] = static_cast<uint8_t>(list);
-      lists_.push_front(list, slot);
+      insert_ranked(list, slot);
     }
     return;
   }
@@ -118,9 +141,9 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
     list_.resize(limit, 0);
   }
   // The interval this tier has open for the block (from its last reference here, or the miss
-  // just recorded) goes on; a block it never saw opens one. Either way it ranks from its arrival:
-  // a block demoted or promoted into this tier was wanted at least that recently, and brings its
-  // hit count.
+  // just recorded) goes on; a block it never saw opens one. A block demoted with the rank of the
+  // tier above keeps that rank (one order over the hierarchy); any other ranks from its arrival:
+  // a block computed or promoted into this tier is wanted now. Either brings its hit count.
   const std::optional<GhostTable::Entry> remembered = ghost_.take(block.key, now_);
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
@@ -137,7 +160,11 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
   uses_[slot] = uses;
   class_[slot] = static_cast<uint8_t>(cls);
   links_.attach(index_, slot, block.parent);
-  place(slot, now_);
+  if (const std::optional<CarriedRank> carried = arrival_rank(block)) {
+    place_in(slot, kArrivedLists + carried->cls, links_.parent_slot(index_, slot), carried->time);
+  } else {
+    place(slot, now_);
+  }
 }
 
 void LookaheadEvictor::on_access(const BlockKey& key) {
@@ -181,7 +208,7 @@ uint32_t LookaheadEvictor::best_tail() {
   while (true) {
     uint32_t best = SlotLists::kNil;
     double best_rank = 0;
-    for (uint32_t l = 0; l < kClasses; ++l) {
+    for (uint32_t l = 0; l < kRankLists; ++l) {
       const uint32_t t = lists_.back(l);
       if (t == SlotLists::kNil) continue;
       const double r = rank(t);
@@ -224,6 +251,9 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
   const uint32_t victim = best_tail();
   if (victim == SlotLists::kNil) return true;
   if (list_[victim] == kHintedList) return false;  // every block here is wanted by the queue
+  if (const std::optional<CarriedRank> carried = arrival_rank(block)) {
+    return static_cast<double>(carried->time) - model_.expected_gap(carried->cls) > rank(victim);
+  }
   const auto remembered = ghost_.find(block.key, now_);
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
@@ -238,23 +268,23 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   if (count == 0) return 0;
   best_tail();  // moves hinted tails out of the ranking first
   // Merge the lists by rank, walking each from its tail with its own cursor.
-  std::array<uint32_t, kClasses> cursor;
-  for (uint32_t l = 0; l < kClasses; ++l) cursor[l] = lists_.back(l);
+  std::array<uint32_t, kRankLists> cursor;
+  for (uint32_t l = 0; l < kRankLists; ++l) cursor[l] = lists_.back(l);
   std::size_t added = 0;
   std::size_t hinted_seen = 0;
   std::vector<BlockKey> hinted_victims;
   while (added < count) {
-    uint32_t best_l = kClasses;
+    uint32_t best_l = kRankLists;
     double best_rank = 0;
-    for (uint32_t l = 0; l < kClasses; ++l) {
+    for (uint32_t l = 0; l < kRankLists; ++l) {
       if (cursor[l] == SlotLists::kNil) continue;
       const double r = rank(cursor[l]);
-      if (best_l == kClasses || r < best_rank) {
+      if (best_l == kRankLists || r < best_rank) {
         best_l = l;
         best_rank = r;
       }
     }
-    if (best_l == kClasses) break;
+    if (best_l == kRankLists) break;
     const uint32_t s = cursor[best_l];
     cursor[best_l] = lists_.newer(s);
     const BlockKey& key = index_.key(s);
@@ -285,6 +315,7 @@ void LookaheadEvictor::describe(const BlockKey& key, BlockFacts& facts) const {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return;
   facts.hits = std::max(facts.hits, uses_[slot] > 0 ? uses_[slot] - 1 : 0);
+  facts.rank = CarriedRank{rank_time_[slot], static_cast<uint8_t>(rank_class(slot))};
 }
 
 uint32_t LookaheadEvictor::uses_of(const BlockKey& key) const {

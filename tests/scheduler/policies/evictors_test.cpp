@@ -819,6 +819,79 @@ TEST(Evictors, LookaheadChildNeverRanksAboveItsParent) {
   EXPECT_EQ(out[1], key_of(1));
 }
 
+// Two lookahead tiers that hear every reference, as the scheduler's do: a block demoted with the
+// upper tier's rank (describe()) ranks in the lower tier from that rank, so the tiers keep one
+// order; without it, it would rank from its arrival, as fresh as a block referenced just now.
+TEST(Evictors, LookaheadDemotedBlockKeepsTheRankOfTheTierAbove) {
+  EvictorOptions o;
+  o.capacity_blocks = 4;
+  LookaheadEvictor upper(o);
+  LookaheadEvictor lower(o);
+  // References 1 and 2 (t = 1, 2) are held by the upper tier; 3 (t = 3) by the lower one.
+  for (uint64_t id : {1, 2}) {
+    upper.on_miss(facts_of(id));
+    upper.on_insert(facts_of(id));
+    lower.on_miss(facts_of(id));
+  }
+  upper.on_miss(facts_of(3));
+  lower.on_miss(facts_of(3));
+  lower.on_insert(facts_of(3));
+  // 1 is demoted at t = 3: it brings its rank time 1, older than 3's.
+  BlockFacts one = facts_of(1);
+  upper.describe(key_of(1), one);
+  ASSERT_TRUE(one.rank.has_value());
+  EXPECT_EQ(one.rank->time, 1u);
+  one.demoted = true;
+  lower.on_insert(one);
+  upper.on_erase(key_of(1));
+  std::vector<BlockKey> out;
+  ASSERT_EQ(lower.select_victims(2, KeyFilter::none(), out), 2u);
+  EXPECT_EQ(out[0], key_of(1));
+  EXPECT_EQ(out[1], key_of(3));
+  // Admission compares the carried rank too: 2 ranks from t = 2, after 1 and before 3.
+  BlockFacts two = facts_of(2);
+  upper.describe(key_of(2), two);
+  two.demoted = true;
+  EXPECT_TRUE(lower.admit(two));
+  lower.on_erase(key_of(1));
+  for (uint64_t id : {50, 51}) {  // the clock moves on to t = 5
+    upper.on_miss(facts_of(id));
+    lower.on_miss(facts_of(id));
+  }
+  EXPECT_FALSE(lower.admit(two));  // 3, the victim now, ranks above it
+  // Not demoted (a promotion), the same facts rank from now: above 3.
+  two.demoted = false;
+  EXPECT_TRUE(lower.admit(two));
+  EXPECT_EQ(upper.misuse() + lower.misuse(), 0u);
+}
+
+// Demoted blocks that arrive out of rank order are put in order; a chain demoted from its tail
+// (child first, same rank time) keeps its parent ahead; a block referenced here since ranks last.
+TEST(Evictors, LookaheadOrdersDemotedArrivalsByTheirRank) {
+  EvictorOptions o;
+  o.capacity_blocks = 8;
+  LookaheadEvictor e(o);
+  for (int i = 0; i < 20; ++i) e.on_miss(facts_of(1000 + i));  // the clock reaches 20
+  e.on_miss(facts_of(9));
+  e.on_insert(facts_of(9));  // referenced at t = 21
+  const auto demote = [&](BlockFacts f, uint64_t time) {
+    f.demoted = true;
+    f.rank = CarriedRank{time, static_cast<uint8_t>(LookaheadEvictor::class_of(1, false))};
+    e.on_insert(f);
+  };
+  demote(facts_of(5), 12);
+  demote(facts_of(4), 7);
+  demote(facts_of(6), 15);
+  demote(facts_of(8, 7, 1), 10);  // the chain 7 -> 8, child first
+  demote(facts_of(7), 10);
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(6, KeyFilter::none(), out), 6u);
+  const std::vector<BlockKey> expected = {key_of(4), key_of(8), key_of(7),
+                                          key_of(5), key_of(6), key_of(9)};
+  EXPECT_EQ(out, expected);
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
 // ---- The reuse model and the ghost history ----------------------------------------------------
 
 TEST(ReuseModel, UnseenClassesRankAsNeverBack) {

@@ -413,6 +413,34 @@ TEST(Replay, LookaheadBeatsLruOnGeneratedWorkloads) {
   }
 }
 
+// Three lookahead tiers against three LRU tiers on both generated workloads, online and with a
+// queue of 8: the tiers rank alike (a demoted block keeps its rank), so the hierarchy keeps what
+// one lookahead cache would.
+TEST(Replay, LookaheadBeatsLruInThreeTiers) {
+  ChatTraceOptions chat;
+  chat.requests = 1500;
+  AgentTraceOptions agent;
+  agent.requests = 1500;
+  const std::pair<std::string, Trace> traces[] = {{"chat", generate_chat_trace(chat)},
+                                                  {"agent", generate_agent_trace(agent)}};
+  for (const auto& [name, trace] : traces) {
+    auto w = build_workload(trace, 512);
+    ASSERT_TRUE(w.ok());
+    for (const std::array<uint64_t, kNumTiers> tiers :
+         {std::array<uint64_t, kNumTiers>{10, 30, 60}, {20, 60, 320}}) {
+      for (uint32_t lookahead : {0u, 8u}) {
+        RunOptions opt;
+        opt.lookahead = lookahead;
+        const uint64_t lru = run(*w, RunKind::kPolicy, EvictionPolicy::kLru, tiers, opt).hit_tokens;
+        const uint64_t la =
+            run(*w, RunKind::kPolicy, EvictionPolicy::kLookahead, tiers, opt).hit_tokens;
+        EXPECT_GT(la, lru) << name << " tiers " << tiers[0] << "/" << tiers[1] << "/" << tiers[2]
+                           << ", lookahead " << lookahead;
+      }
+    }
+  }
+}
+
 // Three small tiers under every policy: a promoted block whose only copy is in the slowest tier
 // must survive the cascade that makes room for it (the run fails otherwise: its fill finds no
 // entry), and the page table's audit passes.
