@@ -57,8 +57,10 @@ void LookaheadEvictor::insert_ranked(uint32_t list, uint32_t slot) {
   // Newest first: past the blocks that rank from a later time. Ties go in front, as a chain
   // demoted from its tail arrives child first and its parent must stay ahead of it.
   uint32_t newer = SlotLists::kNil;
-  for (uint32_t s = lists_.front(list); s != SlotLists::kNil && rank_time_[s] > rank_time_[slot];
-       s = lists_.older(s)) {
+  uint32_t steps = 0;
+  for (uint32_t s = lists_.front(list);
+       s != SlotLists::kNil && rank_time_[s] > rank_time_[slot] && steps < kMaxOrderWalk;
+       s = lists_.older(s), ++steps) {
     newer = s;
   }
   if (newer == SlotLists::kNil) return lists_.push_front(list, slot);
@@ -70,8 +72,7 @@ void LookaheadEvictor::place(uint32_t slot, uint64_t time) {
   place_in(slot, list_for(class_[slot], ps), ps, time);
 }
 
-void LookaheadEvictor::place_in(uint32_t slot, uint32_t list, uint32_t parent_slot,
-                                uint64_t time) {
+void LookaheadEvictor::place_in(uint32_t slot, uint32_t list, uint32_t parent_slot, uint64_t time) {
   list_[slot] = static_cast<uint8_t>(list);
   if (parent_slot != KeyIndex::kNone && parent_slot == last_placed_ && list_[parent_slot] == list) {
     rank_time_[slot] = rank_time_[parent_slot];

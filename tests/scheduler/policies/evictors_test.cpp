@@ -892,6 +892,32 @@ TEST(Evictors, LookaheadOrdersDemotedArrivalsByTheirRank) {
   EXPECT_EQ(e.misuse(), 0u);
 }
 
+// The walk into place is bounded: an arrival older than kMaxOrderWalk + 1 newer arrivals stops
+// after kMaxOrderWalk of them, and ranks after the ones it did not walk past.
+TEST(Evictors, LookaheadOrderWalkIsBounded) {
+  constexpr uint32_t kNewer = LookaheadEvictor::kMaxOrderWalk + 2;
+  EvictorOptions o;
+  o.capacity_blocks = kNewer + 1;
+  LookaheadEvictor e(o);
+  const uint8_t cls = static_cast<uint8_t>(LookaheadEvictor::class_of(1, false));
+  for (uint64_t i = 0; i < kNewer; ++i) {
+    BlockFacts f = facts_of(100 + i);
+    f.demoted = true;
+    f.rank = CarriedRank{10 + i, cls};
+    e.on_insert(f);
+  }
+  BlockFacts late = facts_of(1);
+  late.demoted = true;
+  late.rank = CarriedRank{1, cls};
+  e.on_insert(late);
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(3, KeyFilter::none(), out), 3u);
+  EXPECT_EQ(out[0], key_of(100));
+  EXPECT_EQ(out[1], key_of(101));
+  EXPECT_EQ(out[2], key_of(1));
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
 // ---- The reuse model and the ghost history ----------------------------------------------------
 
 TEST(ReuseModel, UnseenClassesRankAsNeverBack) {
