@@ -99,8 +99,9 @@ class Placement {
   static uint64_t watermark_deficit(uint64_t capacity, uint64_t used, const Watermarks& marks);
 
   // Whether a new block may take a frame in `tier` when the tier is full (the tier's evictor's
-  // admit(); true when the tier has room). The replay uses it for bypass; the scheduler to decide
-  // whether a freshly computed block is retained after its step.
+  // admit()). The replay uses it for bypass: a new block HBM refuses is not retained. The
+  // scheduler does not: a block its step computed stays in HBM until a plan evicts it, and only
+  // the tiers it is demoted into are asked (free_in).
   bool admit_new(Tier tier, const BlockFacts& block) const;
 
   const PlacementCounters& counters() const { return counters_; }
