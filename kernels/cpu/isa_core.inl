@@ -148,7 +148,7 @@ inline void store_elems(uint8_t* p, typename V::F v) {
 
 template <class V>
 constexpr bool has_store_fp8x4() {
-  return requires(uint8_t* p, typename V::F v) { V::store_fp8x4(p, v, v, v, v); };
+  return requires(uint8_t * p, typename V::F v) { V::store_fp8x4(p, v, v, v, v); };
 }
 
 // dst[i] = narrow<D>(value<S>(src[i]) * scale). Widening is exact, so the only rounding is the
@@ -182,14 +182,10 @@ void convert_t(const uint8_t* src, float scale, uint8_t* dst, std::size_t n) {
 template <class V, Dtype S>
 void convert_from(const uint8_t* src, float scale, uint8_t* dst, Dtype dst_dtype, std::size_t n) {
   switch (dst_dtype) {
-    case Dtype::kF32:
-      return convert_t<V, S, Dtype::kF32>(src, scale, dst, n);
-    case Dtype::kF16:
-      return convert_t<V, S, Dtype::kF16>(src, scale, dst, n);
-    case Dtype::kBF16:
-      return convert_t<V, S, Dtype::kBF16>(src, scale, dst, n);
-    case Dtype::kFP8E4M3:
-      return convert_t<V, S, Dtype::kFP8E4M3>(src, scale, dst, n);
+    case Dtype::kF32: return convert_t<V, S, Dtype::kF32>(src, scale, dst, n);
+    case Dtype::kF16: return convert_t<V, S, Dtype::kF16>(src, scale, dst, n);
+    case Dtype::kBF16: return convert_t<V, S, Dtype::kBF16>(src, scale, dst, n);
+    case Dtype::kFP8E4M3: return convert_t<V, S, Dtype::kFP8E4M3>(src, scale, dst, n);
   }
 }
 
@@ -199,14 +195,10 @@ void convert(const void* src, Dtype src_dtype, float scale, void* dst, Dtype dst
   const auto* from = static_cast<const uint8_t*>(src);
   auto* to = static_cast<uint8_t*>(dst);
   switch (src_dtype) {
-    case Dtype::kF32:
-      return convert_from<V, Dtype::kF32>(from, scale, to, dst_dtype, n);
-    case Dtype::kF16:
-      return convert_from<V, Dtype::kF16>(from, scale, to, dst_dtype, n);
-    case Dtype::kBF16:
-      return convert_from<V, Dtype::kBF16>(from, scale, to, dst_dtype, n);
-    case Dtype::kFP8E4M3:
-      return convert_from<V, Dtype::kFP8E4M3>(from, scale, to, dst_dtype, n);
+    case Dtype::kF32: return convert_from<V, Dtype::kF32>(from, scale, to, dst_dtype, n);
+    case Dtype::kF16: return convert_from<V, Dtype::kF16>(from, scale, to, dst_dtype, n);
+    case Dtype::kBF16: return convert_from<V, Dtype::kBF16>(from, scale, to, dst_dtype, n);
+    case Dtype::kFP8E4M3: return convert_from<V, Dtype::kFP8E4M3>(from, scale, to, dst_dtype, n);
   }
 }
 

@@ -150,14 +150,14 @@ struct VecAvx2 {
     // 448 is the largest finite e4m3 value; mag as the second operand keeps NaN out of the min
     // (it is replaced below).
     const F a = _mm256_min_ps(_mm256_set1_ps(448.0f), mag);
-    const __m256i exponent = _mm256_max_epi32(
-        _mm256_and_si256(_mm256_castps_si256(a), _mm256_set1_epi32(0x7F800000)),
-        _mm256_set1_epi32(121 << 23));  // 2^-6, e4m3's smallest normal
+    const __m256i exponent =
+        _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), _mm256_set1_epi32(0x7F800000)),
+                         _mm256_set1_epi32(121 << 23));  // 2^-6, e4m3's smallest normal
     const __m256i m = _mm256_add_epi32(exponent, _mm256_set1_epi32(20 << 23));
     const __m256i rounded = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(m)));
-    __m256i code = _mm256_add_epi32(
-        _mm256_sub_epi32(rounded, m),
-        _mm256_sub_epi32(_mm256_srli_epi32(m, 20), _mm256_set1_epi32(1128)));
+    __m256i code =
+        _mm256_add_epi32(_mm256_sub_epi32(rounded, m),
+                         _mm256_sub_epi32(_mm256_srli_epi32(m, 20), _mm256_set1_epi32(1128)));
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F),
                               _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
     return _mm256_or_si256(code,
@@ -165,9 +165,9 @@ struct VecAvx2 {
   }
   static void store_fp8(void* p, F v) {
     // The low byte of each lane to the bottom of its 128-bit half, then the halves together.
-    const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               -1, -1, -1, -1);
+    const __m256i low_bytes =
+        _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                         -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i bytes = _mm256_shuffle_epi8(fp8_codes(v), low_bytes);
     const __m256i packed =
         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));

@@ -166,7 +166,7 @@ class LookaheadEvictor final : public Evictor {
   ChainLinks links_;
   // List order: when placed here (now, or when it left the hinted list), or the carried rank.
   std::vector<uint64_t> rank_time_;
-  std::vector<uint64_t> ref_time_;   // last reference (the model's intervals)
+  std::vector<uint64_t> ref_time_;  // last reference (the model's intervals)
   std::vector<uint32_t> uses_;
   std::vector<uint8_t> class_;  // the learning class of the last reference
   // The slot's list: a class list (class_'s or its parent's), that plus kArrivedLists, or
