@@ -253,15 +253,14 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
   if (victim == SlotLists::kNil) return true;
   if (list_[victim] == kHintedList) return false;  // every block here is wanted by the queue
   if (const std::optional<CarriedRank> carried = arrival_rank(block)) {
-    return static_cast<double>(carried->time) - model_.expected_gap(carried->cls) > rank(victim);
+    return rank_at(carried->time, carried->cls) > rank(victim);
   }
   const auto remembered = ghost_.find(block.key, now_);
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   const uint32_t ps = block.parent.is_null() ? KeyIndex::kNone : index_.find(block.parent);
   const uint32_t list = list_for(class_of(uses, false), ps);
-  const double newcomer = static_cast<double>(now_) - model_.expected_gap(list);
-  return newcomer > rank(victim);
+  return rank_at(now_, list) > rank(victim);
 }
 
 std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,

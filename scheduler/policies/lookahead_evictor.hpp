@@ -127,10 +127,11 @@ class LookaheadEvictor final : public Evictor {
   uint32_t rank_class(uint32_t slot) const {
     return list_[slot] == kHintedList ? class_[slot] : list_[slot] % kClasses;
   }
-  // Lowest first (the next victim).
-  double rank(uint32_t slot) const {
-    return static_cast<double>(rank_time_[slot]) - model_.expected_gap(rank_class(slot));
+  // The rank of a block ranking from `time` in class `cls`; lowest first (the next victim).
+  double rank_at(uint64_t time, uint32_t cls) const {
+    return static_cast<double>(time) - model_.expected_gap(cls);
   }
+  double rank(uint32_t slot) const { return rank_at(rank_time_[slot], rank_class(slot)); }
   bool hinted(const BlockKey& key) const;
   // The class list a block of class `cls` joins: its parent's class when that one has the
   // larger gap.
