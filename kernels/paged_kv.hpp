@@ -43,10 +43,12 @@ class ResidencyCheck {
 struct ResidencyGuard {
   const ResidencyCheck* check = nullptr;  // nullptr: nothing to check against
   bool enabled = kResidencyCheckDefault;
-  // CUDA launchers only (the block table they get lives on the device): a host copy of
-  // kv.indices, [host_nnz] frame ids. CPU launchers read kv.indices directly.
+  // CUDA launchers only (the block table they get lives on the device): host copies of
+  // kv.indptr ([batch + 1]) and kv.indices ([host_indptr[batch]] frame ids). Both are required
+  // when the guard is enabled with a check: without them nothing could be checked. CPU
+  // launchers read kv.indptr and kv.indices directly.
+  const uint32_t* host_indptr = nullptr;
   const uint32_t* host_indices = nullptr;
-  uint32_t host_nnz = 0;
 };
 
 struct PagedKv {

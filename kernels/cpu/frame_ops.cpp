@@ -40,8 +40,15 @@ float quantize_half(const IsaKernels& isa, const uint8_t* src, Dtype dtype, std:
     std::memset(dst, 0, n);
     return std::numeric_limits<float>::quiet_NaN();
   }
-  const float inv = amax > 0.0f ? kFp8E4M3Max / amax : 1.0f;
-  const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+  float inv = amax > 0.0f ? kFp8E4M3Max / amax : 1.0f;
+  float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+  if (std::isinf(inv)) {
+    // amax below 448 / FLT_MAX (f32 or bf16 pages only): 448 / amax overflows, and x * inf
+    // would turn the zeros into NaN codes. Every value is then within 1.4e-36 of zero, and the
+    // half encodes as (signed) zeros with scale 1, as an all-zero half does.
+    inv = 0.0f;
+    scale = 1.0f;
+  }
   isa.convert(src, dtype, inv, dst, Dtype::kFP8E4M3, n);
   return scale;
 }

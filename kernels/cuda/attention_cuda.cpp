@@ -1,6 +1,7 @@
 #include "kernels/cuda/attention_cuda.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "kernels/cuda/launch_args.hpp"
@@ -21,6 +22,36 @@ cudaError_t reject(const Status& st) {
   last_error() = st.to_string();
   log(LogLevel::kError, "CUDA attention launch rejected: " + last_error());
   return cudaErrorInvalidValue;
+}
+
+// The residency guard's host copy of the block table, then every frame it lists: the table
+// must be whole (indptr from 0, no sequence without pages, every frame id in the arena), since
+// the frames checked are the frames the kernel will read.
+Status check_host_table(const ResidencyGuard& guard, const PagedKv& kv) {
+  if (guard.host_indptr == nullptr || guard.host_indices == nullptr) {
+    return invalid_argument(
+        "attention launch: residency checking is on but residency.host_indptr or "
+        "residency.host_indices is null (the host copies of the block table it checks)");
+  }
+  if (guard.host_indptr[0] != 0) {
+    return invalid_argument("attention launch: residency.host_indptr[0] is " +
+                            std::to_string(guard.host_indptr[0]) + ", expected 0");
+  }
+  for (uint32_t b = 0; b < kv.batch; ++b) {
+    if (guard.host_indptr[b + 1] <= guard.host_indptr[b]) {
+      return invalid_argument("attention launch: residency.host_indptr gives sequence " +
+                              std::to_string(b) + " no pages (or decreases there)");
+    }
+  }
+  const uint32_t nnz = guard.host_indptr[kv.batch];
+  for (uint32_t i = 0; i < nnz; ++i) {
+    if (guard.host_indices[i] >= kv.num_frames) {
+      return out_of_range("attention launch: block table entry " + std::to_string(i) +
+                          " names frame " + std::to_string(guard.host_indices[i]) +
+                          " of an arena of " + std::to_string(kv.num_frames) + " frames");
+    }
+  }
+  return check_residency(guard, guard.host_indices, nnz);
 }
 
 Status check_common(const AttentionParams& p, uint32_t max_group, cudaStream_t stream) {
@@ -50,13 +81,12 @@ Status check_common(const AttentionParams& p, uint32_t max_group, cudaStream_t s
                          p.kv.indices == nullptr || p.kv.last_page_len == nullptr)) {
     return invalid_argument("attention launch: q, out or the block table is null");
   }
-  if (p.residency.enabled && p.residency.check != nullptr) {
-    if (p.residency.host_indices == nullptr && p.residency.host_nnz > 0) {
-      return invalid_argument(
-          "attention launch: residency checking is on but residency.host_indices is null");
-    }
-    KVTIER_RETURN_IF_ERROR(
-        check_residency(p.residency, p.residency.host_indices, p.residency.host_nnz));
+  if (!std::isfinite(p.sm_scale)) {
+    return invalid_argument("attention launch: sm_scale " + std::to_string(p.sm_scale) +
+                            " is not finite");
+  }
+  if (p.residency.enabled && p.residency.check != nullptr && p.kv.batch > 0) {
+    KVTIER_RETURN_IF_ERROR(check_host_table(p.residency, p.kv));
   }
   return ok_status();
 }

@@ -3,12 +3,13 @@
 // prefill_attention.cu). Includable from plain C++; declared only in CUDA builds.
 //
 // All pointers in the parameters are device pointers (the block table included), except
-// residency.host_indices. Launchers check what the host can see (shapes, alignment, the stream,
-// the workspace, residency when enabled) and then only enqueue: they never synchronize, and never
-// use the legacy default stream (a null stream is rejected). A rejected launch returns
-// cudaErrorInvalidValue without enqueuing anything; last_launch_error() then says why (naming
-// the frame for a residency failure), and the same line is logged. The device-side block table
-// is trusted: validate its host copy (validate_paged_kv) where it is built.
+// residency.host_indptr and residency.host_indices. Launchers check what the host can see
+// (shapes, alignment, the stream, the workspace, and, when residency checking is enabled, the
+// host copy of the block table: whole, in the arena, every frame resident) and then only enqueue:
+// they never synchronize, and never use the legacy default stream (a null stream is rejected). A
+// rejected launch returns cudaErrorInvalidValue without enqueuing anything; last_launch_error()
+// then says why (naming the frame for a residency failure), and the same line is logged. The
+// device-side block table is trusted: validate its host copy (validate_paged_kv) where it is built.
 //
 // Supported here: KV f16, bf16, fp8_e4m3 (with per-frame scales); head_dim 32, 64, 128 or 256;
 // query heads per KV head up to 8 (decode) or 16 (prefill). The CPU path takes every shape.

@@ -95,11 +95,17 @@ __device__ __forceinline__ void store_wide(uint8_t* p, uint64_t i, float v) {
 constexpr float kFp8Max = 448.0f;
 
 // The scale kept with a half page whose finite max |x| is amax (1 for an all-zero half), and the
-// factor its elements are multiplied by before rounding to e4m3.
+// factor its elements are multiplied by before rounding to e4m3. As on the CPU
+// (kernels/cpu/frame_ops.cpp): when 448 / amax overflows (amax below 448 / FLT_MAX), the half
+// encodes as signed zeros (factor 0) with scale 1, rather than x * inf turning zeros into NaN.
+__device__ __forceinline__ bool fp8_inverse_overflows(float amax) {
+  return amax > 0.0f && isinf(__fdiv_rn(kFp8Max, amax));
+}
 __device__ __forceinline__ float fp8_scale(float amax) {
-  return amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+  return amax > 0.0f && !fp8_inverse_overflows(amax) ? __fdiv_rn(amax, kFp8Max) : 1.0f;
 }
 __device__ __forceinline__ float fp8_inverse_scale(float amax) {
+  if (fp8_inverse_overflows(amax)) return 0.0f;
   return amax > 0.0f ? __fdiv_rn(kFp8Max, amax) : 1.0f;
 }
 // The scale of a half holding NaN or inf (its bytes are zeros): the CPU path's quiet NaN.

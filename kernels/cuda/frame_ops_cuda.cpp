@@ -1,5 +1,6 @@
 #include "kernels/cuda/frame_ops_cuda.hpp"
 
+#include <cstdint>
 #include <string>
 
 #include "kernels/cuda/launch_args.hpp"
@@ -27,6 +28,15 @@ cudaError_t fp8(const Fp8FramesParams& p, bool quantize, cudaStream_t stream) {
   if (stream == nullptr) return reject(what, invalid_argument("null (legacy default) stream"));
   if (Status st = validate_fp8_frames_shape(p); !st.ok()) return reject(what, st);
   if (p.count > 0 && p.frames == nullptr) return reject(what, invalid_argument("frames is null"));
+  // The kernels load and store elements and scales as typed values: a misaligned address would
+  // fault on the device (a sticky error for the whole context) instead of being refused here.
+  const std::size_t es = dtype_size(p.dtype);
+  if (p.count > 0 && (reinterpret_cast<uintptr_t>(p.arena) % es != 0 || p.frame_stride % es != 0 ||
+                      reinterpret_cast<uintptr_t>(p.scales) % alignof(float) != 0)) {
+    return reject(
+        what, invalid_argument("arena and frame_stride must be multiples of the " +
+                               std::to_string(es) + "-byte element, and scales 4-byte aligned"));
+  }
   const detail::Fp8Args a{p.arena,        p.frame_stride, static_cast<detail::KvType>(p.dtype),
                           p.half_elems(), p.frames,       p.count,
                           p.staging,      p.scales};

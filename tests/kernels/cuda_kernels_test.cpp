@@ -295,14 +295,90 @@ TEST(CudaLaunchRejections, NonResidentFrameIsNamedAndNothingLaunches) {
   AttentionParams p = fx.params();
   p.residency.enabled = true;
   p.residency.check = &check;
+  p.residency.host_indptr = fx.indptr().data();
   p.residency.host_indices = fx.indices().data();
-  p.residency.host_nnz = static_cast<uint32_t>(fx.indices().size());
   EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
   EXPECT_NE(kc::last_launch_error().find("frame " + std::to_string(missing)), std::string::npos)
       << kc::last_launch_error();
+  EXPECT_EQ(kc::launch_prefill_attention(p, 1, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("frame " + std::to_string(missing)), std::string::npos)
+      << kc::last_launch_error();
+  // Without the host copies the guard could check nothing: refused, not passed.
   p.residency.host_indices = nullptr;
   EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
   EXPECT_NE(kc::last_launch_error().find("host_indices"), std::string::npos);
+  p.residency.host_indptr = nullptr;
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("host_indptr"), std::string::npos);
+}
+
+TEST(CudaLaunchRejections, ResidencyHostTableMustBeWholeAndInTheArena) {
+  testing::KvShape shape;
+  shape.dtype = Dtype::kBF16;
+  testing::PagedKvFixture fx(shape, {40, 20}, {}, 3);
+  std::set<uint32_t> every_frame;
+  for (uint32_t f = 0; f < fx.kv().num_frames + 8; ++f) every_frame.insert(f);
+  FrameSet check(every_frame);
+  AttentionParams p = fx.params();
+  p.residency.enabled = true;
+  p.residency.check = &check;
+  std::vector<uint32_t> indptr = fx.indptr();
+  std::vector<uint32_t> indices = fx.indices();
+  p.residency.host_indptr = indptr.data();
+  p.residency.host_indices = indices.data();
+  // A sequence with no pages in the host copy would leave its frames unchecked.
+  indptr[1] = indptr[0];
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("sequence 0 no pages"), std::string::npos)
+      << kc::last_launch_error();
+  indptr = fx.indptr();
+  p.residency.host_indptr = indptr.data();
+  indices.back() = fx.kv().num_frames + 3;  // "resident" by the check, but outside the arena
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("names frame " + std::to_string(indices.back())),
+            std::string::npos)
+      << kc::last_launch_error();
+}
+
+TEST(CudaLaunchRejections, MisalignedFp8FramesAreRefusedBeforeAnyLaunch) {
+  alignas(64) static uint8_t arena[2 * 4096 + 64];
+  alignas(64) static uint8_t staging[4096];
+  alignas(64) static float scales[4];
+  const uint32_t frames[1] = {0};
+  Fp8FramesParams p;
+  p.dtype = Dtype::kF32;
+  p.page_tokens = 2;
+  p.kv_heads = 1;
+  p.head_dim = 64;
+  p.frame_stride = 4096;
+  p.num_frames = 2;
+  p.arena = arena;
+  p.frames = frames;
+  p.count = 1;
+  p.staging = staging;
+  p.scales = scales;
+  p.frame_stride = 4096 + 2;  // not a multiple of 4 bytes
+  EXPECT_EQ(kc::launch_quantize_frames_fp8(p, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(kc::launch_dequantize_frames_fp8(p, fake_stream()), cudaErrorInvalidValue);
+  p.frame_stride = 4096;
+  p.arena = arena + 2;
+  EXPECT_EQ(kc::launch_quantize_frames_fp8(p, fake_stream()), cudaErrorInvalidValue);
+  p.arena = arena;
+  p.scales = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(scales) + 1);
+  EXPECT_EQ(kc::launch_dequantize_frames_fp8(p, fake_stream()), cudaErrorInvalidValue);
+}
+
+TEST(CudaLaunchRejections, NonFiniteSmScale) {
+  testing::KvShape shape;
+  shape.dtype = Dtype::kBF16;
+  testing::PagedKvFixture fx(shape, {40}, {}, 4);
+  AttentionParams p = fx.params();
+  p.sm_scale = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("sm_scale"), std::string::npos);
+  p.sm_scale = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(kc::launch_prefill_attention(p, 1, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("sm_scale"), std::string::npos);
 }
 
 TEST(CudaLaunchRejections, DefaultStreamShapesAndWorkspace) {

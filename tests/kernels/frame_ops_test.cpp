@@ -231,6 +231,41 @@ TEST(Fp8FramesErrors, NonFiniteHalfIsReportedWithItsFrame) {
   EXPECT_EQ(cpu::dequantize_frames_fp8(fx.p).code(), StatusCode::kInvalidArgument);
 }
 
+// A half whose largest value is below 448 / FLT_MAX (only f32 and bf16 reach that range) would
+// overflow the inverse scale; it encodes as zeros (no NaN code), in every ISA alike.
+TEST(Fp8FramesErrors, HalfOfTinyValuesEncodesAsZerosNotNan) {
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16}) {
+    Fp8Fixture fx(dtype, 4, 2, 11);
+    const uint32_t tiny = fx.frames[0];
+    uint8_t* page = fx.arena.data() + tiny * fx.p.frame_stride;
+    const std::size_t half = fx.p.half_elems();
+    for (std::size_t e = 0; e < half; ++e) {
+      store_from_float(page, dtype, e, e % 3 == 0 ? 0.0f : (e % 2 == 0 ? 1e-37f : -3e-38f));
+    }
+    std::vector<uint8_t> first_bytes;
+    std::vector<float> first_scales;
+    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+      if (cpu::isa_kernels(isa) == nullptr) continue;
+      ASSERT_TRUE(cpu::quantize_frames_fp8(fx.p, isa).ok()) << dtype_name(dtype);
+      for (std::size_t e = 0; e < half; ++e) {
+        ASSERT_EQ(fx.staging[e] & 0x7F, 0) << dtype_name(dtype) << " element " << e;
+      }
+      EXPECT_EQ(fx.scales[0], 1.0f);
+      EXPECT_GT(fx.scales[1], 0.0f) << "the V half is ordinary";
+      if (first_bytes.empty()) {
+        first_bytes = fx.staging;
+        first_scales = fx.scales;
+      }
+      EXPECT_EQ(fx.staging, first_bytes) << cpu::isa_name(isa);
+      EXPECT_EQ(fx.scales, first_scales) << cpu::isa_name(isa);
+    }
+    ASSERT_TRUE(cpu::dequantize_frames_fp8(fx.p).ok());
+    for (std::size_t e = 0; e < half; ++e) {
+      ASSERT_EQ(load_as_float(page, dtype, e), 0.0f) << dtype_name(dtype) << " element " << e;
+    }
+  }
+}
+
 TEST(Fp8FramesErrors, RejectsFp8AsTheWideFormat) {
   Fp8Fixture fx(Dtype::kBF16, 4, 2, 3);
   fx.p.dtype = Dtype::kFP8E4M3;
