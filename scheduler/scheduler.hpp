@@ -106,8 +106,12 @@ class Scheduler {
   Status close_sequence(SequenceId id);
   Result<StepInfo> begin_step(std::span<const StepItem> batch);
   // The engine is done reading and writing `layer` of the step (windowed steps: releases it and
-  // plans the next layer). Optional when the step is not windowed.
+  // plans the next layer). Optional when the step is not windowed. kFailedPrecondition, changing
+  // nothing, when the layer is not ready (its pages cannot have been written).
   Status end_layer(StepId step, uint32_t layer);
+  // Completes the pages the engine wrote and publishes full blocks. A layer that never became
+  // ready (failed, or not waited for) means pages left unwritten: the step is aborted instead and
+  // kFailedPrecondition says which layer.
   Status end_step(StepId step, std::span<const StepCompletion> completions);
   // Gives a step up (the engine failed it, e.g. a layer that could not load): unpins, discards the
   // pages it was to write and leaves every sequence as it was before the step.
@@ -133,7 +137,8 @@ class Scheduler {
 
   // ---- Any thread ----
   // Blocks until `layer` of `step` is ready (all its pages arrived), at most the step's deadline
-  // policy allows; counts stalls. See layer_readiness.hpp for the results.
+  // policy allows; counts stalls. See layer_readiness.hpp for the results. A layer a windowed
+  // step has not begun yet is kFailedPrecondition at once (end_layer earlier layers first).
   Status wait_layer(StepId step, uint32_t layer);
   // The layer's block table; kFailedPrecondition before the layer is ready.
   Result<LayerTable> layer_table(StepId step, uint32_t layer) const;
@@ -175,9 +180,15 @@ class Scheduler {
   Result<Step*> find_step(StepId id) const;
   Status plan_layer(Step& step, uint32_t layer);
   void release_layer(Step& step, uint32_t layer);
+  // Gives up a load's HBM fill of (key, layer); when the page is pinned and cannot be aborted
+  // yet, remembers it in failed_fills_.
+  void give_up_fill(const BlockKey& key, uint32_t layer);
+  // Aborts the failed fills of `step`'s pages of `layer` that no pin holds any more.
+  void abort_failed_fills(const Step& step, uint32_t layer);
   void finish_written_pages(Step& step, uint32_t layer);
   Result<std::shared_ptr<PublishedStep>> published(StepId id) const;
-  void recompute_late_prefix(Sequence& seq, StepItemInfo& item);
+  // Gives up the reused blocks predicted to arrive after the deadline (Sequence::owed_recompute).
+  void recompute_late_prefix(Sequence& seq);
   bool refillable(const BlockKey& key) const;
   void plan_written_page(StepId id, const BlockKey& key, uint32_t layer, bool refill,
                          std::function<void(uint32_t)> on_filling,
@@ -330,6 +341,10 @@ class Scheduler {
   // HBM pages of refilled blocks (Step::refilled) the engine is writing, with the readers that
   // wait for the write to end (they retry ensure_in_hbm then).
   std::unordered_map<PageKey, std::vector<std::function<void()>>, PageKeyHash> engine_writes_;
+  // HBM pages whose load failed while a step had them pinned: still filling (a pinned page
+  // cannot be aborted), holding whatever the failed copy left. Never served; aborted as soon as
+  // the last pin goes (abort_failed_fills).
+  std::unordered_set<PageKey, PageKeyHash> failed_fills_;
   // Prefix pins, and how many pins protect each block (kept in HBM: never an HBM victim).
   std::unordered_map<uint64_t, PrefixPin> prefix_pins_;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> protected_;

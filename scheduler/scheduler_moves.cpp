@@ -281,6 +281,13 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
           });
           return;
         }
+        if (failed_fills_.contains(pk)) {
+          // Its load failed while pinned: the frame holds whatever the copy left. A miss, never
+          // served; the page is aborted when its pins go.
+          done(unavailable("page " + to_string(key) + " layer " + std::to_string(layer) +
+                           ": its load into HBM failed; it is given up when unpinned"));
+          return;
+        }
         // Filled by the engine of another step (a page it writes): it is as good as ready for a
         // reader pinned behind it in the same step order.
         if (on_filling) on_filling(p.hbm_frame);
@@ -378,7 +385,7 @@ void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority pr
   const PageSnapshot src = page_snapshot(key, layer);
   if (src.host != CopyState::kReady) {
     if (refetches >= kMaxRefetches) {
-      parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+      give_up_fill(key, layer);
       finish_op(pk, unavailable("page " + to_string(key) + " layer " + std::to_string(layer) +
                                 " left host memory " + std::to_string(refetches) +
                                 " times before it could be loaded"));
@@ -387,7 +394,7 @@ void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority pr
     ensure_in_host(key, layer, prio,
                    [this, key, layer, prio, hbm_frame, refetches, pk](const Status& s) {
                      if (!s.ok()) {
-                       parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+                       give_up_fill(key, layer);
                        finish_op(pk, s);
                        serve_frame_waiters(Tier::kHbm);
                        return;
@@ -414,8 +421,7 @@ void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority pr
                 finish_op(pk, c);
               } else {
                 stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
-                // A pinned page cannot be aborted now; release_layer aborts it after unpinning.
-                parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+                give_up_fill(key, layer);
                 finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
                                              std::to_string(layer) + " into hbm"));
               }
@@ -425,11 +431,18 @@ void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority pr
         if (!submitted.ok()) {
           finished();
           if (--reading_[key] == 0) reading_.erase(key);
-          parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+          give_up_fill(key, layer);
           finish_op(pk, submitted);
         }
       });
   if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
+}
+
+void Scheduler::give_up_fill(const BlockKey& key, uint32_t layer) {
+  parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+  if (page_snapshot(key, layer).hbm == CopyState::kFilling) {
+    failed_fills_.insert(PageKey{key, layer, Tier::kHbm});
+  }
 }
 
 void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio,

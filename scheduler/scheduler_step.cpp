@@ -30,7 +30,7 @@ Result<Scheduler::Step*> Scheduler::find_step(StepId id) const {
   return it->second.get();
 }
 
-void Scheduler::recompute_late_prefix(Sequence& seq, StepItemInfo& item) {
+void Scheduler::recompute_late_prefix(Sequence& seq) {
   // The first step of a sequence, with prefetch.on_late = recompute: give up the reused blocks that
   // are predicted to arrive after the deadline; the engine recomputes them in this step instead.
   const Nanos deadline =
@@ -54,12 +54,12 @@ void Scheduler::recompute_late_prefix(Sequence& seq, StepItemInfo& item) {
       parts_.table->release(seq.blocks[j]).status().ignore();
     }
     seq.blocks.resize(b);
-    item.recomputed_tokens = static_cast<uint32_t>(seq.tokens - keep_tokens);
+    const uint64_t given_up_tokens = seq.tokens - keep_tokens;
+    seq.owed_recompute += given_up_tokens;
     seq.tokens = keep_tokens;
     seq.reused_blocks = b;
-    item.context_tokens = keep_tokens;
     stats_.recompute_blocks.fetch_add(given_up, std::memory_order_relaxed);
-    stats_.recompute_tokens.fetch_add(item.recomputed_tokens, std::memory_order_relaxed);
+    stats_.recompute_tokens.fetch_add(given_up_tokens, std::memory_order_relaxed);
     return;
   }
 }
@@ -89,15 +89,17 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   step->begun = parts_.loop->now();
   step->shared = std::make_shared<PublishedStep>();
 
-  // Give up late prefixes first (it changes how many tokens each item writes).
+  // Give up late prefixes first (it changes how many tokens each item writes). What is given up
+  // stays owed to the sequence until a step that recomputes it ends, whatever fails below.
   std::vector<StepItemInfo> infos(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (!seqs[i]->started && options_.policies.prefetch.on_late == LatePolicy::kRecompute) {
+      recompute_late_prefix(*seqs[i]);
+    }
     infos[i].sequence = batch[i].sequence;
     infos[i].context_tokens = seqs[i]->tokens;
+    infos[i].recomputed_tokens = static_cast<uint32_t>(seqs[i]->owed_recompute);
     infos[i].new_tokens = batch[i].new_tokens;
-    if (!seqs[i]->started && options_.policies.prefetch.on_late == LatePolicy::kRecompute) {
-      recompute_late_prefix(*seqs[i], infos[i]);
-    }
   }
 
   // Does one layer of the batch fit in HBM? Does all of it?
@@ -363,6 +365,22 @@ void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
   }
 }
 
+void Scheduler::abort_failed_fills(const Step& step, uint32_t layer) {
+  // A load that failed while the page was pinned left it filling: once unpinned it is given up.
+  for (const auto& blocks : step.blocks) {
+    for (const BlockKey& key : blocks) {
+      if (step.new_blocks.contains(key)) continue;
+      const PageKey pk{key, layer, Tier::kHbm};
+      const PageSnapshot p = page_snapshot(key, layer);
+      if (p.hbm == CopyState::kFilling && p.pins == 0 && !ops_.contains(pk)) {
+        parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
+        failed_fills_.erase(pk);
+        sync_membership(key, Tier::kHbm);
+      }
+    }
+  }
+}
+
 void Scheduler::release_layer(Step& step, uint32_t layer) {
   step.released[layer] = 1;
   for (const BlockKey& key : step.pinned[layer]) {
@@ -371,17 +389,7 @@ void Scheduler::release_layer(Step& step, uint32_t layer) {
     --pinned_frames_;
   }
   step.pinned[layer].clear();
-  // A load that failed while the page was pinned left it filling: now it can be given up.
-  for (const auto& blocks : step.blocks) {
-    for (const BlockKey& key : blocks) {
-      if (step.new_blocks.contains(key)) continue;
-      const PageSnapshot p = page_snapshot(key, layer);
-      if (p.hbm == CopyState::kFilling && p.pins == 0 &&
-          !ops_.contains(PageKey{key, layer, Tier::kHbm})) {
-        parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
-      }
-    }
-  }
+  abort_failed_fills(step, layer);
   if (step.windowed) {
     // The context does not fit: the finished layer leaves HBM now, to make room for the next.
     for (const auto& blocks : step.blocks) {
@@ -423,6 +431,14 @@ Status Scheduler::end_layer(StepId id, uint32_t layer) {
   if (step->released[layer]) {
     return failed_precondition("end_layer: layer " + std::to_string(layer) + " of step " +
                                std::to_string(id) + " was already ended");
+  }
+  if (!step->shared->ready[layer]->ready()) {
+    // Its pages cannot have been written (the engine gets a layer's table only once it is
+    // ready): completing them would make unwritten frames a cached copy.
+    return failed_precondition("end_layer: layer " + std::to_string(layer) + " of step " +
+                               std::to_string(id) +
+                               " is not ready (failed, or not waited for); wait_layer first, "
+                               "or abort_step when it failed");
   }
   finish_written_pages(*step, layer);
   release_layer(*step, layer);
@@ -671,6 +687,16 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
                                "end_layer for every layer before end_step (the step was aborted)");
   }
   for (uint32_t l = 0; l < step->layers; ++l) {
+    if (step->released[l] || step->shared->ready[l]->ready()) continue;
+    // A layer that failed or was never waited for: its pages were not written, and completing
+    // them would cache unwritten frames under the blocks' keys. Undo the step and say why.
+    KVTIER_RETURN_IF_ERROR(abort_step(id));
+    return failed_precondition("end_step: layer " + std::to_string(l) + " of step " +
+                               std::to_string(id) +
+                               " never became ready (a load failed, or it was not waited for); "
+                               "its pages were not written, so the step was aborted");
+  }
+  for (uint32_t l = 0; l < step->layers; ++l) {
     if (!step->released[l]) {
       finish_written_pages(*step, l);
       release_layer(*step, l);
@@ -693,6 +719,7 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
     const uint64_t old = step->tokens_before[i];
     seq.tokens = step->items[i].context_tokens + step->items[i].recomputed_tokens +
                  step->items[i].new_tokens;
+    seq.owed_recompute = 0;
     const StepCompletion* c = nullptr;
     for (const StepCompletion& comp : completions) {
       if (comp.sequence == seq.id) c = &comp;
@@ -732,6 +759,7 @@ Status Scheduler::abort_step(StepId id) {
         --pinned_frames_;
       }
       step->pinned[l].clear();
+      abort_failed_fills(*step, l);
     }
   }
   step->ended = true;
@@ -770,6 +798,12 @@ Status Scheduler::wait_layer(StepId step, uint32_t layer) {
   if (layer >= shared->ready.size()) {
     return out_of_range("wait_layer: layer " + std::to_string(layer) + " of step " +
                         std::to_string(step));
+  }
+  if (!shared->ready[layer]->sealed()) {
+    // A windowed step plans a layer when an earlier one ends: waiting now could only time out.
+    return failed_precondition("wait_layer: layer " + std::to_string(layer) + " of step " +
+                               std::to_string(step) +
+                               " is not begun yet (windowed step); end_layer earlier layers first");
   }
   Nanos waited = 0;
   Status s = shared->ready[layer]->wait(options_.wait_timeout, &waited);

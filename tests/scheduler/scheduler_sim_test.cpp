@@ -173,6 +173,18 @@ TEST(SchedulerSim, ContextFourTimesLargerThanHbmDecodesLayerByLayer) {
   }
   EXPECT_GT(w.scheduler().stats().windowed_steps.load(), 0u);
   EXPECT_LE(w.hbm().capacity(), 64u);
+  {
+    // Waiting on a layer the window has not reached yet is a protocol error, said at once (it
+    // could only time out).
+    const StepItem decode{s->id, 1};
+    auto step = w.scheduler().begin_step(std::span(&decode, 1));
+    ASSERT_TRUE(step.ok());
+    ASSERT_TRUE(step->windowed);
+    EXPECT_EQ(w.scheduler().wait_layer(step->id, step->layers - 1).code(),
+              StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
+    w.settle();
+  }
   ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
   w.settle();
   expect_consistent(w);
@@ -337,6 +349,51 @@ TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
   expect_consistent(w);
 }
 
+// on_late = recompute gives up a late reused prefix at the sequence's first begin_step. When that
+// begin_step then fails (one layer of the batch cannot fit), or the step is aborted, the tokens
+// given up must still be reported as recomputed by the next step, or the engine would write its
+// new tokens at the wrong position.
+TEST(SchedulerSim, ARecomputedPrefixIsReportedAgainAfterAFailedOrAbortedStep) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  setup.policies.prefill_tokens_per_s = 10.0;  // slow prefill: loading the prefix is chosen
+  setup.policies.prefetch.on_late = LatePolicy::kRecompute;
+  setup.policies.prefetch.deadline_ms = 0;  // ... and every load is late
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 4u);
+  const uint64_t prefix_tokens = 4 * 16;
+
+  const StepItem too_big{s->id, 64 * 16};  // one layer needs more frames than HBM has
+  EXPECT_EQ(w.scheduler().begin_step(std::span(&too_big, 1)).status().code(),
+            StatusCode::kResourceExhausted);
+  const StepItem one{s->id, 1};
+  auto step = w.scheduler().begin_step(std::span(&one, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  EXPECT_EQ(step->items[0].context_tokens + step->items[0].recomputed_tokens, prefix_tokens);
+  EXPECT_GT(step->items[0].recomputed_tokens, 0u);
+  ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
+  w.settle();
+
+  auto r = w.run_step(std::span(&one, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.info.items[0].context_tokens + r.info.items[0].recomputed_tokens, prefix_tokens);
+  // Once a step has recomputed them, nothing is owed any more.
+  auto next = w.run_step(std::span(&one, 1), kNanosPerMicro);
+  ASSERT_TRUE(next.status.ok()) << next.status.to_string();
+  EXPECT_EQ(next.info.items[0].recomputed_tokens, 0u);
+  EXPECT_EQ(next.info.items[0].context_tokens, prefix_tokens + 1);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
   SimSetup setup;
   setup.hbm_frames = 16;
@@ -359,6 +416,90 @@ TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
   w.settle();
   // The block whose read failed is a miss from now on.
   EXPECT_LT(w.scheduler().match(prompts[0]).blocks, 4u);
+  expect_consistent(w);
+}
+
+// A host -> HBM copy that fails while the step has the page pinned leaves the page filling (it
+// cannot be aborted while pinned). After the engine aborts the step, a retry must load the page
+// again, not take the half-written frame for a page another engine is writing.
+TEST(SchedulerSim, AFailedPinnedLoadIsLoadedAgainAfterAbortNotServed) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  setup.host_frames = 256;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kHost)], 4u);
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 4u);
+  w.settle();  // open_sequence's prefetches land first: the step's own loads come next
+  const uint64_t loads_before = w.port().counters(Link::kHostToHbm).transfers;
+  w.port().fail_next(Link::kHostToHbm, 1);
+  const StepItem decode{s->id, 1};
+  auto failed = w.run_step(std::span(&decode, 1), kNanosPerMicro);  // aborts on failure
+  w.settle();
+  const uint64_t loads_after_abort = w.port().counters(Link::kHostToHbm).transfers;
+  if (failed.status.ok()) {
+    GTEST_SKIP() << "every page was in HBM already; no load to fail ("
+                 << loads_after_abort - loads_before << " loads)";
+  }
+  EXPECT_EQ(failed.status.code(), StatusCode::kIoError) << failed.status.to_string();
+  auto retry = w.run_step(std::span(&decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(retry.status.ok()) << retry.status.to_string();
+  expect_tables_valid(w, retry);
+  EXPECT_GE(w.port().counters(Link::kHostToHbm).transfers, loads_after_abort + 1)
+      << "the page whose load failed was served without being loaded again";
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// An engine that ends a step whose layer failed (instead of aborting it) must not get the pages
+// it could not have written completed: the step is aborted, nothing unwritten becomes cached.
+TEST(SchedulerSim, EndingAStepWithAFailedLayerAbortsItAndCachesNothingUnwritten) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  setup.host_frames = 256;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
+  const std::vector<BlockKey> longer = w.prompt(5, 1);  // prompts[0] and one block more
+  ASSERT_EQ(w.scheduler().match(longer).blocks, 4u);
+  auto s = w.scheduler().open_sequence(longer);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 4u);
+  w.settle();
+  w.port().fail_next(Link::kHostToHbm, 1);
+  const StepItem item{s->id, 16};  // writes the fifth block, under its content key
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  w.settle();
+  uint32_t failed_layer = step->layers;
+  for (uint32_t l = 0; l < step->layers && failed_layer == step->layers; ++l) {
+    auto ready = w.scheduler().layer_readiness(step->id, l);
+    ASSERT_TRUE(ready.ok());
+    if (!(*ready)->ready()) failed_layer = l;
+  }
+  if (failed_layer == step->layers) GTEST_SKIP() << "every page was in HBM already";
+  EXPECT_EQ(w.scheduler().end_layer(step->id, failed_layer).code(),
+            StatusCode::kFailedPrecondition);
+  const Status ended = w.scheduler().end_step(step->id, {});
+  EXPECT_EQ(ended.code(), StatusCode::kFailedPrecondition) << ended.to_string();
+  EXPECT_NE(ended.message().find("layer " + std::to_string(failed_layer)), std::string::npos)
+      << ended.message();
+  EXPECT_EQ(w.scheduler().end_step(step->id, {}).code(), StatusCode::kNotFound) << "aborted";
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(longer).blocks, 4u) << "an unwritten block became cached";
+  // The sequence is as it was: a retry runs and publishes the fifth block.
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.info.items[0].context_tokens, 4u * 16);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(longer).blocks, 5u);
   expect_consistent(w);
 }
 
