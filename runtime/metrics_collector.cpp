@@ -96,18 +96,20 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
                                          std::vector<MetricFamily>& out) const {
   constexpr MetricType kCounter = MetricType::Counter;
   add_single(out, "kvtier_lookup_blocks_total",
-             "Blocks presented to match(): every key of every chain asked for", kCounter,
+             "Blocks of the prompts opened (open_sequence): every key of every prompt", kCounter,
              read(s.lookup_blocks));
-  add_single(out, "kvtier_lookup_tokens_total", "Tokens presented to match()", kCounter,
-             read(s.lookup_tokens));
-  add_per_tier(out, "kvtier_hit_blocks_total",
-               "Blocks of the cached prefix found by match(), by the slowest tier each is loaded "
-               "from; hit rate = rate(hits) / rate(lookups)",
-               s.hit_blocks);
-  add_per_tier(out, "kvtier_hit_tokens_total",
-               "Tokens of the cached prefix found by match(), by the slowest tier each is loaded "
-               "from; hit rate = rate(hits) / rate(lookups)",
-               s.hit_tokens);
+  add_single(out, "kvtier_lookup_tokens_total", "Tokens of the prompts opened (open_sequence)",
+             kCounter, read(s.lookup_tokens));
+  add_per_tier(
+      out, "kvtier_hit_blocks_total",
+      "Blocks of the cached prefix found at open_sequence, by the slowest tier each is loaded "
+      "from; hit rate = rate(hits) / rate(lookups)",
+      s.hit_blocks);
+  add_per_tier(
+      out, "kvtier_hit_tokens_total",
+      "Tokens of the cached prefix found at open_sequence, by the slowest tier each is loaded "
+      "from; hit rate = rate(hits) / rate(lookups)",
+      s.hit_tokens);
   add_per_tier(out, "kvtier_promotions_total", "Pages moved up toward HBM, by destination tier",
                s.promotions);
   add_per_tier(out, "kvtier_demotions_total", "Pages moved down, by destination tier", s.demotions);

@@ -162,7 +162,11 @@ std::string Scheduler::pending_summary() const {
 // Match and sequences
 // ---------------------------------------------------------------------------------------------
 
-MatchResult Scheduler::match(std::span<const BlockKey> keys) {
+MatchResult Scheduler::match(std::span<const BlockKey> keys) const {
+  return parts_.table->match(keys, MatchOptions{.record_hits = false, .acquire = false});
+}
+
+MatchResult Scheduler::match_and_count(std::span<const BlockKey> keys) {
   MatchResult m = parts_.table->match(keys, MatchOptions{.record_hits = true, .acquire = false});
   const uint64_t pt = options_.geometry.page_tokens;
   stats_.lookup_blocks.fetch_add(keys.size(), std::memory_order_relaxed);
@@ -263,7 +267,7 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
   OpenedSequence out;
   out.id = seq->id;
   out.prompt_blocks = static_cast<uint32_t>(prompt_keys.size());
-  const MatchResult m = match(prompt_keys);
+  const MatchResult m = match_and_count(prompt_keys);
   decide_reuse(prompt_keys, m, *seq, out);
   // Take references on the reused prefix. A block can vanish between match and here only through
   // an eviction run by this same loop, which has not run since; still, stop at the first failure.

@@ -100,8 +100,10 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // ---- Loop thread ----
-  // The cached prefix of a key chain, per tier; counts lookups and hits. Any thread.
-  MatchResult match(std::span<const BlockKey> keys);
+  // The cached prefix of a key chain, per tier. A peek: it counts no lookup and records no hit
+  // (an engine may ask about a queued request many times); open_sequence counts the request's
+  // lookup and its hits, once. Any thread.
+  MatchResult match(std::span<const BlockKey> keys) const;
   Result<OpenedSequence> open_sequence(std::span<const BlockKey> prompt_keys);
   Status close_sequence(SequenceId id);
   Result<StepInfo> begin_step(std::span<const StepItem> batch);
@@ -138,7 +140,8 @@ class Scheduler {
   // ---- Any thread ----
   // Blocks until `layer` of `step` is ready (all its pages arrived), at most the step's deadline
   // policy allows; counts stalls. See layer_readiness.hpp for the results. A layer a windowed
-  // step has not begun yet is kFailedPrecondition at once (end_layer earlier layers first).
+  // step has not begun yet may be waited for (another engine thread may end the layers before
+  // it meanwhile); if none does, the wait ends at its bound.
   Status wait_layer(StepId step, uint32_t layer);
   // The layer's block table; kFailedPrecondition before the layer is ready.
   Result<LayerTable> layer_table(StepId step, uint32_t layer) const;
@@ -189,6 +192,8 @@ class Scheduler {
   Result<std::shared_ptr<PublishedStep>> published(StepId id) const;
   // Gives up the reused blocks predicted to arrive after the deadline (Sequence::owed_recompute).
   void recompute_late_prefix(Sequence& seq);
+  // match(), counting the lookup and recording hits on the matched blocks (open_sequence).
+  MatchResult match_and_count(std::span<const BlockKey> keys);
   bool refillable(const BlockKey& key) const;
   void plan_written_page(StepId id, const BlockKey& key, uint32_t layer, bool refill,
                          std::function<void(uint32_t)> on_filling,

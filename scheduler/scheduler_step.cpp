@@ -799,12 +799,6 @@ Status Scheduler::wait_layer(StepId step, uint32_t layer) {
     return out_of_range("wait_layer: layer " + std::to_string(layer) + " of step " +
                         std::to_string(step));
   }
-  if (!shared->ready[layer]->sealed()) {
-    // A windowed step plans a layer when an earlier one ends: waiting now could only time out.
-    return failed_precondition("wait_layer: layer " + std::to_string(layer) + " of step " +
-                               std::to_string(step) +
-                               " is not begun yet (windowed step); end_layer earlier layers first");
-  }
   Nanos waited = 0;
   Status s = shared->ready[layer]->wait(options_.wait_timeout, &waited);
   // Waking from an uncontended condition variable takes microseconds; only longer waits are

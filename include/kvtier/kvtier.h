@@ -297,7 +297,8 @@ KVT_API kvt_status kvt_runtime_namespace_root(const kvt_runtime* runtime, kvt_bl
 
 /* ---- Cache ---------------------------------------------------------------------------------- */
 
-/* The cached prefix of `keys`, per tier; counts lookups and hits; takes no references. */
+/* The cached prefix of `keys`, per tier. A peek: counts no lookup or hit and takes no references
+   (kvt_sequence_open counts the request once). */
 KVT_API kvt_status kvt_runtime_match(kvt_runtime* runtime, const kvt_block_key* keys, size_t n_keys,
                                      kvt_match* out);
 /* Opens a sequence over a prompt's keys, reusing (and starting to load) its cached prefix. */

@@ -116,7 +116,8 @@ class Runtime {
   BlockKey namespace_root() const;
 
   // ---- Cache ----
-  // The cached prefix of `keys`, per tier; counts lookups and hits. Does not take references.
+  // The cached prefix of `keys`, per tier. A peek: counts no lookup or hit and takes no
+  // reference (open_sequence counts the request once).
   Result<MatchResult> match(std::span<const BlockKey> keys);
   // Opens a sequence over a prompt's keys: takes references on the prefix it reuses (as much of the
   // match as is cheaper to load than to recompute) and starts loading it.
