@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <mutex>
 #include <ostream>
 #include <sstream>
@@ -156,6 +157,24 @@ class ReplayCommand final : public Command {
   }
 
   int run(const CommandContext& ctx) override {
+    // Checked before the trace is read; these are stored in 32 bits, where larger values would
+    // wrap silently (2^32 + 16 block tokens would replay as 16).
+    if (lookahead_ > std::numeric_limits<uint32_t>::max()) {
+      ctx.err << "kvtier-bench replay: --lookahead " << lookahead_ << " is more than "
+              << std::numeric_limits<uint32_t>::max() << " requests\n";
+      return kExitUsage;
+    }
+    if (block_tokens_ != 0 && replay::kTraceBlockTokens % block_tokens_ != 0) {
+      ctx.err << "kvtier-bench replay: --block-tokens " << block_tokens_
+              << " does not divide the trace's " << replay::kTraceBlockTokens << "-token blocks\n";
+      return kExitUsage;
+    }
+    if (threads_ > std::numeric_limits<uint32_t>::max()) {
+      ctx.err << "kvtier-bench replay: --threads " << threads_ << " is more than "
+              << std::numeric_limits<uint32_t>::max() << "\n";
+      return kExitUsage;
+    }
+
     replay::Trace trace;
     if (!synthetic_.empty()) {
       if (synthetic_ == "chat") {
@@ -195,7 +214,7 @@ class ReplayCommand final : public Command {
     }
 
     const Geometry& g = ctx.config.model.geometry;
-    const uint32_t block_tokens =
+    const uint32_t block_tokens =  // at most 512, checked above
         block_tokens_ != 0 ? static_cast<uint32_t>(block_tokens_) : g.page_tokens;
     auto workload = replay::build_workload(trace, block_tokens);
     if (!workload.ok()) {
@@ -245,7 +264,7 @@ class ReplayCommand final : public Command {
     }
 
     replay::RunOptions options;
-    options.lookahead = static_cast<uint32_t>(lookahead_);
+    options.lookahead = static_cast<uint32_t>(lookahead_);  // in range, checked above
     options.write = ctx.config.policies.write;
     options.write_selective_hits = ctx.config.policies.write_selective_hits;
     options.nvme_min_hits = ctx.config.policies.admission.nvme_min_hits;

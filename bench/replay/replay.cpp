@@ -1,5 +1,6 @@
 #include "bench/replay/replay.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -197,12 +198,21 @@ class PolicyRun {
     for (Tier t : kAllTiers) {
       result.hit_tokens_by_tier[ti(t)] += uint64_t{m.by_tier[ti(t)]} * w_.block_tokens;
     }
-    const uint64_t excess = uint64_t{m.blocks} * w_.block_tokens - hit;
-    if (excess > 0) {  // the capped tokens belong to the last matched block
-      std::optional<Tier> last;
+    // The hit is capped at input_length. The capped tokens (up to 511, the unused tail of the last
+    // trace block) span several replay blocks when they are small, and those may be served from
+    // different tiers: take them off the matched blocks from the last one back, each from its own.
+    uint64_t excess = uint64_t{m.blocks} * w_.block_tokens - hit;
+    for (std::size_t b = m.blocks; excess > 0 && b > 0; --b) {
+      std::optional<Tier> tier;
       KVTIER_RETURN_IF_ERROR(
-          table_->visit(keys[m.blocks - 1], [&](const EntryView& v) { last = v.match_tier(); }));
-      result.hit_tokens_by_tier[ti(last.value_or(Tier::kHbm))] -= excess;
+          table_->visit(keys[b - 1], [&](const EntryView& v) { tier = v.match_tier(); }));
+      if (!tier) {
+        return internal_error("matched block " + std::to_string(b - 1) + " of request " +
+                              std::to_string(r) + " has no copy to be served from");
+      }
+      const uint64_t cut = std::min<uint64_t>(excess, w_.block_tokens);
+      result.hit_tokens_by_tier[ti(*tier)] -= cut;
+      excess -= cut;
     }
 
     bool chain_dropped = false;

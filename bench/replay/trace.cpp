@@ -1,5 +1,6 @@
 #include "bench/replay/trace.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -10,15 +11,53 @@
 namespace kvtier::replay {
 namespace {
 
+// Largest token count or timestamp (ms) a request may carry: far above any real prompt (35 years
+// of ms), and low enough that ceil(input_length / 512) cannot overflow and milliseconds scaled to
+// nanoseconds fit in 64 bits. With one hash id per 512 tokens, a sum of input lengths past 2^64
+// would need 2^55 ids in the text, so totals cannot overflow either.
+constexpr uint64_t kMaxTraceValue = uint64_t{1} << 40;
+
+// The JSON number grammar (RFC 8259): -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+bool is_json_number(std::string_view s) {
+  std::size_t i = 0;
+  const auto digits = [&] {
+    const std::size_t from = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i - from;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (digits() == 0) {
+    return false;
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    if (digits() == 0) return false;
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == s.size();
+}
+
 // A cursor over one line of JSON with error reporting by column.
 class JsonLine {
  public:
   JsonLine(std::string_view text, const std::string& source, uint64_t line)
       : text_(text), source_(source), line_(line) {}
 
-  Status error(const std::string& what) const {
-    return invalid_argument(source_ + ":" + std::to_string(line_) + ":" + std::to_string(pos_ + 1) +
+  Status error(const std::string& what) const { return error_at(pos_, what); }
+  Status error_at(std::size_t pos, const std::string& what) const {
+    return invalid_argument(source_ + ":" + std::to_string(line_) + ":" + std::to_string(pos + 1) +
                             ": " + what);
+  }
+  // The position of the next token.
+  std::size_t here() {
+    skip_ws();
+    return pos_;
   }
   void skip_ws() {
     while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
@@ -93,14 +132,17 @@ class JsonLine {
     if (pos_ == start) {
       return error("\"" + field + "\" must be a non-negative integer" + found());
     }
+    if (text_[start] == '0' && pos_ - start > 1) {
+      return error_at(start, "\"" + field + "\" has a leading zero, which JSON does not allow");
+    }
     if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E')) {
       return error("\"" + field + "\" must be an integer, not a fraction");
     }
     return v;
   }
 
-  // Skips any JSON value (unknown fields).
-  Status skip_value(int depth = 0) {
+  // Skips any JSON value (unknown fields); errors name the request's `field` it belongs to.
+  Status skip_value(const std::string& field, int depth = 0) {
     if (depth > 64) return error("nesting deeper than 64 levels");
     skip_ws();
     if (pos_ >= text_.size()) return error("expected a value but the line ended");
@@ -115,7 +157,7 @@ class JsonLine {
           KVTIER_RETURN_IF_ERROR(string().status());
           KVTIER_RETURN_IF_ERROR(expect(':'));
         }
-        KVTIER_RETURN_IF_ERROR(skip_value(depth + 1));
+        KVTIER_RETURN_IF_ERROR(skip_value(field, depth + 1));
         if (consume(close)) return ok_status();
         KVTIER_RETURN_IF_ERROR(expect(','));
       }
@@ -124,15 +166,12 @@ class JsonLine {
     while (pos_ < text_.size() && std::strchr(",]} \t\r\n", text_[pos_]) == nullptr) ++pos_;
     const std::string_view word = text_.substr(start, pos_ - start);
     if (word == "true" || word == "false" || word == "null") return ok_status();
-    bool number = !word.empty();
-    for (char ch : word) {
-      if (std::strchr("0123456789+-.eE", ch) == nullptr) number = false;
+    if (is_json_number(word)) return ok_status();
+    pos_ = start;
+    if (!word.empty() && std::strchr("0123456789+-.eE", word.front()) != nullptr) {
+      return error("\"" + field + "\" holds " + std::string(word) + ", which is not a JSON number");
     }
-    if (!number) {
-      pos_ = start;
-      return error("expected a JSON value" + found());
-    }
-    return ok_status();
+    return error("\"" + field + "\" holds no JSON value" + found());
   }
 
  private:
@@ -142,25 +181,42 @@ class JsonLine {
   std::size_t pos_ = 0;
 };
 
+// A token count or timestamp of the request, bounded by kMaxTraceValue.
+Result<uint64_t> bounded_value(JsonLine& in, const std::string& field, const char* unit) {
+  const std::size_t at = in.here();
+  KVTIER_ASSIGN_OR_RETURN(uint64_t v, in.unsigned_integer(field));
+  if (v > kMaxTraceValue) {
+    return in.error_at(
+        at, "\"" + field + "\" of " + std::to_string(v) + " " + unit + " is more than 2^40");
+  }
+  return v;
+}
+
 Result<TraceRequest> parse_request(JsonLine& in) {
   TraceRequest r;
-  bool has_input = false;
-  bool has_ids = false;
+  std::vector<std::string> seen;  // a repeated field would otherwise override or extend the first
+  std::size_t input_at = 0;
+  std::size_t ids_at = 0;
   KVTIER_RETURN_IF_ERROR(in.expect('{'));
   if (!in.consume('}')) {
     while (true) {
+      const std::size_t name_at = in.here();
       KVTIER_ASSIGN_OR_RETURN(std::string name, in.string());
+      if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
+        return in.error_at(name_at, "\"" + name + "\" appears twice in the request");
+      }
+      seen.push_back(name);
       KVTIER_RETURN_IF_ERROR(in.expect(':'));
       if (name == "timestamp") {
-        KVTIER_ASSIGN_OR_RETURN(r.timestamp_ms, in.unsigned_integer(name));
+        KVTIER_ASSIGN_OR_RETURN(r.timestamp_ms, bounded_value(in, name, "ms"));
       } else if (name == "input_length") {
-        KVTIER_ASSIGN_OR_RETURN(r.input_length, in.unsigned_integer(name));
-        has_input = true;
+        input_at = in.here();
+        KVTIER_ASSIGN_OR_RETURN(r.input_length, bounded_value(in, name, "tokens"));
       } else if (name == "output_length") {
-        KVTIER_ASSIGN_OR_RETURN(r.output_length, in.unsigned_integer(name));
+        KVTIER_ASSIGN_OR_RETURN(r.output_length, bounded_value(in, name, "tokens"));
       } else if (name == "hash_ids") {
+        ids_at = in.here();
         KVTIER_RETURN_IF_ERROR(in.expect('['));
-        has_ids = true;
         if (!in.consume(']')) {
           while (true) {
             KVTIER_ASSIGN_OR_RETURN(uint64_t id, in.unsigned_integer("hash_ids"));
@@ -170,15 +226,30 @@ Result<TraceRequest> parse_request(JsonLine& in) {
           }
         }
       } else {
-        KVTIER_RETURN_IF_ERROR(in.skip_value());
+        KVTIER_RETURN_IF_ERROR(in.skip_value(name));
       }
       if (in.consume('}')) break;
       KVTIER_RETURN_IF_ERROR(in.expect(','));
     }
   }
   if (!in.at_end()) return in.error("unexpected text after the request object");
-  if (!has_input) return in.error("the request has no \"input_length\"");
-  if (!has_ids) return in.error("the request has no \"hash_ids\"");
+  for (const char* field : {"timestamp", "input_length", "output_length", "hash_ids"}) {
+    if (std::find(seen.begin(), seen.end(), field) == seen.end()) {
+      return in.error(std::string("the request has no \"") + field + "\"");
+    }
+  }
+  if (r.input_length == 0) {
+    return in.error_at(input_at, "\"input_length\" is 0: a request has at least one prompt token");
+  }
+  const uint64_t blocks =
+      r.input_length / kTraceBlockTokens + (r.input_length % kTraceBlockTokens != 0 ? 1 : 0);
+  if (r.hash_ids.size() != blocks) {
+    return in.error_at(ids_at, "\"hash_ids\" has " + std::to_string(r.hash_ids.size()) +
+                                   " ids but an \"input_length\" of " +
+                                   std::to_string(r.input_length) + " tokens needs " +
+                                   std::to_string(blocks) + ", one per " +
+                                   std::to_string(kTraceBlockTokens) + "-token block");
+  }
   return r;
 }
 

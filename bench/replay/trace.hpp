@@ -4,8 +4,12 @@
 // so equal ids mean reusable KV; the last block may be partial).
 //
 // The parser is a small strict JSON reader (objects, arrays, strings, numbers, literals); unknown
-// fields are skipped, so traces with extra fields load. Every error names the file, line and
-// column and what was expected; nothing aborts on bad input. A trace is plain data, immutable once
+// fields are skipped, so traces with extra fields load. The format's four fields are required, with
+// no silent defaults (a missing timestamp would replay as an arrival at 0), and each field may
+// appear once per request. input_length is 1..2^40 tokens (timestamp and output_length at most
+// 2^40 too, so sums and ms-to-ns scaling cannot overflow), and len(hash_ids) ==
+// ceil(input_length / 512), as the format defines it. Every error names the file, line and column
+// and what was expected; nothing aborts on bad input. A trace is plain data, immutable once
 // loaded and shared read-only by the replay threads. Rejected: a JSON library dependency for four
 // fields of one known shape (none is among the project's packages), and regex scanning (it cannot
 // report where a malformed line breaks).

@@ -1,7 +1,7 @@
-// The trace replay: parsing, the references against naive re-statements, known hit rates on a
-// hand-made trace, a three-tier run with placement cascades, the generated workloads (and the
-// lookahead policy against LRU on them), and the JSON shape of
-// `kvtier-bench replay --json`.
+// The trace replay: parsing (and the inconsistent input it refuses), the references against naive
+// re-statements, known hit rates on a hand-made trace, per-tier hits of partial last blocks, a
+// three-tier run with placement cascades, the generated workloads (and the lookahead policy
+// against LRU on them), and the JSON shape and usage errors of `kvtier-bench replay`.
 #include "bench/replay/replay.hpp"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "bench/replay/reference.hpp"
 #include "bench/replay/synthetic_trace.hpp"
@@ -51,6 +52,8 @@ RunResult run(const ReplayWorkload& w, RunKind kind, EvictionPolicy p,
   return r.ok() ? *r : RunResult{};
 }
 
+std::size_t ti_index(Tier t) { return static_cast<std::size_t>(tier_index(t)); }
+
 TEST(Trace, ParsesAndSkipsUnknownFields) {
   auto t = parse_trace(kTiny, "tiny");
   ASSERT_TRUE(t.ok()) << t.status().message();
@@ -64,8 +67,8 @@ TEST(Trace, ParsesAndSkipsUnknownFields) {
 
 TEST(Trace, ErrorsNameLineAndColumn) {
   auto bad = parse_trace(
-      "{\"input_length\": 5, \"hash_ids\": [1]}\n{\"input_length\": 5, "
-      "\"hash_ids\": [1,, 2]}\n",
+      "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n"
+      "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1,, 2]}\n",
       "bad.jsonl");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("bad.jsonl:2:"), std::string::npos)
@@ -75,6 +78,101 @@ TEST(Trace, ErrorsNameLineAndColumn) {
   EXPECT_FALSE(parse_trace("{\"input_length\": 1.5, \"hash_ids\": []}", "x").ok());
   EXPECT_FALSE(parse_trace("[1, 2]", "x").ok());
   EXPECT_FALSE(load_trace("/nonexistent/trace.jsonl").ok());
+}
+
+// Line 2 of a two-line trace whose second request carries `fields` (after "{"); the first line is
+// valid, so an error must name line 2.
+Result<Trace> parse_second_line(const std::string& fields) {
+  return parse_trace(
+      "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n{" +
+          fields + "}\n",
+      "t.jsonl");
+}
+
+// Expects line 2 to be refused with a message naming the line and `field`.
+void expect_refused(const std::string& fields, const std::string& field) {
+  auto t = parse_second_line(fields);
+  ASSERT_FALSE(t.ok()) << fields;
+  const std::string& msg = t.status().message();
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << msg;
+  EXPECT_NE(msg.find("t.jsonl:2:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"" + field + "\""), std::string::npos) << msg;
+}
+
+TEST(Trace, RejectsHashIdsThatDisagreeWithInputLength) {
+  const std::string head = "\"timestamp\": 5, \"output_length\": 1, ";
+  ASSERT_TRUE(parse_second_line(head + "\"input_length\": 1024, \"hash_ids\": [1, 2]").ok());
+  ASSERT_TRUE(parse_second_line(head + "\"input_length\": 1025, \"hash_ids\": [1, 2, 3]").ok());
+  ASSERT_TRUE(parse_second_line(head + "\"input_length\": 1, \"hash_ids\": [7]").ok());
+  expect_refused(head + "\"input_length\": 1024, \"hash_ids\": [1]", "hash_ids");
+  expect_refused(head + "\"input_length\": 1024, \"hash_ids\": [1, 2, 3]", "hash_ids");
+  expect_refused(head + "\"input_length\": 1025, \"hash_ids\": [1, 2]", "hash_ids");
+  expect_refused(head + "\"hash_ids\": [], \"input_length\": 0", "input_length");
+  expect_refused(head + "\"input_length\": 0, \"hash_ids\": [1]", "input_length");
+}
+
+TEST(Trace, RejectsTokenCountsThatCouldOverflowTotals) {
+  const std::string head = "\"timestamp\": 5, \"hash_ids\": [1], ";
+  expect_refused(head + "\"output_length\": 1, \"input_length\": 18446744073709551615",
+                 "input_length");
+  expect_refused(head + "\"output_length\": 1, \"input_length\": 1099511627777", "input_length");
+  expect_refused(head + "\"input_length\": 10, \"output_length\": 18446744073709551615",
+                 "output_length");
+  expect_refused(
+      "\"timestamp\": 18446744073709551615, \"input_length\": 10, \"output_length\": 1, "
+      "\"hash_ids\": [1]",
+      "timestamp");
+  // Hash ids are opaque: any 64-bit value.
+  EXPECT_TRUE(parse_second_line("\"timestamp\": 5, \"input_length\": 10, \"output_length\": 1, "
+                                "\"hash_ids\": [18446744073709551615]")
+                  .ok());
+}
+
+TEST(Trace, RejectsAFieldGivenTwice) {
+  const std::string ok = "\"timestamp\": 5, \"input_length\": 1024, \"output_length\": 1";
+  expect_refused(ok + ", \"hash_ids\": [1], \"hash_ids\": [2]", "hash_ids");
+  expect_refused(ok + ", \"hash_ids\": [1, 2], \"timestamp\": 6", "timestamp");
+  expect_refused(ok + ", \"hash_ids\": [1, 2], \"extra\": 1, \"extra\": 2", "extra");
+  // Names inside a skipped value are not the request's fields.
+  EXPECT_TRUE(parse_second_line(ok + ", \"hash_ids\": [1, 2], \"extra\": {\"hash_ids\": 1}").ok());
+}
+
+TEST(Trace, RequiresTimestampAndOutputLength) {
+  expect_refused("\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]", "timestamp");
+  expect_refused("\"timestamp\": 5, \"input_length\": 10, \"hash_ids\": [1]", "output_length");
+}
+
+TEST(Trace, SkippedNumbersFollowTheJsonGrammar) {
+  const std::string ok =
+      "\"timestamp\": 5, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1], \"x\": ";
+  for (const char* n : {"0", "-0", "12", "-1.5e+3", "2.5E-2", "1e9", "0.0", "[1, -2.5, 3e1]"}) {
+    EXPECT_TRUE(parse_second_line(ok + n).ok()) << n;
+  }
+  for (const char* n : {"--", "+e", "+1", "-", "1.2.3", "01", "-01", ".5", "1.", "1e", "1e+", "e5",
+                        "1-2", "0x10", "[1, --]", "{\"y\": +e}"}) {
+    auto t = parse_second_line(ok + n);
+    ASSERT_FALSE(t.ok()) << n;
+    EXPECT_NE(t.status().message().find("t.jsonl:2:"), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find("\"x\""), std::string::npos) << t.status().message();
+  }
+  // The known fields take plain integers only, in the same grammar: no leading zeros.
+  expect_refused("\"timestamp\": 05, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]",
+                 "timestamp");
+}
+
+// Generated traces, saved with format_trace_line (--write-trace), load back unchanged.
+TEST(Trace, GeneratedTracesRoundTrip) {
+  ChatTraceOptions chat;
+  chat.requests = 500;
+  AgentTraceOptions agent;
+  agent.requests = 500;
+  for (const Trace& t : {generate_chat_trace(chat), generate_agent_trace(agent)}) {
+    std::string text;
+    for (const TraceRequest& r : t.requests) text += format_trace_line(r) + "\n";
+    auto back = parse_trace(text, t.source);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_EQ(back->requests, t.requests) << t.source;
+  }
 }
 
 TEST(Workload, BlocksPerIdAndDeterministicKeys) {
@@ -110,6 +208,46 @@ TEST(Replay, KnownHitRatesOnAHandMadeTrace) {
     EXPECT_EQ(run(w, k, {}, {0, 0, 0}).hit_tokens, 0u);
   }
   EXPECT_EQ(run(w, RunKind::kPolicy, EvictionPolicy::kLookahead, {0, 0, 0}).hit_tokens, 0u);
+}
+
+// The tokens by which a request's matched blocks exceed its input_length (up to 511, the unused
+// tail of its last trace block) span several small replay blocks, which may sit in different
+// tiers: each is taken off its own block's tier. Two identical requests of 1537 tokens in four
+// trace ids, 16-token blocks, HBM of 16 blocks over a host tier: the repeat matches 128 blocks
+// (112 in host, the last 16 in HBM), 2048 tokens for a hit of 1537.
+TEST(Replay, PartialLastTraceBlockIsTakenOffEachMatchedBlocksTier) {
+  Trace t;
+  t.source = "partial";
+  for (uint64_t ts : {0, 1}) {
+    TraceRequest q;
+    q.timestamp_ms = ts;
+    q.input_length = 1537;
+    q.output_length = 1;
+    q.hash_ids = {1, 2, 3, 4};
+    t.requests.push_back(q);
+  }
+  auto w = build_workload(t, 16);
+  ASSERT_TRUE(w.ok());
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kS3Fifo,
+                           EvictionPolicy::kPrefixAware, EvictionPolicy::kLookahead}) {
+    const RunResult r = run(*w, RunKind::kPolicy, p, {16, 512, 0});
+    uint64_t sum = 0;
+    for (Tier tier : kAllTiers) {
+      sum += r.hit_tokens_by_tier[ti_index(tier)];
+      EXPECT_LE(r.hit_tokens_by_tier[ti_index(tier)], r.hit_tokens)
+          << eviction_policy_name(p) << " " << tier_name(tier);
+      EXPECT_LE(r.tier_hit_rate(tier), r.hit_rate())
+          << eviction_policy_name(p) << " " << tier_name(tier);
+    }
+    EXPECT_EQ(sum, r.hit_tokens) << eviction_policy_name(p);
+    EXPECT_LE(r.hit_tokens_by_tier[ti_index(Tier::kHbm)], 16u * 16u) << eviction_policy_name(p);
+    if (p == EvictionPolicy::kLru) {
+      // 511 excess tokens: the 16 HBM blocks' 256, then 255 of the host blocks before them.
+      EXPECT_EQ(r.hit_tokens, 1537u);
+      EXPECT_EQ(r.hit_tokens_by_tier[ti_index(Tier::kHbm)], 0u);
+      EXPECT_EQ(r.hit_tokens_by_tier[ti_index(Tier::kHost)], 1537u);
+    }
+  }
 }
 
 // Naive re-statements of the references: LRU by timestamps, Belady by scanning forward for the
@@ -475,6 +613,38 @@ TEST(ReplayCli, JsonShape) {
   EXPECT_NE(out.find("{\"policy\": \"ref_lru\", \"capacity_tokens\": 1024, \"hit_rate\": 0.267782"),
             std::string::npos)
       << out;
+}
+
+// Runs kvtier-bench with `args`; returns the exit status and the combined output.
+std::pair<int, std::string> bench(const std::string& args) {
+  const std::string cmd = std::string(KVTIER_BENCH_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Options stored as 32 bits are refused above that range instead of wrapping (2^32 + 16 would
+// become 16), with a usage error naming the option, before the trace is read.
+TEST(ReplayCli, OutOfRangeOptionsAreUsageErrors) {
+  const std::string trace = std::string(KVTIER_TEST_DATA_DIR) + "/replay_tiny.jsonl";
+  const std::string base = "replay --no-progress --json --capacities 1024 --policies lru " + trace;
+  for (const auto& [args, option] : std::vector<std::pair<std::string, std::string>>{
+           {" --block-tokens 4294967312", "--block-tokens"},
+           {" --block-tokens 24", "--block-tokens"},
+           {" --block-tokens 1024", "--block-tokens"},
+           {" --lookahead 4294967296", "--lookahead"},
+           {" --lookahead 18446744073709551615", "--lookahead"},
+           {" --threads 4294967297", "--threads"}}) {
+    const auto [code, out] = bench(base + args);
+    EXPECT_EQ(code, 2) << args << ": " << out;
+    EXPECT_NE(out.find("kvtier-bench replay: " + option), std::string::npos) << args << ": " << out;
+  }
+  const auto [code, out] = bench(base + " --block-tokens 512 --lookahead 4294967295");
+  EXPECT_EQ(code, 0) << out;
 }
 
 TEST(ReplayCli, BadInputIsAUsageError) {
