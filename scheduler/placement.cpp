@@ -180,9 +180,13 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
         need = s.host_missing;
       }
       if (admitted && budget.free[ni] < need) {
+        // Arriving there already while that tier makes the room: a block with pages in both
+        // tiers must not be chosen to make room for its own other pages.
+        budget.arriving[ni].insert(key);
         const uint64_t short_by =
             free_in(*next, need - budget.free[ni], budget, skip, plan, depth + 1);
         admitted = short_by == 0 && budget.free[ni] >= need;
+        if (!admitted) budget.arriving[ni].erase(key);
       }
       if (admitted) {
         budget.free[ni] -= need;

@@ -125,5 +125,61 @@ TEST_F(PlacementCost, EveryTierIsWalkedAboutOnceForAWholePlan) {
   EXPECT_LE(host_evictor_->examined, 4u * kBlocks);
 }
 
+// A block with pages in both tiers (an earlier eviction freed only some of its HBM pages) that
+// HBM now demotes into a full host tier must not be chosen to make that room itself: its host
+// pages would be dropped by the very plan that moves its other pages there.
+TEST(PlacementCascade, TheBlockBeingDemotedIsNotTheRoomMadeForIt) {
+  auto hbm = std::move(FrameAllocator::create(2)).value();
+  auto host = std::move(FrameAllocator::create(2)).value();
+  PageTableOptions o;
+  o.layers = 2;
+  o.shards = 1;
+  auto table =
+      std::move(PageTable::create(o, TierAllocators{hbm.get(), host.get(), nullptr})).value();
+  EvictorOptions eo;
+  eo.capacity_blocks = 2;
+  auto hbm_evictor = make_evictor(EvictionPolicy::kLru, eo);
+  auto host_evictor = make_evictor(EvictionPolicy::kLru, eo);
+  auto write = make_write_strategy(WritePolicy::kWriteBack, 2);
+  NvmeAdmission admission{0u};
+  const auto page = [&](uint64_t id, Tier tier, uint32_t layer) {
+    ASSERT_TRUE(table
+                    ->update(key_of(id),
+                             [&](EntryView& v) -> Status {
+                               const CopyId copy = CopyId::page(tier, layer);
+                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
+                               return v.complete_fill(copy);
+                             })
+                    .ok());
+  };
+  for (uint64_t id : {1, 2, 3}) ASSERT_TRUE(table->create_block(key_of(id), BlockKey{}).ok());
+  // Block 1: layer 0 in host, layer 1 in HBM; the oldest in both tiers. Block 2 fills the rest
+  // of host memory (layer 0), block 3 the rest of HBM (layer 0).
+  page(1, Tier::kHost, 0);
+  page(1, Tier::kHbm, 1);
+  page(2, Tier::kHost, 0);
+  page(3, Tier::kHbm, 0);
+  for (uint64_t id : {1, 2}) {
+    BlockFacts f;
+    f.key = key_of(id);
+    host_evictor->on_insert(f);
+  }
+  for (uint64_t id : {1, 3}) {
+    BlockFacts f;
+    f.key = key_of(id);
+    hbm_evictor->on_insert(f);
+  }
+  Placement placement(*table, {hbm_evictor.get(), host_evictor.get(), nullptr}, admission, *write);
+  const PlacementPlan plan = placement.plan_room(Tier::kHbm, 1, {0, 0, 0});
+  EXPECT_EQ(plan.shortfall, 0u);
+  bool demoted = false;
+  for (const PlannedMove& m : plan.moves) {
+    if (m.block.key != key_of(1)) continue;
+    EXPECT_EQ(m.from, Tier::kHbm) << "block 1 was made the room for its own demotion";
+    demoted |= m.from == Tier::kHbm && m.to == Tier::kHost;
+  }
+  EXPECT_TRUE(demoted);
+}
+
 }  // namespace
 }  // namespace kvtier
