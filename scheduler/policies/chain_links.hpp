@@ -4,9 +4,16 @@
 // A block is only useful while its whole prefix is cached (match() stops at the first gap), so
 // those policies evict a chain from its tail: they need, per tracked block, how many of its
 // children are tracked in the same tier, and where its parent is. Each slot stores its parent's
-// key and the parent's incarnation number at link time; a slot's incarnation changes whenever it
-// is reused, so a link to a parent that left and came back is recognised as stale instead of
-// corrupting the new incarnation's child count. 28 bytes per slot.
+// key and the parent's incarnation number at link time. Incarnations come from one 64-bit counter
+// for all slots (every attach takes the next), so a link names exactly one stay of the parent: a
+// parent that left and came back, into any slot, is a new incarnation, the link is seen as stale
+// and the child is counted again instead of being taken as counted. Rejected: a generation per
+// slot (a parent back in another slot can carry the very number the link recorded).
+// Counts are settled lazily: a child that arrived before its parent (lower tiers receive chains
+// leaf first, by demotion) or whose parent came back is counted the next time parent_slot() is
+// asked for it. Such a child is always older in recency than its parent (the parent was placed
+// after it), so a victim walk from the tail that asks for each block it passes (prefix_aware)
+// has counted it before it reaches the parent. 36 bytes per slot.
 // Not thread-safe (evictors run on the scheduler's loop).
 #pragma once
 
@@ -23,68 +30,62 @@ class ChainLinks {
   void reserve_slots(uint32_t limit) {
     if (parent_.size() < limit) {
       parent_.resize(limit);
-      parent_gen_.resize(limit, 0);
-      gen_.resize(limit, 0);
+      link_.resize(limit, kUnlinked);
+      incarnation_.resize(limit, 0);
       children_.resize(limit, 0);
-      linked_.resize(limit, 0);
     }
   }
 
   // A new incarnation in `slot` whose parent is `parent`; links it when the parent is tracked.
   void attach(const KeyIndex& index, uint32_t slot, const BlockKey& parent) {
-    ++gen_[slot];
+    incarnation_[slot] = ++incarnations_;
     children_[slot] = 0;
     parent_[slot] = parent;
-    linked_[slot] = 0;
-    relink(index, slot);
+    link_[slot] = kUnlinked;
+    parent_slot(index, slot);  // links it now when the parent is tracked
   }
 
-  // The tracked parent's slot when the link is current (linking it now if the parent arrived
-  // after the child), else KeyIndex::kNone.
+  // The tracked parent's slot, linking (and counting) the block now if it was not linked to the
+  // parent's current incarnation; KeyIndex::kNone when the parent is not tracked.
   uint32_t parent_slot(const KeyIndex& index, uint32_t slot) {
     if (parent_[slot].is_null()) return KeyIndex::kNone;
     const uint32_t ps = index.find(parent_[slot]);
-    if (ps == KeyIndex::kNone) return KeyIndex::kNone;
-    if (linked_[slot] && parent_gen_[slot] == gen_[ps]) return ps;
-    linked_[slot] = 0;
-    relink(index, slot);
-    return linked_[slot] ? ps : KeyIndex::kNone;
+    if (ps == KeyIndex::kNone || ps == slot) return KeyIndex::kNone;
+    if (link_[slot] != incarnation_[ps]) {
+      ++children_[ps];
+      link_[slot] = incarnation_[ps];
+    }
+    return ps;
   }
 
   // The slot's block is leaving: uncount it from its parent.
   void detach(const KeyIndex& index, uint32_t slot) {
-    if (linked_[slot] && !parent_[slot].is_null()) {
+    if (link_[slot] != kUnlinked && !parent_[slot].is_null()) {
       const uint32_t ps = index.find(parent_[slot]);
-      if (ps != KeyIndex::kNone && parent_gen_[slot] == gen_[ps] && children_[ps] > 0) {
+      if (ps != KeyIndex::kNone && link_[slot] == incarnation_[ps] && children_[ps] > 0) {
         --children_[ps];
       }
     }
-    linked_[slot] = 0;
+    link_[slot] = kUnlinked;
   }
 
   uint32_t children(uint32_t slot) const { return children_[slot]; }
   const BlockKey& parent(uint32_t slot) const { return parent_[slot]; }
   std::size_t memory_bytes() const {
     return parent_.capacity() * sizeof(BlockKey) +
-           (parent_gen_.capacity() + gen_.capacity() + children_.capacity()) * sizeof(uint32_t) +
-           linked_.capacity();
+           (link_.capacity() + incarnation_.capacity()) * sizeof(uint64_t) +
+           children_.capacity() * sizeof(uint32_t);
   }
 
  private:
-  void relink(const KeyIndex& index, uint32_t slot) {
-    if (parent_[slot].is_null()) return;
-    const uint32_t ps = index.find(parent_[slot]);
-    if (ps == KeyIndex::kNone || ps == slot) return;
-    ++children_[ps];
-    parent_gen_[slot] = gen_[ps];
-    linked_[slot] = 1;
-  }
+  // Incarnations start at 1: a link of 0 names none.
+  static constexpr uint64_t kUnlinked = 0;
 
   std::vector<BlockKey> parent_;
-  std::vector<uint32_t> parent_gen_;
-  std::vector<uint32_t> gen_;
+  std::vector<uint64_t> link_;         // the parent's incarnation the slot is counted in
+  std::vector<uint64_t> incarnation_;  // the slot's current incarnation
   std::vector<uint32_t> children_;
-  std::vector<uint8_t> linked_;
+  uint64_t incarnations_ = 0;
 };
 
 }  // namespace kvtier

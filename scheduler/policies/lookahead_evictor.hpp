@@ -39,7 +39,7 @@
 // they do not come back; in a workload whose last full block is the next turn's prefix, it learns
 // the opposite. A lower tier sees only part of each request, so there the flag means "the last
 // block of a run this tier saw"; the model learns whatever that predicts.
-// Memory per tracked block: ~85 bytes (index, lists, chain links, two times, count, class, list),
+// Memory per tracked block: ~93 bytes (index, lists, chain links, two times, count, class, list),
 // plus 16 bytes per ghost entry at kGhostFactor entries per frame of the tier.
 //
 // What it cannot do (measured on the public Mooncake trace, 512-token blocks, --lookahead 32):

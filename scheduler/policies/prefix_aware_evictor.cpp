@@ -47,6 +47,9 @@ std::size_t PrefixAwareEvictor::select_victims(std::size_t count, KeyFilter skip
                                                std::vector<BlockKey>& out) {
   std::size_t added = 0;
   for (uint32_t s = lists_.back(0); s != SlotLists::kNil && added < count; s = lists_.newer(s)) {
+    // Counts a child that arrived before its parent, or before the parent came back, in it now:
+    // the parent is newer, so the walk reaches it after this.
+    links_.parent_slot(index_, s);
     if (links_.children(s) != 0) continue;
     const BlockKey& key = index_.key(s);
     if (skip(key)) continue;

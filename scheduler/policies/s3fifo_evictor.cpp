@@ -53,50 +53,50 @@ void S3FifoEvictor::on_erase(const BlockKey& key) {
 std::size_t S3FifoEvictor::select_victims(std::size_t count, KeyFilter skip,
                                           std::vector<BlockKey>& out) {
   std::size_t added = 0;
-  // Decisions already taken and not yet carried out come first.
-  for (uint32_t s = lists_.back(kLeaving); s != SlotLists::kNil && added < count;
-       s = lists_.newer(s)) {
-    if (skip(index_.key(s))) continue;
-    out.push_back(index_.key(s));
-    ++added;
-  }
-  // Every block may be rotated a bounded number of times (a count of 3 takes 3 trips, a refused
-  // block one), so the loop ends even when nothing can be chosen.
-  uint64_t budget = 5 * (lists_.size(kSmall) + lists_.size(kMain)) + 8;
-  while (added < count && budget-- > 0) {
-    const bool from_small = lists_.size(kSmall) > 0 &&
-                            (lists_.size(kSmall) >= small_target_ || lists_.size(kMain) == 0);
-    if (from_small) {
-      const uint32_t t = lists_.back(kSmall);
-      if (count_[t] > 1) {
-        count_[t] = 0;
-        move(t, kMain);
-        continue;
-      }
-      if (skip(index_.key(t))) {
-        move(t, kSmall);
-        continue;
-      }
-      move(t, kLeaving, /*front=*/true);
-      queue_[t] |= kFromSmall;
-      out.push_back(index_.key(t));
-      ++added;
+  // Refused blocks wait aside for the rest of the call, so the filter is asked about each block
+  // once, but still count in their queue's size: the queue S3-FIFO picks is the one it would pick
+  // with them in place. Victims count as gone.
+  uint64_t refused_small = 0, refused_main = 0;
+  // Every step takes a block out of the queues (victim or refused), moves one from small to main
+  // (its count reset: once per block) or spends one of a main block's at most 3 uses, so the loop
+  // ends even when nothing can be chosen.
+  while (added < count) {
+    const uint64_t small = lists_.size(kSmall) + refused_small;
+    const uint64_t main = lists_.size(kMain) + refused_main;
+    bool from_small = small > 0 && (small >= small_target_ || main == 0);
+    // A queue whose every remaining block was refused in this call has nothing to give: the other
+    // one serves the rest of the call.
+    if (lists_.size(from_small ? kSmall : kMain) == 0) from_small = !from_small;
+    const uint32_t t = lists_.back(from_small ? kSmall : kMain);
+    if (t == SlotLists::kNil) break;
+    if (from_small && count_[t] > 1) {
+      count_[t] = 0;
+      move(t, kMain);
       continue;
     }
-    const uint32_t t = lists_.back(kMain);
-    if (t == SlotLists::kNil) break;
-    if (count_[t] > 0) {
+    if (!from_small && count_[t] > 0) {
       --count_[t];
       move(t, kMain);
       continue;
     }
-    if (skip(index_.key(t))) {
-      move(t, kMain);
+    const bool refused = skip(index_.key(t));
+    move(t, refused ? kRefused : kLeaving);
+    if (from_small) queue_[t] |= kFromSmall;
+    if (refused) {
+      ++(from_small ? refused_small : refused_main);
       continue;
     }
-    move(t, kLeaving, /*front=*/true);
     out.push_back(index_.key(t));
     ++added;
+  }
+  // Victims go back to the tail of their queue, first victim oldest: they stay the next to go
+  // until the caller erases them, and one used meanwhile is judged by its count like any other.
+  // Refused blocks take their second trip from the front, in the order they were refused.
+  for (uint32_t s = lists_.front(kLeaving); s != SlotLists::kNil; s = lists_.front(kLeaving)) {
+    move(s, origin(s), /*front=*/false);
+  }
+  for (uint32_t s = lists_.back(kRefused); s != SlotLists::kNil; s = lists_.back(kRefused)) {
+    move(s, origin(s));
   }
   return added;
 }

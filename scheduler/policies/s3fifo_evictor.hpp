@@ -8,9 +8,14 @@
 //           since insertion -> moved to main (count reset), else it is the victim (and is
 //           remembered by the ghost once it is gone); otherwise take main's oldest: count > 0 ->
 //           count - 1 and back to main's front, else it is the victim.
-// Victims move to a "leaving" list until the caller reports on_erase, so a later call offers them
-// again first and a plan that was abandoned costs nothing. A victim the caller's filter refuses
-// (pinned, in flight) is given a second trip through its queue, at most once per block per call.
+// A victim keeps its place at the tail of its queue until the caller reports on_erase, as in
+// every evictor: a later call offers it again first while it is unused, one used meanwhile is
+// judged by its count like any other block, and a plan that was abandoned or asked for more than
+// it used costs nothing. (Within a call, victims and refused blocks wait aside in two lists and
+// go back when it returns.) A block the caller's filter refuses (pinned, in flight) is given a
+// second trip through its queue, from the front, at most once per block per call; when every
+// remaining block of the queue S3-FIFO picks was refused, the other queue serves the rest of the
+// call, so victims run out only when every tracked block was refused.
 // Sizes: small = max(1, capacity / 10); ghost = capacity - small entries, as in the paper.
 #pragma once
 
@@ -41,14 +46,17 @@ class S3FifoEvictor final : public Evictor {
   uint64_t main_size() const { return lists_.size(kMain); }
 
  private:
-  static constexpr uint32_t kSmall = 0, kMain = 1, kLeaving = 2;
-  static constexpr uint8_t kFromSmall = 4;  // queue_ bit: a leaving block came from small
+  // kLeaving and kRefused hold blocks only during select_victims.
+  static constexpr uint32_t kSmall = 0, kMain = 1, kLeaving = 2, kRefused = 3;
+  static constexpr uint8_t kFromSmall = 4;  // queue_ bit: a block set aside came from small
 
   void move(uint32_t slot, uint32_t to, bool front = true);
+  // The queue a block set aside goes back to.
+  uint32_t origin(uint32_t slot) const { return (queue_[slot] & kFromSmall) != 0 ? kSmall : kMain; }
 
   uint64_t small_target_;
   KeyIndex index_;
-  SlotLists lists_{3};
+  SlotLists lists_{4};
   std::vector<uint8_t> count_;
   std::vector<uint8_t> queue_;  // list number | kFromSmall
   GhostHistory ghost_;

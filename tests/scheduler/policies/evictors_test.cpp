@@ -10,14 +10,17 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
 #include <string>
 
+#include "scheduler/policies/chain_links.hpp"
 #include "scheduler/policies/ghost_history.hpp"
 #include "scheduler/policies/ghost_table.hpp"
 #include "scheduler/policies/hint_board.hpp"
+#include "scheduler/policies/key_index.hpp"
 #include "scheduler/policies/lfu_evictor.hpp"
 #include "scheduler/policies/lookahead_evictor.hpp"
 #include "scheduler/policies/lru_evictor.hpp"
@@ -678,6 +681,306 @@ TEST(Evictors, PrefixAwareNeverEvictsAParentBeforeItsChildren) {
   out.clear();
   ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
   EXPECT_EQ(out[0], key_of(2));  // the chain shrinks from its tail
+}
+
+// A child that arrived before its parent (lower tiers receive chains leaf first, by demotion)
+// still keeps the parent from being a victim.
+TEST(Evictors, PrefixAwareParentArrivingAfterItsChildIsNotAVictim) {
+  EvictorOptions o;
+  PrefixAwareEvictor e(o);
+  e.on_insert(facts_of(2, 1, 1));  // the child, its parent not here yet
+  e.on_insert(facts_of(1));
+  const auto child_pinned = [](const BlockKey& k) { return k == key_of(2); };
+  std::vector<BlockKey> out;
+  EXPECT_EQ(e.select_victims(2, KeyFilter(child_pinned), out), 0u);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(e.cached_children(key_of(1)), 1u);
+  ASSERT_EQ(e.select_victims(2, KeyFilter::none(), out), 1u);
+  EXPECT_EQ(out[0], key_of(2));
+  e.on_erase(key_of(2));
+  EXPECT_EQ(e.cached_children(key_of(1)), 0u);
+  out.clear();
+  ASSERT_EQ(e.select_victims(2, KeyFilter::none(), out), 1u);
+  EXPECT_EQ(out[0], key_of(1));
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
+// A parent that left and came back into another slot whose per-slot generation matched the
+// stale link's: the link must be recognised as stale and the child counted again.
+TEST(Evictors, ChainLinksParentBackInAnotherSlotRecountsItsChild) {
+  KeyIndex index;
+  ChainLinks links;
+  const auto add = [&](uint64_t id, BlockKey parent) {
+    const uint32_t slot = index.insert(key_of(id));
+    links.reserve_slots(index.slot_limit());
+    links.attach(index, slot, parent);
+    return slot;
+  };
+  const uint32_t p = add(1, BlockKey{});
+  const uint32_t c = add(2, key_of(1));
+  EXPECT_EQ(links.parent_slot(index, c), p);
+  EXPECT_EQ(links.children(p), 1u);
+  links.detach(index, p);
+  index.erase(p);
+  EXPECT_EQ(add(3, BlockKey{}), p);  // the parent's old slot, now someone else's
+  const uint32_t p2 = add(1, BlockKey{});
+  ASSERT_NE(p2, p);
+  EXPECT_EQ(links.parent_slot(index, c), p2);
+  EXPECT_EQ(links.children(p2), 1u);
+  links.detach(index, c);
+  EXPECT_EQ(links.children(p2), 0u);
+  EXPECT_EQ(links.children(p), 0u);
+}
+
+TEST(Evictors, PrefixAwareParentBackInAnotherSlotIsNotAVictim) {
+  EvictorOptions o;
+  PrefixAwareEvictor e(o);
+  e.on_insert(facts_of(1));        // slot 0
+  e.on_insert(facts_of(2, 1, 1));  // slot 1, linked to 1
+  e.on_erase(key_of(1));
+  e.on_insert(facts_of(3));  // slot 0 again
+  e.on_insert(facts_of(1));  // slot 2
+  e.on_access(key_of(2));
+  EXPECT_EQ(e.cached_children(key_of(1)), 1u);
+  const auto child_pinned = [](const BlockKey& k) { return k == key_of(2); };
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(3, KeyFilter(child_pinned), out), 1u);
+  EXPECT_EQ(out[0], key_of(3));
+  e.on_erase(key_of(2));
+  EXPECT_EQ(e.cached_children(key_of(1)), 0u);
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
+// Random inserts (parents before or after their children), accesses, erases and refusals against
+// a map of who is whose parent: a block with a tracked child is never offered, and every tracked
+// leaf the filter allows is (up to the count asked).
+TEST(Evictors, PrefixAwareRandomOpsOfferExactlyTheFreeLeaves) {
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    std::mt19937_64 rng(seed);
+    EvictorOptions o;
+    PrefixAwareEvictor e(o);
+    // Chains of 6: id's parent is id - 1 unless id % 6 == 1.
+    const auto parent_of = [](uint64_t id) { return id % 6 == 1 ? uint64_t{0} : id - 1; };
+    std::set<uint64_t> tracked;
+    for (int op = 0; op < 4000; ++op) {
+      const uint64_t id = 1 + rng() % 60;
+      switch (rng() % 4) {
+        case 0:
+        case 1:
+          if (tracked.count(id)) {
+            e.on_access(key_of(id));
+          } else {
+            const uint64_t p = parent_of(id);
+            e.on_insert(p == 0 ? facts_of(id) : facts_of(id, p, 1));
+            tracked.insert(id);
+          }
+          break;
+        case 2:
+          if (tracked.count(id)) {
+            e.on_erase(key_of(id));
+            tracked.erase(id);
+          }
+          break;
+        default: {
+          const uint64_t salt = rng();
+          const auto refused = [salt](const BlockKey& k) {
+            return policy_key_hash(BlockKey{k.lo ^ salt, k.hi}) % 4 == 0;
+          };
+          std::size_t free_leaves = 0;
+          for (uint64_t t : tracked) {
+            const bool has_child = tracked.count(t + 1) && parent_of(t + 1) == t;
+            if (!has_child && !refused(key_of(t))) ++free_leaves;
+          }
+          const std::size_t want = 1 + rng() % 8;
+          std::vector<BlockKey> out;
+          const std::size_t got = e.select_victims(want, KeyFilter(refused), out);
+          ASSERT_EQ(got, std::min(want, free_leaves)) << "seed " << seed << " op " << op;
+          for (const BlockKey& k : out) {
+            ASSERT_TRUE(tracked.count(k.lo));
+            ASSERT_FALSE(refused(k));
+            ASSERT_FALSE(tracked.count(k.lo + 1) && parent_of(k.lo + 1) == k.lo)
+                << "seed " << seed << " op " << op << ": offered " << k.lo
+                << " while its child is cached";
+          }
+          // The caller evicts only some of what it was offered.
+          for (const BlockKey& k : out) {
+            if (rng() % 2 == 0) continue;
+            e.on_erase(k);
+            tracked.erase(k.lo);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(e.misuse(), 0u);
+  }
+}
+
+// ---- S3-FIFO under refusals and over-fetching ---------------------------------------------------
+
+// Capacity 100 (small target 10): blocks 1..`in_main` made to enter main (remembered by the
+// ghost), then `in_small` newer ones in small.
+std::unique_ptr<S3FifoEvictor> s3fifo_with(uint64_t in_main, uint64_t in_small) {
+  EvictorOptions o;
+  o.capacity_blocks = 100;
+  auto e = std::make_unique<S3FifoEvictor>(o);
+  for (uint64_t id = 1; id <= in_main; ++id) {
+    e->on_insert(facts_of(id));
+    e->on_erase(key_of(id));
+    e->on_insert(facts_of(id));
+  }
+  for (uint64_t id = in_main + 1; id <= in_main + in_small; ++id) e->on_insert(facts_of(id));
+  EXPECT_EQ(e->main_size(), in_main);
+  EXPECT_EQ(e->small_size(), in_small);
+  return e;
+}
+
+TEST(Evictors, S3FifoOffersMainWhenEverySmallBlockIsRefused) {
+  auto e = s3fifo_with(90, 10);
+  std::map<uint64_t, int> asked;
+  const auto small_pinned = [&](const BlockKey& k) {
+    ++asked[k.lo];
+    return k.lo > 90;
+  };
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e->select_victims(1, KeyFilter(small_pinned), out), 1u);
+  EXPECT_EQ(out[0], key_of(1));                             // main's oldest
+  for (const auto& [id, n] : asked) EXPECT_LE(n, 1) << id;  // one second trip per call at most
+  EXPECT_EQ(e->small_size(), 10u);
+  EXPECT_EQ(e->main_size(), 90u);  // the victim stays tracked (and ranked) until erased
+  // Everything refused: each block is asked once, nothing is offered.
+  asked.clear();
+  const auto all_pinned = [&](const BlockKey& k) {
+    ++asked[k.lo];
+    return true;
+  };
+  out.clear();
+  EXPECT_EQ(e->select_victims(5, KeyFilter(all_pinned), out), 0u);
+  EXPECT_EQ(asked.size(), 100u);
+  for (const auto& [id, n] : asked) EXPECT_EQ(n, 1) << id;
+  EXPECT_EQ(e->misuse(), 0u);
+}
+
+TEST(Evictors, S3FifoOffersSmallWhenEveryMainBlockIsRefused) {
+  auto e = s3fifo_with(90, 5);  // small below its target: main goes first
+  const auto main_pinned = [](const BlockKey& k) { return k.lo <= 90; };
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e->select_victims(2, KeyFilter(main_pinned), out), 2u);
+  EXPECT_EQ(out[0], key_of(91));  // small's oldest
+  EXPECT_EQ(out[1], key_of(92));
+  out.clear();
+  ASSERT_EQ(e->select_victims(1, KeyFilter::none(), out), 1u);
+  EXPECT_EQ(out[0], key_of(1));  // without the refusals, main's oldest as before
+}
+
+// Victims the caller did not erase (it asked for more than it used, or dropped the plan) keep
+// their place: offered first again while unused, ranked again by S3-FIFO's rules once used.
+TEST(Evictors, S3FifoVictimsNotErasedKeepTheirPlaceUntilUsed) {
+  {
+    auto e = s3fifo_with(5, 0);
+    std::vector<BlockKey> out;
+    ASSERT_EQ(e->select_victims(3, KeyFilter::none(), out), 3u);  // 1, 2, 3
+    e->on_erase(key_of(1));
+    out.clear();
+    ASSERT_EQ(e->select_victims(2, KeyFilter::none(), out), 2u);
+    EXPECT_EQ(out[0], key_of(2));  // not used since: still the next to go
+    EXPECT_EQ(out[1], key_of(3));
+    e->on_access(key_of(2));  // used again: a block of main with a use left
+    out.clear();
+    ASSERT_EQ(e->select_victims(1, KeyFilter::none(), out), 1u);
+    EXPECT_EQ(out[0], key_of(3));
+    out.clear();
+    ASSERT_EQ(e->select_victims(4, KeyFilter::none(), out), 4u);
+    EXPECT_EQ(out[0], key_of(3));
+    EXPECT_EQ(out[1], key_of(4));
+    EXPECT_EQ(out[2], key_of(5));
+    EXPECT_EQ(out[3], key_of(2));  // after one more trip through main
+    EXPECT_EQ(e->main_size(), 4u);
+  }
+  {
+    // From small: one used twice since it was offered moves to main; erased, one is remembered.
+    auto e = s3fifo_with(0, 12);
+    std::vector<BlockKey> out;
+    ASSERT_EQ(e->select_victims(2, KeyFilter::none(), out), 2u);  // 1, 2
+    e->on_access(key_of(1));
+    e->on_access(key_of(1));
+    out.clear();
+    ASSERT_EQ(e->select_victims(1, KeyFilter::none(), out), 1u);
+    EXPECT_EQ(out[0], key_of(2));
+    EXPECT_EQ(e->main_size(), 1u);  // 1
+    e->on_erase(key_of(2));
+    e->on_insert(facts_of(2));  // the ghost remembers it: straight into main
+    EXPECT_EQ(e->main_size(), 2u);
+    EXPECT_EQ(e->small_size(), 10u);  // 3..12
+    EXPECT_EQ(e->misuse(), 0u);
+  }
+}
+
+// Random inserts, accesses, erases, refusals and over-fetching: S3-FIFO can evict any tracked
+// block, so it runs out of victims only when every block it tracks is refused, and it asks the
+// filter about a block at most once per call.
+TEST(Evictors, S3FifoRandomOpsRunOutOfVictimsOnlyWhenAllAreRefused) {
+  for (uint64_t cap : {10, 40, 100}) {
+    std::mt19937_64 rng(cap);
+    EvictorOptions o;
+    o.capacity_blocks = cap;
+    S3FifoEvictor e(o);
+    std::set<uint64_t> tracked;
+    for (int op = 0; op < 6000; ++op) {
+      const uint64_t id = 1 + rng() % (2 * cap);
+      switch (rng() % 4) {
+        case 0:
+          if (tracked.count(id)) {
+            e.on_access(key_of(id));
+          } else {
+            e.on_insert(facts_of(id));
+            tracked.insert(id);
+          }
+          break;
+        case 1:
+          if (tracked.count(id)) e.on_access(key_of(id));
+          break;
+        case 2:
+          if (tracked.count(id)) {
+            e.on_erase(key_of(id));
+            tracked.erase(id);
+          }
+          break;
+        default: {
+          const uint64_t salt = rng();
+          const uint64_t mode = rng() % 4;  // refused: none, a half, two thirds, all
+          std::map<uint64_t, int> asked;
+          const auto refused = [&](const BlockKey& k) {
+            ++asked[k.lo];
+            return mode == 3 || policy_key_hash(BlockKey{k.lo ^ salt, k.hi}) % (mode + 1) != 0;
+          };
+          std::size_t free = 0;
+          for (uint64_t t : tracked) {
+            free += refused(key_of(t)) ? 0 : 1;
+          }
+          asked.clear();
+          const std::size_t want = 1 + rng() % 8;
+          std::vector<BlockKey> out;
+          const std::size_t got = e.select_victims(want, KeyFilter(refused), out);
+          ASSERT_EQ(got, std::min(want, free)) << "cap " << cap << " op " << op;
+          std::set<uint64_t> distinct;
+          for (const BlockKey& k : out) {
+            ASSERT_TRUE(tracked.count(k.lo));
+            distinct.insert(k.lo);
+          }
+          ASSERT_EQ(distinct.size(), out.size());
+          for (const auto& [k, n] : asked) ASSERT_LE(n, 1) << "cap " << cap << " op " << op;
+          for (const BlockKey& k : out) {
+            if (rng() % 2 == 0) continue;
+            e.on_erase(k);
+            tracked.erase(k.lo);
+          }
+        }
+      }
+      ASSERT_EQ(e.size(), tracked.size());
+      ASSERT_EQ(e.small_size() + e.main_size(), tracked.size());
+    }
+    EXPECT_EQ(e.misuse(), 0u);
+  }
 }
 
 TEST(Evictors, PlainLruEvictsAChainHeadFirst) {
