@@ -360,6 +360,10 @@ class Scheduler {
   std::unordered_map<BlockKey, uint8_t, BlockKeyHash> refused_;
   // HBM frames pinned by open steps (loop thread).
   uint64_t pinned_frames_ = 0;
+  // HBM frames open steps may pin at once (Step::reserved), pinned or not yet: begin_step admits
+  // a batch against what they leave, since a step pins its frames only as they are granted and
+  // two steps that each took part of HBM could otherwise wait on each other until the timeout.
+  uint64_t reserved_frames_ = 0;
 
   // What engine threads read without the loop: per step, its layers' readiness and tables.
   mutable std::mutex published_mu_;

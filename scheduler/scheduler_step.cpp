@@ -110,13 +110,14 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     pages_per_layer += infos[i].pages;
   }
   const uint64_t capacity = parts_.hbm->capacity();
-  const uint64_t available = capacity > pinned_frames_ ? capacity - pinned_frames_ : 0;
+  const uint64_t held = std::max(pinned_frames_, reserved_frames_);
+  const uint64_t available = capacity > held ? capacity - held : 0;
   if (pages_per_layer > available) {
     return resource_exhausted(
         "begin_step: one layer of this batch needs " + std::to_string(pages_per_layer) +
         " HBM frames (" + std::to_string(pages_per_layer * options_.geometry.page_bytes()) +
         " bytes) but only " + std::to_string(available) + " of " + std::to_string(capacity) +
-        " are available (the rest are pinned by other steps)");
+        " are available (the rest are pinned or reserved by other open steps)");
   }
   uint32_t window = layers;
   if (pages_per_layer * layers > available) {
@@ -127,6 +128,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     step->windowed = true;
   }
   step->window = window;
+  step->reserved = pages_per_layer * window;
 
   // Create the blocks the appended tokens need (private until full and published).
   for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -195,6 +197,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     published_.emplace(step->id, step->shared);
   }
   Step& s = *step;
+  reserved_frames_ += s.reserved;
   steps_.emplace(s.id, std::move(step));
   stats_.steps.fetch_add(1, std::memory_order_relaxed);
   if (s.windowed) stats_.windowed_steps.fetch_add(1, std::memory_order_relaxed);
@@ -731,6 +734,7 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
     std::lock_guard<std::mutex> lock(published_mu_);
     published_.erase(id);
   }
+  reserved_frames_ -= step->reserved;
   steps_.erase(id);
   publish_pending();
   check_watermarks();
@@ -788,6 +792,7 @@ Status Scheduler::abort_step(StepId id) {
     std::lock_guard<std::mutex> lock(published_mu_);
     published_.erase(id);
   }
+  reserved_frames_ -= step->reserved;
   steps_.erase(id);
   for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
   return ok_status();

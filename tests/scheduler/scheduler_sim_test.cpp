@@ -181,6 +181,46 @@ TEST(SchedulerSim, ContextFourTimesLargerThanHbmDecodesLayerByLayer) {
   EXPECT_EQ(w.scheduler().match(keys).blocks, 32u);
 }
 
+// Two open steps whose pages load from below: neither has pinned its frames yet when the second
+// begins (a step pins a frame as it is granted), so counting pins alone would admit both whole
+// and each could end up holding part of HBM, waiting for the rest. The second is admitted
+// against what the first has reserved: it goes layer by layer, and both complete.
+TEST(SchedulerSim, ASecondStepIsAdmittedAgainstTheFirstStepsReservation) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  setup.host_frames = 64;
+  setup.nvme_extents = 256;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 5, kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kHbm)], 0u);
+  ASSERT_EQ(w.scheduler().match(prompts[1]).by_tier[tier_index(Tier::kHbm)], 0u);
+  auto a = w.scheduler().open_sequence(prompts[0]);
+  auto b = w.scheduler().open_sequence(prompts[1]);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const StepItem ia{a->id, 1}, ib{b->id, 1};
+  auto sa = w.scheduler().begin_step(std::span(&ia, 1));
+  ASSERT_TRUE(sa.ok()) << sa.status().to_string();
+  EXPECT_FALSE(sa->windowed) << "6 pages x 4 layers fit in 32 frames";
+  auto sb = w.scheduler().begin_step(std::span(&ib, 1));
+  ASSERT_TRUE(sb.ok()) << sb.status().to_string();
+  EXPECT_TRUE(sb->windowed) << "24 frames reserved by the first step leave 8: one layer at a time";
+  for (const StepInfo* step : {&*sa, &*sb}) {
+    for (uint32_t l = 0; l < step->layers; ++l) {
+      auto ready = w.scheduler().layer_readiness(step->id, l);
+      ASSERT_TRUE(ready.ok());
+      ASSERT_TRUE(w.loop().run_while_not([&] { return (*ready)->finished(); }))
+          << "step " << step->id << " layer " << l << " never became ready";
+      ASSERT_TRUE((*ready)->wait(0).ok());
+      ASSERT_TRUE(w.scheduler().end_layer(step->id, l).ok());
+    }
+    ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  }
+  for (auto id : {a->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 TEST(SchedulerSim, OneLayerThatCannotFitIsAClearError) {
   SimSetup setup;
   setup.hbm_frames = 8;
