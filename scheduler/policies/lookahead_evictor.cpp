@@ -218,7 +218,7 @@ uint32_t LookaheadEvictor::best_tail() {
         best_rank = r;
       }
     }
-    if (best == SlotLists::kNil) return last_resort(KeyFilter::none(), {});
+    if (best == SlotLists::kNil) return last_resort();
     if (!hinted(index_.key(best))) return best;
     // A waiting request reads it: out of the ranking until that request touches it.
     lists_.remove(list_[best], best);
@@ -228,23 +228,56 @@ uint32_t LookaheadEvictor::best_tail() {
   }
 }
 
-uint32_t LookaheadEvictor::last_resort(KeyFilter skip, const std::vector<uint32_t>& taken) const {
+uint64_t LookaheadEvictor::reader_start(uint32_t slot) const {
+  const std::optional<HintBoard::Use> use =
+      hints_ != nullptr ? hints_->find(index_.key(slot)) : std::nullopt;
+  return use ? use->earliest_start : 0;
+}
+
+uint32_t LookaheadEvictor::last_resort() const {
   uint32_t pick = SlotLists::kNil;
   uint64_t latest = 0;
   uint32_t seen = 0;
   for (uint32_t s = lists_.back(kHintedList); s != SlotLists::kNil && seen < kHintedScan;
-       s = lists_.newer(s)) {
-    if (std::find(taken.begin(), taken.end(), s) != taken.end() || skip(index_.key(s))) continue;
-    ++seen;
-    const std::optional<HintBoard::Use> use =
-        hints_ != nullptr ? hints_->find(index_.key(s)) : std::nullopt;
-    const uint64_t start = use ? use->earliest_start : 0;
+       s = lists_.newer(s), ++seen) {
+    const uint64_t start = reader_start(s);
     if (pick == SlotLists::kNil || start > latest) {
       pick = s;
       latest = start;
     }
   }
   return pick;
+}
+
+std::size_t LookaheadEvictor::take_hinted(std::size_t count, KeyFilter skip,
+                                          std::vector<BlockKey>& out) const {
+  struct Candidate {
+    uint32_t slot;
+    uint64_t start;  // its earliest waiting reader's expected start
+  };
+  // The kHintedScan longest-hinted blocks not refused and not taken yet, in list order (oldest
+  // first), refilled from one walk of the list: each block is looked at once per call.
+  std::vector<Candidate> window;
+  window.reserve(kHintedScan);
+  uint32_t next = lists_.back(kHintedList);
+  std::size_t added = 0;
+  while (added < count) {
+    while (window.size() < kHintedScan && next != SlotLists::kNil) {
+      const uint32_t s = next;
+      next = lists_.newer(s);
+      if (skip(index_.key(s))) continue;
+      window.push_back(Candidate{s, reader_start(s)});
+    }
+    if (window.empty()) break;
+    std::size_t best = 0;  // the oldest on ties
+    for (std::size_t i = 1; i < window.size(); ++i) {
+      if (window[i].start > window[best].start) best = i;
+    }
+    out.push_back(index_.key(window[best].slot));
+    ++added;
+    window.erase(window.begin() + static_cast<std::ptrdiff_t>(best));
+  }
+  return added;
 }
 
 bool LookaheadEvictor::admit(const BlockFacts& block) {
@@ -300,14 +333,7 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   for (std::size_t i = 0; added < count && i < hinted_victims.size(); ++i, ++added) {
     out.push_back(hinted_victims[i]);
   }
-  std::vector<uint32_t> taken;
-  while (added < count) {
-    const uint32_t s = last_resort(skip, taken);
-    if (s == SlotLists::kNil) break;
-    taken.push_back(s);
-    out.push_back(index_.key(s));
-    ++added;
-  }
+  if (added < count) added += take_hinted(count - added, skip, out);
   return added;
 }
 

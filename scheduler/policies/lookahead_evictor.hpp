@@ -143,9 +143,17 @@ class LookaheadEvictor final : public Evictor {
   // hinted list's oldest, else kNil. Amortised O(1): a block enters the hinted list once per
   // waiting request that reads it.
   uint32_t best_tail();
-  // Among the kHintedScan longest-hinted blocks not in `taken` nor refused by `skip`, the one
-  // whose earliest waiting reader starts last (the oldest on ties); kNil when none.
-  uint32_t last_resort(KeyFilter skip, const std::vector<uint32_t>& taken) const;
+  // The expected start of the earliest waiting request that reads the slot's block (0: none).
+  uint64_t reader_start(uint32_t slot) const;
+  // Among the kHintedScan longest-hinted blocks, the one whose earliest waiting reader starts
+  // last (the oldest on ties); kNil when the hinted list is empty. take_hinted's first pick
+  // without a filter.
+  uint32_t last_resort() const;
+  // Up to `count` victims from the hinted list, appended to `out`: each time, among the
+  // kHintedScan longest-hinted blocks not refused by `skip` nor taken yet, the one whose earliest
+  // waiting reader starts last (the oldest on ties). One walk of the list per call, O(count x
+  // kHintedScan) comparisons.
+  std::size_t take_hinted(std::size_t count, KeyFilter skip, std::vector<BlockKey>& out) const;
   // Ranks `slot` from `time` in its class list (see list_for).
   void place(uint32_t slot, uint64_t time);
   // Ranks `slot` from `time` in `list`; a child placed right after its parent in the same list

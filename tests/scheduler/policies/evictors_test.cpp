@@ -1033,6 +1033,43 @@ TEST(Evictors, LookaheadKeepsHintedBlocksAndReturningOnes) {
   EXPECT_FALSE(e.admit(facts_of(2000)));
 }
 
+// When only hinted blocks can go, many victims at once are found in one walk of the hinted list:
+// the filter is asked about each block once, and each pick is the block whose reader starts last
+// among the kHintedScan oldest not taken yet (the first ones are refused).
+TEST(Evictors, LookaheadManyHintedVictimsInOneWalk) {
+  HintBoard board;
+  EvictorOptions o;
+  o.capacity_blocks = 4096;
+  o.hints = &board;
+  LookaheadEvictor e(o);
+  constexpr uint64_t kBlocks = 2048;
+  std::vector<BlockKey> keys;
+  for (uint64_t id = 1; id <= kBlocks; ++id) {
+    e.on_miss(facts_of(id));
+    e.on_insert(facts_of(id));
+    keys.push_back(key_of(id));
+  }
+  // Request r (expected to start at r) reads blocks 2r-1 and 2r: older blocks are read later
+  // by requests numbered from the far end.
+  for (uint64_t r = 1; r <= kBlocks / 2; ++r) {
+    const BlockKey pair[2] = {key_of(kBlocks + 1 - 2 * r), key_of(kBlocks + 2 - 2 * r)};
+    ASSERT_TRUE(board.add(r, r, pair).ok());
+  }
+  uint64_t asked = 0;
+  const auto skip = [&](const BlockKey& k) {
+    ++asked;
+    return k == key_of(1) || k == key_of(2);
+  };
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(kBlocks, KeyFilter(skip), out), kBlocks - 2);
+  EXPECT_LE(asked, 2 * kBlocks) << "the hinted list was walked again for every victim";
+  std::set<BlockKey> distinct(out.begin(), out.end());
+  EXPECT_EQ(distinct.size(), out.size());
+  EXPECT_EQ(distinct.count(key_of(1)) + distinct.count(key_of(2)), 0u);
+  // Blocks 3 and 4 are read by the request that starts last of all the oldest ones.
+  EXPECT_TRUE(out[0] == key_of(3) || out[0] == key_of(4)) << to_string(out[0]);
+}
+
 TEST(Evictors, LookaheadHintedBlocksLeaveTheRankingUntilTouchedOrUnhinted) {
   HintBoard board;
   EvictorOptions o;
