@@ -246,6 +246,9 @@ class Scheduler {
   // sequence's) leaves host memory when nothing else can.
   void stage_to_nvme(const BlockKey& key, TransferPriority prio);
   void serve_frame_waiters(Tier tier);
+  // A demand joined a prefetch of `key` still waiting for frames in `tier`: its requests move to
+  // the `to` queue (in their order), and room is made at that priority.
+  void promote_frame_waiters(Tier tier, const BlockKey& key, TransferPriority to);
   void serve_memory_waiters();
   void make_room(Tier tier, TransferPriority prio);
   // Carries one planned move out; returns frames it freed at once or started freeing (drains).

@@ -104,6 +104,26 @@ void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer, Tr
   serve_frame_waiters(tier);
 }
 
+void Scheduler::promote_frame_waiters(Tier tier, const BlockKey& key, TransferPriority to) {
+  auto& queues = waiters_[tier_index(tier)];
+  bool moved = false;
+  for (int p = static_cast<int>(to) + 1; p < kNumPriorities; ++p) {
+    auto& q = queues[p];
+    for (auto it = q.begin(); it != q.end();) {
+      if (it->key == key) {
+        queues[static_cast<int>(to)].push_back(std::move(*it));
+        it = q.erase(it);
+        moved = true;
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (!moved) return;
+  make_room(tier, to);
+  serve_frame_waiters(tier);
+}
+
 void Scheduler::serve_frame_waiters(Tier tier) {
   if (tier == Tier::kNvme || serving_[tier_index(tier)]) return;
   // Grants may free or take frames re-entrantly (a grant's callback can drop a copy); one serving
@@ -464,6 +484,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
     if (op.prefetch && prio == TransferPriority::kDemand) {
       op.prefetch = false;
       if (op.job != 0) links_.promote(op.job, prio);
+      promote_frame_waiters(Tier::kHost, key, prio);
     }
     const bool leaving = op.drain;
     op.waiters.push_back(
@@ -549,9 +570,23 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
     any_host = v.copies(Tier::kHost) > 0;
   });
   if (!s.ok() || nvme != CopyState::kReady || any_host) return;
+  bool reading = false;
+  bool promoted = false;
   for (uint32_t l = 0; l < layers; ++l) {
-    if (ops_.contains(PageKey{key, l, Tier::kHost})) return;
+    auto it = ops_.find(PageKey{key, l, Tier::kHost});
+    if (it == ops_.end()) continue;
+    reading = true;
+    // A demand joins a read issued as a prefetch: the read moves up its link's queue, or, still
+    // waiting for host frames, up the frame queue.
+    PageOp& op = *it->second;
+    if (op.prefetch && prio == TransferPriority::kDemand) {
+      op.prefetch = false;
+      promoted = true;
+      if (op.job != 0) links_.promote(op.job, prio);
+    }
   }
+  if (promoted) promote_frame_waiters(Tier::kHost, key, prio);
+  if (reading) return;
   // Frames for every layer, granted one by one; the read starts when all are in hand.
   struct Gather {
     std::vector<uint32_t> frames;
@@ -602,8 +637,15 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
             return;
           }
           reading_[key] += 1;
-          links_.enqueue(
-              Link::kNvmeToHost, prio, nvme_block_bytes(),
+          // Queued at the priority the read had when its frames were asked for, or demand if a
+          // step joined it meanwhile; each layer's op names the job, so a later demand promotes it.
+          bool demanded = false;
+          for (uint32_t j = 0; j < layers; ++j) {
+            auto it = ops_.find(PageKey{key, j, Tier::kHost});
+            demanded |= it != ops_.end() && !it->second->prefetch;
+          }
+          const JobId job = links_.enqueue(
+              Link::kNvmeToHost, demanded ? TransferPriority::kDemand : prio, nvme_block_bytes(),
               [this, key, layers, g, fail_all](std::function<void()> finished) {
                 auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
                   finished();
@@ -633,6 +675,11 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
                 Status submitted = parts_.port->read_block(key, g->frames, on_done);
                 if (!submitted.ok()) on_done(submitted);
               });
+          for (uint32_t j = 0; j < layers; ++j) {
+            if (auto it = ops_.find(PageKey{key, j, Tier::kHost}); it != ops_.end()) {
+              it->second->job = job;
+            }
+          }
         });
   }
 }
@@ -1160,6 +1207,11 @@ void Scheduler::after_change(const BlockKey& key) {
     if (!parts_.table->erase(current).ok()) return;
     facts_.erase(current);
     refused_.erase(current);
+    if (!failed_fills_.empty()) {
+      for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+        failed_fills_.erase(PageKey{current, l, Tier::kHbm});
+      }
+    }
     current = parent;
   }
 }

@@ -4,13 +4,6 @@
 #include <algorithm>
 
 namespace kvtier {
-namespace {
-
-// As the Runtime does: deep enough to keep a link busy, shallow enough that a demand load is
-// never behind more than a few milliseconds of background work.
-constexpr uint64_t kMaxInflightBytes = 64ull << 20;
-
-}  // namespace
 
 Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
   if (spec.hbm_frames == 0) return invalid_argument("the simulated HBM tier has no frames");
@@ -40,7 +33,7 @@ Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
   so.geometry = spec.geometry;
   so.policies = spec.policies;
   so.watermarks = spec.watermarks;
-  so.max_inflight_bytes.fill(kMaxInflightBytes);
+  so.max_inflight_bytes.fill(spec.max_inflight_bytes);
   SchedulerParts parts{w->table_.get(), w->port_.get(), &w->loop_,
                        w->hbm_.get(),   w->host_.get(), w->nvme_.get()};
   KVTIER_ASSIGN_OR_RETURN(w->scheduler_, Scheduler::create(parts, so));

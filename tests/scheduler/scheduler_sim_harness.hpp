@@ -34,6 +34,7 @@ struct SimSetup {
   PoliciesConfig policies;
   std::array<Watermarks, kNumTiers> watermarks{Watermarks{0.9, 1.0}, Watermarks{0.9, 1.0},
                                                Watermarks{0.9, 1.0}};
+  uint64_t max_inflight_bytes = 64ull << 20;  // per link
 };
 
 class SimWorld {
@@ -53,6 +54,7 @@ class SimWorld {
     spec.links[static_cast<int>(Link::kHostToNvme)] = link(setup.nvme_write_gbps);
     spec.policies = setup.policies;
     spec.watermarks = setup.watermarks;
+    spec.max_inflight_bytes = setup.max_inflight_bytes;
     auto w = kvtier::SimWorld::create(spec);
     EXPECT_TRUE(w.ok()) << w.status().to_string();
     world_ = std::move(w).value();

@@ -221,6 +221,41 @@ TEST(SchedulerSim, ASecondStepIsAdmittedAgainstTheFirstStepsReservation) {
   expect_consistent(w);
 }
 
+// A step that needs blocks whose whole-block NVMe reads were queued as prefetches (open_sequence
+// prefetches the reused prefix), still waiting for host frames or for the link, moves those reads
+// ahead of other queued prefetches: with one job in flight per link, the second sequence's first
+// layer is ready while the first sequence's prefetches still wait behind it.
+TEST(SchedulerSim, ADemandMovesItsQueuedNvmeBlockReadsAheadOfPrefetches) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = 64;
+  setup.nvme_extents = 256;
+  setup.max_inflight_bytes = 1;  // one job in flight per link at a time
+  SimWorld n(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(n.compute_prompts(12, 4, kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(n.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
+  ASSERT_EQ(n.scheduler().match(prompts[1]).by_tier[tier_index(Tier::kNvme)], 4u);
+  auto a = n.scheduler().open_sequence(prompts[0]);  // 4 block reads queued, as prefetches
+  auto b = n.scheduler().open_sequence(prompts[1]);  // 4 more behind them
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->reused_blocks, 4u);
+  ASSERT_EQ(b->reused_blocks, 4u);
+  const StepItem item{b->id, 1};
+  auto step = n.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  auto first = n.scheduler().layer_readiness(step->id, 0);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(n.loop().run_while_not([&] { return (*first)->finished(); }));
+  ASSERT_TRUE((*first)->wait(0).ok());
+  EXPECT_GT(n.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 0u)
+      << "the first sequence's prefetches all ran before the step's demand";
+  ASSERT_TRUE(n.scheduler().abort_step(step->id).ok());
+  for (auto id : {a->id, b->id}) ASSERT_TRUE(n.scheduler().close_sequence(id).ok());
+  n.settle();
+  expect_consistent(n);
+}
+
 TEST(SchedulerSim, OneLayerThatCannotFitIsAClearError) {
   SimSetup setup;
   setup.hbm_frames = 8;
