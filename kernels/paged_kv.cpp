@@ -45,6 +45,35 @@ Status validate_kv_shape(const PagedKv& kv) {
   return ok_status();
 }
 
+Status validate_block_table(const uint32_t* indptr, const uint32_t* indices, uint32_t batch,
+                            uint32_t num_frames) {
+  if (batch == 0) return ok_status();
+  if (indptr == nullptr) {
+    return invalid_argument("paged KV: indptr is required for a batch of " + std::to_string(batch));
+  }
+  if (indptr[0] != 0) {
+    return invalid_argument("paged KV: indptr[0] is " + std::to_string(indptr[0]) + ", expected 0");
+  }
+  for (uint32_t b = 0; b < batch; ++b) {
+    if (indptr[b + 1] < indptr[b]) {
+      return invalid_argument("paged KV: indptr decreases at sequence " + std::to_string(b));
+    }
+    if (indptr[b + 1] == indptr[b]) {
+      return invalid_argument("paged KV: sequence " + std::to_string(b) + " has no pages");
+    }
+  }
+  const uint32_t nnz = indptr[batch];
+  if (indices == nullptr) return invalid_argument("paged KV: indices is null");
+  for (uint32_t i = 0; i < nnz; ++i) {
+    if (indices[i] >= num_frames) {
+      return out_of_range("paged KV: block table entry " + std::to_string(i) + " names frame " +
+                          std::to_string(indices[i]) + " of an arena of " +
+                          std::to_string(num_frames) + " frames");
+    }
+  }
+  return ok_status();
+}
+
 Status validate_paged_kv(const PagedKv& kv) {
   KVTIER_RETURN_IF_ERROR(validate_kv_shape(kv));
   if (kv.batch == 0) return ok_status();
@@ -52,30 +81,12 @@ Status validate_paged_kv(const PagedKv& kv) {
     return invalid_argument("paged KV: indptr and last_page_len are required for a batch of " +
                             std::to_string(kv.batch));
   }
-  if (kv.indptr[0] != 0) {
-    return invalid_argument("paged KV: indptr[0] is " + std::to_string(kv.indptr[0]) +
-                            ", expected 0");
-  }
+  KVTIER_RETURN_IF_ERROR(validate_block_table(kv.indptr, kv.indices, kv.batch, kv.num_frames));
   for (uint32_t b = 0; b < kv.batch; ++b) {
-    if (kv.indptr[b + 1] < kv.indptr[b]) {
-      return invalid_argument("paged KV: indptr decreases at sequence " + std::to_string(b));
-    }
-    if (kv.indptr[b + 1] == kv.indptr[b]) {
-      return invalid_argument("paged KV: sequence " + std::to_string(b) + " has no pages");
-    }
     if (kv.last_page_len[b] == 0 || kv.last_page_len[b] > kv.page_tokens) {
       return invalid_argument("paged KV: last_page_len of sequence " + std::to_string(b) + " is " +
                               std::to_string(kv.last_page_len[b]) + ", outside [1, " +
                               std::to_string(kv.page_tokens) + "]");
-    }
-  }
-  const uint32_t nnz = kv.indptr[kv.batch];
-  if (kv.indices == nullptr) return invalid_argument("paged KV: indices is null");
-  for (uint32_t i = 0; i < nnz; ++i) {
-    if (kv.indices[i] >= kv.num_frames) {
-      return out_of_range("paged KV: block table entry " + std::to_string(i) + " names frame " +
-                          std::to_string(kv.indices[i]) + " of an arena of " +
-                          std::to_string(kv.num_frames) + " frames");
     }
   }
   return ok_status();

@@ -92,8 +92,12 @@ Status check_residency(const ResidencyGuard& guard, const uint32_t* indices, uin
 // Checks the shape fields (not the table): sizes, head_dim a multiple of 16 up to 256, stride.
 Status validate_kv_shape(const PagedKv& kv);
 
-// Checks shape and a host-readable table: indptr monotone, every frame id below num_frames,
-// last_page_len in range, no empty sequence.
+// Checks a host-readable block table of `batch` sequences: indptr from 0 and growing at every
+// sequence (none empty), every frame id below num_frames.
+Status validate_block_table(const uint32_t* indptr, const uint32_t* indices, uint32_t batch,
+                            uint32_t num_frames);
+
+// Checks shape and a host-readable table: validate_block_table, and last_page_len in range.
 Status validate_paged_kv(const PagedKv& kv);
 
 // Tokens of sequence b (host-readable table).

@@ -369,13 +369,17 @@ void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
 }
 
 void Scheduler::abort_failed_fills(const Step& step, uint32_t layer) {
-  // A load that failed while the page was pinned left it filling: once unpinned it is given up.
+  // A load that failed while the page was pinned left it filling (give_up_fill recorded it):
+  // once unpinned it is given up. Nothing failed, nothing to look up: the common case.
+  if (failed_fills_.empty()) return;
   for (const auto& blocks : step.blocks) {
     for (const BlockKey& key : blocks) {
-      if (step.new_blocks.contains(key)) continue;
       const PageKey pk{key, layer, Tier::kHbm};
+      if (!failed_fills_.contains(pk)) continue;
       const PageSnapshot p = page_snapshot(key, layer);
-      if (p.hbm == CopyState::kFilling && p.pins == 0 && !ops_.contains(pk)) {
+      if (p.hbm != CopyState::kFilling) {
+        failed_fills_.erase(pk);  // already gone
+      } else if (p.pins == 0 && !ops_.contains(pk)) {
         parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
         failed_fills_.erase(pk);
         sync_membership(key, Tier::kHbm);

@@ -25,33 +25,17 @@ cudaError_t reject(const Status& st) {
 }
 
 // The residency guard's host copy of the block table, then every frame it lists: the table
-// must be whole (indptr from 0, no sequence without pages, every frame id in the arena), since
-// the frames checked are the frames the kernel will read.
+// must be whole (validate_block_table), since the frames checked are the frames the kernel reads.
 Status check_host_table(const ResidencyGuard& guard, const PagedKv& kv) {
   if (guard.host_indptr == nullptr || guard.host_indices == nullptr) {
     return invalid_argument(
         "attention launch: residency checking is on but residency.host_indptr or "
         "residency.host_indices is null (the host copies of the block table it checks)");
   }
-  if (guard.host_indptr[0] != 0) {
-    return invalid_argument("attention launch: residency.host_indptr[0] is " +
-                            std::to_string(guard.host_indptr[0]) + ", expected 0");
-  }
-  for (uint32_t b = 0; b < kv.batch; ++b) {
-    if (guard.host_indptr[b + 1] <= guard.host_indptr[b]) {
-      return invalid_argument("attention launch: residency.host_indptr gives sequence " +
-                              std::to_string(b) + " no pages (or decreases there)");
-    }
-  }
-  const uint32_t nnz = guard.host_indptr[kv.batch];
-  for (uint32_t i = 0; i < nnz; ++i) {
-    if (guard.host_indices[i] >= kv.num_frames) {
-      return out_of_range("attention launch: block table entry " + std::to_string(i) +
-                          " names frame " + std::to_string(guard.host_indices[i]) +
-                          " of an arena of " + std::to_string(kv.num_frames) + " frames");
-    }
-  }
-  return check_residency(guard, guard.host_indices, nnz);
+  KVTIER_RETURN_IF_ERROR(
+      validate_block_table(guard.host_indptr, guard.host_indices, kv.batch, kv.num_frames)
+          .with_context("attention launch: residency host table"));
+  return check_residency(guard, guard.host_indices, guard.host_indptr[kv.batch]);
 }
 
 Status check_common(const AttentionParams& p, uint32_t max_group, cudaStream_t stream) {

@@ -329,7 +329,7 @@ TEST(CudaLaunchRejections, ResidencyHostTableMustBeWholeAndInTheArena) {
   // A sequence with no pages in the host copy would leave its frames unchecked.
   indptr[1] = indptr[0];
   EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
-  EXPECT_NE(kc::last_launch_error().find("sequence 0 no pages"), std::string::npos)
+  EXPECT_NE(kc::last_launch_error().find("sequence 0 has no pages"), std::string::npos)
       << kc::last_launch_error();
   indptr = fx.indptr();
   p.residency.host_indptr = indptr.data();
