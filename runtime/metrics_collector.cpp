@@ -154,6 +154,9 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_single(out, "kvtier_blocks_deduplicated_total",
              "Published blocks already cached under the same key: shared, not copied", kCounter,
              read(s.blocks_deduplicated));
+  add_single(out, "kvtier_blocks_refilled_total",
+             "Cached blocks recomputed into their existing entries (complete again, not published)",
+             kCounter, read(s.blocks_refilled));
 }
 
 void MetricsCollector::collect_transfer(const TransferStats& t,

@@ -183,6 +183,10 @@ class Scheduler {
   Result<Step*> find_step(StepId id) const;
   Status plan_layer(Step& step, uint32_t layer);
   void release_layer(Step& step, uint32_t layer);
+  // HBM frames a new batch cannot have (see the definition).
+  uint64_t frames_held() const;
+  // How many of `keys` (with repeats) are blocks of pinned prefixes.
+  uint64_t protected_count(std::span<const BlockKey> keys) const;
   // Gives up a load's HBM fill of (key, layer); when the page is pinned and cannot be aborted
   // yet, remembers it in failed_fills_.
   void give_up_fill(const BlockKey& key, uint32_t layer);
@@ -361,12 +365,6 @@ class Scheduler {
   // failed), as a bit per tier: they leave the faster tier only by being dropped, when nothing
   // needs them (execute_move), and are never sent to that tier again.
   std::unordered_map<BlockKey, uint8_t, BlockKeyHash> refused_;
-  // HBM frames pinned by open steps (loop thread).
-  uint64_t pinned_frames_ = 0;
-  // HBM frames open steps may pin at once (Step::reserved), pinned or not yet: begin_step admits
-  // a batch against what they leave, since a step pins its frames only as they are granted and
-  // two steps that each took part of HBM could otherwise wait on each other until the timeout.
-  uint64_t reserved_frames_ = 0;
 
   // What engine threads read without the loop: per step, its layers' readiness and tables.
   mutable std::mutex published_mu_;

@@ -45,9 +45,9 @@ struct Scheduler::Step {
   bool windowed = false;
   bool ended = false;
   Nanos begun = 0;
-  // HBM frames reserved for the step's pins: pages per layer x window
-  // (Scheduler::reserved_frames_).
-  uint64_t reserved = 0;
+  // Pages (block table slots) per layer; the step may hold pages_per_layer x window HBM frames
+  // at once (Scheduler::frames_held).
+  uint64_t pages_per_layer = 0;
   std::vector<StepItemInfo> items;
   // Per item: the keys of the blocks it reads this step (after its appends), and the index of the
   // first block it writes into.

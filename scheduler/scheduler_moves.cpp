@@ -1056,8 +1056,11 @@ void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint3
 void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
   const uint32_t layers = options_.geometry.layers;
   if (tiers.has(Tier::kHost) && parts_.host->capacity() > 0 && !refused(key, Tier::kHost)) {
-    // Copy every HBM page down (the HBM copy stays, pinned while it is read); continue to NVMe
-    // once the last page has arrived when the strategy asks for it.
+    // Copy every HBM page down (the HBM copy stays); continue to NVMe once the last page has
+    // arrived when the strategy asks for it. A page is pinned only once its host frame is granted,
+    // for the copy itself: pinned while it waited (at write-back priority, behind every load) it
+    // would hold an HBM frame that no plan can free and that begin_step does not count. Left
+    // unpinned, it may leave HBM meanwhile — demoted, which writes it down anyway.
     auto remaining = std::make_shared<uint32_t>(0);
     std::vector<uint32_t> to_copy;
     for (uint32_t l = 0; l < layers; ++l) {
@@ -1068,27 +1071,35 @@ void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
     const bool then_nvme = tiers.has(Tier::kNvme);
     if (to_copy.empty() && then_nvme) demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
     for (uint32_t l : to_copy) {
-      auto pinned = parts_.table->pin(key, l);
-      if (!pinned.ok()) {
-        if (--*remaining == 0 && then_nvme) {
-          demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
-        }
-        continue;
-      }
-      const uint32_t hbm_frame = *pinned;
       request_frame(Tier::kHost, key, l, TransferPriority::kWriteBack,
-                    [this, key, l, hbm_frame, remaining, then_nvme](Result<uint32_t> frame) {
+                    [this, key, l, remaining, then_nvme](Result<uint32_t> frame) {
                       const auto last = [this, key, remaining, then_nvme] {
                         if (--*remaining == 0 && then_nvme) {
                           demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
                         }
                       };
+                      // Refused: the page has a host copy by now (demoted meanwhile), or the
+                      // block is gone.
                       if (!frame.ok()) {
-                        parts_.table->unpin(key, l).ignore();
                         last();
                         return;
                       }
-                      copy_pinned_page_down(key, l, hbm_frame, *frame, TransferPriority::kWriteBack,
+                      // Its HBM copy left meanwhile (another copy was made): nothing to copy.
+                      const auto give_frame_back = [this, key, l, last] {
+                        parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+                        last();
+                        serve_frame_waiters(Tier::kHost);
+                      };
+                      if (page_snapshot(key, l).hbm != CopyState::kReady) {
+                        give_frame_back();
+                        return;
+                      }
+                      auto pinned = parts_.table->pin(key, l);
+                      if (!pinned.ok()) {
+                        give_frame_back();
+                        return;
+                      }
+                      copy_pinned_page_down(key, l, *pinned, *frame, TransferPriority::kWriteBack,
                                             [this, key, last](bool copied) {
                                               if (copied) sync_membership(key, Tier::kHost);
                                               last();

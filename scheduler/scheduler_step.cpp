@@ -109,26 +109,33 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     infos[i].pages = static_cast<uint32_t>(ceil_div(total, pt));
     pages_per_layer += infos[i].pages;
   }
+  // Pages of pinned-prefix blocks are in HBM already, counted with the prefix (frames_held).
+  uint64_t needed_per_layer = pages_per_layer;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const std::size_t known = std::min<std::size_t>(infos[i].pages, seqs[i]->blocks.size());
+    needed_per_layer -= protected_count(std::span(seqs[i]->blocks.data(), known));
+  }
   const uint64_t capacity = parts_.hbm->capacity();
-  const uint64_t held = std::max(pinned_frames_, reserved_frames_);
+  const uint64_t held = frames_held();
   const uint64_t available = capacity > held ? capacity - held : 0;
-  if (pages_per_layer > available) {
+  if (needed_per_layer > available) {
     return resource_exhausted(
-        "begin_step: one layer of this batch needs " + std::to_string(pages_per_layer) +
-        " HBM frames (" + std::to_string(pages_per_layer * options_.geometry.page_bytes()) +
+        "begin_step: one layer of this batch needs " + std::to_string(needed_per_layer) +
+        " HBM frames (" + std::to_string(needed_per_layer * options_.geometry.page_bytes()) +
         " bytes) but only " + std::to_string(available) + " of " + std::to_string(capacity) +
-        " are available (the rest are pinned or reserved by other open steps)");
+        " are available (the rest are reserved by other open steps or hold pinned prefixes: " +
+        std::to_string(protected_.size()) + " blocks)");
   }
   uint32_t window = layers;
-  if (pages_per_layer * layers > available) {
+  if (needed_per_layer * layers > available) {
     // Layer by layer: the computing layer plus `layer_window` loading ahead, as HBM allows.
-    const uint64_t fit = std::max<uint64_t>(1, available / std::max<uint64_t>(1, pages_per_layer));
+    const uint64_t fit = std::max<uint64_t>(1, available / std::max<uint64_t>(1, needed_per_layer));
     window = static_cast<uint32_t>(std::min<uint64_t>(
         {layers, fit, static_cast<uint64_t>(options_.policies.prefetch.layer_window) + 1}));
     step->windowed = true;
   }
   step->window = window;
-  step->reserved = pages_per_layer * window;
+  step->pages_per_layer = pages_per_layer;
 
   // Create the blocks the appended tokens need (private until full and published).
   for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -197,7 +204,6 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     published_.emplace(step->id, step->shared);
   }
   Step& s = *step;
-  reserved_frames_ += s.reserved;
   steps_.emplace(s.id, std::move(step));
   stats_.steps.fetch_add(1, std::memory_order_relaxed);
   if (s.windowed) stats_.windowed_steps.fetch_add(1, std::memory_order_relaxed);
@@ -254,7 +260,6 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer) {
           return;
         }
         st.pinned[layer].push_back(key);
-        ++pinned_frames_;
         st.shared->tables[layer].indices[my_slot] = static_cast<int32_t>(*pinned);
         (void)frame;
       };
@@ -388,12 +393,32 @@ void Scheduler::abort_failed_fills(const Step& step, uint32_t layer) {
   }
 }
 
+// HBM frames begin_step cannot give a new batch: every layer of each pinned-prefix block (never an
+// HBM victim) and each open step's pages per layer x window, pinned or not yet — a step pins its
+// frames only as they are granted, so counting pins alone would let two steps each take part of
+// HBM and wait on each other until the timeout. A step's pages of pinned-prefix blocks are
+// counted once, with the prefix.
+uint64_t Scheduler::frames_held() const {
+  uint64_t held = static_cast<uint64_t>(protected_.size()) * options_.geometry.layers;
+  for (const auto& [id, step] : steps_) {
+    uint64_t pages = step->pages_per_layer;
+    for (const auto& blocks : step->blocks) pages -= protected_count(blocks);
+    held += pages * step->window;
+  }
+  return held;
+}
+
+uint64_t Scheduler::protected_count(std::span<const BlockKey> keys) const {
+  if (protected_.empty()) return 0;
+  return static_cast<uint64_t>(std::count_if(
+      keys.begin(), keys.end(), [this](const BlockKey& k) { return protected_.contains(k); }));
+}
+
 void Scheduler::release_layer(Step& step, uint32_t layer) {
   step.released[layer] = 1;
   for (const BlockKey& key : step.pinned[layer]) {
     Status s = parts_.table->unpin(key, layer);
     if (!s.ok()) s.ignore();
-    --pinned_frames_;
   }
   step.pinned[layer].clear();
   abort_failed_fills(step, layer);
@@ -713,7 +738,8 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
   // as the write policy says.
   for (const BlockKey& key : step->new_blocks) {
     if (key.is_private()) continue;
-    stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
+    (step->refilled.contains(key) ? stats_.blocks_refilled : stats_.blocks_published)
+        .fetch_add(1, std::memory_order_relaxed);
     apply_write_policy(key);
   }
   step->ended = true;
@@ -738,7 +764,6 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
     std::lock_guard<std::mutex> lock(published_mu_);
     published_.erase(id);
   }
-  reserved_frames_ -= step->reserved;
   steps_.erase(id);
   publish_pending();
   check_watermarks();
@@ -764,7 +789,6 @@ Status Scheduler::abort_step(StepId id) {
       step->released[l] = 1;
       for (const BlockKey& key : step->pinned[l]) {
         parts_.table->unpin(key, l).ignore();
-        --pinned_frames_;
       }
       step->pinned[l].clear();
       abort_failed_fills(*step, l);
@@ -796,7 +820,6 @@ Status Scheduler::abort_step(StepId id) {
     std::lock_guard<std::mutex> lock(published_mu_);
     published_.erase(id);
   }
-  reserved_frames_ -= step->reserved;
   steps_.erase(id);
   for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
   return ok_status();

@@ -56,6 +56,9 @@ struct SchedulerStats {
   Counter sequences_opened{0};
   Counter blocks_published{0};
   Counter blocks_deduplicated{0};  // publish found the block already cached: shared, not copied
+  // Cached blocks whose copies were gone (or too slow to load), written again by a step that
+  // recomputed them into their existing entries: complete again, but not newly published.
+  Counter blocks_refilled{0};
 };
 
 }  // namespace kvtier

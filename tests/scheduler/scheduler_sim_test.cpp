@@ -221,6 +221,93 @@ TEST(SchedulerSim, ASecondStepIsAdmittedAgainstTheFirstStepsReservation) {
   expect_consistent(w);
 }
 
+// The frames of a pinned prefix are never HBM victims, so begin_step admits a batch against what
+// they leave: a layer that cannot fit beside them fails at once, naming them, instead of waiting
+// for frames that never come; a batch that fits beside them only layer by layer is windowed; and
+// a batch that reads the pinned blocks itself is not charged for them twice.
+TEST(SchedulerSim, BeginStepCountsTheFramesOfPinnedPrefixes) {
+  SimSetup setup;
+  setup.hbm_frames = 32;  // 4 layers; pin_quota 0.25: 8 frames, two blocks
+  SimWorld w(setup);
+  const std::vector<BlockKey> system = w.prompt(2, 1, /*shared_prefix=*/2);
+  ASSERT_TRUE(w.prefill_and_close(system, kNanosPerMicro).ok());
+  auto pin = w.scheduler().pin_prefix(system, 3600 * kNanosPerSecond);
+  ASSERT_TRUE(pin.ok()) << pin.status().to_string();
+  // (Not settle(): that would run the pin's TTL out.)
+  ASSERT_EQ(w.scheduler().match(system).by_tier[tier_index(Tier::kHbm)], 2u);
+
+  // 25 pages per layer; 24 frames are not pinned.
+  auto big = w.scheduler().open_sequence(w.prompt(25, 2));
+  ASSERT_TRUE(big.ok());
+  const StepItem whole{big->id, 25 * 16};
+  auto refused = w.scheduler().begin_step(std::span(&whole, 1));
+  ASSERT_FALSE(refused.ok()) << "one layer of 25 pages cannot fit beside 8 pinned frames";
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("only 24 of 32"), std::string::npos)
+      << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("pinned prefixes: 2 blocks"), std::string::npos)
+      << refused.status().to_string();
+  ASSERT_TRUE(w.scheduler().close_sequence(big->id).ok());
+
+  // 7 pages per layer: 28 frames fit in HBM, but not beside the prefix.
+  auto other = w.scheduler().open_sequence(w.prompt(7, 3));
+  ASSERT_TRUE(other.ok());
+  const StepItem seven{other->id, 7 * 16};
+  auto r = w.run_step(std::span(&seven, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_TRUE(r.info.windowed) << "7 pages x 4 layers do not fit in the 24 unpinned frames";
+  EXPECT_EQ(r.invalid_frames, 0u);
+  ASSERT_TRUE(w.scheduler().close_sequence(other->id).ok());
+
+  // The pinned blocks plus 5 new ones: 7 pages per layer, of which only 5 need a frame.
+  auto reader = w.scheduler().open_sequence(w.prompt(7, 4, /*shared_prefix=*/2));
+  ASSERT_TRUE(reader.ok());
+  ASSERT_EQ(reader->matched_blocks, 2u);
+  const StepItem five{reader->id, 5 * 16};
+  r = w.run_step(std::span(&five, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_FALSE(r.info.windowed) << "5 new pages x 4 layers fit in the 24 unpinned frames";
+  EXPECT_EQ(r.invalid_frames, 0u);
+  ASSERT_TRUE(w.scheduler().close_sequence(reader->id).ok());
+
+  EXPECT_EQ(w.scheduler().pinned_prefix_blocks(), 2u) << "the pin outlived every step";
+  ASSERT_TRUE(w.scheduler().unpin_prefix(*pin).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// Write-through copies a completed block's HBM pages down at write-back priority, behind every
+// load. Waiting there for host frames, a page is not pinned, so its frame stays a victim like any
+// other (pinned, only the write-back itself could free it).
+TEST(SchedulerSim, WriteThroughDoesNotPinPagesWhileTheyWaitForHostFrames) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 8;         // two blocks
+  setup.nvme_write_gbps = 1e-6;  // 1 KB/s: the host copies stay busy being written down
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> blocks;
+  for (uint32_t b = 0; b < 3; ++b) {
+    blocks.push_back(w.prompt(1, b + 1));
+    ASSERT_TRUE(w.prefill_and_close(blocks.back(), kNanosPerMicro).ok());
+  }
+  ASSERT_EQ(w.host().free_count(), 0u);
+  auto third = w.table().lookup(blocks[2][0]);
+  ASSERT_TRUE(third.ok());
+  for (const PageInfo& p : third->pages) {
+    ASSERT_EQ(p.hbm, CopyState::kReady);
+    ASSERT_EQ(p.host, CopyState::kAbsent) << "the third block's write-through should be waiting";
+    EXPECT_EQ(p.pins, 0u) << "a page waiting for a host frame is not pinned";
+  }
+  w.settle();
+  for (const auto& keys : blocks) {
+    auto info = w.table().lookup(keys[0]);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->nvme, CopyState::kReady) << to_string(keys[0]) << " was written through";
+  }
+  expect_consistent(w);
+}
+
 // A step that needs blocks whose whole-block NVMe reads were queued as prefetches (open_sequence
 // prefetches the reused prefix), still waiting for host frames or for the link, moves those reads
 // ahead of other queued prefetches: with one job in flight per link, the second sequence's first
@@ -393,9 +480,12 @@ TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
 
   // The recomputed blocks are written into their existing entries (refilled), not into private
   // blocks: keyed, with the NVMe copy kept, their pages may leave memory like any cached block's.
+  const uint64_t published = w.scheduler().stats().blocks_published.load();
   const StepItem item{s->id, 4 * 16};
   auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
   ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(w.scheduler().stats().blocks_refilled.load(), 4u);
+  EXPECT_EQ(w.scheduler().stats().blocks_published.load(), published) << "refills are not new";
   for (const auto& [key, info] : w.table().snapshot()) {
     EXPECT_FALSE(key.is_private()) << to_string(key);
   }
