@@ -40,8 +40,9 @@ std::size_t decode_workspace_bytes(uint32_t batch, uint32_t num_qo_heads, uint32
 cudaError_t launch_decode_attention(const AttentionParams& p, uint32_t splits, void* workspace,
                                     std::size_t workspace_bytes, cudaStream_t stream);
 
-// Chunked prefill (p.q_indptr on the device). `max_chunk_tokens`: an upper bound on any
-// sequence's chunk length (the grid covers that many query tokens per sequence).
+// Chunked prefill (p.q_indptr on the device). `max_chunk_tokens` sizes the grid: one wave of CTAs
+// covers that many query tokens per sequence. A longer chunk is still computed whole (each CTA
+// then takes several query blocks), with less parallelism; 0 is taken as 1.
 cudaError_t launch_prefill_attention(const AttentionParams& p, uint32_t max_chunk_tokens,
                                      cudaStream_t stream);
 

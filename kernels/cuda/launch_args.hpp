@@ -48,7 +48,8 @@ struct AttentionArgs {
 cudaError_t enqueue_decode(const AttentionArgs& a, uint32_t splits, float* part_ml, float* part_o,
                            cudaStream_t stream);
 
-// Prefill: grid covers max_chunk_tokens query tokens of every sequence.
+// Prefill: one wave of the grid covers max_chunk_tokens query tokens of every sequence; CTAs loop
+// over the rest.
 cudaError_t enqueue_prefill(const AttentionArgs& a, uint32_t max_chunk_tokens, cudaStream_t stream);
 
 struct CopyArgs {

@@ -1,16 +1,19 @@
 // Chunked causal prefill attention over paged KV.
 //
-// Grid (query blocks, batch, kv_heads), 128 threads. A CTA serves up to 16 query rows (query
-// tokens x the GQA group of one KV head), held pre-scaled in shared memory. It walks the KV
-// tokens those rows may see in tiles: all threads widen a tile of K and V to f32 in shared memory
-// (K rows padded by one float so that lane j reading row j hits bank j), then each warp updates
-// its rows: lane j scores token j, a warp max/sum gives the online-softmax step, and each lane
-// accumulates its head_dim / 32 output dims with the weights broadcast by shuffles.
+// Grid (query blocks, batch, kv_heads), 128 threads. A CTA serves blocks of up to 16 query rows
+// (query tokens x the GQA group of one KV head), held pre-scaled in shared memory: block x, then
+// x + gridDim.x and so on, so a grid sized for fewer tokens than a chunk holds (the caller's
+// max_chunk_tokens, a bound it may get wrong) still computes every row. For each block it walks the
+// KV tokens those rows may see in tiles: all threads widen a tile of K and V to f32 in shared
+// memory (K rows padded by one float so that lane j reading row j hits bank j), then each warp
+// updates its rows: lane j scores token j, a warp max/sum gives the online-softmax step, and each
+// lane accumulates its head_dim / 32 output dims with the weights broadcast by shuffles.
 //
 // This is a CUDA-core kernel: correct for every shape the CPU path takes (group <= 16, head_dim
 // a power of two in [32, 256]), not a tensor-core FlashAttention. Instantiations: 3 dtypes.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -29,18 +32,14 @@ constexpr float kLn2 = 0.69314718055994531f;
 
 __host__ __device__ constexpr uint32_t tile_tokens(uint32_t dim) { return dim <= 128 ? 32 : 8; }
 
+// One block of query rows (tokens tok0 .. of sequence b, KV head kvh): see the file comment.
 template <KvType T>
-__global__ void __launch_bounds__(kThreads)
-    prefill_kernel(AttentionArgs a, uint32_t tokens_per_block) {
+__device__ __forceinline__ void prefill_block(const AttentionArgs& a, uint32_t b, uint32_t kvh,
+                                              uint32_t chunk, uint32_t tok0,
+                                              uint32_t tokens_per_block, float* smem) {
   constexpr uint32_t kEs = KvBytes<T>::kValue;
-  extern __shared__ float smem[];
-  const uint32_t b = blockIdx.y;
-  const uint32_t kvh = blockIdx.z;
   const uint32_t dim = a.kv.head_dim;
   const uint32_t group = a.group;
-  const uint32_t chunk = a.q_indptr[b + 1] - a.q_indptr[b];
-  const uint32_t tok0 = blockIdx.x * tokens_per_block;
-  if (tok0 >= chunk) return;
   const uint32_t ntok = min(tokens_per_block, chunk - tok0);
   const uint32_t rows = ntok * group;
   const uint32_t len = sequence_length(a.kv, b);
@@ -140,10 +139,25 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <KvType T>
+__global__ void __launch_bounds__(kThreads)
+    prefill_kernel(AttentionArgs a, uint32_t tokens_per_block) {
+  extern __shared__ float smem[];
+  const uint32_t b = blockIdx.y;
+  const uint32_t kvh = blockIdx.z;
+  const uint32_t chunk = a.q_indptr[b + 1] - a.q_indptr[b];
+  for (uint32_t tok0 = blockIdx.x * tokens_per_block; tok0 < chunk;
+       tok0 += gridDim.x * tokens_per_block) {
+    __syncthreads();  // the previous query block's q_s and tiles fully consumed
+    prefill_block<T>(a, b, kvh, chunk, tok0, tokens_per_block, smem);
+  }
+}
+
+template <KvType T>
 cudaError_t launch(const AttentionArgs& a, uint32_t max_chunk_tokens, cudaStream_t stream) {
   const uint32_t dim = a.kv.head_dim;
   const uint32_t tokens_per_block = kMaxRows / a.group;
-  const uint32_t blocks = (max_chunk_tokens + tokens_per_block - 1) / tokens_per_block;
+  const uint32_t blocks =
+      std::max(1u, (max_chunk_tokens + tokens_per_block - 1) / tokens_per_block);
   const uint32_t kt = tile_tokens(dim);
   const std::size_t smem = sizeof(float) * (kMaxRows * dim + kt * (dim + 1) + kt * dim);
   const dim3 grid(blocks, a.kv.batch, a.kv.kv_heads);
@@ -155,7 +169,7 @@ cudaError_t launch(const AttentionArgs& a, uint32_t max_chunk_tokens, cudaStream
 
 cudaError_t enqueue_prefill(const AttentionArgs& a, uint32_t max_chunk_tokens,
                             cudaStream_t stream) {
-  if (a.kv.batch == 0 || max_chunk_tokens == 0) return cudaSuccess;
+  if (a.kv.batch == 0) return cudaSuccess;
   if (a.group == 0 || a.group > kMaxRows) return cudaErrorInvalidValue;
   switch (a.kv.dtype) {
     case KvType::kF16: return launch<KvType::kF16>(a, max_chunk_tokens, stream);

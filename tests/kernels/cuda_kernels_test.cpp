@@ -180,12 +180,20 @@ TEST_F(CudaAttention, PrefillMatchesCpuOnRandomShapes) {
     const std::vector<float> cpu_out = fx.out();
     DeviceAttention d = upload_fixture(fx);
     const uint32_t max_chunk = *std::max_element(chunks.begin(), chunks.end());
-    ASSERT_EQ(kc::launch_prefill_attention(d.params, max_chunk, stream_.get()), cudaSuccess)
-        << kc::last_launch_error();
-    KVTIER_ASSERT_OK(stream_.synchronize());
-    expect_close(download<float>(d.out, cpu_out.size()), cpu_out, kTolerance,
-                 std::string(dtype_name(s.dtype)) + " g" + std::to_string(s.group) + " d" +
-                     std::to_string(s.head_dim));
+    // The exact bound, then grids too short for the chunks (0 is taken as 1): every CTA loops
+    // over the query blocks its grid left out, so each row is still computed. The output is
+    // poisoned with NaN before each launch.
+    for (uint32_t grid_tokens : {max_chunk, 1u, 0u}) {
+      ASSERT_EQ(cudaMemsetAsync(d.out.get(), 0xFF, cpu_out.size() * sizeof(float), stream_.get()),
+                cudaSuccess);
+      ASSERT_EQ(kc::launch_prefill_attention(d.params, grid_tokens, stream_.get()), cudaSuccess)
+          << kc::last_launch_error();
+      KVTIER_ASSERT_OK(stream_.synchronize());
+      expect_close(download<float>(d.out, cpu_out.size()), cpu_out, kTolerance,
+                   std::string(dtype_name(s.dtype)) + " g" + std::to_string(s.group) + " d" +
+                       std::to_string(s.head_dim) + " grid for " + std::to_string(grid_tokens) +
+                       " tokens");
+    }
   }
 }
 
