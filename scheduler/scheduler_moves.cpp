@@ -1054,63 +1054,69 @@ void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint3
 }
 
 void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
-  const uint32_t layers = options_.geometry.layers;
-  if (tiers.has(Tier::kHost) && parts_.host->capacity() > 0 && !refused(key, Tier::kHost)) {
-    // Copy every HBM page down (the HBM copy stays); continue to NVMe once the last page has
-    // arrived when the strategy asks for it. A page is pinned only once its host frame is granted,
-    // for the copy itself: pinned while it waited (at write-back priority, behind every load) it
-    // would hold an HBM frame that no plan can free and that begin_step does not count. Left
-    // unpinned, it may leave HBM meanwhile — demoted, which writes it down anyway.
-    auto remaining = std::make_shared<uint32_t>(0);
-    std::vector<uint32_t> to_copy;
-    for (uint32_t l = 0; l < layers; ++l) {
-      const PageSnapshot p = page_snapshot(key, l);
-      if (p.hbm == CopyState::kReady && p.host == CopyState::kAbsent) to_copy.push_back(l);
+  // Copy every HBM page down (the HBM copy stays); continue to NVMe, which is written from host
+  // memory, once every page has a host copy. A page is pinned only once its host frame is granted,
+  // for the copy itself: pinned while it waited (at write-back priority, behind every load) it
+  // would hold an HBM frame that no plan can free and that begin_step does not count. Left
+  // unpinned, it may be demoted meanwhile, which copies it down anyway; a page being demoted
+  // (draining from HBM, now or when its frame is granted) is waited for, since the demotion's op
+  // ends once its host copy is complete.
+  const bool to_host =
+      tiers.has(Tier::kHost) && parts_.host->capacity() > 0 && !refused(key, Tier::kHost);
+  const bool then_nvme = tiers.has(Tier::kNvme);
+  if (!to_host && !then_nvme) return;
+  auto remaining = std::make_shared<uint32_t>(1);  // the loop's own share, given up at its end
+  const auto last = [this, key, remaining, then_nvme] {
+    if (--*remaining == 0 && then_nvme) {
+      demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
     }
-    *remaining = static_cast<uint32_t>(to_copy.size());
-    const bool then_nvme = tiers.has(Tier::kNvme);
-    if (to_copy.empty() && then_nvme) demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
-    for (uint32_t l : to_copy) {
-      request_frame(Tier::kHost, key, l, TransferPriority::kWriteBack,
-                    [this, key, l, remaining, then_nvme](Result<uint32_t> frame) {
-                      const auto last = [this, key, remaining, then_nvme] {
-                        if (--*remaining == 0 && then_nvme) {
-                          demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
-                        }
-                      };
-                      // Refused: the page has a host copy by now (demoted meanwhile), or the
-                      // block is gone.
-                      if (!frame.ok()) {
-                        last();
-                        return;
-                      }
-                      // Its HBM copy left meanwhile (another copy was made): nothing to copy.
-                      const auto give_frame_back = [this, key, l, last] {
-                        parts_.table->abort_fill(key, CopyId::host(l)).ignore();
-                        last();
-                        serve_frame_waiters(Tier::kHost);
-                      };
-                      if (page_snapshot(key, l).hbm != CopyState::kReady) {
-                        give_frame_back();
-                        return;
-                      }
-                      auto pinned = parts_.table->pin(key, l);
-                      if (!pinned.ok()) {
-                        give_frame_back();
-                        return;
-                      }
-                      copy_pinned_page_down(key, l, *pinned, *frame, TransferPriority::kWriteBack,
-                                            [this, key, last](bool copied) {
-                                              if (copied) sync_membership(key, Tier::kHost);
-                                              last();
-                                              serve_frame_waiters(Tier::kHbm);
-                                              serve_frame_waiters(Tier::kHost);
-                                            });
-                    });
+  };
+  const auto after_hbm_op = [this, key, last](uint32_t l) {
+    attach(PageKey{key, l, Tier::kHbm}, [last](const Status&) { last(); });
+  };
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.hbm == CopyState::kDraining) {
+      ++*remaining;
+      after_hbm_op(l);
+      continue;
     }
-    return;
+    if (!to_host || p.hbm != CopyState::kReady || p.host != CopyState::kAbsent) continue;
+    ++*remaining;
+    request_frame(Tier::kHost, key, l, TransferPriority::kWriteBack,
+                  [this, key, l, last, after_hbm_op](Result<uint32_t> frame) {
+                    // Refused: the page's host copy is on its way (demoted meanwhile) or there, or
+                    // the block is gone.
+                    if (!frame.ok()) {
+                      after_hbm_op(l);
+                      return;
+                    }
+                    // Granted, but the HBM copy is leaving (being demoted) or gone: nothing to copy
+                    // here.
+                    const auto give_frame_back = [this, key, l, after_hbm_op] {
+                      parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+                      after_hbm_op(l);
+                      serve_frame_waiters(Tier::kHost);
+                    };
+                    if (page_snapshot(key, l).hbm != CopyState::kReady) {
+                      give_frame_back();
+                      return;
+                    }
+                    auto pinned = parts_.table->pin(key, l);
+                    if (!pinned.ok()) {
+                      give_frame_back();
+                      return;
+                    }
+                    copy_pinned_page_down(key, l, *pinned, *frame, TransferPriority::kWriteBack,
+                                          [this, key, last](bool copied) {
+                                            if (copied) sync_membership(key, Tier::kHost);
+                                            last();
+                                            serve_frame_waiters(Tier::kHbm);
+                                            serve_frame_waiters(Tier::kHost);
+                                          });
+                  });
   }
-  if (tiers.has(Tier::kNvme)) demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
+  last();
 }
 
 void Scheduler::check_watermarks() {

@@ -308,6 +308,38 @@ TEST(SchedulerSim, WriteThroughDoesNotPinPagesWhileTheyWaitForHostFrames) {
   expect_consistent(w);
 }
 
+// A block's pages may be on their way down when its write-through starts (demoted by HBM's
+// watermark as its step ran) or get there while they wait for host frames (unpinned, a demotion
+// may take them). The write-through waits for those copies to land before it writes the block to
+// NVMe, instead of finding host copies still filling and giving the NVMe copy up.
+TEST(SchedulerSim, WriteThroughReachesNvmeWhenItsPagesAreDemotedMeanwhile) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 8;         // two blocks
+  setup.nvme_write_gbps = 1e-6;  // the host copies stay busy being written down
+  setup.policies.write = WritePolicy::kWriteThrough;
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.0, 0.5};  // above 8 frames: demote all
+  setup.watermarks[tier_index(Tier::kHost)] = Watermarks{1.0, 1.0};
+  SimWorld w(setup);
+  for (uint32_t b = 0; b < 2; ++b) {
+    ASSERT_TRUE(w.prefill_and_close(w.prompt(1, b + 1), kNanosPerMicro).ok());
+  }
+  // The third block's pages go over HBM's watermark: demoted as its layers end, still copying
+  // when the step ends and its write-through starts.
+  const std::vector<BlockKey> third = w.prompt(1, 3);
+  ASSERT_TRUE(w.prefill_and_close(third, kNanosPerMicro).ok());
+  auto demoting = w.table().lookup(third[0]);
+  ASSERT_TRUE(demoting.ok());
+  for (const PageInfo& p : demoting->pages) {
+    ASSERT_EQ(p.hbm, CopyState::kDraining) << "the watermark should be demoting the third block";
+  }
+  w.settle();
+  auto info = w.table().lookup(third[0]);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->nvme, CopyState::kReady) << "the third block was written through to NVMe";
+  expect_consistent(w);
+}
+
 // A step that needs blocks whose whole-block NVMe reads were queued as prefetches (open_sequence
 // prefetches the reused prefix), still waiting for host frames or for the link, moves those reads
 // ahead of other queued prefetches: with one job in flight per link, the second sequence's first
