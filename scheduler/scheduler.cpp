@@ -423,6 +423,21 @@ Result<uint64_t> Scheduler::pin_prefix(std::span<const BlockKey> keys, Nanos ttl
                               " HBM frames; policies.pin_quota allows " + std::to_string(quota) +
                               " of " + std::to_string(parts_.hbm->capacity()));
   }
+  // Open steps were admitted against the frames pins left them (frames_held): a pin that would
+  // take frames they were promised could leave their loads waiting for frames that never come.
+  const uint64_t capacity = parts_.hbm->capacity();
+  std::vector<BlockKey> fresh;
+  for (const BlockKey& k : distinct) {
+    if (protected_.emplace(k, 0).second) fresh.push_back(k);
+  }
+  const uint64_t held = frames_held();
+  for (const BlockKey& k : fresh) protected_.erase(k);
+  if (held > capacity) {
+    return resource_exhausted("pin_prefix: " + std::to_string(fresh.size()) +
+                              " more pinned blocks and the open steps would need " +
+                              std::to_string(held) + " HBM frames of " + std::to_string(capacity) +
+                              "; pin again once those steps have ended");
+  }
   PrefixPin pin;
   for (const BlockKey& k : distinct) {
     Status s = parts_.table->acquire(k);

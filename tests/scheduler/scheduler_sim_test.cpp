@@ -276,6 +276,36 @@ TEST(SchedulerSim, BeginStepCountsTheFramesOfPinnedPrefixes) {
   expect_consistent(w);
 }
 
+// The converse: a prefix is not pinned into frames an open step was admitted against.
+TEST(SchedulerSim, PinPrefixDoesNotTakeTheFramesOfOpenSteps) {
+  SimSetup setup;
+  setup.hbm_frames = 32;  // 4 layers; pin_quota 0.25: 8 frames, two blocks
+  SimWorld w(setup);
+  const std::vector<BlockKey> system = w.prompt(2, 1);
+  ASSERT_TRUE(w.prefill_and_close(system, kNanosPerMicro).ok());
+  auto s = w.scheduler().open_sequence(w.prompt(7, 2));
+  ASSERT_TRUE(s.ok());
+  const StepItem seven{s->id, 7 * 16};
+  auto step = w.scheduler().begin_step(std::span(&seven, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  ASSERT_FALSE(step->windowed) << "7 pages x 4 layers fit in 32 frames";
+  // The step's frames push the prefix down to host memory; still cached there.
+  ASSERT_TRUE(w.loop().run_while_not([&] { return w.scheduler().match(system).blocks == 2; }));
+  auto refused = w.scheduler().pin_prefix(system, 3600 * kNanosPerSecond);
+  ASSERT_FALSE(refused.ok()) << "28 frames promised to the step leave no room for 8 pinned";
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("36 HBM frames of 32"), std::string::npos)
+      << refused.status().to_string();
+  EXPECT_EQ(w.scheduler().pinned_prefix_blocks(), 0u);
+  ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
+  auto pinned = w.scheduler().pin_prefix(system, 3600 * kNanosPerSecond);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().to_string();
+  ASSERT_TRUE(w.scheduler().unpin_prefix(*pinned).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // Write-through copies a completed block's HBM pages down at write-back priority, behind every
 // load. Waiting there for host frames, a page is not pinned, so its frame stays a victim like any
 // other (pinned, only the write-back itself could free it).
