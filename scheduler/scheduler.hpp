@@ -127,7 +127,8 @@ class Scheduler {
   // A block found on NVMe at start-up (the store's recovered index): cached, on NVMe only.
   Status adopt_nvme_block(const BlockKey& key);
   // Prefix pins: keeps the cached blocks of `keys` referenced and in HBM (loading them there) until
-  // unpin_prefix or `ttl`, within policies.pin_quota of HBM. Returns the pin's id.
+  // unpin_prefix or `ttl`, within policies.pin_quota of HBM and of the frames open steps leave
+  // (kResourceExhausted otherwise). Returns the pin's id.
   Result<uint64_t> pin_prefix(std::span<const BlockKey> keys, Nanos ttl);
   Status unpin_prefix(uint64_t id);
   uint64_t pinned_prefix_blocks() const { return protected_.size(); }
