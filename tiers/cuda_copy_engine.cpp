@@ -21,6 +21,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include "kvtier/log.hpp"
@@ -38,9 +40,17 @@ class CudaCopyEngine final : public CopyEngine {
     for (int d = 0; d < 2; ++d) {
       KVTIER_ASSIGN_OR_RETURN(dirs_[d].stream, DeviceStream::create(api_));
     }
+    // A thread that cannot be created (EAGAIN) is a Status; the destructor stops and joins those
+    // already started.
     for (int d = 0; d < 2; ++d) {
-      dirs_[d].issuer = std::thread([this, d] { issue_loop(d); });
-      dirs_[d].completer = std::thread([this, d] { complete_loop(d); });
+      try {
+        dirs_[d].issuer = std::thread([this, d] { issue_loop(d); });
+        dirs_[d].completer = std::thread([this, d] { complete_loop(d); });
+      } catch (const std::system_error& e) {
+        return resource_exhausted("CUDA copy engine: cannot start the " +
+                                  std::string(link_name(copy_link(static_cast<CopyDirection>(d)))) +
+                                  " threads: " + e.what());
+      }
     }
     return Status();
   }
@@ -126,22 +136,7 @@ class CudaCopyEngine final : public CopyEngine {
           if (it != dirs_[o].events.end()) dependency = it->second;
         }
       }
-      Issued issued{CopyJob{}, nullptr,
-                    job.state->cancel_requested()
-                        ? cancelled("copy " + std::string(link_name(copy_link(job.direction))) +
-                                    " cancelled before it started")
-                        : enqueue(dir, job, kind, dependency)};
-      auto event = DeviceEvent::create(api_);
-      if (event.ok()) {
-        issued.event = std::make_shared<DeviceEvent>(std::move(event).value());
-        Status r = api_->record_event(issued.event->get(), dir.stream.get());
-        if (!r.ok()) {
-          if (issued.status.ok()) issued.status = std::move(r);
-          issued.event.reset();
-        }
-      } else if (issued.status.ok()) {
-        issued.status = std::move(event).status();
-      }
+      Issued issued = issue(dir, job, kind, dependency);
       if (issued.event) job.state->set_device_event(issued.event->get().raw, issued.event);
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -152,6 +147,47 @@ class CudaCopyEngine final : public CopyEngine {
       }
       cv_.notify_all();
     }
+  }
+
+  // Enqueues the job and records its completion event. The event is created first, so a failure
+  // to create it leaves nothing of the job on the stream. A job that ends up without an event
+  // (none could be created or recorded) is returned only once its stream has drained: nothing
+  // would tell its completion thread, or a job of the other direction that depends on it, when
+  // the DMA enqueued so far (its own or that of earlier jobs whose frames it took over) is done.
+  Issued issue(Direction& dir, const CopyJob& job, CopyKind kind,
+               const std::shared_ptr<DeviceEvent>& dependency) {
+    const std::string what = "copy " + std::string(link_name(copy_link(job.direction)));
+    Issued issued{CopyJob{}, nullptr, Status()};
+    auto event = DeviceEvent::create(api_);
+    if (!event.ok()) {
+      issued.status =
+          std::move(event).status().with_context(what + ": no completion event, nothing copied");
+    } else if (job.state->cancel_requested()) {
+      issued.status = cancelled(what + " cancelled before it started");
+    } else {
+      issued.status = enqueue(dir, job, kind, dependency);
+    }
+    if (event.ok()) {
+      issued.event = std::make_shared<DeviceEvent>(std::move(event).value());
+      Status r = api_->record_event(issued.event->get(), dir.stream.get());
+      if (!r.ok()) {
+        r = r.with_context(what + ": recording its completion event");
+        if (issued.status.ok()) {
+          issued.status = std::move(r);
+        } else {
+          r.ignore();
+        }
+        issued.event.reset();
+      }
+    }
+    if (!issued.event) {
+      Status drained = api_->synchronize_stream(dir.stream.get());
+      if (!drained.ok()) {
+        // Nothing more can be waited on; the stream is broken (a sticky device error).
+        log(LogLevel::kError, what + ": synchronizing its stream: " + drained.to_string());
+      }
+    }
+    return issued;
   }
 
   Status enqueue(Direction& dir, const CopyJob& job, CopyKind kind,

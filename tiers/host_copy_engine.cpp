@@ -12,6 +12,8 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include "tiers/copy_engine.hpp"
@@ -67,10 +69,21 @@ void store_fence() {
 class HostCopyEngine final : public CopyEngine {
  public:
   HostCopyEngine(const HostCopyOptions& options, std::shared_ptr<TransferStats> stats)
-      : bytes_per_ns_(options.link_gbps > 0 ? options.link_gbps : 0.0), stats_(std::move(stats)) {
+      : bytes_per_ns_(options.link_gbps > 0 ? options.link_gbps : 0.0), stats_(std::move(stats)) {}
+
+  // Started outside the constructor: when a thread cannot be created (EAGAIN), the destructor
+  // still runs and stops and joins the worker already started, rather than std::terminate.
+  Status start() {
     for (int d = 0; d < 2; ++d) {
-      workers_[d] = std::thread([this, d] { run(static_cast<CopyDirection>(d)); });
+      try {
+        workers_[d] = std::thread([this, d] { run(static_cast<CopyDirection>(d)); });
+      } catch (const std::system_error& e) {
+        return resource_exhausted("host copy engine: cannot start its " +
+                                  std::string(link_name(copy_link(static_cast<CopyDirection>(d)))) +
+                                  " worker thread: " + e.what());
+      }
     }
+    return Status();
   }
 
   ~HostCopyEngine() override {
@@ -79,7 +92,9 @@ class HostCopyEngine final : public CopyEngine {
       stopping_ = true;
     }
     cv_.notify_all();
-    for (auto& t : workers_) t.join();
+    for (auto& t : workers_) {
+      if (t.joinable()) t.join();
+    }
   }
 
   std::string_view name() const override {
@@ -182,7 +197,9 @@ Result<std::unique_ptr<CopyEngine>> make_host_copy_engine(const HostCopyOptions&
     return invalid_argument("tiers.hbm.link_gbps must be >= 0 (got " +
                             std::to_string(options.link_gbps) + ")");
   }
-  return std::unique_ptr<CopyEngine>(std::make_unique<HostCopyEngine>(options, std::move(stats)));
+  auto engine = std::make_unique<HostCopyEngine>(options, std::move(stats));
+  KVTIER_RETURN_IF_ERROR(engine->start());
+  return std::unique_ptr<CopyEngine>(std::move(engine));
 }
 
 }  // namespace kvtier

@@ -77,6 +77,12 @@ struct FileInfo {
   uint64_t size = 0;  // bytes (file length, or the size of a block device)
   bool block_device = false;
   uint32_t logical_block = 512;  // O_DIRECT offset/length granularity
+  // Which file this is, so two paths naming one file (a hard link, a symlink, "a//b") are caught:
+  // st_dev and st_ino of a regular file, st_rdev (inode 0) of a block device. A backend that
+  // cannot tell leaves `identified` false and the check is skipped.
+  bool identified = false;
+  uint64_t device = 0;
+  uint64_t inode = 0;
 };
 
 struct QueueOptions {

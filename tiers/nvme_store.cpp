@@ -38,6 +38,12 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// Both describe one file or one block device (reached through two paths).
+bool same_file(const FileInfo& a, const FileInfo& b) {
+  return a.identified && b.identified && a.block_device == b.block_device && a.device == b.device &&
+         a.inode == b.inode;
+}
+
 uint64_t random_store_id() {
   std::random_device rd;
   uint64_t id = 0;
@@ -612,6 +618,15 @@ Status NvmeStore::open_files() {
     if (!fd.ok()) return std::move(fd).status().with_context(key);
     auto info = io.stat(fd->get(), path);
     if (!info.ok()) return std::move(info).status().with_context(key);
+    // Checked before anything is read or formatted: the same file twice would hand out each of its
+    // offsets to two extents, and both copies would look empty and be formatted over each other.
+    for (std::size_t j = 0; j < opened.size(); ++j) {
+      if (same_file(opened[j].info, *info)) {
+        return invalid_argument("tiers.nvme.paths[" + std::to_string(j) + "] (" + opened[j].path +
+                                ") and [" + std::to_string(i) + "] (" + path +
+                                ") are the same file; list each store file once");
+      }
+    }
     Opened o{path, std::move(fd).value(), *info, std::nullopt};
     if (o.info.size > 0 || o.info.block_device) {
       auto buf = aligned_bytes(4096, kSuperblockBytes);
@@ -886,6 +901,9 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
     std::lock_guard<std::mutex> lock(index_mu_);
     auto it = index_.find(key);
     if (it != index_.end()) {
+      // The caller counts kAlreadyExists as present, so an erase still waiting for this write to
+      // land is undone: equal keys mean equal bytes, and the write in flight carries them.
+      it->second.erase_when_written = false;
       return already_exists(
           what + ": the block is already " +
           (it->second.state == EntryState::kReady ? "in the NVMe store" : "being written"));

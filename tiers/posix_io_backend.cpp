@@ -54,6 +54,8 @@ class PosixIoBackend final : public IoBackend {
     FileInfo info;
     if (S_ISBLK(st.st_mode)) {
       info.block_device = true;
+      info.identified = true;
+      info.device = static_cast<uint64_t>(st.st_rdev);
       uint64_t bytes = 0;
       if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0) {
         return errno_status(StatusCode::kIoError, "ioctl(BLKGETSIZE64) " + path, errno);
@@ -69,6 +71,9 @@ class PosixIoBackend final : public IoBackend {
       return invalid_argument(path + " is neither a regular file nor a block device");
     }
     info.size = static_cast<uint64_t>(st.st_size);
+    info.identified = true;
+    info.device = static_cast<uint64_t>(st.st_dev);
+    info.inode = static_cast<uint64_t>(st.st_ino);
 #ifdef STATX_DIOALIGN
     struct statx sx = {};
     if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -230,6 +231,56 @@ TEST_F(NvmeStoreTest, SpreadsExtentsOverSeveralFilesAndRecoversThemAll) {
   expect_audit(*s);
 }
 
+// Two paths naming one file would give two files' extents the same offsets: blocks would overwrite
+// each other. The store refuses them before it formats (or overwrites) anything.
+TEST_F(NvmeStoreTest, RefusesTwoPathsNamingTheSameFile) {
+  const std::string f = dir_.file("s0.kvs");
+  auto o = options(8, {"s0.kvs"});
+  o.config.paths = {f, dir_.path() + "/./s0.kvs"};
+  auto s = NvmeStore::create(kGeom, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("tiers.nvme.paths[0]"), std::string::npos)
+      << s.status().message();
+  EXPECT_NE(s.status().message().find("[1]"), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("same file"), std::string::npos) << s.status().message();
+  struct stat st = {};
+  ASSERT_EQ(::stat(f.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "the refused file was formatted";
+
+  // A hard link to the (still empty) file, listed after an unrelated one.
+  const std::string link = dir_.file("link.kvs");
+  ASSERT_EQ(::link(f.c_str(), link.c_str()), 0);
+  o.config.paths = {f, dir_.file("other.kvs"), link};
+  s = NvmeStore::create(kGeom, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("tiers.nvme.paths[0]"), std::string::npos)
+      << s.status().message();
+  EXPECT_NE(s.status().message().find("[2]"), std::string::npos) << s.status().message();
+  ASSERT_EQ(::stat(f.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "the refused file was formatted";
+}
+
+TEST_F(NvmeStoreTest, RefusesASymlinkToAnExistingStoreFileAndLeavesItIntact) {
+  {
+    auto s = open(options());
+    ASSERT_NE(s, nullptr);
+    ASSERT_TRUE(write(*s, 1, 1).ok());
+  }
+  const std::string alias = dir_.file("alias.kvs");
+  ASSERT_EQ(::symlink(dir_.file("store0.kvs").c_str(), alias.c_str()), 0);
+  auto o = options();
+  o.config.paths.push_back(alias);
+  auto s = NvmeStore::create(kGeom, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("same file"), std::string::npos) << s.status().message();
+  auto again = open(options());
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(read_matches(*again, 1, 1).ok());
+}
+
 TEST_F(NvmeStoreTest, ReadsOnePageOfABlock) {
   auto s = open(options());
   ASSERT_NE(s, nullptr);
@@ -450,6 +501,49 @@ TEST_F(NvmeStoreTest, CancelledOperationsNeverStartAndLeaveNoTrace) {
   EXPECT_EQ(s->stats().link(Link::kHostToNvme).cancelled.load(), 4u);
   EXPECT_EQ(s->stats().link(Link::kHostToNvme).ops.load(), 1u);
   expect_audit(*s);
+}
+
+// Erase while the write is in flight, then the same key again: the rewrite is refused as already
+// being written (the caller counts the block as present), so the block must survive the first
+// write's completion rather than be erased by it.
+TEST_F(NvmeStoreTest, RewriteAfterEraseDuringTheWriteKeepsTheBlock) {
+  auto gated = std::make_shared<GatedBackend>();
+  auto o = options();
+  o.backend = gated;
+  auto s = open(std::move(o));
+  ASSERT_NE(s, nullptr);
+  AlignedPages p(kGeom.layers, s->page_io_bytes());
+  p.fill(5, kGeom.page_bytes());
+  auto first = s->write_block(test_key(1), p.const_pages());
+  ASSERT_TRUE(first.ok());
+  gated->reached.get_future().wait();  // the write is held inside submit
+  ASSERT_TRUE(s->erase(test_key(1)).ok());
+  auto again = s->write_block(test_key(1), p.const_pages());
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  gated->gate.set_value();
+  EXPECT_TRUE(first->wait().ok());
+  EXPECT_TRUE(s->contains(test_key(1)));
+  Status r = read_matches(*s, 1, 5);
+  EXPECT_TRUE(r.ok()) << r.to_string();
+  EXPECT_EQ(s->used_blocks(), 1u);
+  expect_audit(*s);
+
+  // Erase during a write without a rewrite still erases the block once it is written.
+  auto gated2 = std::make_shared<GatedBackend>();
+  auto o2 = options(16, {"store1.kvs"});
+  o2.backend = gated2;
+  auto s2 = open(std::move(o2));
+  ASSERT_NE(s2, nullptr);
+  auto w = s2->write_block(test_key(2), p.const_pages());
+  ASSERT_TRUE(w.ok());
+  gated2->reached.get_future().wait();
+  ASSERT_TRUE(s2->erase(test_key(2)).ok());
+  gated2->gate.set_value();
+  EXPECT_TRUE(w->wait().ok());
+  EXPECT_FALSE(s2->contains(test_key(2)));
+  EXPECT_EQ(s2->used_blocks(), 0u);
+  expect_audit(*s2);
 }
 
 // The synchronous queue stands in when io_uring is refused; everything else is the same.

@@ -5,7 +5,8 @@
 // memory are host allocations; each stream is a thread executing its queue in order; an event
 // completes when the stream reaches the point where it was recorded; stream_wait_event makes a
 // stream wait for that point. Knobs fail allocations above a size, fail the k-th copy, or slow
-// device-to-host copies so a missing cross-stream dependency would show up as wrong data.
+// device-to-host copies so a missing cross-stream dependency would show up as wrong data, or fail
+// the next event creations or recordings.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -196,6 +197,8 @@ class FakeDevice final : public DeviceApi, public std::enable_shared_from_this<F
   int fail_copy_call = 0;  // the nth copy_async call (1-based) fails; 0 = never
   int d2h_delay_ms = 0;    // each device-to-host copy sleeps first
   int h2d_delay_ms = 0;    // each host-to-device copy sleeps first
+  std::atomic<int> fail_event_creates{0};  // the next n create_event calls fail
+  std::atomic<int> fail_event_records{0};  // the next n record_event calls fail
   std::atomic<int> copy_calls{0};
   std::atomic<int> copy_segments{0};
 
@@ -237,6 +240,9 @@ class FakeDevice final : public DeviceApi, public std::enable_shared_from_this<F
     s->stop();
   }
   Result<EventHandle> create_event() override {
+    if (take(fail_event_creates)) {
+      return resource_exhausted("cudaEventCreate: out of memory (fake)");
+    }
     std::lock_guard<std::mutex> lock(mu_);
     auto e = std::make_shared<Event>();
     void* id = e.get();
@@ -248,6 +254,9 @@ class FakeDevice final : public DeviceApi, public std::enable_shared_from_this<F
     events_.erase(h.raw);
   }
   Status record_event(EventHandle e, StreamHandle s) override {
+    if (take(fail_event_records)) {
+      return io_error("cudaEventRecord: unspecified launch failure (fake)");
+    }
     auto ev = event(e);
     if (!ev) return invalid_argument("unknown event");
     const uint64_t gen = ev->record();
@@ -314,6 +323,14 @@ class FakeDevice final : public DeviceApi, public std::enable_shared_from_this<F
       }
     });
     return Status();
+  }
+
+  // Consumes one of `n` armed failures; false when none is left.
+  static bool take(std::atomic<int>& n) {
+    int v = n.load();
+    while (v > 0 && !n.compare_exchange_weak(v, v - 1)) {
+    }
+    return v > 0;
   }
 
   static void* aligned(std::size_t bytes) {

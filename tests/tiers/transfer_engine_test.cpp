@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -318,6 +319,58 @@ TEST_F(CudaEngineOnFake, DeviceErrorFailsTheTransferAndIsCounted) {
   EXPECT_EQ(stack_->engine->stats().link(Link::kHbmToHost).errors.load(), 1u);
   // The engine keeps working.
   EXPECT_TRUE(stack_->engine->copy(CopyDirection::kHbmToHost, out)->wait().ok());
+}
+
+// Without a completion event the engine cannot tell when a job's DMA lands, so such a job must
+// enqueue nothing (no event could be created) or be reported done only once its stream drained
+// (the event could not be recorded): the frames of a failed transfer are reused at once.
+TEST_F(CudaEngineOnFake, NoEventCreatedMeansNothingCopied) {
+  device_->d2h_delay_ms = 30;
+  auto& s = *stack_;
+  const std::size_t page = kGeom.page_bytes();
+  fill_pattern(s.hbm->frame_address(2), page, 5);
+  std::memset(s.host->frame_address(4), 0xEE, page);
+  const int calls = device_->copy_calls.load();
+  device_->fail_event_creates = 1;
+  std::vector<FramePair> out = {{2, 4}};
+  auto t = s.engine->copy(CopyDirection::kHbmToHost, out);
+  ASSERT_TRUE(t.ok());
+  Status st = t->wait();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("cudaEventCreate"), std::string::npos) << st.message();
+  // A later copy on the same stream completes after anything the failed one could have enqueued.
+  std::vector<FramePair> later = {{3, 9}};
+  ASSERT_TRUE(s.engine->copy(CopyDirection::kHbmToHost, later)->wait().ok());
+  EXPECT_EQ(device_->copy_calls.load(), calls + 1);
+  const auto* host = reinterpret_cast<const unsigned char*>(s.host->frame_address(4));
+  EXPECT_TRUE(std::all_of(host, host + page, [](unsigned char b) { return b == 0xEE; }))
+      << "the failed copy wrote its destination after it was reported done";
+}
+
+TEST_F(CudaEngineOnFake, UnrecordedEventIsReportedOnlyOnceTheStreamDrained) {
+  device_->d2h_delay_ms = 50;
+  auto& s = *stack_;
+  const std::size_t page = kGeom.page_bytes();
+  fill_pattern(s.hbm->frame_address(2), page, 6);
+  fill_pattern(s.host->frame_address(7), page, 8);
+  std::memset(s.host->frame_address(4), 0xEE, page);
+  device_->fail_event_records = 1;
+  std::vector<FramePair> out = {{2, 4}};
+  std::vector<FramePair> in = {{7, 2}};  // overwrites the frame being copied out
+  auto t_out = s.engine->copy(CopyDirection::kHbmToHost, out);
+  auto t_in = s.engine->copy(CopyDirection::kHostToHbm, in);
+  ASSERT_TRUE(t_out.ok() && t_in.ok());
+  Status st = t_out->wait();
+  EXPECT_EQ(st.code(), StatusCode::kIoError) << st.to_string();
+  EXPECT_NE(st.message().find("cudaEventRecord"), std::string::npos) << st.message();
+  // Reported done: the DMA has landed and will not write host frame 4 any more.
+  EXPECT_TRUE(matches_pattern(s.host->frame_address(4), page, 6))
+      << "the copy was reported done before its DMA finished (or it saw the copy in's bytes)";
+  ASSERT_TRUE(t_in->wait().ok());
+  EXPECT_TRUE(matches_pattern(s.hbm->frame_address(2), page, 8));
+  // The engine keeps working.
+  ASSERT_TRUE(s.engine->copy(CopyDirection::kHbmToHost, out)->wait().ok());
+  EXPECT_TRUE(matches_pattern(s.host->frame_address(4), page, 8));
 }
 
 TEST_F(CudaEngineOnFake, ManyTransfersInBothDirections) {
