@@ -2,12 +2,15 @@
 // tables of live handles, and the plumbing that turns a Status or an escaping C++ exception into
 // a kvt_status plus this thread's kvt_last_error() text.
 //
-// Handles. A kvt_runtime or kvt_step pointer is never dereferenced before it is found in its
-// type's table of live handles, which owns the object through a shared_ptr; a call copies that
-// shared_ptr and works on the copy. So a NULL, destroyed or foreign pointer is an error message,
-// and a destroy racing with a call on another thread frees the object only after that call
-// returns. The tables are never destroyed (leaked singletons), so a call made during static
-// destruction still finds them.
+// Handles. A kvt_runtime or kvt_step pointer is an opaque token, never the object's address and
+// never dereferenced: it is looked up in its type's table of live handles, which owns the object
+// through a shared_ptr; a call copies that shared_ptr and works on the copy. Tokens come from one
+// process-wide 64-bit counter and are never reused, so a destroyed handle stays invalid even when
+// the allocator gives its freed object's address to the next one (keying by address made a stale
+// kvt_step* act on whichever step lived there next), and a token of one type is never live in the
+// other's table. So a NULL, destroyed or foreign pointer is an error message, and a destroy racing
+// with a call on another thread frees the object only after that call returns. The tables are
+// never destroyed (leaked singletons), so a call made during static destruction still finds them.
 //
 // Shutdown. kvtier::Runtime frees its tiers and scheduler at shutdown, after which some of its
 // accessors (hbm_view, stats) would read freed state. Every call therefore holds the runtime's
@@ -18,12 +21,13 @@
 // Lock order: a handle table's mutex is released before anything else is taken; kvt_step::mu
 // (layer-table cache) may be held while kvt_runtime::mu is held shared, never the reverse.
 //
-// Rejected: integer handles (they must still be looked up, and typed pointers let the compiler
-// catch a step passed as a runtime); a magic number in each struct (a freed struct may be
-// reused, and reading it is already undefined behaviour).
+// Rejected: integer handle types in the header (typed pointers let the compiler catch a step
+// passed as a runtime; the tokens are cast to them); a magic number in each struct (a freed struct
+// may be reused, and reading it is already undefined behaviour).
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -59,16 +63,23 @@ struct kvt_step {
 
 namespace kvtier::capi {
 
+// The next handle token: 1, 2, 3, ... shared by every table, never reused (2^64 of them).
+inline std::uintptr_t next_handle_token() {
+  static std::atomic<std::uint64_t> next{0};
+  return static_cast<std::uintptr_t>(next.fetch_add(1, std::memory_order_relaxed) + 1);
+}
+
 template <typename T>
 class HandleTable {
  public:
   explicit HandleTable(std::string_view type_name) : type_name_(type_name) {}
 
+  // The token the caller gets for `handle` (see Handles above).
   T* add(std::shared_ptr<T> handle) {
-    T* raw = handle.get();
+    T* token = reinterpret_cast<T*>(next_handle_token());
     std::unique_lock lock(mu_);
-    live_.emplace(raw, std::move(handle));
-    return raw;
+    live_.emplace(token, std::move(handle));
+    return token;
   }
 
   Result<std::shared_ptr<T>> find(const T* handle, std::string_view argument) const {

@@ -10,6 +10,7 @@
 #include "runtime/c_api_handles.hpp"
 #include "runtime/c_api_yaml.hpp"
 #include "runtime/config_loader.hpp"
+#include "runtime/timeouts.hpp"
 
 namespace kvtier::capi {
 namespace {
@@ -36,11 +37,9 @@ Result<RuntimeOptions> options_from(const kvt_runtime_params* params, bool* use_
   } timeouts[] = {{"call_timeout_ms", p.call_timeout_ms},
                   {"wait_timeout_ms", p.wait_timeout_ms},
                   {"shutdown_timeout_ms", p.shutdown_timeout_ms}};
+  // Any positive value is taken, INT64_MAX too: Runtime::open clamps to kMaxTimeout.
   for (const auto& t : timeouts) {
-    if (t.value <= 0) {
-      return invalid_argument(std::string("params.") + t.name + " is " + std::to_string(t.value) +
-                              "; it must be > 0 (milliseconds)");
-    }
+    KVTIER_RETURN_IF_ERROR(check_timeout_ms(t.value, std::string("params.") + t.name));
   }
   RuntimeOptions o;
   o.call_timeout = std::chrono::milliseconds(p.call_timeout_ms);
@@ -338,10 +337,7 @@ kvt_status kvt_prefix_pin(kvt_runtime* runtime, const kvt_block_key* keys, size_
                           int64_t ttl_ms, kvt_pin_id* out) {
   return guarded("kvt_prefix_pin", [&] {
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
-    if (ttl_ms <= 0) {
-      return kvtier::invalid_argument("ttl_ms is " + std::to_string(ttl_ms) +
-                                      "; it must be > 0 (milliseconds)");
-    }
+    KVTIER_RETURN_IF_ERROR(kvtier::check_timeout_ms(ttl_ms, "ttl_ms"));
     KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_keys(keys, n_keys, "keys"));
     return with_runtime(runtime, [&](Runtime& rt) -> Status {
       KVTIER_ASSIGN_OR_RETURN(auto pin, rt.pin_prefix(list, std::chrono::milliseconds(ttl_ms)));

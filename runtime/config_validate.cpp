@@ -6,6 +6,7 @@
 
 #include "runtime/config_size.hpp"
 #include "runtime/config_sizing.hpp"
+#include "runtime/metrics_listen.hpp"
 #include "tiers/frame_allocator.hpp"
 
 namespace kvtier {
@@ -109,27 +110,15 @@ bool geometry_in_bounds(const Geometry& g) {
          g.page_tokens <= kMaxPageTokens && dtype_size(g.dtype) != 0;
 }
 
+// With the exporter's own parser: anything it would refuse at open (where that is only a log line
+// and the runtime runs without metrics) is refused here, under metrics.listen.
 void check_listen(Issues& out, const std::string& listen) {
   if (listen.empty()) return;
-  const std::size_t colon = listen.rfind(':');
-  const std::string why = "\"" + listen +
-                          "\" is not a listen address; write host:port (e.g. 127.0.0.1:9464 or "
-                          "[::1]:9464), or \"\" / off to disable metrics";
-  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size() ||
-      listen.size() - colon - 1 > 5) {
-    out.add("metrics.listen", why);
-    return;
-  }
-  uint32_t port = 0;
-  for (std::size_t i = colon + 1; i < listen.size(); ++i) {
-    const char c = listen[i];
-    if (c < '0' || c > '9') {
-      out.add("metrics.listen", why);
-      return;
-    }
-    port = port * 10 + static_cast<uint32_t>(c - '0');
-  }
-  if (port > 65535) out.add("metrics.listen", "port " + std::to_string(port) + " is above 65535");
+  const std::string why = listen_address_problem(listen);
+  if (why.empty()) return;
+  out.add("metrics.listen", "\"" + listen + "\" is not a listen address (" + why +
+                                "); write host:port (e.g. 127.0.0.1:9464 or [::1]:9464), or "
+                                "\"\" / off to disable metrics");
 }
 
 }  // namespace

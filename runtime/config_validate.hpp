@@ -13,8 +13,8 @@
 //   watermarks 0 < low <= high <= 1; nvme paths non-empty, distinct, queue_depth 1..4096,
 //   io_threads 1..64, page bytes a multiple of 512 when direct_io; bandwidths finite and >= 0;
 //   prefetch.layer_window >= 1, deadline_ms >= 1; write_selective_hits >= 1; prefill_tokens_per_s
-//   > 0; pin_quota in (0, 1]; metrics.listen empty or host:port (port 0..65535); latency
-//   buckets 1..64 of them, finite, > 0 and strictly increasing.
+//   > 0; pin_quota in (0, 1]; metrics.listen empty or host:port / [v6]:port as the exporter
+//   parses it (port 0..65535); latency buckets 1..64 of them, finite, > 0 and strictly increasing.
 #pragma once
 
 #include <string>

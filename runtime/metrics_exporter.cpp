@@ -41,7 +41,7 @@ MetricsExporter::~MetricsExporter() {
   // Stop the server (it waits for a scrape in progress) before anything a scrape reads goes away.
   // Shutting its listening socket down first ends its accept poll now rather than at the next 2 s
   // quantum (see metrics_listen.hpp); the descriptor is re-checked, as it belongs to the server.
-  if (exposer_ && listen_fd_ >= 0 && is_listening_on(listen_fd_, listen_family_, port_)) {
+  if (exposer_ && listen_fd_ >= 0 && is_listening_on(listen_fd_, listen_address_)) {
     ::shutdown(listen_fd_, SHUT_RDWR);
   }
   exposer_.reset();
@@ -70,8 +70,8 @@ void MetricsExporter::start_server(const std::string& listen) {
       return;
     }
     port_ = static_cast<uint16_t>(ports.front());
-    listen_family_ = resolved->address.ss_family;
-    listen_fd_ = find_listening_socket(listen_family_, port_);
+    listen_address_ = with_port(resolved->address, port_);
+    listen_fd_ = find_listening_socket(listen_address_);
     exposer_ = std::move(exposer);
   } catch (const std::exception& e) {
     // The exposer says only that the server did not start; binding the address ourselves names

@@ -22,6 +22,8 @@
 // traffic).
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -70,7 +72,7 @@ class MetricsExporter {
   // The server's listening socket (owned by the server), shut down to stop it promptly; -1: not
   // found (stopping then takes up to the server's 2 s poll quantum).
   int listen_fd_ = -1;
-  int listen_family_ = 0;
+  sockaddr_storage listen_address_{};  // its full address: the port alone may be another's too
 };
 
 }  // namespace kvtier

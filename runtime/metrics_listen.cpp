@@ -24,49 +24,59 @@ std::string errno_text(int err) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
 }
 
-// The port a socket of `family` is bound to, or -1 when it is not such a socket.
-int bound_port(int fd, int family) {
-  sockaddr_storage address{};
-  socklen_t len = sizeof address;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &len) != 0) return -1;
-  if (address.ss_family != family) return -1;
-  if (address.ss_family == AF_INET) {
-    return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+// Whether two socket addresses are the same IPv4 or IPv6 address and port (and IPv6 scope). The
+// port alone is not enough: another socket of this process may listen on the same port of another
+// address (127.0.0.2:P next to 127.0.0.1:P).
+bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
   }
-  if (address.ss_family == AF_INET6) {
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && x.sin6_scope_id == y.sin6_scope_id &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
   }
-  return -1;
+  return false;
 }
 
 }  // namespace
 
-Result<ListenAddress> parse_listen_address(std::string_view listen) {
+std::string listen_address_problem(std::string_view listen, ListenAddress* parsed) {
   std::string_view host;
   std::string_view port;
   if (!listen.empty() && listen.front() == '[') {
     const std::size_t close = listen.find("]:");
-    if (close == std::string_view::npos) return bad_listen(listen, "no \"]:port\" after [host");
+    if (close == std::string_view::npos) return "no \"]:port\" after [host";
     host = listen.substr(1, close - 1);
     port = listen.substr(close + 2);
   } else {
     const std::size_t colon = listen.rfind(':');
-    if (colon == std::string_view::npos) return bad_listen(listen, "no port");
+    if (colon == std::string_view::npos) return "no port";
     host = listen.substr(0, colon);
     port = listen.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) {
-      return bad_listen(listen, "an IPv6 host must be in brackets");
-    }
+    if (host.find(':') != std::string_view::npos) return "an IPv6 host must be in brackets";
   }
-  if (host.empty()) return bad_listen(listen, "no host");
-  if (port.empty() || port.size() > 5) return bad_listen(listen, "the port is not 0..65535");
+  if (host.empty()) return "no host";
+  if (port.empty() || port.size() > 5) return "the port is not 0..65535";
   uint32_t value = 0;
   for (const char c : port) {
-    if (c < '0' || c > '9') return bad_listen(listen, "the port is not a number");
+    if (c < '0' || c > '9') return "the port is not a number";
     value = value * 10 + static_cast<uint32_t>(c - '0');
   }
-  if (value > 65535) return bad_listen(listen, "the port is above 65535");
-  return ListenAddress{std::string(host), static_cast<uint16_t>(value)};
+  if (value > 65535) return "the port is above 65535";
+  if (parsed != nullptr) *parsed = ListenAddress{std::string(host), static_cast<uint16_t>(value)};
+  return {};
+}
+
+Result<ListenAddress> parse_listen_address(std::string_view listen) {
+  ListenAddress parsed;
+  const std::string why = listen_address_problem(listen, &parsed);
+  if (!why.empty()) return bad_listen(listen, why);
+  return parsed;
 }
 
 Result<ResolvedListen> resolve_listen_address(const ListenAddress& listen) {
@@ -122,23 +132,33 @@ std::string bind_error(const ResolvedListen& listen) {
   return {};
 }
 
-bool is_listening_on(int fd, int family, uint16_t port) {
+sockaddr_storage with_port(const sockaddr_storage& address, uint16_t port) {
+  sockaddr_storage out = address;
+  if (out.ss_family == AF_INET) reinterpret_cast<sockaddr_in&>(out).sin_port = htons(port);
+  if (out.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6&>(out).sin6_port = htons(port);
+  return out;
+}
+
+bool is_listening_on(int fd, const sockaddr_storage& address) {
   int accepting = 0;
   socklen_t len = sizeof accepting;
   if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || accepting == 0) {
     return false;
   }
-  return bound_port(fd, family) == port;
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof bound;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len) != 0) return false;
+  return same_address(bound, address);
 }
 
-int find_listening_socket(int family, uint16_t port) {
+int find_listening_socket(const sockaddr_storage& address) {
   const std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir("/proc/self/fd"), &::closedir);
   if (!dir) return -1;
   const int dir_fd = ::dirfd(dir.get());
   while (const dirent* entry = ::readdir(dir.get())) {
     if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
     const int fd = std::atoi(entry->d_name);
-    if (fd != dir_fd && is_listening_on(fd, family, port)) return fd;
+    if (fd != dir_fd && is_listening_on(fd, address)) return fd;
   }
   return -1;
 }

@@ -43,6 +43,11 @@ struct ResolvedListen {
 // "host:port" or "[v6]:port", port 0..65535 in digits. kInvalidArgument naming the text otherwise.
 Result<ListenAddress> parse_listen_address(std::string_view listen);
 
+// The same rules, for the config validator: why `listen` is not such an address ("an IPv6 host
+// must be in brackets"), or "" when it is one (then stored in `parsed` unless that is null). One
+// parser for both, so a metrics.listen that validates is one the exporter can listen on.
+std::string listen_address_problem(std::string_view listen, ListenAddress* parsed = nullptr);
+
 // The first address `host` resolves to (IPv4 preferred, as the resolver orders them).
 // kInvalidArgument naming the host and the resolver's message when it resolves to nothing.
 Result<ResolvedListen> resolve_listen_address(const ListenAddress& listen);
@@ -51,12 +56,16 @@ Result<ResolvedListen> resolve_listen_address(const ListenAddress& listen);
 // with the HTTP server's options (SO_REUSEADDR) would succeed.
 std::string bind_error(const ResolvedListen& listen);
 
-// The descriptor of this process's listening socket of `family` (AF_INET, AF_INET6) bound to
-// `port`, or -1 when there is none (scans /proc/self/fd).
-int find_listening_socket(int family, uint16_t port);
+// `address` (IPv4 or IPv6) with its port set to `port` (e.g. the one the kernel chose for port 0).
+sockaddr_storage with_port(const sockaddr_storage& address, uint16_t port);
 
-// Whether `fd` is a listening socket of `family` bound to `port` (re-checked before acting on a
+// The descriptor of this process's listening socket bound to exactly `address` (family, IP address
+// and port, as getsockname reports them), or -1 when there is none (scans /proc/self/fd). Another
+// socket on the same port of a different address is not it.
+int find_listening_socket(const sockaddr_storage& address);
+
+// Whether `fd` is a listening socket bound to exactly `address` (re-checked before acting on a
 // descriptor found earlier).
-bool is_listening_on(int fd, int family, uint16_t port);
+bool is_listening_on(int fd, const sockaddr_storage& address);
 
 }  // namespace kvtier

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <iterator>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "runtime/config_validate.hpp"
 #include "runtime/metrics_exporter.hpp"
 #include "runtime/metrics_tiers.hpp"
+#include "runtime/timeouts.hpp"
 #include "scheduler/asio_event_loop.hpp"
 #include "scheduler/engine_transfer_port.hpp"
 #include "scheduler/page_table.hpp"
@@ -41,6 +43,20 @@ constexpr uint64_t kMaxInflightBytes = 64ull << 20;
 
 LinkModel gbps_model(double gbps, Nanos latency) {
   return LinkModel{gbps > 0 ? gbps * kGiga : 0.0, latency};
+}
+
+// The options as the runtime uses them: every timeout > 0 (or an error naming it) and clamped to
+// kMaxTimeout, so no conversion to nanoseconds or deadline built from one can overflow.
+Result<RuntimeOptions> checked_options(RuntimeOptions options) {
+  std::chrono::milliseconds* const timeouts[] = {&options.call_timeout, &options.wait_timeout,
+                                                 &options.shutdown_timeout};
+  const char* const names[] = {"options.call_timeout", "options.wait_timeout",
+                               "options.shutdown_timeout"};
+  for (std::size_t i = 0; i < std::size(timeouts); ++i) {
+    KVTIER_RETURN_IF_ERROR(check_timeout_ms(timeouts[i]->count(), names[i]));
+    *timeouts[i] = clamp_timeout(*timeouts[i]);
+  }
+  return options;
 }
 
 }  // namespace
@@ -66,8 +82,10 @@ struct Runtime::Impl {
   mutable std::shared_mutex life_mu;
   RuntimeStats final_stats;  // the counters as shutdown left them
 
-  Nanos call_timeout() const {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(options.call_timeout).count();
+  Nanos call_timeout() const { return timeout_nanos(options.call_timeout); }
+  // Recovering the NVMe index may take many loop turns' worth: ten call timeouts, within the cap.
+  Nanos recovery_timeout() const {
+    return timeout_nanos(std::min(options.call_timeout, kMaxTimeout / 10) * 10);
   }
 
   Status alive() const {
@@ -120,7 +138,7 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
   KVTIER_RETURN_IF_ERROR(validate_config(config));
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  impl->options = options;
+  KVTIER_ASSIGN_OR_RETURN(impl->options, checked_options(options));
   const Geometry& g = config.model.geometry;
   impl->namespace_tag = kvtier::namespace_tag(impl->key_namespace());
   impl->root = kvtier::namespace_root(impl->key_namespace());
@@ -166,8 +184,7 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
   so.watermarks = {config.tiers.hbm.watermarks, config.tiers.host.watermarks,
                    config.tiers.nvme.watermarks};
   so.max_inflight_bytes.fill(kMaxInflightBytes);
-  so.wait_timeout =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(options.wait_timeout).count();
+  so.wait_timeout = timeout_nanos(impl->options.wait_timeout);
   SchedulerParts parts{impl->table.get(),   impl->port.get(),     impl->loop.get(),
                        &t.hbm->allocator(), &t.host->allocator(), impl->nvme_capacity.get()};
   KVTIER_ASSIGN_OR_RETURN(impl->scheduler, Scheduler::create(parts, so));
@@ -184,7 +201,7 @@ Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOpti
           }
           return ok_status();
         },
-        impl->call_timeout() * 10);
+        impl->recovery_timeout());
     KVTIER_RETURN_IF_ERROR(st.with_context("recovering the nvme index"));
     impl->recovered = adopted;
     if (adopted > 0) {
@@ -296,12 +313,11 @@ Status Runtime::hint(std::span<const HintedRequest> waiting) {
 
 Result<PrefixPinId> Runtime::pin_prefix(std::span<const BlockKey> keys,
                                         std::chrono::milliseconds ttl) {
+  KVTIER_RETURN_IF_ERROR(check_timeout_ms(ttl.count(), "pin_prefix: ttl"));
   KVTIER_RETURN_IF_ERROR(impl_->check_keys(keys, "pin_prefix"));
   PrefixPinId id = 0;
   KVTIER_RETURN_IF_ERROR(impl_->on_loop([&] {
-    KVTIER_ASSIGN_OR_RETURN(
-        id, impl_->scheduler->pin_prefix(
-                keys, std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count()));
+    KVTIER_ASSIGN_OR_RETURN(id, impl_->scheduler->pin_prefix(keys, timeout_nanos(ttl)));
     return ok_status();
   }));
   return id;

@@ -10,7 +10,9 @@
  * (1) Handles. kvt_runtime and kvt_step are opaque structs, created by one call and freed by its
  *     *_destroy pair. Every handle argument is looked up among the live handles of its type on
  *     entry, so a NULL, destroyed or foreign pointer (a kvt_step* cast to kvt_runtime*) is
- *     KVT_INVALID_ARGUMENT with a message, never a crash. Sequences and prefix pins are 64-bit ids
+ *     KVT_INVALID_ARGUMENT with a message, never a crash. Handle values are opaque tokens, not
+ *     addresses, and never reused within a process: a destroyed handle stays invalid even after
+ *     new handles are made. Sequences and prefix pins are 64-bit ids
  *     the runtime hands out; an unknown or closed id is KVT_NOT_FOUND.
  *
  * (2) Errors. Every call that can fail returns a kvt_status: KVT_OK (0) or a negative code that
@@ -36,7 +38,9 @@
  *     call on that runtime, or on its steps, is KVT_FAILED_PRECONDITION.
  *
  * (5) Types. Booleans are int32_t (0 false, anything else true). Times are int64_t milliseconds
- *     (timeouts, TTLs) or nanoseconds of CLOCK_MONOTONIC (kvt_clock_now_ns, hints). Block keys are
+ *     (timeouts, TTLs) or nanoseconds of CLOCK_MONOTONIC (kvt_clock_now_ns, hints). Timeouts and
+ *     TTLs must be > 0 (KVT_INVALID_ARGUMENT naming the field otherwise); one longer than 100
+ * years, INT64_MAX included, is taken as 100 years, i.e. no timeout in practice. Block keys are
  *     16-byte values (kvt_block_key), equal to kvtier::BlockKey field for field and byte for byte
  *     across processes and machines (the hash is documented in kvtier/block_key.hpp).
  *

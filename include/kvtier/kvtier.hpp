@@ -49,6 +49,8 @@
 
 namespace kvtier {
 
+// Every timeout must be > 0 (Runtime::open refuses others, naming the option); one longer than 100
+// years, milliseconds::max() included, is taken as 100 years. The same holds for pin_prefix's ttl.
 struct RuntimeOptions {
   // Longest a caller waits for the runtime's loop to take a call (not for transfers).
   std::chrono::milliseconds call_timeout{5000};
@@ -139,8 +141,8 @@ class Runtime {
 
   // ---- Pins for prefixes the engine wants kept (a system prompt, a document corpus) ----
   // Keeps the cached blocks of `keys` in HBM (loading them there) until unpin_prefix or `ttl`
-  // passes, within the HBM pin quota (policies.pin_quota). kResourceExhausted over the quota;
-  // kNotFound when a key is not cached.
+  // passes, within the HBM pin quota (policies.pin_quota). kResourceExhausted over the quota, or
+  // when open steps hold the HBM frames the pins would need; kNotFound when a key is not cached.
   Result<PrefixPinId> pin_prefix(std::span<const BlockKey> keys, std::chrono::milliseconds ttl);
   Status unpin_prefix(PrefixPinId pin);
 

@@ -13,6 +13,7 @@
 #include "runtime/c_api_yaml.hpp"
 #include "runtime/config_loader.hpp"
 #include "runtime/python/py_module.hpp"
+#include "runtime/timeouts.hpp"
 
 namespace kvtier::python {
 namespace {
@@ -35,11 +36,9 @@ RuntimeOptions make_options(int64_t call_timeout_ms, int64_t wait_timeout_ms,
   const std::pair<const char*, int64_t> timeouts[] = {{"call_timeout_ms", call_timeout_ms},
                                                       {"wait_timeout_ms", wait_timeout_ms},
                                                       {"shutdown_timeout_ms", shutdown_timeout_ms}};
+  // Any positive value is taken, 2**63 - 1 too: Runtime::open clamps to kMaxTimeout.
   for (const auto& [name, value] : timeouts) {
-    if (value <= 0) {
-      throw StatusError(invalid_argument(std::string(name) + " is " + std::to_string(value) +
-                                         "; it must be > 0 (milliseconds)"));
-    }
+    throw_if_error(check_timeout_ms(value, name));
   }
   RuntimeOptions o;
   o.call_timeout = std::chrono::milliseconds(call_timeout_ms);
@@ -372,10 +371,7 @@ void register_runtime(py::module_& m) {
       .def(
           "pin_prefix",
           [](PyRuntime& self, const std::vector<BlockKey>& keys, int64_t ttl_ms) {
-            if (ttl_ms <= 0) {
-              throw StatusError(invalid_argument("ttl_ms is " + std::to_string(ttl_ms) +
-                                                 "; it must be > 0 (milliseconds)"));
-            }
+            throw_if_error(check_timeout_ms(ttl_ms, "ttl_ms"));
             return with_runtime(self.state, [&](Runtime& rt) {
               return value_or_throw(rt.pin_prefix(keys, std::chrono::milliseconds(ttl_ms)));
             });

@@ -5,6 +5,7 @@ the prefix on NVMe, pins, hints and the counters."""
 import gc
 
 import numpy as np
+import pytest
 
 import kvtier
 from conftest import config_yaml, make_tokens, open_runtime, run_step
@@ -113,6 +114,30 @@ def test_pins_hints_and_completions(tmp_path):
 
         rt.hint([(1, kvtier.now_ns() + 1_000_000, keys)])
         rt.hint([])
+
+
+def test_the_largest_timeouts_and_ttl_mean_no_timeout(tmp_path):
+    """2**63 - 1 ms (the usual "never time out") is a very long wait, not an overflowed negative
+    one: calls are taken, the pin holds, shutdown waits for its transfers and succeeds."""
+    forever = 2**63 - 1
+    rt = open_runtime(config_yaml(tmp_path, nvme=False), ["policies.pin_quota=0.5"],
+                      call_timeout_ms=forever, wait_timeout_ms=forever,
+                      shutdown_timeout_ms=forever)
+    tokens = make_tokens(2 * 16, seed=4)
+    keys = rt.block_keys(tokens)
+    seq = rt.open_sequence(keys)
+    with rt.begin_step([(seq.id, len(tokens))]) as step:
+        for layer in range(step.layers):
+            step.wait_layer(layer)
+            step.end_layer(layer)
+        step.end()
+    rt.close_sequence(seq.id)
+    pin = rt.pin_prefix(keys, ttl_ms=forever)
+    assert rt.stats()["pinned_prefix_blocks"] == 2
+    with pytest.raises(kvtier.InvalidArgumentError, match="ttl_ms is -1"):
+        rt.pin_prefix(keys, ttl_ms=-1)
+    rt.unpin_prefix(pin)
+    rt.shutdown()
 
 
 def test_a_dropped_step_is_aborted_and_its_sequence_is_free_again(tmp_path):

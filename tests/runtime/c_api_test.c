@@ -220,9 +220,48 @@ static void test_bad_configs(void) {
   params.wait_timeout_ms = 0;
   EXPECT_ERROR(kvt_runtime_open_yaml("", NULL, 0, &params, &rt), KVT_INVALID_ARGUMENT,
                "kvt_runtime_open_yaml", "params.wait_timeout_ms is 0");
+  kvt_runtime_default_params(&params);
+  params.use_environment = 0;
+  params.call_timeout_ms = -1;
+  EXPECT_ERROR(kvt_runtime_open_yaml("", NULL, 0, &params, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "params.call_timeout_ms is -1");
   EXPECT_ERROR(kvt_runtime_open_yaml(NULL, NULL, 0, NULL, &rt), KVT_INVALID_ARGUMENT,
                "kvt_runtime_open_yaml", "yaml_text is NULL");
   CHECK(rt == NULL, "no handle comes out of a failed open");
+}
+
+/* INT64_MAX milliseconds (the usual "never time out") is a very long wait, not one overflowed into
+ * a negative number of nanoseconds: calls are taken, a pin with that TTL holds, shutdown waits for
+ * its (idle) transfers and succeeds. */
+static void test_largest_timeouts(const uint32_t* tokens) {
+  const char* overrides[] = {"tiers.nvme.enabled=false", "metrics.listen=off",
+                             "policies.pin_quota=0.5"};
+  kvt_runtime_params params;
+  kvt_runtime_default_params(&params);
+  params.use_environment = 0;
+  params.call_timeout_ms = INT64_MAX;
+  params.wait_timeout_ms = INT64_MAX;
+  params.shutdown_timeout_ms = INT64_MAX;
+  kvt_runtime* rt = NULL;
+  MUST(kvt_runtime_open_yaml(yaml, overrides, 3, &params, &rt));
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 2, &seq));
+  run_step(rt, seq.id, tokens, 0, 2 * kPageTokens);
+  MUST(kvt_sequence_close(rt, seq.id));
+  kvt_pin_id pin = 0;
+  MUST(kvt_prefix_pin(rt, keys, 2, INT64_MAX, &pin));
+  kvt_stats stats;
+  MUST(kvt_runtime_stats(rt, &stats));
+  CHECK(stats.pinned_prefix_blocks == 2, "%llu pinned blocks",
+        (unsigned long long)stats.pinned_prefix_blocks);
+  EXPECT_ERROR(kvt_prefix_pin(rt, keys, 2, -3, &pin), KVT_INVALID_ARGUMENT, "kvt_prefix_pin",
+               "ttl_ms is -3");
+  MUST(kvt_prefix_unpin(rt, pin));
+  MUST(kvt_runtime_shutdown(rt));
+  MUST(kvt_runtime_destroy(rt));
 }
 
 /* Prefill, close, reopen and find the prompt cached (bytes equal); pins and hints. */
@@ -360,6 +399,49 @@ static void test_bad_input(kvt_runtime* rt, const uint32_t* tokens) {
   MUST(kvt_runtime_stats(rt, &stats));
   CHECK(stats.open_sequences == 0, "%llu sequences left open",
         (unsigned long long)stats.open_sequences);
+}
+
+/* A destroyed step's pointer stays invalid: the next kvt_step_begin, which the allocator may give
+ * the freed object's address, never hands out the same pointer, and calls on the stale one are
+ * KVT_INVALID_ARGUMENT rather than acting on the live step. Also a step passed as a runtime. */
+enum { kStepCycles = 200 };
+static void test_stale_step_handles(kvt_runtime* rt, const uint32_t* tokens) {
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  const kvt_step_item one = {seq.id, 1};
+  kvt_step* stale = NULL;
+  int same_pointer = 0;
+  int stale_accepted = 0;
+  for (int i = 0; i < kStepCycles; ++i) {
+    kvt_step* step = NULL;
+    MUST(kvt_step_begin(rt, &one, 1, &step));
+    if (stale != NULL) {
+      if (step == stale) ++same_pointer;
+      kvt_step_info info;
+      const kvt_status got = kvt_step_get_info(stale, &info);
+      if (got != KVT_INVALID_ARGUMENT || strstr(kvt_last_error(), "not a live kvt_step") == NULL) {
+        ++stale_accepted;
+      }
+    }
+    if (i == 0) {
+      kvt_stats stats;
+      EXPECT_ERROR(kvt_runtime_stats((kvt_runtime*)step, &stats), KVT_INVALID_ARGUMENT,
+                   "kvt_runtime_stats", "not a live kvt_runtime handle");
+    }
+    MUST(kvt_step_abort(step));
+    MUST(kvt_step_destroy(step));
+    stale = step;
+  }
+  CHECK(same_pointer == 0, "%d of %d new steps reused a destroyed step's pointer", same_pointer,
+        kStepCycles - 1);
+  CHECK(stale_accepted == 0, "%d of %d calls on a destroyed step were not KVT_INVALID_ARGUMENT",
+        stale_accepted, kStepCycles - 1);
+  EXPECT_ERROR(kvt_step_destroy(stale), KVT_INVALID_ARGUMENT, "kvt_step_destroy",
+               "not a live kvt_step handle");
+  MUST(kvt_sequence_close(rt, seq.id));
 }
 
 /* Shutdown with a step still open, then every call fails cleanly. */
@@ -509,9 +591,11 @@ int main(void) {
   MUST(opened);
   test_prefill_and_reuse(rt, tokens);
   test_bad_input(rt, tokens);
+  test_stale_step_handles(rt, tokens);
   test_after_shutdown(rt, tokens);
 
   test_calls_racing_shutdown();
+  test_largest_timeouts(tokens);
 
   kvt_set_log_callback(count_log_lines, &log_lines);
   test_restart(tokens);

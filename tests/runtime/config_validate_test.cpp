@@ -164,10 +164,15 @@ TEST(Validate, MetricsListenAndBuckets) {
     c.metrics.listen = good;
     EXPECT_TRUE(validate_config(c).ok()) << good << ": " << problems(c);
   }
-  for (const char* bad : {"9464", ":9464", "host:", "host:65536", "host:12x", "host:123456"}) {
+  // The last four end in a valid port but are refused by the metrics server's own parser
+  // (parse_listen_address), so they must fail validation too rather than only log at open.
+  for (const char* bad : {"9464", ":9464", "host:", "host:65536", "host:12x", "host:123456",
+                          "::1:9464", "[::1:9464", "[]:9464", "127.0.0.1:1,127.0.0.1:2"}) {
     c.metrics.listen = bad;
     EXPECT_THAT(problems(c), HasSubstr("metrics.listen: ")) << bad;
   }
+  c.metrics.listen = "::1:9464";
+  EXPECT_THAT(problems(c), HasSubstr("an IPv6 host must be in brackets"));
   c.metrics.listen.clear();
   c.metrics.latency_buckets = {};
   EXPECT_THAT(problems(c), HasSubstr("metrics.latency_buckets: must list 1..64"));

@@ -354,6 +354,23 @@ TEST(MetricsExporter, DestroyedWhileBeingScraped) {
   EXPECT_EQ(after.status, 0);
 }
 
+// Two exporters on the same port of different loopback addresses: destroying one shuts down its own
+// listening socket (found by full address), never the other's, which goes on serving.
+TEST(MetricsExporter, DestroyingOneLeavesAnotherOnTheSamePortServing) {
+  FakeRuntime rt;
+  auto a = make_exporter(local_config("127.0.0.1:0"), rt.sources());
+  ASSERT_TRUE(a && a->serving());
+  const uint16_t port = a->port();
+  auto b = make_exporter(local_config("127.0.0.2:" + std::to_string(port)), rt.sources());
+  ASSERT_TRUE(b);
+  if (!b->serving()) GTEST_SKIP() << "cannot listen on 127.0.0.2 here";
+  ASSERT_EQ(b->port(), port);
+  b.reset();
+  const testing::HttpResponse r = http_get(port, "/metrics");
+  EXPECT_EQ(r.status, 200) << r.error;
+  EXPECT_THAT(r.body, HasSubstr("kvtier_lookup_tokens_total"));
+}
+
 // Occupancy and transfer counters of a real (emulated-HBM) tier stack, through the probes the
 // runtime will use.
 TEST(MetricsExporter, TierStackOccupancyAndTransfersShowUp) {

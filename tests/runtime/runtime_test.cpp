@@ -3,7 +3,10 @@
 // across a restart; bad input is an error, not a crash; accounting stays exact.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "metrics_test_util.hpp"
 #include "runtime_test_util.hpp"
@@ -215,6 +218,57 @@ TEST(Runtime, PinnedPrefixExpiresAfterItsTtl) {
   }
   EXPECT_EQ(rt->stats().pinned_prefix_blocks, 0u);
   EXPECT_EQ(rt->unpin_prefix(*pin).code(), StatusCode::kNotFound);
+}
+
+// A zero or negative timeout is a mistake, refused with the option's name.
+TEST(RuntimeOptions, NonPositiveTimeoutsAreRefusedByName) {
+  ScratchDir dir("runtime-options");
+  Config c = small_config(dir.path());
+  c.tiers.nvme.enabled = false;
+  RuntimeOptions zero_call;
+  zero_call.call_timeout = std::chrono::milliseconds(0);
+  RuntimeOptions negative_wait;
+  negative_wait.wait_timeout = std::chrono::milliseconds(-5);
+  RuntimeOptions zero_shutdown;
+  zero_shutdown.shutdown_timeout = std::chrono::milliseconds(0);
+  const std::pair<RuntimeOptions, std::string> cases[] = {
+      {zero_call, "options.call_timeout is 0;"},
+      {negative_wait, "options.wait_timeout is -5;"},
+      {zero_shutdown, "options.shutdown_timeout is 0;"}};
+  for (const auto& [options, text] : cases) {
+    auto rt = Runtime::open(c, options);
+    ASSERT_FALSE(rt.ok()) << text;
+    EXPECT_EQ(rt.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(rt.status().message().find(text), std::string::npos) << rt.status().message();
+  }
+}
+
+// milliseconds::max() (INT64_MAX, the usual "never time out") is honoured as a very long wait, not
+// overflowed into a negative one when converted to nanoseconds.
+TEST(RuntimeOptions, TheLargestTimeoutsAndTtlMeanNoTimeout) {
+  ScratchDir dir("runtime-forever");
+  Config c = small_config(dir.path());
+  c.tiers.nvme.enabled = false;
+  RuntimeOptions forever;
+  forever.call_timeout = std::chrono::milliseconds::max();
+  forever.wait_timeout = std::chrono::milliseconds::max();
+  forever.shutdown_timeout = std::chrono::milliseconds::max();
+  auto opened = Runtime::open(c, forever);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto rt = std::move(opened).value();
+  const auto tokens = make_tokens(2 * 16, 11);
+  auto seq = rt->open_sequence(rt->block_keys(tokens));
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  bool ok = true;
+  ASSERT_TRUE(run_checked_step(*rt, seq->id, tokens, 0, 32, &ok).ok());
+  ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  auto pin = rt->pin_prefix(rt->block_keys(tokens), std::chrono::milliseconds::max());
+  ASSERT_TRUE(pin.ok()) << pin.status().to_string();
+  EXPECT_EQ(rt->stats().pinned_prefix_blocks, 2u) << "the pin did not expire at once";
+  EXPECT_FALSE(rt->pin_prefix(rt->block_keys(tokens), std::chrono::milliseconds(0)).ok());
+  ASSERT_TRUE(rt->unpin_prefix(*pin).ok());
+  const Status down = rt->shutdown();
+  EXPECT_TRUE(down.ok()) << "shutdown waited for the (idle) transfers: " << down.to_string();
 }
 
 }  // namespace
