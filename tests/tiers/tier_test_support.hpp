@@ -194,9 +194,9 @@ class FakeDevice final : public DeviceApi, public std::enable_shared_from_this<F
  public:
   std::size_t max_device_alloc = SIZE_MAX;  // larger cudaMalloc fails: out of memory
   bool refuse_pinned = false;
-  int fail_copy_call = 0;  // the nth copy_async call (1-based) fails; 0 = never
-  int d2h_delay_ms = 0;    // each device-to-host copy sleeps first
-  int h2d_delay_ms = 0;    // each host-to-device copy sleeps first
+  int fail_copy_call = 0;                  // the nth copy_async call (1-based) fails; 0 = never
+  int d2h_delay_ms = 0;                    // each device-to-host copy sleeps first
+  int h2d_delay_ms = 0;                    // each host-to-device copy sleeps first
   std::atomic<int> fail_event_creates{0};  // the next n create_event calls fail
   std::atomic<int> fail_event_records{0};  // the next n record_event calls fail
   std::atomic<int> copy_calls{0};
