@@ -157,6 +157,10 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_single(out, "kvtier_blocks_refilled_total",
              "Cached blocks recomputed into their existing entries (complete again, not published)",
              kCounter, read(s.blocks_refilled));
+  add_single(out, "kvtier_open_sequences", "Sequences open now", MetricType::Gauge,
+             read(s.open_sequences));
+  add_single(out, "kvtier_pinned_prefix_blocks", "Distinct blocks held in HBM by prefix pins now",
+             MetricType::Gauge, read(s.pinned_prefix_blocks));
 }
 
 void MetricsCollector::collect_transfer(const TransferStats& t,

@@ -376,20 +376,8 @@ RuntimeStats Runtime::Impl::snapshot() const {
   r.checksum_failures = get(t.stats->checksum_failures);
   r.io_errors = get(t.stats->io_errors);
   r.nvme_recovered_blocks = recovered;
-  {
-    uint64_t open = 0;
-    uint64_t pinned = 0;
-    loop->run_sync(
-            [&] {
-              open = scheduler->open_sequences();
-              pinned = scheduler->pinned_prefix_blocks();
-              return ok_status();
-            },
-            call_timeout())
-        .ignore();
-    r.open_sequences = open;
-    r.pinned_prefix_blocks = pinned;
-  }
+  r.open_sequences = get(s.open_sequences);
+  r.pinned_prefix_blocks = get(s.pinned_prefix_blocks);
   return r;
 }
 

@@ -309,6 +309,7 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
   for (const BlockKey& key : seq->blocks) prefetch_block(key, /*into_hbm=*/true);
   stats_.sequences_opened.fetch_add(1, std::memory_order_relaxed);
   sequences_.emplace(seq->id, std::move(seq));
+  store_gauges();
   return out;
 }
 
@@ -350,6 +351,7 @@ Status Scheduler::close_sequence(SequenceId id) {
     after_change(key);
   }
   sequences_.erase(id);
+  store_gauges();
   for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
   return first;
 }
@@ -461,7 +463,13 @@ Result<uint64_t> Scheduler::pin_prefix(std::span<const BlockKey> keys, Nanos ttl
   }
   pin.timer = parts_.loop->post_after(ttl, [this, id] { unpin_prefix(id).ignore(); });
   prefix_pins_.emplace(id, std::move(pin));
+  store_gauges();
   return id;
+}
+
+void Scheduler::store_gauges() {
+  stats_.open_sequences.store(sequences_.size(), std::memory_order_relaxed);
+  stats_.pinned_prefix_blocks.store(protected_.size(), std::memory_order_relaxed);
 }
 
 Status Scheduler::unpin_prefix(uint64_t id) {
@@ -477,6 +485,7 @@ Status Scheduler::unpin_prefix(uint64_t id) {
     parts_.table->release(k).status().ignore();
     after_change(k);
   }
+  store_gauges();
   check_watermarks();
   return ok_status();
 }

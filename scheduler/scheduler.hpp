@@ -131,6 +131,7 @@ class Scheduler {
   // (kResourceExhausted otherwise). Returns the pin's id.
   Result<uint64_t> pin_prefix(std::span<const BlockKey> keys, Nanos ttl);
   Status unpin_prefix(uint64_t id);
+  // Loop thread; other threads read stats().pinned_prefix_blocks.
   uint64_t pinned_prefix_blocks() const { return protected_.size(); }
   // Starts writing every cached block that has no NVMe copy to NVMe (before a shutdown, so the
   // next runtime on the same store finds them). Returns how many blocks it started writing.
@@ -155,6 +156,7 @@ class Scheduler {
   const PlacementCounters& placement_counters() const { return placement_->counters(); }
   const Geometry& geometry() const { return options_.geometry; }
   const LinkQueues& link_queues() const { return links_; }
+  // Loop thread; other threads read stats().open_sequences.
   std::size_t open_sequences() const { return sequences_.size(); }
 
  private:
@@ -190,6 +192,8 @@ class Scheduler {
   uint64_t frames_held() const;
   // How many of `keys` (with repeats) are blocks of pinned prefixes.
   uint64_t protected_count(std::span<const BlockKey> keys) const;
+  // Stores the sizes of sequences_ and protected_ into the stats' gauges.
+  void store_gauges();
   // Gives up a load's HBM fill of (key, layer); when the page is pinned and cannot be aborted
   // yet, remembers it in failed_fills_.
   void give_up_fill(const BlockKey& key, uint32_t layer);

@@ -148,6 +148,8 @@ class Runtime {
 
   // ---- Memory and counters ----
   HbmView hbm_view() const;
+  // Never waits on the event loop: every counter and gauge is read as it stands (each exact at a
+  // quiescent point, not a snapshot across fields). After shutdown, the final values.
   RuntimeStats stats() const;
   // The port the metrics exporter listens on (0 when metrics are off or failed to bind).
   uint16_t metrics_port() const;

@@ -2,9 +2,11 @@
 // cost.
 //
 // Plain relaxed atomics written on the scheduler's loop (and by match() on engine threads) and
-// read at scrape time by runtime/ (Prometheus) or by tests and benchmarks. Hit rates are derived
-// from counters (hits / lookups), never stored as a ratio, so rate() over any window is exact.
-// Each field is exact on its own at a quiescent point; reads are not a snapshot across fields.
+// read at scrape time by runtime/ (Prometheus) or by tests and benchmarks, so a reader never
+// waits on the loop. Gauges mirror state the loop owns and are stored after each change to it. Hit
+// rates are derived from counters (hits / lookups), never stored as a ratio, so rate() over any
+// window is exact. Each field is exact on its own at a quiescent point; reads are not a snapshot
+// across fields.
 #pragma once
 
 #include <array>
@@ -17,6 +19,7 @@ namespace kvtier {
 
 struct SchedulerStats {
   using Counter = std::atomic<uint64_t>;
+  using Gauge = std::atomic<uint64_t>;
 
   // match(): blocks and tokens asked for, and found per tier (the slowest tier each must be loaded
   // from). lookups count every key of every chain presented; hits count the cached prefix.
@@ -59,6 +62,10 @@ struct SchedulerStats {
   // Cached blocks whose copies were gone (or too slow to load), written again by a step that
   // recomputed them into their existing entries: complete again, but not newly published.
   Counter blocks_refilled{0};
+
+  // Sequences open now, and distinct blocks held by prefix pins now.
+  Gauge open_sequences{0};
+  Gauge pinned_prefix_blocks{0};
 };
 
 }  // namespace kvtier

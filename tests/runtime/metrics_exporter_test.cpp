@@ -236,6 +236,8 @@ TEST(MetricsExporter, HttpScrapesShowExactCountsWhileCountersMove) {
     scrapes.fetch_add(1);
   }
   driver.join();
+  rt.scheduler.open_sequences.store(3);
+  rt.scheduler.pinned_prefix_blocks.store(7);
   const double n = static_cast<double>(steps.load());
   const testing::HttpResponse r = http_get(e->port(), "/metrics");
   ASSERT_EQ(r.status, 200) << r.error;
@@ -251,6 +253,8 @@ TEST(MetricsExporter, HttpScrapesShowExactCountsWhileCountersMove) {
   EXPECT_EQ(value_or_nan(r.body, "kvtier_transfer_latency_seconds_count{src=\"host\",dst=\"hbm\"}"),
             n);
   EXPECT_EQ(value_or_nan(r.body, "kvtier_tier_used_bytes{tier=\"hbm\"}"), 4096 * n);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_open_sequences"), 3);
+  EXPECT_EQ(value_or_nan(r.body, "kvtier_pinned_prefix_blocks"), 7);
   // The same numbers as the in-process text (the HTTP body adds only the server's own families).
   EXPECT_THAT(r.body, HasSubstr(e->scrape_text()));
 }

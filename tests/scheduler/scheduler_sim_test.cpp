@@ -271,7 +271,11 @@ TEST(SchedulerSim, BeginStepCountsTheFramesOfPinnedPrefixes) {
   ASSERT_TRUE(w.scheduler().close_sequence(reader->id).ok());
 
   EXPECT_EQ(w.scheduler().pinned_prefix_blocks(), 2u) << "the pin outlived every step";
+  // The gauges other threads read show the same, without asking the loop.
+  EXPECT_EQ(w.scheduler().stats().pinned_prefix_blocks.load(), 2u);
+  EXPECT_EQ(w.scheduler().stats().open_sequences.load(), 0u);
   ASSERT_TRUE(w.scheduler().unpin_prefix(*pin).ok());
+  EXPECT_EQ(w.scheduler().stats().pinned_prefix_blocks.load(), 0u);
   w.settle();
   expect_consistent(w);
 }
@@ -297,6 +301,8 @@ TEST(SchedulerSim, PinPrefixDoesNotTakeTheFramesOfOpenSteps) {
   EXPECT_NE(refused.status().message().find("36 HBM frames of 32"), std::string::npos)
       << refused.status().to_string();
   EXPECT_EQ(w.scheduler().pinned_prefix_blocks(), 0u);
+  EXPECT_EQ(w.scheduler().stats().pinned_prefix_blocks.load(), 0u) << "the tried pins never show";
+  EXPECT_EQ(w.scheduler().stats().open_sequences.load(), 1u);
   ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
   auto pinned = w.scheduler().pin_prefix(system, 3600 * kNanosPerSecond);
   ASSERT_TRUE(pinned.ok()) << pinned.status().to_string();
