@@ -16,7 +16,12 @@
 // accessors (hbm_view, stats) would read freed state. Every call therefore holds the runtime's
 // `mu` shared and checks `shut_down`; shutdown raises `closing` (new calls fail at once, so they
 // cannot starve it) and takes `mu` exclusively, so it waits only for the calls in progress (each
-// bounded by its own deadline) and every later call fails cleanly.
+// bounded by call_timeout) and every later call fails cleanly. The one call that blocks longer,
+// kvt_step_wait_layer (up to wait_timeout_ms, and only Runtime::shutdown wakes it early), checks
+// the runtime open under `mu`, then waits without it, holding the kvtier::Runtime by a shared_ptr
+// copy: a shutdown or destroy then never waits for it, and the Runtime it waits in outlives the
+// wait even when destroy drops the handle's reference meanwhile (Runtime::wait_layer itself is safe
+// against a concurrent Runtime::shutdown, which aborts the step and wakes it).
 //
 // Lock order: a handle table's mutex is released before anything else is taken; kvt_step::mu
 // (layer-table cache) may be held while kvt_runtime::mu is held shared, never the reverse.
@@ -47,8 +52,9 @@ struct kvt_runtime {
   // lock, so a stream of calls on other threads cannot starve the shutdown (glibc's rwlock
   // prefers readers).
   std::atomic<bool> closing{false};
-  std::unique_ptr<kvtier::Runtime> runtime;  // reset by destroy, after shutdown
-  bool shut_down = false;                    // guarded by mu
+  // Reset by destroy, after shutdown; shared only with kvt_step_wait_layer calls in progress.
+  std::shared_ptr<kvtier::Runtime> runtime;
+  bool shut_down = false;  // guarded by mu
 };
 
 struct kvt_step {

@@ -159,7 +159,9 @@ kvt_status kvt_runtime_destroy(kvt_runtime* runtime) {
     rt->closing.store(true, std::memory_order_release);
     std::unique_lock lock(rt->mu);
     Status s = kvtier::capi::shutdown_locked(*rt);
-    rt->runtime.reset();  // steps that still hold the handle see shut_down and never reach it
+    // Steps that still hold the handle see shut_down and never reach the Runtime; a
+    // kvt_step_wait_layer woken by the shutdown may still hold it, and frees it on its way out.
+    rt->runtime.reset();
     return s;
   });
 }

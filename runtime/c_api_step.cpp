@@ -2,6 +2,7 @@
 // a copy of each layer's block table, so the arrays a C caller reads stay put until
 // kvt_step_destroy; every call also goes through the runtime handle that made the step, and so
 // fails cleanly once that runtime is shut down or destroyed.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -107,9 +108,23 @@ kvt_status kvt_step_get_item(const kvt_step* step, size_t index, kvt_step_item_i
 }
 
 kvt_status kvt_step_wait_layer(kvt_step* step, uint32_t layer) {
-  return guarded("kvt_step_wait_layer", [&] {
-    return with_step(step,
-                     [&](Runtime& rt, kvt_step& s) { return rt.wait_layer(s.info.id, layer); });
+  return guarded("kvt_step_wait_layer", [&]() -> Status {
+    KVTIER_ASSIGN_OR_RETURN(auto s, kvtier::capi::steps().find(step, "step"));
+    // Checked open under the handle's lock, then waited for without it (see Shutdown in
+    // c_api_handles.hpp): a shutdown must not wait for the wait it is about to wake.
+    std::shared_ptr<Runtime> rt;
+    {
+      auto lock =
+          kvtier::capi::lock_open(*s->owner, "runtime of step " + std::to_string(s->info.id));
+      if (!lock.ok()) return std::move(lock).status();
+      rt = s->owner->runtime;
+    }
+    Status waited = rt->wait_layer(s->info.id, layer);
+    if (waited.code() == kvtier::StatusCode::kCancelled &&
+        s->owner->closing.load(std::memory_order_acquire)) {
+      return kvtier::cancelled(waited.message() + " (the runtime is shutting down)");
+    }
+    return waited;
   });
 }
 

@@ -34,8 +34,9 @@
  *     with the guarantees of kvtier.hpp: calls that change the cache wait for the runtime's loop at
  *     most params.call_timeout_ms (KVT_DEADLINE_EXCEEDED, and no effect, after that);
  *     kvt_step_wait_layer blocks only its caller, at most params.wait_timeout_ms. A shutdown
- *     waits for the calls in progress on other threads to return (each is bounded) and every later
- *     call on that runtime, or on its steps, is KVT_FAILED_PRECONDITION.
+ *     wakes the kvt_step_wait_layer calls in progress (KVT_CANCELLED), waits for the other calls
+ *     in progress on other threads to return (each is bounded) and every later call on that
+ *     runtime, or on its steps, is KVT_FAILED_PRECONDITION.
  *
  * (5) Types. Booleans are int32_t (0 false, anything else true). Times are int64_t milliseconds
  *     (timeouts, TTLs) or nanoseconds of CLOCK_MONOTONIC (kvt_clock_now_ns, hints). Timeouts and
@@ -333,7 +334,8 @@ KVT_API kvt_status kvt_step_get_info(const kvt_step* step, kvt_step_info* out);
 /* Batch item `index` (request order); KVT_OUT_OF_RANGE past the batch. */
 KVT_API kvt_status kvt_step_get_item(const kvt_step* step, size_t index, kvt_step_item_info* out);
 /* Blocks until the layer's pages are in HBM: KVT_OK, the load's error (the layer must then be
- * recomputed), or KVT_DEADLINE_EXCEEDED after params.wait_timeout_ms. */
+ * recomputed), KVT_DEADLINE_EXCEEDED after params.wait_timeout_ms, or KVT_CANCELLED when the step
+ * is aborted or the runtime shuts down meanwhile (a shutdown wakes every such wait at once). */
 KVT_API kvt_status kvt_step_wait_layer(kvt_step* step, uint32_t layer);
 /* The layer's block table (KVT_FAILED_PRECONDITION until wait_layer returned KVT_OK). The arrays
  * are owned by the step and valid until kvt_step_destroy. */

@@ -14,7 +14,9 @@
 // BufferError while an array still views it (as mmap.close() is while a buffer is exported); each
 // such array holds an HbmLease, counted in `views`. Lock order: `mu` (shared for a call, exclusive
 // for shutdown) is only taken with the GIL released or by calls that never wait for it while
-// holding anything the shutdown needs, so the GIL and `mu` never deadlock.
+// holding anything the shutdown needs, so the GIL and `mu` never deadlock. Step.wait_layer, which
+// may block for wait_timeout_ms, holds `mu` only to check the runtime open, not for the wait:
+// shutdown would otherwise wait for the very wait its Runtime::shutdown wakes (py_step.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -57,9 +59,9 @@ struct RuntimeState {
   // Raised before shutdown waits for `mu`, so new calls fail at once and a stream of calls on
   // other threads cannot starve it (glibc's rwlock prefers readers).
   std::atomic<bool> closing{false};
-  std::unique_ptr<Runtime> runtime;
-  bool shut_down = false;     // guarded by mu
-  std::atomic<int> views{0};  // NumPy arrays over the HBM arena still alive
+  std::unique_ptr<Runtime> runtime;  // set at open, freed only with the state
+  bool shut_down = false;            // guarded by mu
+  std::atomic<int> views{0};         // NumPy arrays over the HBM arena still alive
 };
 
 // Drops a reference to the state; when it is the last one, kvtier::Runtime's destructor shuts the

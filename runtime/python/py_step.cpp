@@ -79,6 +79,20 @@ void abort_step(PyStep& step) {
   mark_finished(step);
 }
 
+// Checked open under the runtime's lock, then waited for without it: shutdown takes that lock
+// exclusively, and must not wait for the wait that its Runtime::shutdown is about to wake. The
+// Runtime outlives the wait: the step holds its RuntimeState, which never drops the Runtime
+// before it is freed, and Runtime::wait_layer is safe against a concurrent Runtime::shutdown.
+void wait_layer(PyStep& step, uint32_t layer) {
+  { auto lock = lock_open(*step.state); }
+  Status waited = step.state->runtime->wait_layer(step.info.id, layer);
+  if (waited.code() == StatusCode::kCancelled &&
+      step.state->closing.load(std::memory_order_acquire)) {
+    throw StatusError(cancelled(waited.message() + " (the runtime is shutting down)"));
+  }
+  throw_if_error(waited);
+}
+
 // {sequence: [keys]} or [(sequence, [keys]), ...] -> completions, in the order given.
 std::vector<StepCompletion> completions_from(py::handle arg) {
   std::vector<StepCompletion> out;
@@ -154,14 +168,11 @@ void register_step(py::module_& m) {
       .def_property_readonly("items", [](const PyStep& s) { return s.info.items; })
       .def_property_readonly("finished", [](PyStep& s) { return is_finished(s); })
       .def(
-          "wait_layer",
-          [](PyStep& s, uint32_t layer) {
-            with_runtime(s.state,
-                         [&](Runtime& rt) { throw_if_error(rt.wait_layer(s.info.id, layer)); });
-          },
-          release, py::arg("layer"),
+          "wait_layer", [](PyStep& s, uint32_t layer) { wait_layer(s, layer); }, release,
+          py::arg("layer"),
           "Blocks (without the GIL) until the layer's pages are in HBM; DeadlineExceededError "
-          "after wait_timeout_ms, the load's error when a page failed (recompute the layer).")
+          "after wait_timeout_ms, the load's error when a page failed (recompute the layer), "
+          "CancelledError when the step is aborted or the runtime shuts down meanwhile.")
       .def(
           "layer_table",
           [](PyStep& s, uint32_t layer) {

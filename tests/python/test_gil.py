@@ -6,9 +6,14 @@ second one whose HBM<->host link is throttled to 20 KB/s (2 KiB pages: about 0.1
 whose prefill speed is set so low that loading always beats recomputing. While the main thread
 waits for layer 0, a watcher thread asks for layer 0's table: it can only run during the wait if
 the GIL was released, and then finds the layer still loading. With the GIL held through the wait,
-the watcher would run only after the wait returned, and find the layer ready."""
+the watcher would run only after the wait returned, and find the layer ready.
+
+Shutdown on one thread wakes another blocked in wait_layer, and races cleanly with calls."""
 
 import threading
+import time
+
+import pytest
 
 import kvtier
 from conftest import config_yaml, first_mismatch, make_tokens, open_runtime, run_step
@@ -90,3 +95,39 @@ def test_calls_racing_a_shutdown_fail_cleanly(tmp_path):
         t.join()
     assert errors == []
     assert len(done) == 4
+
+
+def test_shutdown_wakes_a_thread_blocked_in_wait_layer(tmp_path):
+    """A thread blocked in wait_layer on a layer that cannot become ready (the last layer of a
+    windowed step is not planned until the layers before it end) is woken by shutdown() with
+    CancelledError, long before its 60 s wait_timeout_ms; the shutdown does not wait for it."""
+    rt = open_runtime(config_yaml(tmp_path, nvme=False), wait_timeout_ms=60_000)
+    tokens = make_tokens(40 * 16, seed=9)  # 40 of the 64 HBM frames per layer: one layer at a time
+    seq = rt.open_sequence(rt.block_keys(tokens))
+    step = rt.begin_step([(seq.id, len(tokens))])
+    assert step.windowed
+    outcome = []
+
+    def waiter():
+        try:
+            step.wait_layer(step.layers - 1)
+            outcome.append("ready")
+        except Exception as e:  # the kind is checked below
+            outcome.append(e)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.2)  # let it block (were it late, it would see FailedPreconditionError instead)
+    start = time.monotonic()
+    rt.shutdown()
+    thread.join(timeout=90)
+    elapsed = time.monotonic() - start
+    assert not thread.is_alive()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], (kvtier.CancelledError, kvtier.FailedPreconditionError)), \
+        f"the blocked wait ended with {outcome[0]!r}, not a shut-down error"
+    if isinstance(outcome[0], kvtier.CancelledError):
+        assert "shutting down" in str(outcome[0])
+    assert elapsed < 20, f"shutdown and the woken wait took {elapsed:.1f} s"
+    with pytest.raises(kvtier.FailedPreconditionError, match="shut down"):
+        step.wait_layer(0)

@@ -1,7 +1,8 @@
 /* The C ABI end to end, from C11: open a runtime from YAML text over a store in a temporary
  * directory, prefill a prompt by writing K/V bytes into HBM frames through the HBM view, close it,
  * reopen it and find it cached with the same bytes, again after a restart (from NVMe); then bad
- * input — each a clear code and kvt_last_error() text — and calls after shutdown.
+ * input — each a clear code and kvt_last_error() text — calls after shutdown, and a shutdown on
+ * one thread that wakes a wait_layer blocked on another.
  * Exit status: 0 all checks passed, 1 a check failed, 77 skipped (the NVMe store cannot be
  * opened here). */
 #define _XOPEN_SOURCE 700
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { kSkip = 77, kBlocks = 6, kPageTokens = 16, kTokens = kBlocks * kPageTokens };
@@ -526,6 +528,76 @@ static void test_calls_racing_shutdown(void) {
   MUST(kvt_runtime_destroy(rt));
 }
 
+/* Shutdown or destroy on one thread while an engine thread is blocked in kvt_step_wait_layer on a
+ * layer that cannot become ready: the waiter is woken with KVT_CANCELLED saying the runtime is
+ * shutting down, and neither waits for it. Both would otherwise return only when the wait ran out
+ * (KVT_DEADLINE_EXCEEDED after the 60 s wait_timeout_ms). The last layer of a windowed step is not
+ * even planned until the engine ends the layers before it, so it is never ready here. */
+enum { kWindowBlocks = 40, kWindowTokens = kWindowBlocks * kPageTokens, kLongWaitMs = 60000 };
+
+struct blocked_wait {
+  kvt_step* step;
+  uint32_t layer;
+  kvt_status got;
+  char error[512];
+};
+
+static void* wait_for_layer(void* arg) {
+  struct blocked_wait* w = arg;
+  w->got = kvt_step_wait_layer(w->step, w->layer);
+  snprintf(w->error, sizeof w->error, "%s", kvt_last_error());
+  return NULL;
+}
+
+static void test_shutdown_wakes_blocked_waiter(int destroy) {
+  const char* name = destroy ? "kvt_runtime_destroy" : "kvt_runtime_shutdown";
+  const char* overrides[] = {"tiers.nvme.enabled=false", "metrics.listen=off"};
+  kvt_runtime_params params;
+  kvt_runtime_default_params(&params);
+  params.use_environment = 0;
+  params.wait_timeout_ms = kLongWaitMs;
+  kvt_runtime* rt = NULL;
+  MUST(kvt_runtime_open_yaml(yaml, overrides, 2, &params, &rt));
+  uint32_t* tokens = malloc(sizeof(uint32_t) * kWindowTokens);
+  kvt_block_key* keys = malloc(sizeof(kvt_block_key) * kWindowBlocks);
+  for (uint32_t i = 0; i < kWindowTokens; ++i) tokens[i] = 5000u + i * 3u;
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kWindowTokens, keys, kWindowBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, n_keys, &seq));
+  const kvt_step_item item = {seq.id, kWindowTokens};
+  kvt_step* step = NULL;
+  MUST(kvt_step_begin(rt, &item, 1, &step));
+  kvt_step_info info;
+  MUST(kvt_step_get_info(step, &info));
+  CHECK(info.windowed == 1, "%s: 40 blocks of 64 HBM frames per layer make a windowed step", name);
+
+  struct blocked_wait w = {step, info.layers - 1, KVT_OK, ""};
+  pthread_t waiter;
+  pthread_create(&waiter, NULL, wait_for_layer, &w);
+  /* Give the waiter time to block (were it late, it would see KVT_FAILED_PRECONDITION instead). */
+  const struct timespec pause = {0, 200 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  const uint64_t start = kvt_clock_now_ns();
+  const kvt_status closed = destroy ? kvt_runtime_destroy(rt) : kvt_runtime_shutdown(rt);
+  CHECK(closed == KVT_OK, "%s returned %s: %s", name, kvt_status_name(closed), kvt_last_error());
+  pthread_join(waiter, NULL);
+  const double seconds = (double)(kvt_clock_now_ns() - start) / 1e9;
+  CHECK(w.got == KVT_CANCELLED || w.got == KVT_FAILED_PRECONDITION,
+        "%s: the blocked wait returned %s (%s), not a shut-down code", name, kvt_status_name(w.got),
+        w.error);
+  CHECK(w.got != KVT_CANCELLED || strstr(w.error, "shutting down") != NULL,
+        "%s: the cancelled wait should say the runtime is shutting down: %s", name, w.error);
+  CHECK(seconds < 20.0, "%s and the woken wait took %.1f s (wait_timeout_ms is %d ms)", name,
+        seconds, kLongWaitMs);
+  EXPECT_ERROR(kvt_step_wait_layer(step, 0), KVT_FAILED_PRECONDITION, "kvt_step_wait_layer",
+               "shut down");
+  MUST(kvt_step_destroy(step));
+  if (!destroy) MUST(kvt_runtime_destroy(rt));
+  free(keys);
+  free(tokens);
+}
+
 /* After a restart the prompt is found on NVMe and its bytes come back. */
 static void test_restart(const uint32_t* tokens) {
   kvt_runtime* rt = NULL;
@@ -595,6 +667,8 @@ int main(void) {
   test_after_shutdown(rt, tokens);
 
   test_calls_racing_shutdown();
+  test_shutdown_wakes_blocked_waiter(0);
+  test_shutdown_wakes_blocked_waiter(1);
   test_largest_timeouts(tokens);
 
   kvt_set_log_callback(count_log_lines, &log_lines);
