@@ -4,8 +4,10 @@
 // Addressed by block key, never by location, so nothing above assumes the tier is a local file.
 // Every data operation is asynchronous and returns a Transfer (tiers/transfer.hpp); request errors
 // (wrong page count, unknown key, store full) are the submit call's Status and start nothing.
-// Equal keys mean equal bytes, so writing a key the store already holds (or is writing) is refused
-// with kAlreadyExists rather than repeated: the caller counts that as present.
+// Equal keys mean equal bytes, so writing a key the store already holds is refused with
+// kAlreadyExists rather than repeated: the caller counts that as present. Writing a key the store
+// is still writing is not repeated either: the new write joins the one in flight and completes
+// with its outcome, so a caller is never told "present" about a write that may yet fail.
 //
 // Buffers: a block is `geometry().layers` pages, one buffer per layer (they need not be adjacent).
 // Each buffer must be aligned to buffer_alignment() and hold page_io_bytes() (the page rounded up

@@ -4,6 +4,7 @@
 #include <linux/mman.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "kvtier/log.hpp"
@@ -101,6 +102,20 @@ class SystemHostMemory final : public HostMemoryApi {
     return n > 0 ? n : 1;
   }
 
+  std::vector<int> numa_node_ids() override {
+    auto& t = Topology::instance();
+    std::vector<int> ids;
+    if (t.ok()) {
+      hwloc_obj_t node = nullptr;
+      while ((node = hwloc_get_next_obj_by_type(t.get(), HWLOC_OBJ_NUMANODE, node)) != nullptr) {
+        ids.push_back(static_cast<int>(node->os_index));
+      }
+    }
+    if (ids.empty()) ids.push_back(0);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  }
+
   Result<int> numa_node_of_pci(const std::string& bus_id) override {
     auto& t = Topology::with_pci();
     if (!t.ok()) return not_found("hwloc topology unavailable");
@@ -152,8 +167,8 @@ class SystemHostMemory final : public HostMemoryApi {
     if (!t.ok()) return unavailable("hwloc topology unavailable");
     hwloc_obj_t obj = hwloc_get_numanode_obj_by_os_index(t.get(), static_cast<unsigned>(node));
     if (obj == nullptr) {
-      return invalid_argument("NUMA node " + std::to_string(node) + " does not exist (" +
-                              std::to_string(numa_nodes()) + " node(s))");
+      return invalid_argument("NUMA node " + std::to_string(node) +
+                              " does not exist (nodes: " + numa_node_list(numa_node_ids()) + ")");
     }
     hwloc_bitmap_only(set.get(), static_cast<unsigned>(node));
     return Status();
@@ -161,6 +176,15 @@ class SystemHostMemory final : public HostMemoryApi {
 };
 
 }  // namespace
+
+std::string numa_node_list(const std::vector<int>& ids) {
+  std::string out;
+  for (int id : ids) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(id);
+  }
+  return out;
+}
 
 std::shared_ptr<HostMemoryApi> system_host_memory() {
   static const std::shared_ptr<HostMemoryApi> api = std::make_shared<SystemHostMemory>();

@@ -8,9 +8,11 @@
 // All methods are thread-safe; none holds a kvtier lock.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvtier/status.hpp"
 
@@ -30,6 +32,14 @@ class HostMemoryApi {
   virtual Status advise_huge(void* addr, std::size_t bytes) = 0;
 
   virtual int numa_nodes() = 0;  // >= 1
+  // The OS indices of the NUMA nodes, ascending. Not always 0..numa_nodes()-1: ids can be sparse
+  // (nodes 0 and 2, after hot-unplug or with memory-less nodes left out), so a configured node is
+  // checked against these. The default is 0..numa_nodes()-1, for seams that only count nodes.
+  virtual std::vector<int> numa_node_ids() {
+    std::vector<int> ids(static_cast<std::size_t>(std::max(numa_nodes(), 1)));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+    return ids;
+  }
   // The NUMA node nearest a PCI device ("0000:3b:00.0"); kNotFound when the topology lacks it.
   virtual Result<int> numa_node_of_pci(const std::string& bus_id) = 0;
   // Binds pages of [addr, addr + bytes) not yet faulted in to `node` (OS index).
@@ -41,5 +51,8 @@ class HostMemoryApi {
 };
 
 std::shared_ptr<HostMemoryApi> system_host_memory();
+
+// "0, 2": node ids for messages.
+std::string numa_node_list(const std::vector<int>& ids);
 
 }  // namespace kvtier

@@ -1,5 +1,8 @@
 #include "tiers/host_pool.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include "kvtier/log.hpp"
 
 namespace kvtier {
@@ -12,11 +15,11 @@ std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a;
 // The node to place the pool on: the configured one, else the GPU's, else none (-1).
 Result<int> choose_node(const HostTierConfig& config, DeviceApi* device, HostMemoryApi& memory) {
   if (config.numa_node >= 0) {
-    const int nodes = memory.numa_nodes();
-    if (config.numa_node >= nodes) {
-      return invalid_argument("tiers.host.numa_node " + std::to_string(config.numa_node) +
-                              " does not exist (this machine has " + std::to_string(nodes) +
-                              " NUMA node(s); -1 = auto)");
+    const std::vector<int> ids = memory.numa_node_ids();
+    if (std::find(ids.begin(), ids.end(), config.numa_node) == ids.end()) {
+      return invalid_argument(
+          "tiers.host.numa_node " + std::to_string(config.numa_node) +
+          " does not exist (this machine's NUMA node(s): " + numa_node_list(ids) + "; -1 = auto)");
     }
     return config.numa_node;
   }

@@ -13,8 +13,10 @@
 // Buffers and iovec arrays named by a request must stay valid until its completion is returned.
 //
 // Implementations: io_uring (one ring per queue, optional SQPOLL, fixed buffers when registration
-// is allowed) and a synchronous fallback (preadv/pwritev on the I/O thread) used when io_uring is
-// refused (seccomp, io_uring_disabled), chosen by make_queue with one log line.
+// is allowed, wake() through a multishot poll on an eventfd, or one-shot polls re-armed per wake on
+// kernels before 5.13: uring_queue.cpp) and a synchronous fallback (preadv/pwritev on the I/O
+// thread) used when io_uring is refused (seccomp, io_uring_disabled), chosen by make_queue with one
+// log line.
 #pragma once
 
 #include <sys/types.h>
@@ -76,7 +78,12 @@ class IoQueue {
 struct FileInfo {
   uint64_t size = 0;  // bytes (file length, or the size of a block device)
   bool block_device = false;
-  uint32_t logical_block = 512;  // O_DIRECT offset/length granularity
+  // O_DIRECT offset/length granularity: statx's STATX_DIOALIGN (Linux >= 6.1, where the
+  // filesystem reports it), else the logical block size of the device the file lives on (sysfs;
+  // BLKSSZGET for a block device). `logical_block_known` false: no source said, and 4096 is assumed
+  // (a multiple of every common sector size, so O_DIRECT works on 512-byte and 4 KiB drives alike).
+  uint32_t logical_block = 4096;
+  bool logical_block_known = false;
   // Which file this is, so two paths naming one file (a hard link, a symlink, "a//b") are caught:
   // st_dev and st_ino of a regular file, st_rdev (inode 0) of a block device. A backend that
   // cannot tell leaves `identified` false and the check is skipped.
@@ -85,10 +92,20 @@ struct FileInfo {
   uint64_t inode = 0;
 };
 
+// How an io_uring queue arms the poll on its wake-up eventfd (see uring_queue.cpp).
+enum class WakePoll : uint8_t {
+  kAuto = 0,     // multishot (Linux >= 5.13); one-shot polls, re-armed per wake, where refused
+  kOneShot = 1,  // one-shot polls only
+  // Tests of the fallback: the multishot request carries a poll flag no kernel knows, so it
+  // completes with -EINVAL exactly as on a kernel without multishot polls.
+  kRefusedMultishot = 2,
+};
+
 struct QueueOptions {
   uint32_t depth = 64;
   bool sqpoll = false;
   bool allow_io_uring = true;  // false: the synchronous queue (tests, fallback)
+  WakePoll wake_poll = WakePoll::kAuto;
 };
 
 class IoBackend {
@@ -115,8 +132,31 @@ class IoBackend {
 // The real thing: POSIX files and io_uring (falling back to the synchronous queue).
 std::shared_ptr<IoBackend> posix_io_backend();
 
+// Where the POSIX backend looks for a file's O_DIRECT alignment (tests point it elsewhere).
+struct PosixIoOptions {
+  std::string sysfs_root = "/sys";
+  bool use_statx_dioalign = true;  // false: as on a kernel or filesystem without STATX_DIOALIGN
+};
+std::shared_ptr<IoBackend> posix_io_backend(const PosixIoOptions& options);
+
+// The logical block size of block device major:minor from sysfs under `sysfs_root`:
+// dev/block/M:m/queue/logical_block_size, or, for a partition (dev/block/M:m/partition exists),
+// its disk's dev/block/M:m/../queue/logical_block_size. 0 when the file is missing or does not
+// hold a power of two from 512 to 65536.
+uint32_t sysfs_logical_block_size(const std::string& sysfs_root, uint32_t major, uint32_t minor);
+
 // Direct constructors, for tests and for the fault-injection wrapper.
 Result<std::unique_ptr<IoQueue>> make_uring_queue(const QueueOptions& options);
 Result<std::unique_ptr<IoQueue>> make_sync_queue(const QueueOptions& options);
+
+// How an io_uring queue is woken, for tests and diagnostics; call it on the queue's own thread.
+struct UringWakeState {
+  bool multishot = false;  // the wake poll is multishot; false: one-shot, re-armed after each wake
+  // False: the kernel refused even one-shot polls, and wait() sleeps in short naps instead.
+  bool polling = true;
+  uint64_t arms = 0;  // wake polls armed so far (stays 1 while one multishot poll lives)
+};
+// kInvalidArgument when `queue` did not come from make_uring_queue.
+Result<UringWakeState> uring_wake_state(const IoQueue& queue);
 
 }  // namespace kvtier

@@ -458,9 +458,11 @@ class NvmeStore::Worker {
 
   void finish(Op& op) {
     Status result = op.error();
+    std::vector<std::shared_ptr<TransferState>> joined;
+    const BlockKey key = op.key;
     switch (op.kind) {
       case Op::Kind::kWrite:
-        store_.write_finished(op, result.ok());
+        joined = store_.write_finished(op, result.ok());
         if (!result.ok()) result = result.with_context(block_context(op, "write"));
         break;
       case Op::Kind::kReadBlock:
@@ -500,6 +502,7 @@ class NvmeStore::Worker {
     --active_count_;
     active_[slot].reset();  // `op` is gone from here on
     if (state) state->complete(result);
+    NvmeStore::complete_joined(joined, key, result);
     result.ignore();
   }
 
@@ -507,8 +510,9 @@ class NvmeStore::Worker {
   void cancel(std::unique_ptr<Op> op) {
     const Status why =
         cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")");
+    std::vector<std::shared_ptr<TransferState>> joined;
     switch (op->kind) {
-      case Op::Kind::kWrite: store_.write_finished(*op, false); break;
+      case Op::Kind::kWrite: joined = store_.write_finished(*op, false); break;
       case Op::Kind::kReadBlock:
       case Op::Kind::kReadPage: store_.read_finished(*op); break;
       case Op::Kind::kScan: {
@@ -520,6 +524,7 @@ class NvmeStore::Worker {
       }
     }
     if (op->state) op->state->complete(why);
+    NvmeStore::complete_joined(joined, op->key, why);
     why.ignore();
   }
 
@@ -664,8 +669,13 @@ Status NvmeStore::open_files() {
 
   std::vector<uint32_t> per_file;
   if (existing == 0) {
+    // An assumed block size (logical_block_known false) matters only to O_DIRECT.
     uint32_t io_align = 512;
-    for (const Opened& o : opened) io_align = std::max(io_align, o.info.logical_block);
+    for (const Opened& o : opened) {
+      if (direct_io_ || o.info.logical_block_known) {
+        io_align = std::max(io_align, o.info.logical_block);
+      }
+    }
     KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, io_align));
     const uint64_t first = std::max<uint64_t>(kSuperblockBytes, io_align);
     store_id_ = random_store_id();
@@ -732,7 +742,10 @@ Status NvmeStore::open_files() {
           sb.layout.io_align != first.layout.io_align) {
         return data_loss("superblock of " + o.path + " describes an inconsistent extent layout");
       }
-      if (direct_io_ && sb.layout.io_align % o.info.logical_block != 0) {
+      // Only a reported block size refuses a store: with an assumed one, a store written at a
+      // finer alignment is used as it is (its I/O would fail, each one reported, were it wrong).
+      if (direct_io_ && o.info.logical_block_known &&
+          sb.layout.io_align % o.info.logical_block != 0) {
         return failed_precondition(
             o.path + " was written with " + std::to_string(sb.layout.io_align) +
             "-byte alignment; its device needs " + std::to_string(o.info.logical_block));
@@ -900,13 +913,18 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
   {
     std::lock_guard<std::mutex> lock(index_mu_);
     auto it = index_.find(key);
+    if (it != index_.end() && it->second.state == EntryState::kReady) {
+      return already_exists(what + ": the block is already in the NVMe store");
+    }
     if (it != index_.end()) {
-      // The caller counts kAlreadyExists as present, so an erase still waiting for this write to
-      // land is undone: equal keys mean equal bytes, and the write in flight carries them.
+      // Being written: join that write (equal keys mean equal bytes, and it carries them). An
+      // erase waiting for it is undone, since this caller wants the block; if the write fails,
+      // this caller is told so (see the header).
       it->second.erase_when_written = false;
-      return already_exists(
-          what + ": the block is already " +
-          (it->second.state == EntryState::kReady ? "in the NVMe store" : "being written"));
+      auto joined = std::make_shared<TransferState>(Link::kHostToNvme, format_.block_bytes(),
+                                                    std::move(options), nullptr, options_.notifier);
+      it->second.joined.push_back(joined);
+      return Transfer(std::move(joined));
     }
     auto extent = extents_->allocate();
     if (!extent.ok()) {
@@ -1107,22 +1125,40 @@ void NvmeStore::free_extent_locked(uint32_t extent) {
   if (!s.ok()) log(LogLevel::kError, "NVMe store: " + s.to_string());
 }
 
-void NvmeStore::write_finished(const Op& op, bool ok) {
+std::vector<std::shared_ptr<TransferState>> NvmeStore::write_finished(const Op& op, bool ok) {
   std::lock_guard<std::mutex> lock(index_mu_);
   auto it = index_.find(op.key);
   if (it == index_.end() || it->second.generation != op.generation) {
     // Cannot happen: a writing entry is only removed here. Keep the accounting right anyway.
     log(LogLevel::kError, "NVMe store: write of " + key_text(op.key) + " lost its index entry");
     free_extent_locked(op.extent);
-    return;
+    return {};
   }
+  std::vector<std::shared_ptr<TransferState>> joined = std::move(it->second.joined);
+  it->second.joined.clear();
   if (ok && !it->second.erase_when_written) {
     it->second.state = EntryState::kReady;
     it->second.page_sums = op.page_sums;
-    return;
+    return joined;
   }
   index_.erase(it);
   free_extent_locked(op.extent);
+  return joined;
+}
+
+void NvmeStore::complete_joined(std::vector<std::shared_ptr<TransferState>>& joined,
+                                const BlockKey& key, const Status& result) {
+  for (auto& state : joined) {
+    if (result.ok()) {
+      state->complete(Status());
+      continue;
+    }
+    Status s(result.code(), "write_block " + key_text(key) + " joined the write of that block " +
+                                "already in flight, which did not complete: " + result.message());
+    state->complete(s);
+    s.ignore();
+  }
+  joined.clear();
 }
 
 void NvmeStore::read_finished(const Op& op) {

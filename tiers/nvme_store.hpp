@@ -4,6 +4,9 @@
 // Layout and format: tiers/nvme_format.hpp (superblock per file, one extent per block: a header
 // with key, geometry fingerprint, generation and per-page checksums, then the block's pages
 // contiguously, each at an aligned stride — one I/O moves a block, one aligned sub-range a page).
+// The alignment, fixed when a store is made and kept in its superblock, is the largest O_DIRECT
+// granularity of its files (FileInfo::logical_block); reopening refuses a store aligned finer than
+// a device reports, never for a granularity that is only assumed.
 //
 // Threads: `io_threads` I/O threads, each owning one IoQueue (one io_uring ring) and a slab of
 // header buffers. A submit call validates, updates the index, computes the page checksums of a
@@ -35,6 +38,18 @@
 //
 // Erase is in memory only: an erased block may reappear after a restart, which is harmless — its
 // key still names exactly those bytes, and the scan verifies the header as for any other block.
+// Erasing a block still being written marks it; the write, once done, frees its extent.
+//
+// Writing a key again: a block already readable is refused with kAlreadyExists (equal keys mean
+// equal bytes; callers count that as present). A block still being written is not written twice:
+// the new write joins the one in flight — it moves no bytes, undoes an erase waiting for that
+// write, and its Transfer completes right after the first one's with the same outcome: OK when the
+// block is now readable, the first write's error when it failed (the block is then gone, and the
+// rewriter knows it), kCancelled when that write was cancelled before its I/O started. Cancelling
+// a joined write itself changes nothing; it is counted in the link stats only as the write it
+// joined. Rejected: refusing the rewrite with kAlreadyExists (the earlier design) — a first write
+// that then failed left its rewriter believing in a block that was lost; queueing the rewrite to
+// write again after a failure — it hammers a failing disk with the same block, which callers avoid.
 #pragma once
 
 #include <sys/uio.h>
@@ -133,6 +148,8 @@ class NvmeStore final : public BlockStore {
     bool erase_when_written = false;
     ChecksumKind checksum_kind = ChecksumKind::kXxh3;
     std::vector<uint64_t> page_sums;
+    // Writes of the same key that joined this one while it was in flight (kWriting only).
+    std::vector<std::shared_ptr<TransferState>> joined;
   };
 
   NvmeStore(const PageFormat& format, NvmeStoreOptions options);
@@ -143,9 +160,13 @@ class NvmeStore final : public BlockStore {
   void post(std::unique_ptr<Op> op);
   Result<ExtentLocation> place(uint32_t extent) const;
 
-  // Called by the I/O threads when an operation ends (index_mu_ taken inside).
+  // Called by the I/O threads when an operation ends (index_mu_ taken inside). write_finished
+  // hands back the writes that joined `op`; the caller completes them, outside the lock, with
+  // complete_joined once op's own transfer has completed.
   friend class Worker;
-  void write_finished(const Op& op, bool ok);
+  std::vector<std::shared_ptr<TransferState>> write_finished(const Op& op, bool ok);
+  static void complete_joined(std::vector<std::shared_ptr<TransferState>>& joined,
+                              const BlockKey& key, const Status& result);
   void read_finished(const Op& op);
   void drop_corrupt(const Op& op, const std::string& why);
   void free_extent_locked(uint32_t extent);

@@ -3,9 +3,12 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <fstream>
 
 #include "kvtier/log.hpp"
 #include "tiers/io_backend.hpp"
@@ -18,8 +21,47 @@ std::string at(const std::string& path, uint64_t offset) {
   return path + " at offset " + std::to_string(offset);
 }
 
+constexpr uint32_t kAssumedLogicalBlock = 4096;
+
+// A sysfs attribute holding one block size; 0 when missing, unreadable or not a plausible size.
+uint32_t read_block_size(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!in || !std::getline(in, text)) return 0;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) {
+    text.pop_back();
+  }
+  if (text.empty() || text.size() > 6 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    return 0;
+  }
+  const unsigned long v = std::strtoul(text.c_str(), nullptr, 10);
+  if (v < 512 || v > 65536 || (v & (v - 1)) != 0) return 0;
+  return static_cast<uint32_t>(v);
+}
+
+bool exists(const std::string& path) {
+  struct stat st = {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+uint32_t sysfs_logical_block_size(const std::string& sysfs_root, uint32_t major, uint32_t minor) {
+  // dev/block/M:m is a link to the device's directory; a partition's sits inside its disk's, and
+  // only the disk has a queue/.
+  const std::string dev =
+      sysfs_root + "/dev/block/" + std::to_string(major) + ":" + std::to_string(minor);
+  if (exists(dev + "/partition")) return read_block_size(dev + "/../queue/logical_block_size");
+  return read_block_size(dev + "/queue/logical_block_size");
+}
+
+namespace {
+
 class PosixIoBackend final : public IoBackend {
  public:
+  explicit PosixIoBackend(PosixIoOptions options) : options_(std::move(options)) {}
+
   Result<ScopedFd> open(const std::string& path, int flags, mode_t mode) override {
     int fd;
     do {
@@ -64,6 +106,9 @@ class PosixIoBackend final : public IoBackend {
       int sector = 0;
       if (::ioctl(fd, BLKSSZGET, &sector) == 0 && sector > 0) {
         info.logical_block = static_cast<uint32_t>(sector);
+        info.logical_block_known = true;
+      } else {
+        device_block(info, major(st.st_rdev), minor(st.st_rdev), path);
       }
       return info;
     }
@@ -76,11 +121,15 @@ class PosixIoBackend final : public IoBackend {
     info.inode = static_cast<uint64_t>(st.st_ino);
 #ifdef STATX_DIOALIGN
     struct statx sx = {};
-    if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+    if (options_.use_statx_dioalign && ::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
         (sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_offset_align > 0) {
       info.logical_block = sx.stx_dio_offset_align;
+      info.logical_block_known = true;
+      return info;
     }
 #endif
+    // Before Linux 6.1, or a filesystem that does not say: the sector size of its device.
+    device_block(info, major(st.st_dev), minor(st.st_dev), path);
     return info;
   }
 
@@ -155,13 +204,38 @@ class PosixIoBackend final : public IoBackend {
     }
     return make_sync_queue(options);
   }
+
+ private:
+  // The logical block size of device `maj`:`min` from sysfs, else the assumed 4096, said once.
+  void device_block(FileInfo& info, uint32_t maj, uint32_t min, const std::string& path) const {
+    const uint32_t size = sysfs_logical_block_size(options_.sysfs_root, maj, min);
+    if (size != 0) {
+      info.logical_block = size;
+      info.logical_block_known = true;
+      return;
+    }
+    info.logical_block = kAssumedLogicalBlock;
+    info.logical_block_known = false;
+    log_once(LogLevel::kInfo, "nvme.logical_block." + path,
+             "O_DIRECT alignment of " + path + " not reported (nor by " + options_.sysfs_root +
+                 "/dev/block/" + std::to_string(maj) + ":" + std::to_string(min) +
+                 "/queue/logical_block_size); assuming " + std::to_string(kAssumedLogicalBlock) +
+                 " bytes");
+  }
+
+  const PosixIoOptions options_;
 };
 
 }  // namespace
 
 std::shared_ptr<IoBackend> posix_io_backend() {
-  static const std::shared_ptr<IoBackend> backend = std::make_shared<PosixIoBackend>();
+  static const std::shared_ptr<IoBackend> backend =
+      std::make_shared<PosixIoBackend>(PosixIoOptions{});
   return backend;
+}
+
+std::shared_ptr<IoBackend> posix_io_backend(const PosixIoOptions& options) {
+  return std::make_shared<PosixIoBackend>(options);
 }
 
 }  // namespace kvtier

@@ -1,10 +1,23 @@
 // IoQueue over one io_uring ring (see io_backend.hpp for the contract).
 //
-// The ring has `depth` request slots plus one for a multishot poll on an eventfd: wake() writes
-// the eventfd, the poll completes with tag kWakeTag and a blocked wait() returns. Fixed files are
-// not registered (the per-I/O fd lookup is noise next to a block-sized transfer); fixed buffers
-// are, when the caller asks and the kernel allows. The CQ is twice the SQ so accepted requests
-// (never more than depth) can always post their completions.
+// The ring has `depth` request slots plus one for a poll on an eventfd: wake() writes the eventfd,
+// the poll completes with tag kWakeTag, the eventfd is drained and a blocked wait() returns. Fixed
+// files are not registered (the per-I/O fd lookup is noise next to a block-sized transfer); fixed
+// buffers are, when the caller asks and the kernel allows. The CQ is twice the SQ so accepted
+// requests (never more than depth) can always post their completions.
+//
+// The wake poll is multishot (IORING_POLL_ADD_MULTI, Linux >= 5.13): armed once, it posts a CQE
+// with IORING_CQE_F_MORE per wake. Older kernels complete that request at once with -EINVAL; the
+// queue then switches, for good and with one log line, to one-shot polls (IORING_OP_POLL_ADD)
+// re-armed after each wake. Either kind may end: a one-shot poll after its wake, a multishot one
+// when the kernel terminates it (a CQE without F_MORE, e.g. when the CQ overflowed). Any ended poll
+// is re-armed once the CQ is reaped — at once, or on the next submit()/wait() if the SQ had no
+// entry free — so a wake is never lost, and an error completion is never taken for a wake (that
+// would turn the I/O thread's blocking wait into a spin). Should even one-shot polls be refused
+// (no sane kernel does), wait() stops polling and caps each sleep at kNapMs, logged once: wake()
+// is then late by at most that, never lost. Rejected: probing for multishot support up front —
+// the kernel reports it only through this completion (it is a flag, not an opcode), and the same
+// handling is needed anyway for a multishot poll that ends.
 #include <liburing.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -19,6 +32,9 @@ namespace kvtier {
 namespace {
 
 constexpr uint64_t kWakeTag = 0;
+constexpr int kNapMs = 10;  // longest sleep in wait() when the eventfd cannot be polled
+// A poll flag no kernel defines (WakePoll::kRefusedMultishot): the request fails with -EINVAL.
+constexpr unsigned kUnknownPollFlag = 1u << 31;
 
 class UringQueue final : public IoQueue {
  public:
@@ -26,7 +42,8 @@ class UringQueue final : public IoQueue {
     if (options.depth == 0) return invalid_argument("io_uring queue depth must be > 0");
     const int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (efd < 0) return errno_status(StatusCode::kIoError, "eventfd for io_uring wake-ups", errno);
-    auto q = std::unique_ptr<UringQueue>(new UringQueue(options.depth, ScopedFd(efd)));
+    auto q = std::unique_ptr<UringQueue>(
+        new UringQueue(options.depth, options.wake_poll, ScopedFd(efd)));
     const unsigned entries = options.depth + 1;
     io_uring_params params = {};
     params.flags = IORING_SETUP_CQSIZE;
@@ -52,7 +69,7 @@ class UringQueue final : public IoQueue {
     }
     q->initialized_ = true;
     q->sqpoll_ = sqpoll;
-    KVTIER_RETURN_IF_ERROR(q->arm_wake());
+    if (!q->arm_wake()) return internal_error("io_uring: no SQE left for the wake poll");
     ret = io_uring_submit(&q->ring_);
     if (ret < 0) return errno_status(StatusCode::kUnavailable, "io_uring_submit (wake poll)", -ret);
     return std::unique_ptr<IoQueue>(std::move(q));
@@ -78,6 +95,7 @@ class UringQueue final : public IoQueue {
   }
 
   Result<std::size_t> submit(std::span<const IoRequest> requests) override {
+    const bool rearmed = arm_wake_if_ended();
     std::size_t n = 0;
     for (const IoRequest& r : requests) {
       if (in_flight_ >= depth_) break;
@@ -89,7 +107,7 @@ class UringQueue final : public IoQueue {
     }
     // A failed io_uring_enter leaves the prepared SQEs in the ring: they count as accepted and the
     // next wait() submits them again (or reports why it cannot).
-    if (n > 0) flush().ignore();
+    if (n > 0 || rearmed) flush().ignore();
     return n;
   }
 
@@ -98,6 +116,8 @@ class UringQueue final : public IoQueue {
     bool woken = false;
     reap(out, woken);
     if (out.size() > before || woken) return Status();
+    arm_wake_if_ended();  // submitted by the wait below
+    if (!polling_ && (timeout_ms < 0 || timeout_ms > kNapMs)) timeout_ms = kNapMs;
     io_uring_cqe* cqe = nullptr;
     __kernel_timespec ts = {};
     if (timeout_ms >= 0) {
@@ -119,8 +139,14 @@ class UringQueue final : public IoQueue {
     }
   }
 
+  UringWakeState wake_state() const { return UringWakeState{multishot_, polling_, wake_arms_}; }
+
  private:
-  UringQueue(uint32_t depth, ScopedFd wake_fd) : depth_(depth), wake_fd_(std::move(wake_fd)) {}
+  UringQueue(uint32_t depth, WakePoll wake_poll, ScopedFd wake_fd)
+      : depth_(depth),
+        wake_poll_(wake_poll),
+        multishot_(wake_poll != WakePoll::kOneShot),
+        wake_fd_(std::move(wake_fd)) {}
 
   static void prep(io_uring_sqe* sqe, const IoRequest& r) {
     const bool fixed = r.buffer_index >= 0 && r.iovcnt == 1;
@@ -143,12 +169,48 @@ class UringQueue final : public IoQueue {
     io_uring_sqe_set_data64(sqe, r.tag);
   }
 
-  Status arm_wake() {
+  // Prepares the wake poll; false when the SQ has no entry free (the caller retries later).
+  bool arm_wake() {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    if (sqe == nullptr) return internal_error("io_uring: no SQE left for the wake poll");
-    io_uring_prep_poll_multishot(sqe, wake_fd_.get(), POLLIN);
+    if (sqe == nullptr) return false;
+    if (multishot_) {
+      io_uring_prep_poll_multishot(sqe, wake_fd_.get(), POLLIN);
+      if (wake_poll_ == WakePoll::kRefusedMultishot) sqe->len |= kUnknownPollFlag;
+    } else {
+      io_uring_prep_poll_add(sqe, wake_fd_.get(), POLLIN);
+    }
     io_uring_sqe_set_data64(sqe, kWakeTag);
-    return Status();
+    wake_armed_ = true;
+    ++wake_arms_;
+    return true;
+  }
+
+  // Re-arms a wake poll that has ended; true when an SQE was prepared (not yet submitted).
+  bool arm_wake_if_ended() { return !wake_armed_ && polling_ && arm_wake(); }
+
+  // One completion of the wake poll; true when it reports a wake (the eventfd is drained).
+  bool on_wake_cqe(const io_uring_cqe& cqe) {
+    if ((cqe.flags & IORING_CQE_F_MORE) == 0) wake_armed_ = false;  // that poll is over
+    if (cqe.res >= 0) {
+      uint64_t v;
+      while (::read(wake_fd_.get(), &v, sizeof(v)) < 0 && errno == EINTR) {
+      }
+      return true;
+    }
+    if (cqe.res == -ECANCELED || cqe.res == -EINTR || cqe.res == -EAGAIN) return false;
+    if (multishot_) {  // -EINVAL before Linux 5.13
+      multishot_ = false;
+      log_once(LogLevel::kInfo, "nvme.io_uring.multishot",
+               "io_uring multishot poll refused (" + errno_text(-cqe.res) +
+                   "; Linux >= 5.13 has it); I/O thread wake-ups use one-shot polls");
+      return false;
+    }
+    polling_ = false;
+    log_once(LogLevel::kWarn, "nvme.io_uring.wake_poll",
+             "io_uring poll on the wake-up eventfd refused (" + errno_text(-cqe.res) +
+                 "); I/O threads look for work at least every " + std::to_string(kNapMs) +
+                 " ms instead");
+    return false;
   }
 
   // Hands prepared SQEs to the kernel. -EBUSY/-EAGAIN leave them in the SQ ring; the next
@@ -165,30 +227,30 @@ class UringQueue final : public IoQueue {
     unsigned head;
     unsigned seen = 0;
     io_uring_cqe* cqe;
-    bool rearm = false;
     io_uring_for_each_cqe(&ring_, head, cqe) {
       ++seen;
       const uint64_t tag = io_uring_cqe_get_data64(cqe);
       if (tag == kWakeTag) {
-        woken = true;
-        uint64_t v;
-        while (::read(wake_fd_.get(), &v, sizeof(v)) < 0 && errno == EINTR) {
-        }
-        if ((cqe->flags & IORING_CQE_F_MORE) == 0) rearm = true;
+        if (on_wake_cqe(*cqe)) woken = true;
         continue;
       }
       out.push_back(IoCompletion{tag, cqe->res});
       --in_flight_;
     }
     io_uring_cq_advance(&ring_, seen);
-    if (rearm && arm_wake().ok()) flush().ignore();
+    if (arm_wake_if_ended()) flush().ignore();
   }
 
   io_uring ring_ = {};
   bool initialized_ = false;
   bool sqpoll_ = false;
   const uint32_t depth_;
+  const WakePoll wake_poll_;
   uint32_t in_flight_ = 0;
+  bool multishot_;           // the kind of wake poll armed from now on
+  bool wake_armed_ = false;  // a wake poll is in the ring (prepared, submitted or pending)
+  bool polling_ = true;      // false: the kernel refuses to poll the eventfd at all
+  uint64_t wake_arms_ = 0;
   ScopedFd wake_fd_;
 };
 
@@ -196,6 +258,15 @@ class UringQueue final : public IoQueue {
 
 Result<std::unique_ptr<IoQueue>> make_uring_queue(const QueueOptions& options) {
   return UringQueue::create(options);
+}
+
+Result<UringWakeState> uring_wake_state(const IoQueue& queue) {
+  const auto* q = dynamic_cast<const UringQueue*>(&queue);
+  if (q == nullptr) {
+    return invalid_argument("uring_wake_state: a \"" + std::string(queue.kind()) +
+                            "\" queue is not an io_uring queue");
+  }
+  return q->wake_state();
 }
 
 }  // namespace kvtier

@@ -2,6 +2,7 @@
 // refuses huge pages, mlock, pinned memory or the full capacity.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tests/tiers/tier_test_support.hpp"
@@ -108,6 +109,47 @@ TEST(HostPool, RejectsANumaNodeThatDoesNotExist) {
   auto q = HostPool::create(c, kGeom, nullptr, mem);
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   EXPECT_EQ((*q)->numa_node(), 3);
+}
+
+// NUMA node ids need not be 0..n-1 (here nodes 0 and 2): the configured node is checked against
+// the ids, not the count, and the error names the ids there are.
+TEST(HostPool, ChecksTheNumaNodeAgainstSparseNodeIds) {
+  auto mem = std::make_shared<testing::ScriptedHostMemory>();
+  mem->node_ids = {0, 2};
+  HostTierConfig c;
+  c.capacity_bytes = 4 * 4096;
+  c.numa_node = 2;
+  auto p = HostPool::create(c, kGeom, nullptr, mem);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ((*p)->numa_node(), 2);
+
+  c.numa_node = 1;  // fewer than the two nodes, yet not one of them
+  auto q = HostPool::create(c, kGeom, nullptr, mem);
+  ASSERT_FALSE(q.ok()) << "node 1 accepted on a machine with nodes 0 and 2";
+  EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(q.status().message().find("tiers.host.numa_node 1"), std::string::npos)
+      << q.status().message();
+  EXPECT_NE(q.status().message().find("0, 2"), std::string::npos) << q.status().message();
+
+  c.numa_node = 3;
+  auto r = HostPool::create(c, kGeom, nullptr, mem);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("0, 2"), std::string::npos) << r.status().message();
+}
+
+// The real topology lists each node once, ascending, and a pool can be placed on any of them.
+TEST(HostPool, EveryNodeTheSystemListsCanBeChosen) {
+  const std::vector<int> ids = system_host_memory()->numa_node_ids();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+  EXPECT_EQ(std::adjacent_find(ids.begin(), ids.end()), ids.end());
+  EXPECT_EQ(static_cast<int>(ids.size()), system_host_memory()->numa_nodes());
+  HostTierConfig c;
+  c.capacity_bytes = 4 * 4096;
+  c.numa_node = ids.back();
+  auto p = HostPool::create(c, kGeom, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ((*p)->numa_node(), ids.back());
 }
 
 TEST(HostPool, RealSystemMemoryWorks) {

@@ -5,9 +5,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <set>
@@ -281,6 +284,81 @@ TEST_F(NvmeStoreTest, RefusesASymlinkToAnExistingStoreFileAndLeavesItIntact) {
   EXPECT_TRUE(read_matches(*again, 1, 1).ok());
 }
 
+// Where statx reports no O_DIRECT alignment (Linux < 6.1, or a filesystem that does not say), the
+// store aligns to its device's logical block size from sysfs: 4 KiB here, where 512 would fail
+// every O_DIRECT I/O on a 4 KiB-sector drive. A fake sysfs stands in for the drive.
+TEST_F(NvmeStoreTest, AlignsToTheDevicesSectorSizeWhenTheFilesystemDoesNotSay) {
+  struct stat st = {};
+  ASSERT_EQ(::stat(dir_.path().c_str(), &st), 0);
+  const std::string sys = dir_.file("sys");
+  const std::string queue = sys + "/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                            std::to_string(minor(st.st_dev)) + "/queue";
+  std::filesystem::create_directories(queue);
+  std::ofstream(queue + "/logical_block_size") << "4096\n";
+  PosixIoOptions io;
+  io.sysfs_root = sys;
+  io.use_statx_dioalign = false;
+  auto o = options();
+  o.backend = posix_io_backend(io);
+  {
+    auto s = open(o);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->layout().io_align, 4096u);
+    EXPECT_EQ(s->buffer_alignment(), 4096u);
+    EXPECT_EQ(s->layout().page_stride % 4096, 0u);
+    ASSERT_TRUE(write(*s, 1, 1).ok());
+    Status r = read_matches(*s, 1, 1);
+    EXPECT_TRUE(r.ok()) << r.to_string();
+  }
+  // The store's alignment is in its superblock: the default backend reopens it as it is.
+  auto s = open(options());
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->layout().io_align, 4096u);
+  Status r = read_matches(*s, 1, 1);
+  EXPECT_TRUE(r.ok()) << r.to_string();
+  expect_audit(*s);
+}
+
+// An existing store at 512-byte alignment: a device that reports 4 KiB sectors refuses it (its
+// O_DIRECT I/O would fail), but the assumed 4096 of a device nobody reports on does not.
+TEST_F(NvmeStoreTest, OnlyAReportedBlockSizeRefusesAnExistingStore) {
+  {
+    auto s = open(options());
+    ASSERT_NE(s, nullptr);
+    if (s->layout().io_align != 512) {
+      GTEST_SKIP() << "the temporary directory's filesystem needs " << s->layout().io_align
+                   << "-byte O_DIRECT alignment, so no 512-aligned store can be made here";
+    }
+    ASSERT_TRUE(write(*s, 1, 7).ok());
+  }
+  PosixIoOptions io;
+  io.use_statx_dioalign = false;
+  io.sysfs_root = dir_.file("empty-sys");  // knows no device: 4096 assumed
+  auto o = options();
+  o.backend = posix_io_backend(io);
+  {
+    auto s = open(o);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->layout().io_align, 512u);
+    Status r = read_matches(*s, 1, 7);
+    EXPECT_TRUE(r.ok()) << r.to_string();
+  }
+  struct stat st = {};
+  ASSERT_EQ(::stat(dir_.path().c_str(), &st), 0);
+  const std::string sys = dir_.file("sys");
+  const std::string queue = sys + "/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                            std::to_string(minor(st.st_dev)) + "/queue";
+  std::filesystem::create_directories(queue);
+  std::ofstream(queue + "/logical_block_size") << "4096\n";
+  io.sysfs_root = sys;
+  o.backend = posix_io_backend(io);
+  auto refused = NvmeStore::create(kGeom, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("needs 4096"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST_F(NvmeStoreTest, ReadsOnePageOfABlock) {
   auto s = open(options());
   ASSERT_NE(s, nullptr);
@@ -315,7 +393,7 @@ TEST_F(NvmeStoreTest, ValidatesRequests) {
   // Unknown key.
   EXPECT_EQ(s->read_block(test_key(1), p.pages()).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(s->erase(test_key(1)).code(), StatusCode::kNotFound);
-  // Equal keys mean equal bytes: a second write is refused as already present.
+  // Equal keys mean equal bytes: a second write of a written block is refused as already present.
   ASSERT_TRUE(write(*s, 1, 1).ok());
   EXPECT_EQ(s->write_block(test_key(1), p.const_pages()).status().code(),
             StatusCode::kAlreadyExists);
@@ -423,6 +501,9 @@ TEST_F(NvmeStoreTest, Crc32cChecksumsWork) {
 // A backend whose first submit blocks until released, so operations pile up in the queue.
 class GatedBackend final : public IoBackend {
  public:
+  explicit GatedBackend(std::shared_ptr<IoBackend> inner = posix_io_backend())
+      : inner_(std::move(inner)) {}
+
   std::promise<void> gate;
   std::shared_future<void> opened = gate.get_future().share();
   std::promise<void> reached;
@@ -470,7 +551,7 @@ class GatedBackend final : public IoBackend {
     std::unique_ptr<IoQueue> q_;
     bool first_ = true;
   };
-  std::shared_ptr<IoBackend> inner_ = posix_io_backend();
+  std::shared_ptr<IoBackend> inner_;
 };
 
 TEST_F(NvmeStoreTest, CancelledOperationsNeverStartAndLeaveNoTrace) {
@@ -503,9 +584,9 @@ TEST_F(NvmeStoreTest, CancelledOperationsNeverStartAndLeaveNoTrace) {
   expect_audit(*s);
 }
 
-// Erase while the write is in flight, then the same key again: the rewrite is refused as already
-// being written (the caller counts the block as present), so the block must survive the first
-// write's completion rather than be erased by it.
+// Erase while the write is in flight, then the same key again: the rewrite joins the write in
+// flight (the block is wanted after all), so the block must survive the first write's completion
+// rather than be erased by it, and both callers are told it is written.
 TEST_F(NvmeStoreTest, RewriteAfterEraseDuringTheWriteKeepsTheBlock) {
   auto gated = std::make_shared<GatedBackend>();
   auto o = options();
@@ -517,16 +598,33 @@ TEST_F(NvmeStoreTest, RewriteAfterEraseDuringTheWriteKeepsTheBlock) {
   auto first = s->write_block(test_key(1), p.const_pages());
   ASSERT_TRUE(first.ok());
   gated->reached.get_future().wait();  // the write is held inside submit
-  ASSERT_TRUE(s->erase(test_key(1)).ok());
-  auto again = s->write_block(test_key(1), p.const_pages());
-  ASSERT_FALSE(again.ok());
-  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  // Until the gate opens, a failed check must not return: the held write would never finish.
+  EXPECT_TRUE(s->erase(test_key(1)).ok());
+  std::promise<Status> called;
+  TransferOptions then;
+  then.on_complete = [&called](const Status& st) { called.set_value(st); };
+  auto again = s->write_block(test_key(1), p.const_pages(), std::move(then));
+  EXPECT_TRUE(again.ok()) << again.status().to_string();
+  if (again.ok()) {
+    again->cancel();  // a joined write has no I/O of its own to cancel
+    EXPECT_FALSE(again->done());
+  }
   gated->gate.set_value();
+  ASSERT_TRUE(again.ok());
   EXPECT_TRUE(first->wait().ok());
+  Status joined = again->wait();
+  EXPECT_TRUE(joined.ok()) << joined.to_string();
+  EXPECT_TRUE(called.get_future().get().ok());
   EXPECT_TRUE(s->contains(test_key(1)));
   Status r = read_matches(*s, 1, 5);
   EXPECT_TRUE(r.ok()) << r.to_string();
   EXPECT_EQ(s->used_blocks(), 1u);
+  // One block went to disk, once: the joined write is not counted as a second one.
+  EXPECT_EQ(s->stats().link(Link::kHostToNvme).ops.load(), 1u);
+  EXPECT_EQ(s->stats().link(Link::kHostToNvme).bytes.load(), kGeom.block_bytes());
+  // Now that it is readable, a rewrite is refused as present.
+  EXPECT_EQ(s->write_block(test_key(1), p.const_pages()).status().code(),
+            StatusCode::kAlreadyExists);
   expect_audit(*s);
 
   // Erase during a write without a rewrite still erases the block once it is written.
@@ -544,6 +642,86 @@ TEST_F(NvmeStoreTest, RewriteAfterEraseDuringTheWriteKeepsTheBlock) {
   EXPECT_FALSE(s2->contains(test_key(2)));
   EXPECT_EQ(s2->used_blocks(), 0u);
   expect_audit(*s2);
+}
+
+// The first write of a block fails (EIO) after a second write of it came, with or without an erase
+// in between. The second caller must hear of the failure, not "already exists" (which counts as
+// present): nothing is lost unseen, nothing is served, and the block can be written again.
+TEST_F(NvmeStoreTest, ARewriteJoinedToAWriteThatFailsIsToldItFailed) {
+  for (const bool erase_between : {true, false}) {
+    SCOPED_TRACE(erase_between ? "erase between the writes" : "no erase");
+    auto faults = std::make_shared<FaultInjectingIoBackend>();
+    auto gated = std::make_shared<GatedBackend>(faults);
+    auto o = options(16, {erase_between ? "erased.kvs" : "plain.kvs"});
+    o.backend = gated;
+    auto s = open(std::move(o));
+    ASSERT_NE(s, nullptr);
+    AlignedPages p(kGeom.layers, s->page_io_bytes());
+    p.fill(6, kGeom.page_bytes());
+    faults->add_rule({IoOpcode::kWrite, FaultKind::kError, 1, 1, EIO});
+    auto first = s->write_block(test_key(1), p.const_pages());
+    ASSERT_TRUE(first.ok());
+    gated->reached.get_future().wait();  // the write is held inside submit
+    // Until the gate opens, a failed check must not return: the held write would never finish.
+    if (erase_between) {
+      EXPECT_TRUE(s->erase(test_key(1)).ok());
+    }
+    auto again = s->write_block(test_key(1), p.const_pages());
+    EXPECT_TRUE(again.ok()) << again.status().to_string();
+    gated->gate.set_value();
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(first->wait().code(), StatusCode::kIoError);
+    Status joined = again->wait();
+    EXPECT_EQ(joined.code(), StatusCode::kIoError) << joined.to_string();
+    EXPECT_NE(joined.message().find("joined"), std::string::npos) << joined.message();
+    EXPECT_NE(joined.message().find("errno 5"), std::string::npos) << joined.message();
+    EXPECT_EQ(faults->injected(), 1u);
+    EXPECT_FALSE(s->contains(test_key(1)));
+    EXPECT_TRUE(s->keys().empty());
+    EXPECT_EQ(s->read_block(test_key(1), p.pages()).status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(s->used_blocks(), 0u);
+    EXPECT_EQ(s->stats().link(Link::kHostToNvme).errors.load(), 1u);
+    expect_audit(*s);
+    // The caller may write it again, and this time it lands.
+    Status w = write(*s, 1, 6);
+    ASSERT_TRUE(w.ok()) << w.to_string();
+    Status r = read_matches(*s, 1, 6);
+    EXPECT_TRUE(r.ok()) << r.to_string();
+    expect_audit(*s);
+  }
+}
+
+// A write cancelled before its I/O started takes the writes that joined it along: they complete
+// with kCancelled (the block is not written), never OK.
+TEST_F(NvmeStoreTest, ARewriteJoinedToACancelledWriteIsCancelledToo) {
+  auto gated = std::make_shared<GatedBackend>();
+  auto o = options();
+  o.backend = gated;
+  auto s = open(std::move(o));
+  ASSERT_NE(s, nullptr);
+  AlignedPages p(kGeom.layers, s->page_io_bytes());
+  p.fill(8, kGeom.page_bytes());
+  auto blocker = s->write_block(test_key(9), p.const_pages());
+  ASSERT_TRUE(blocker.ok());
+  gated->reached.get_future().wait();  // the I/O thread is held; the next write waits its turn
+  // Until the gate opens, a failed check must not return: the held write would never finish.
+  auto first = s->write_block(test_key(1), p.const_pages());
+  EXPECT_TRUE(first.ok());
+  if (first.ok()) first->cancel();
+  auto again = s->write_block(test_key(1), p.const_pages());
+  EXPECT_TRUE(again.ok()) << again.status().to_string();
+  gated->gate.set_value();
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(blocker->wait().ok());
+  EXPECT_EQ(first->wait().code(), StatusCode::kCancelled);
+  Status joined = again->wait();
+  EXPECT_EQ(joined.code(), StatusCode::kCancelled) << joined.to_string();
+  EXPECT_FALSE(s->contains(test_key(1)));
+  EXPECT_EQ(s->used_blocks(), 1u);
+  expect_audit(*s);
+  ASSERT_TRUE(write(*s, 1, 8).ok());
+  EXPECT_TRUE(read_matches(*s, 1, 8).ok());
 }
 
 // The synchronous queue stands in when io_uring is refused; everything else is the same.

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -158,6 +159,7 @@ class ScriptedHostMemory final : public HostMemoryApi {
   bool refuse_lock = false;
   std::size_t max_map_bytes = SIZE_MAX;  // mmap larger than this fails with ENOMEM
   int nodes = 1;
+  std::vector<int> node_ids;  // the nodes' OS indices when sparse (then `nodes` is ignored)
   int maps = 0;
   int locks = 0;
 
@@ -175,10 +177,16 @@ class ScriptedHostMemory final : public HostMemoryApi {
   }
   void unlock(void*, std::size_t) noexcept override {}
   Status advise_huge(void*, std::size_t) override { return Status(); }
-  int numa_nodes() override { return nodes; }
+  int numa_nodes() override { return node_ids.empty() ? nodes : static_cast<int>(node_ids.size()); }
+  std::vector<int> numa_node_ids() override {
+    return node_ids.empty() ? HostMemoryApi::numa_node_ids() : node_ids;
+  }
   Result<int> numa_node_of_pci(const std::string&) override { return 0; }
   Status bind_area(void*, std::size_t, int node) override {
-    if (node >= nodes) return invalid_argument("no such node");
+    const std::vector<int> ids = numa_node_ids();
+    if (std::find(ids.begin(), ids.end(), node) == ids.end()) {
+      return invalid_argument("no such node");
+    }
     return Status();
   }
   Status bind_thread(int) override { return Status(); }
