@@ -37,8 +37,9 @@ struct AttentionParams {
 // Query rows of a host-readable parameter set: batch for decode, q_indptr[batch] for prefill.
 uint32_t query_rows(const AttentionParams& p);
 
-// Everything a launcher checks before reading a byte (host-readable tables): the KV view, head
-// counts, pointers, chunk lengths. Residency is checked separately (check_residency).
+// Everything a launcher checks before reading a byte (host-readable tables): the KV view
+// (validate_paged_kv: table, lengths, fp8 scales of the listed frames), head counts, pointers,
+// chunk lengths. Residency is checked separately (check_residency).
 Status validate_attention(const AttentionParams& p);
 
 }  // namespace kvtier::kernels

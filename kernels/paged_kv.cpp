@@ -1,5 +1,8 @@
 #include "kernels/paged_kv.hpp"
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 namespace kvtier::kernels {
@@ -35,12 +38,30 @@ Status validate_kv_shape(const PagedKv& kv) {
     return invalid_argument("paged KV: unknown dtype code " +
                             std::to_string(static_cast<int>(kv.dtype)));
   }
-  if (kv.frame_stride < kv.page_bytes()) {
+  // Checked: page_bytes() wraps in 64 bits for absurd shapes (to 0 for 2^31 heads and tokens),
+  // which would let any frame_stride pass the check below.
+  uint64_t page_bytes = 0;
+  if (__builtin_mul_overflow(uint64_t{kv.kv_heads} * kv.head_dim * dtype_size(kv.dtype),
+                             uint64_t{kv.page_tokens}, &page_bytes) ||
+      __builtin_mul_overflow(page_bytes, uint64_t{2}, &page_bytes)) {
+    return invalid_argument(
+        "paged KV: the page size overflows 64 bits (2 x " + std::to_string(kv.page_tokens) +
+        " tokens x " + std::to_string(kv.kv_heads) + " heads x " + std::to_string(kv.head_dim) +
+        " x " + std::to_string(dtype_size(kv.dtype)) + " bytes)");
+  }
+  if (kv.frame_stride < page_bytes) {
     return invalid_argument("paged KV: frame_stride " + std::to_string(kv.frame_stride) +
-                            " is below the page size " + std::to_string(kv.page_bytes()));
+                            " is below the page size " + std::to_string(page_bytes));
   }
   if (kv.arena == nullptr || kv.num_frames == 0) {
     return invalid_argument("paged KV: no arena (null base or zero frames)");
+  }
+  uint64_t arena_bytes = 0;
+  if (__builtin_mul_overflow(uint64_t{kv.num_frames}, kv.frame_stride, &arena_bytes) ||
+      arena_bytes > std::numeric_limits<uintptr_t>::max() - reinterpret_cast<uintptr_t>(kv.arena)) {
+    return invalid_argument("paged KV: " + std::to_string(kv.num_frames) + " frames of " +
+                            std::to_string(kv.frame_stride) +
+                            " bytes from the arena base run past the end of the address space");
   }
   return ok_status();
 }
@@ -87,6 +108,33 @@ Status validate_paged_kv(const PagedKv& kv) {
       return invalid_argument("paged KV: last_page_len of sequence " + std::to_string(b) + " is " +
                               std::to_string(kv.last_page_len[b]) + ", outside [1, " +
                               std::to_string(kv.page_tokens) + "]");
+    }
+    // In 64 bits: the uint32 sum of sequence_length() wraps (65537 pages of 65536 tokens hold 1).
+    const uint64_t pages = kv.indptr[b + 1] - kv.indptr[b];
+    const uint64_t tokens = (pages - 1) * kv.page_tokens + kv.last_page_len[b];
+    if (tokens > kMaxSequenceTokens) {
+      return invalid_argument(
+          "paged KV: sequence " + std::to_string(b) + " has " + std::to_string(pages) +
+          " pages of " + std::to_string(kv.page_tokens) + " tokens, " + std::to_string(tokens) +
+          " tokens in all, above the limit of " + std::to_string(kMaxSequenceTokens));
+    }
+  }
+  if (kv.dtype == Dtype::kFP8E4M3 && kv.scales != nullptr) {
+    // Once per listed frame and launch. NaN or inf would poison every row that reads the page; a
+    // negative scale is nothing the codec writes (it writes amax / 448, or 1 for an all-zero
+    // half), so it is taken for corruption. 0 is a legitimate all-zero half.
+    const uint32_t nnz = kv.indptr[kv.batch];
+    for (uint32_t i = 0; i < nnz; ++i) {
+      const uint32_t frame = kv.indices[i];
+      for (int part = 0; part < 2; ++part) {
+        const float scale = kv.scales[2 * static_cast<std::size_t>(frame) + part];
+        if (!(scale >= 0.0f) || std::isinf(scale)) {
+          return invalid_argument("paged KV: frame " + std::to_string(frame) +
+                                  " (block table entry " + std::to_string(i) + ") has " +
+                                  (part == 0 ? "k_scale " : "v_scale ") + std::to_string(scale) +
+                                  "; fp8 scales must be finite and >= 0");
+        }
+      }
     }
   }
   return ok_status();

@@ -40,15 +40,27 @@ class ResidencyCheck {
   virtual bool is_resident(uint32_t frame) const = 0;
 };
 
+// The longest sequence a table may describe. A uint32 would hold 2^32 - 1 tokens, but the kernels
+// step through positions in uint32 (tiles, strided token streams, split ranges), and a bound of
+// 2^31 leaves every such step room to run past the end without wrapping. It is far above any real
+// context (2^31 tokens of the smallest page would fill 32 GiB per layer).
+inline constexpr uint32_t kMaxSequenceTokens = uint32_t{1} << 31;
+
 struct ResidencyGuard {
   const ResidencyCheck* check = nullptr;  // nullptr: nothing to check against
   bool enabled = kResidencyCheckDefault;
-  // CUDA launchers only (the block table they get lives on the device): host copies of
-  // kv.indptr ([batch + 1]) and kv.indices ([host_indptr[batch]] frame ids). Both are required
-  // when the guard is enabled with a check: without them nothing could be checked. CPU
-  // launchers read kv.indptr and kv.indices directly.
+  // CUDA launchers only (the tables they get live on the device): host copies of kv.indptr
+  // ([batch + 1]), kv.indices ([host_indptr[batch]] frame ids), kv.last_page_len ([batch]) and,
+  // for prefill, the attention's q_indptr ([batch + 1]). All are required when the guard is
+  // enabled with a check (the frames checked must be the frames the kernel reads, and the lengths
+  // bound what it reads); with the guard enabled and no check they are used when all are given.
+  // The launcher then validates them as the CPU path validates its tables (validate_attention;
+  // the fp8 scales stay on the device and are not read) before checking residency. CPU launchers
+  // read the tables directly.
   const uint32_t* host_indptr = nullptr;
   const uint32_t* host_indices = nullptr;
+  const uint32_t* host_last_page_len = nullptr;
+  const uint32_t* host_q_indptr = nullptr;
 };
 
 struct PagedKv {
@@ -60,6 +72,8 @@ struct PagedKv {
   uint32_t page_tokens = 0;
   Dtype dtype = Dtype::kBF16;
   // fp8_e4m3 only: [num_frames][2] = (k_scale, v_scale); value = fp8 * scale. nullptr = 1.0.
+  // Each listed frame's scales must be finite and >= 0 (validate_paged_kv): the page codec writes
+  // amax / 448, or 1 for an all-zero half; 0 is accepted as an all-zero half too.
   const float* scales = nullptr;
 
   uint32_t batch = 0;                       // sequences
@@ -67,6 +81,7 @@ struct PagedKv {
   const uint32_t* indices = nullptr;        // [indptr[batch]] frame ids, in token order
   const uint32_t* last_page_len = nullptr;  // [batch], each in [1, page_tokens]
 
+  // Sizes in bytes; they may wrap for absurd shapes, which validate_kv_shape rejects first.
   std::size_t token_bytes() const {  // K (or V) of one token, all heads
     return static_cast<std::size_t>(kv_heads) * head_dim * dtype_size(dtype);
   }
@@ -89,7 +104,9 @@ inline PagedKv paged_kv_for(const Geometry& g) {
 // frame (and its position in the table) that is not resident.
 Status check_residency(const ResidencyGuard& guard, const uint32_t* indices, uint32_t nnz);
 
-// Checks the shape fields (not the table): sizes, head_dim a multiple of 16 up to 256, stride.
+// Checks the shape fields (not the table): sizes, head_dim a multiple of 16 up to 256, a page size
+// that fits 64 bits, the stride, and an arena (num_frames * frame_stride from `arena`) inside the
+// address space, so that no frame or page address computed from a valid id wraps.
 Status validate_kv_shape(const PagedKv& kv);
 
 // Checks a host-readable block table of `batch` sequences: indptr from 0 and growing at every
@@ -97,10 +114,14 @@ Status validate_kv_shape(const PagedKv& kv);
 Status validate_block_table(const uint32_t* indptr, const uint32_t* indices, uint32_t batch,
                             uint32_t num_frames);
 
-// Checks shape and a host-readable table: validate_block_table, and last_page_len in range.
+// Checks shape and a host-readable table: validate_block_table, last_page_len in range, every
+// sequence at most kMaxSequenceTokens long, and, for fp8 with scales, the scales of every listed
+// frame (finite, >= 0; they are read, so they must be host-readable too: a caller validating the
+// host copy of a device table passes its host scales, or scales = nullptr to skip them).
 Status validate_paged_kv(const PagedKv& kv);
 
-// Tokens of sequence b (host-readable table).
+// Tokens of sequence b (host-readable table). Exact for a table validate_paged_kv accepted;
+// others may wrap.
 inline uint32_t sequence_length(const PagedKv& kv, uint32_t b) {
   const uint32_t pages = kv.indptr[b + 1] - kv.indptr[b];
   return pages == 0 ? 0 : (pages - 1) * kv.page_tokens + kv.last_page_len[b];

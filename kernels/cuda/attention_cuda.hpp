@@ -2,14 +2,18 @@
 // (contract and layouts in kernels/attention_params.hpp; kernels in decode_attention.cu and
 // prefill_attention.cu). Includable from plain C++; declared only in CUDA builds.
 //
-// All pointers in the parameters are device pointers (the block table included), except
-// residency.host_indptr and residency.host_indices. Launchers check what the host can see
-// (shapes, alignment, the stream, the workspace, and, when residency checking is enabled, the
-// host copy of the block table: whole, in the arena, every frame resident) and then only enqueue:
-// they never synchronize, and never use the legacy default stream (a null stream is rejected). A
-// rejected launch returns cudaErrorInvalidValue without enqueuing anything; last_launch_error()
-// then says why (naming the frame for a residency failure), and the same line is logged. The
-// device-side block table is trusted: validate its host copy (validate_paged_kv) where it is built.
+// All pointers in the parameters are device pointers (the tables included), except the
+// residency guard's host_* copies. Launchers check what the host can see (shapes, the page and
+// arena sizes, 4-byte alignment of every f32/u32 array, the grid limits (batch and kv_heads up
+// to 65535), the stream, the workspace, and, when residency checking is enabled, the host copies
+// of the tables: validated as the CPU path validates its own, every listed frame resident) and
+// then only enqueue: they never synchronize, and never use the legacy default stream (a null
+// stream is rejected). A rejected launch returns cudaErrorInvalidValue without enqueuing
+// anything; last_launch_error() then says why (naming the frame for a residency failure), and
+// the same line is logged. Without host copies the device tables are trusted: validate them
+// where they are built (validate_attention). The kernels still stay inside each sequence's pages:
+// a malformed sequence (no pages, last_page_len outside [1, page_tokens], a chunk longer than its
+// sequence) gets NaN outputs and lse; frame ids and the fp8 scales are not checked on the device.
 //
 // Supported here: KV f16, bf16, fp8_e4m3 (with per-frame scales); head_dim 32, 64, 128 or 256;
 // query heads per KV head up to 8 (decode) or 16 (prefill). The CPU path takes every shape.

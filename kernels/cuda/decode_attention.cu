@@ -11,6 +11,12 @@
 //
 // Instantiations: 3 dtypes x GROUP_MAX {1, 2, 4, 8}; any group size up to 8 runs in the smallest
 // GROUP_MAX that holds it.
+//
+// NaN propagates as on the CPU: a step is skipped only when none of its tokens is valid (fmaxf
+// drops NaN, so a running max that stays -inf does not mean "nothing seen"), and the merges skip
+// only states that saw no token (l == 0; l >= 1 once a token was seen, NaN once a score was).
+// As on the CPU, a first step whose every score is -inf makes the row NaN (0/0 weights). A
+// sequence whose device table entry is malformed (device_common.cuh) gets NaN outputs and lse.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -47,7 +53,8 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t streams = kWarps * groups_per_warp;
   const uint32_t stream = warp * groups_per_warp + sub;
 
-  const uint32_t len = sequence_length(a.kv, b);
+  uint32_t len;
+  const bool table_ok = sequence_length(a.kv, b, &len);  // len 0 when not: nothing is read
   const uint32_t per_split = (len + splits - 1) / splits;
   const uint32_t begin = split * per_split;
   const uint32_t end = min(len, begin + per_split);
@@ -76,10 +83,12 @@ __global__ void __launch_bounds__(kThreads)
   for (uint32_t base = begin; base + warp * groups_per_warp < end; base += streams * U) {
     float kf[U][8], vf[U][8];
     bool valid[U];
+    bool any_valid = false;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const uint32_t pos = base + u * streams + stream;
       valid[u] = pos < end;
+      any_valid |= valid[u];
       if (valid[u]) {
         uint32_t frame;
         const uint8_t* row = kv_row(a.kv, b, pos, kvh, kEs, &frame) + lane_in * 8 * kEs;
@@ -105,7 +114,9 @@ __global__ void __launch_bounds__(kThreads)
         s[u] = valid[u] ? dot : -INFINITY;
         mx = fmaxf(mx, s[u]);
       }
-      if (mx == -INFINITY) continue;  // no valid token in this step for this lane group
+      // No valid token in this step for this lane group (after the shuffles, which every lane
+      // must join). Not `mx == -INFINITY`: that also holds when every valid score is NaN.
+      if (!any_valid) continue;
       const float alpha = exp2f(m[g] - mx);
       float p[U];
       float psum = 0.0f;
@@ -150,15 +161,14 @@ __global__ void __launch_bounds__(kThreads)
     float mm = -INFINITY;
     for (uint32_t s = 0; s < streams; ++s) mm = fmaxf(mm, s_ml[2 * (s * GMAX + g)]);
     float ll = 0.0f, oo = 0.0f;
-    if (mm != -INFINITY) {
-      for (uint32_t s = 0; s < streams; ++s) {
-        const float ms = s_ml[2 * (s * GMAX + g)];
-        if (ms == -INFINITY) continue;
-        const float w = exp2f(ms - mm);
-        ll += s_ml[2 * (s * GMAX + g) + 1] * w;
-        oo += s_o[(static_cast<uint64_t>(s) * GMAX + g) * dim + d] * w;
-      }
+    for (uint32_t s = 0; s < streams; ++s) {
+      const float ls = s_ml[2 * (s * GMAX + g) + 1];
+      if (ls == 0.0f) continue;  // this stream saw no token (a NaN one still counts)
+      const float w = exp2f(s_ml[2 * (s * GMAX + g)] - mm);
+      ll += ls * w;
+      oo += s_o[(static_cast<uint64_t>(s) * GMAX + g) * dim + d] * w;
     }
+    if (!table_ok) mm = ll = oo = __int_as_float(0x7fc00000);
     const uint64_t head = static_cast<uint64_t>(b) * a.num_qo_heads + kvh * group + g;
     if (splits == 1) {
       a.out[head * dim + d] = oo / ll;
@@ -183,10 +193,10 @@ __global__ void merge_splits(AttentionArgs a, uint32_t splits, const float* part
   for (uint32_t s = 0; s < splits; ++s) mm = fmaxf(mm, part_ml[2 * (head * splits + s)]);
   float ll = 0.0f, oo = 0.0f;
   for (uint32_t s = 0; s < splits; ++s) {
-    const float ms = part_ml[2 * (head * splits + s)];
-    if (ms == -INFINITY) continue;
-    const float w = exp2f(ms - mm);
-    ll += part_ml[2 * (head * splits + s) + 1] * w;
+    const float ls = part_ml[2 * (head * splits + s) + 1];
+    if (ls == 0.0f) continue;  // this split saw no token (a NaN state still counts)
+    const float w = exp2f(part_ml[2 * (head * splits + s)] - mm);
+    ll += ls * w;
     oo += part_o[(head * splits + s) * dim + d] * w;
   }
   a.out[head * dim + d] = oo / ll;
@@ -199,7 +209,7 @@ cudaError_t launch(const AttentionArgs& a, uint32_t splits, float* part_ml, floa
   const uint32_t streams = kWarps * (32 / (a.kv.head_dim / 8));
   const std::size_t smem = sizeof(float) * (2 * streams * GMAX + static_cast<std::size_t>(streams) *
                                                                      GMAX * a.kv.head_dim);
-  const dim3 grid(splits, a.kv.kv_heads, a.kv.batch);
+  const dim3 grid(splits, a.kv.kv_heads, a.kv.batch);  // kv_heads, batch <= 65535: launcher
   decode_kernel<T, GMAX><<<grid, kThreads, smem, stream>>>(a, splits, part_ml, part_o);
   return cudaGetLastError();
 }
@@ -233,6 +243,7 @@ cudaError_t enqueue_decode(const AttentionArgs& a, uint32_t splits, float* part_
     case KvType::kF32: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || splits == 1) return err;
+  // batch x heads <= 2^31 - 1 (the grid's x limit): checked by the launcher.
   merge_splits<<<a.kv.batch * a.num_qo_heads, a.kv.head_dim, 0, stream>>>(a, splits, part_ml,
                                                                           part_o);
   return cudaGetLastError();

@@ -146,9 +146,20 @@ __device__ __forceinline__ float block_abs_max(float v) {
   return r;
 }
 
-__device__ __forceinline__ uint32_t sequence_length(const PagedArgs& kv, uint32_t b) {
-  const uint32_t pages = kv.indptr[b + 1] - kv.indptr[b];
-  return pages == 0 ? 0 : (pages - 1) * kv.page_tokens + kv.last_page_len[b];
+// Tokens of sequence b in *len; false (and 0) when its entry of the device table is malformed: no
+// pages, last_page_len outside [1, page_tokens], or more than kMaxSequenceTokens tokens (counted
+// in 64 bits: the uint32 sum wraps). Launchers validate host copies where they have them; this
+// keeps a kernel given a bad device table inside the sequence's pages anyway (callers write NaN).
+__device__ __forceinline__ bool sequence_length(const PagedArgs& kv, uint32_t b, uint32_t* len) {
+  const uint32_t first = kv.indptr[b];
+  const uint32_t end = kv.indptr[b + 1];
+  const uint32_t last = kv.last_page_len[b];
+  *len = 0;
+  if (end <= first || last == 0 || last > kv.page_tokens) return false;
+  const uint64_t tokens = static_cast<uint64_t>(end - first - 1) * kv.page_tokens + last;
+  if (tokens > kMaxSequenceTokens) return false;
+  *len = static_cast<uint32_t>(tokens);
+  return true;
 }
 
 // Address of K (part 0) or V (part 1) of token `pos` of sequence b, KV head h, first element;

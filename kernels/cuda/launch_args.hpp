@@ -17,6 +17,9 @@ namespace kvtier::kernels::cuda::detail {
 // KV dtype codes as kernels/types.hpp's Dtype (kept numeric so this header needs nothing else).
 enum class KvType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kFP8E4M3 = 3 };
 
+// kernels::kMaxSequenceTokens (kernels/paged_kv.hpp; attention_cuda.cpp asserts they agree).
+inline constexpr uint32_t kMaxSequenceTokens = uint32_t{1} << 31;
+
 struct PagedArgs {
   const uint8_t* arena;
   uint64_t frame_stride;

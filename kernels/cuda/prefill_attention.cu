@@ -11,6 +11,12 @@
 //
 // This is a CUDA-core kernel: correct for every shape the CPU path takes (group <= 16, head_dim
 // a power of two in [32, 256]), not a tensor-core FlashAttention. Instantiations: 3 dtypes.
+//
+// NaN propagates as on the CPU (no step is skipped on its max; masked lanes never enter the sums).
+// The device tables are trusted only as far as memory safety needs: a sequence whose KV entry is
+// malformed (device_common.cuh) or whose chunk is longer than it gets NaN in its rows, and a
+// q_indptr that does not bound the sequence's rows inside [0, q_indptr[batch]) gets nothing
+// written. Launchers reject both on the host where they have host copies of the tables.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,16 +39,16 @@ constexpr float kLn2 = 0.69314718055994531f;
 __host__ __device__ constexpr uint32_t tile_tokens(uint32_t dim) { return dim <= 128 ? 32 : 8; }
 
 // One block of query rows (tokens tok0 .. of sequence b, KV head kvh): see the file comment.
+// Requires chunk <= len (the caller checks), so no visible end below underflows.
 template <KvType T>
 __device__ __forceinline__ void prefill_block(const AttentionArgs& a, uint32_t b, uint32_t kvh,
-                                              uint32_t chunk, uint32_t tok0,
+                                              uint32_t chunk, uint32_t len, uint32_t tok0,
                                               uint32_t tokens_per_block, float* smem) {
   constexpr uint32_t kEs = KvBytes<T>::kValue;
   const uint32_t dim = a.kv.head_dim;
   const uint32_t group = a.group;
   const uint32_t ntok = min(tokens_per_block, chunk - tok0);
   const uint32_t rows = ntok * group;
-  const uint32_t len = sequence_length(a.kv, b);
   const uint32_t first_visible_end = len - chunk + tok0 + 1;  // of the block's first token
   const uint32_t kv_hi = first_visible_end + ntok - 1;
   const uint32_t kt = tile_tokens(dim);
@@ -138,17 +144,46 @@ __device__ __forceinline__ void prefill_block(const AttentionArgs& a, uint32_t b
   }
 }
 
+// NaN into out and lse of one block of query rows whose sequence cannot be computed.
+__device__ __forceinline__ void poison_block(const AttentionArgs& a, uint32_t b, uint32_t kvh,
+                                             uint32_t chunk, uint32_t tok0,
+                                             uint32_t tokens_per_block) {
+  const uint32_t dim = a.kv.head_dim;
+  const uint32_t group = a.group;
+  const uint32_t rows = min(tokens_per_block, chunk - tok0) * group;
+  const float nan = __int_as_float(0x7fc00000);
+  for (uint32_t idx = threadIdx.x; idx < rows * dim; idx += kThreads) {
+    const uint32_t r = idx / dim, d = idx % dim;
+    const uint64_t head = static_cast<uint64_t>(a.q_indptr[b] + tok0 + r / group) * a.num_qo_heads +
+                          kvh * group + r % group;
+    a.out[head * dim + d] = nan;
+    if (d == 0 && a.lse != nullptr) a.lse[head] = nan;
+  }
+}
+
 template <KvType T>
 __global__ void __launch_bounds__(kThreads)
     prefill_kernel(AttentionArgs a, uint32_t tokens_per_block) {
   extern __shared__ float smem[];
   const uint32_t b = blockIdx.y;
   const uint32_t kvh = blockIdx.z;
-  const uint32_t chunk = a.q_indptr[b + 1] - a.q_indptr[b];
-  for (uint32_t tok0 = blockIdx.x * tokens_per_block; tok0 < chunk;
-       tok0 += gridDim.x * tokens_per_block) {
+  const uint32_t q0 = a.q_indptr[b];
+  const uint32_t q1 = a.q_indptr[b + 1];
+  // Uniform per CTA, before any barrier: rows outside [0, q_indptr[batch]) cannot be addressed.
+  if (q1 < q0 || q1 > a.q_indptr[a.kv.batch]) return;
+  const uint32_t chunk = q1 - q0;
+  uint32_t len;
+  const bool ok = sequence_length(a.kv, b, &len) && chunk <= len;
+  // 64-bit steps: gridDim.x * tokens_per_block may reach 2^32 and wrap a uint32 to 0.
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * tokens_per_block;
+  for (uint64_t tok0 = static_cast<uint64_t>(blockIdx.x) * tokens_per_block; tok0 < chunk;
+       tok0 += step) {
     __syncthreads();  // the previous query block's q_s and tiles fully consumed
-    prefill_block<T>(a, b, kvh, chunk, tok0, tokens_per_block, smem);
+    if (ok) {
+      prefill_block<T>(a, b, kvh, chunk, len, static_cast<uint32_t>(tok0), tokens_per_block, smem);
+    } else {
+      poison_block(a, b, kvh, chunk, static_cast<uint32_t>(tok0), tokens_per_block);
+    }
   }
 }
 
@@ -156,11 +191,14 @@ template <KvType T>
 cudaError_t launch(const AttentionArgs& a, uint32_t max_chunk_tokens, cudaStream_t stream) {
   const uint32_t dim = a.kv.head_dim;
   const uint32_t tokens_per_block = kMaxRows / a.group;
+  // In 64 bits (max_chunk_tokens + tokens_per_block wraps near 2^32), and within the grid's x
+  // limit: CTAs loop over the query blocks a shorter grid leaves out.
+  const uint64_t wanted = (uint64_t{max_chunk_tokens} + tokens_per_block - 1) / tokens_per_block;
   const uint32_t blocks =
-      std::max(1u, (max_chunk_tokens + tokens_per_block - 1) / tokens_per_block);
+      static_cast<uint32_t>(std::clamp<uint64_t>(wanted, 1, uint64_t{0x7fffffff}));
   const uint32_t kt = tile_tokens(dim);
   const std::size_t smem = sizeof(float) * (kMaxRows * dim + kt * (dim + 1) + kt * dim);
-  const dim3 grid(blocks, a.kv.batch, a.kv.kv_heads);
+  const dim3 grid(blocks, a.kv.batch, a.kv.kv_heads);  // batch, kv_heads <= 65535: launcher
   prefill_kernel<T><<<grid, kThreads, smem, stream>>>(a, tokens_per_block);
   return cudaGetLastError();
 }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -512,6 +513,159 @@ TEST(AttentionDeterminism, ResultsDoNotDependOnThreadsOrOnTheRestOfTheBatch) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Causal masking: a token a row must not see contributes nothing to it, whatever its K, V or scale
+// ---------------------------------------------------------------------------------------------
+
+TEST(AttentionCausalMask, NonFiniteKvOfMaskedTokensNeverReachEarlierRows) {
+  // Sequence 0 (40 tokens, whole prompt): token 30's V is inf (fp8: a NaN code) and its K NaN, in
+  // KV head 0. Rows 16..29 share token 30's tile with it (masked inside the tile), rows 0..15 see
+  // nothing of that tile. Sequence 1 (70 tokens, chunk of 13): token 65 likewise; rows 0..7 of the
+  // chunk must not see it (rows 0..5 see nothing of its tile, 6..7 part of it). Those rows must be
+  // bit for bit those of the same call without the poison, and match the reference; rows that see
+  // the token are non-finite in KV head 0's query heads.
+  struct Poison {
+    uint32_t seq, pos, clean_rows;
+  };
+  const Poison poisons[] = {{0, 30, 30}, {1, 65, 8}};
+  const std::vector<uint32_t> lengths = {40, 70}, chunks = {40, 13};
+  for (Isa isa : runnable_isas()) {
+    for (Dtype dtype : kAllDtypes) {
+      for (uint32_t group : {1u, 4u}) {
+        for (uint32_t min_split : {0u, 16u}) {
+          SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
+                       " group " + std::to_string(group) + " min split " +
+                       std::to_string(min_split));
+          KvShape s;
+          s.dtype = dtype;
+          s.group = group;
+          s.head_dim = 64;
+          PagedKvFixture clean(s, lengths, chunks, 44);
+          PagedKvFixture fx(s, lengths, chunks, 44);
+          const bool fp8 = dtype == Dtype::kFP8E4M3;
+          for (const Poison& pz : poisons) {
+            for (uint32_t d = 0; d < s.head_dim; ++d) {
+              if (fp8) {
+                fx.set_fp8_code(0, pz.seq, pz.pos, 0, d, 0x7F);
+                fx.set_fp8_code(1, pz.seq, pz.pos, 0, d, 0xFF);
+              } else {
+                fx.set_value(0, pz.seq, pz.pos, 0, d, std::nanf(""));
+                fx.set_value(1, pz.seq, pz.pos, 0, d, std::numeric_limits<float>::infinity());
+              }
+            }
+          }
+          CpuOptions o;
+          o.isa = isa;
+          o.min_split_tokens = min_split;
+          ASSERT_TRUE(cpu::prefill_attention(clean.params(), o).ok());
+          ASSERT_TRUE(cpu::prefill_attention(fx.params(), o).ok());
+          std::vector<double> ref_out, ref_lse;
+          fx.reference(ref_out, ref_lse);
+          const uint32_t heads = fx.num_qo_heads();
+          const Tolerance tol = tolerance_for(dtype);
+          const bool exact_path = !takes_bf16_dot(isa, dtype);
+          for (const Poison& pz : poisons) {
+            const uint32_t chunk = chunks[pz.seq];
+            for (uint32_t i = 0; i < chunk; ++i) {
+              const std::size_t row = fx.q_indptr()[pz.seq] + i;
+              for (uint32_t h = 0; h < heads; ++h) {
+                const bool sees = i >= pz.clean_rows && h / group == 0;
+                bool any_nonfinite = false;
+                for (uint32_t d = 0; d < s.head_dim; ++d) {
+                  const std::size_t e = (row * heads + h) * s.head_dim + d;
+                  if (sees) {
+                    any_nonfinite |= !std::isfinite(fx.out()[e]);
+                    continue;
+                  }
+                  ASSERT_EQ(fx.out()[e], clean.out()[e])
+                      << "sequence " << pz.seq << " chunk row " << i << " head " << h << " dim "
+                      << d << " changed by a token it must not see";
+                  if (exact_path) {
+                    ASSERT_NEAR(fx.out()[e], ref_out[e],
+                                tol.atol + tol.rtol * std::fabs(ref_out[e]))
+                        << "sequence " << pz.seq << " chunk row " << i << " head " << h;
+                  }
+                }
+                if (sees) {
+                  EXPECT_TRUE(any_nonfinite)
+                      << "sequence " << pz.seq << " chunk row " << i << " head " << h
+                      << " sees the poisoned token but came out finite";
+                } else {
+                  ASSERT_EQ(fx.lse()[row * heads + h], clean.lse()[row * heads + h]);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionFp8Scales, ZeroScalePagesAreExactWhereTheMaskCutsThem) {
+  // A zero scale (every value of that half is 0) on pages the causal mask cuts through: the mask
+  // must not turn into -inf * 0 = NaN. Sequence 0's page 1 (tokens 16..31) has a zero K scale,
+  // its page 2 (32..39) zero K and V scales; sequence 1's last page a zero V scale.
+  KvShape s;
+  s.dtype = Dtype::kFP8E4M3;
+  s.group = 4;
+  s.head_dim = 64;
+  for (Isa isa : runnable_isas()) {
+    for (uint32_t min_split : {0u, 16u}) {
+      SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " min split " + std::to_string(min_split));
+      PagedKvFixture fx(s, {40, 37}, {40, 9}, 45);
+      fx.scales()[2 * fx.frame_of(0, 16)] = 0.0f;
+      fx.scales()[2 * fx.frame_of(0, 32)] = 0.0f;
+      fx.scales()[2 * fx.frame_of(0, 32) + 1] = 0.0f;
+      fx.scales()[2 * fx.frame_of(1, 36) + 1] = -0.0f;
+      CpuOptions o;
+      o.isa = isa;
+      o.min_split_tokens = min_split;
+      const Status st = cpu::prefill_attention(fx.params(), o);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      for (float x : fx.out()) ASSERT_TRUE(std::isfinite(x));
+      expect_matches_reference(fx, tolerance_for(s.dtype));
+    }
+  }
+}
+
+TEST(AttentionFp8Scales, NegativeOrNonFiniteScalesOfListedFramesAreRejected) {
+  KvShape s;
+  s.dtype = Dtype::kFP8E4M3;
+  PagedKvFixture fx(s, {40, 20}, {}, 46);
+  const uint32_t frame = fx.indices()[3];
+  for (float bad :
+       {-0.5f, -std::numeric_limits<float>::denorm_min(), std::nanf(""),
+        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
+    for (int part = 0; part < 2; ++part) {
+      SCOPED_TRACE("scale " + std::to_string(bad) + (part == 0 ? " (K)" : " (V)"));
+      const float saved = fx.scales()[2 * frame + part];
+      fx.scales()[2 * frame + part] = bad;
+      const Status st = cpu::decode_attention(fx.params());
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+      EXPECT_NE(st.message().find("frame " + std::to_string(frame)), std::string::npos)
+          << st.message();
+      EXPECT_NE(st.message().find(part == 0 ? "k_scale" : "v_scale"), std::string::npos)
+          << st.message();
+      fx.scales()[2 * frame + part] = saved;
+    }
+  }
+  for (float x : fx.out()) ASSERT_TRUE(std::isnan(x)) << "output written by a rejected call";
+  // Frames the table does not list are not looked at; nor are scales of other dtypes.
+  const std::set<uint32_t> listed(fx.indices().begin(), fx.indices().end());
+  ASSERT_LT(listed.size(), fx.kv().num_frames) << "the fixture leaves spare frames";
+  for (uint32_t f = 0; f < fx.kv().num_frames; ++f) {
+    if (listed.count(f) == 0) fx.scales()[2 * f] = std::nanf("");
+  }
+  EXPECT_TRUE(cpu::decode_attention(fx.params()).ok());
+  KvShape wide;
+  PagedKvFixture f32(wide, {40}, {}, 47);
+  std::vector<float> garbage(2 * f32.kv().num_frames, -std::numeric_limits<float>::infinity());
+  AttentionParams p = f32.params();
+  p.kv.scales = garbage.data();
+  EXPECT_TRUE(cpu::decode_attention(p).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
 // Residency guard
 // ---------------------------------------------------------------------------------------------
 
@@ -617,6 +771,68 @@ TEST(AttentionValidation, PrefillChunkLongerThanSequenceIsRejected) {
   const Status st = cpu::prefill_attention(p);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("sequence 1"), std::string::npos) << st.message();
+}
+
+// Shapes whose sizes overflow: validation reads only the table, never the arena, so none of these
+// needs the memory it describes.
+TEST(AttentionValidation, SequenceLengthsThatWrapOrExceedTheLimitAreRejected) {
+  // 65536-token pages: 65537 pages hold 2^32 + 1 tokens, which wraps a uint32 length to 1.
+  static uint8_t arena[64];
+  PagedKv kv;
+  kv.arena = arena;
+  kv.num_frames = 1;
+  kv.kv_heads = 1;
+  kv.head_dim = 16;
+  kv.dtype = Dtype::kFP8E4M3;
+  kv.page_tokens = 65536;
+  kv.frame_stride = kv.page_bytes();
+  std::vector<uint32_t> indices(65537, 0);
+  std::vector<uint32_t> indptr = {0, 65537};
+  std::vector<uint32_t> last = {1};
+  kv.batch = 1;
+  kv.indptr = indptr.data();
+  kv.indices = indices.data();
+  kv.last_page_len = last.data();
+  Status st = validate_paged_kv(kv);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("sequence 0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("4294967297"), std::string::npos) << st.message();
+  // The limit itself is accepted, one token more is not.
+  ASSERT_EQ(kMaxSequenceTokens % kv.page_tokens, 0u);
+  indptr[1] = kMaxSequenceTokens / kv.page_tokens;
+  last[0] = kv.page_tokens;
+  EXPECT_TRUE(validate_paged_kv(kv).ok());
+  indptr[1] += 1;
+  last[0] = 1;
+  st = validate_paged_kv(kv);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("sequence 0"), std::string::npos) << st.message();
+}
+
+TEST(AttentionValidation, PageAndArenaSizesThatOverflowAreRejected) {
+  static uint8_t arena[64];
+  PagedKv kv;
+  kv.arena = arena;
+  kv.num_frames = 1;
+  kv.dtype = Dtype::kF32;
+  kv.head_dim = 256;
+  kv.kv_heads = 1u << 31;
+  kv.page_tokens = 1u << 31;  // 2 * 2^31 * 2^31 * 256 * 4 = 2^73 bytes: 0 in 64 bits
+  kv.frame_stride = 4096;
+  Status st = validate_kv_shape(kv);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("page size overflows"), std::string::npos) << st.message();
+  // A valid page, but num_frames * frame_stride beyond 64 bits: frame addresses would wrap.
+  kv.kv_heads = 1;
+  kv.page_tokens = 16;
+  kv.frame_stride = uint64_t{1} << 62;
+  kv.num_frames = 8;
+  st = validate_kv_shape(kv);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("address space"), std::string::npos) << st.message();
+  kv.num_frames = 1;
+  kv.frame_stride = kv.page_bytes();
+  EXPECT_TRUE(validate_kv_shape(kv).ok());
 }
 
 TEST(AttentionValidation, EmptyBatchIsANoOp) {

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/attention.hpp"
@@ -197,6 +198,126 @@ TEST_F(CudaAttention, PrefillMatchesCpuOnRandomShapes) {
   }
 }
 
+TEST_F(CudaAttention, DecodePropagatesNaNScoresLikeTheCpu) {
+  // Sequence 0 has 2 tokens; token 1, its K NaN, is alone in its lane group's (or, with 3 splits,
+  // its split's) first step. fmaxf keeps that step's max at -inf, and skipping the step on it
+  // returned a finite output where the CPU returns NaN. Sequence 1: one NaN score among 300
+  // tokens, in KV head 1; sequence 2 stays clean.
+  for (Dtype dtype : {Dtype::kF16, Dtype::kBF16, Dtype::kFP8E4M3}) {
+    testing::KvShape shape;
+    shape.dtype = dtype;
+    shape.group = 4;
+    shape.head_dim = 128;
+    shape.kv_heads = 2;
+    testing::PagedKvFixture fx(shape, {2, 300, 50}, {}, 17);
+    if (dtype == Dtype::kFP8E4M3) {
+      fx.set_fp8_code(0, 0, 1, 0, 0, 0x7F);
+      fx.set_fp8_code(0, 1, 150, 1, 5, 0xFF);
+    } else {
+      fx.set_value(0, 0, 1, 0, 0, std::nanf(""));
+      fx.set_value(0, 1, 150, 1, 5, std::nanf(""));
+    }
+    ASSERT_TRUE(cpu::decode_attention(fx.params()).ok());
+    const std::vector<float> cpu_out = fx.out();
+    const std::vector<float> cpu_lse = fx.lse();
+    DeviceAttention d = upload_fixture(fx);
+    for (uint32_t splits : {1u, 3u}) {
+      const std::string what = std::string(dtype_name(dtype)) + " splits " + std::to_string(splits);
+      const std::size_t ws_bytes =
+          kc::decode_workspace_bytes(fx.kv().batch, fx.num_qo_heads(), shape.head_dim, splits);
+      auto ws = kc::DeviceBuffer::allocate(std::max<std::size_t>(ws_bytes, 1));
+      ASSERT_TRUE(ws.ok());
+      ASSERT_EQ(kc::launch_decode_attention(d.params, splits, ws->get(), ws_bytes, stream_.get()),
+                cudaSuccess)
+          << kc::last_launch_error();
+      KVTIER_ASSERT_OK(stream_.synchronize());
+      const std::vector<float> out = download<float>(d.out, cpu_out.size());
+      const std::vector<float> lse = download<float>(d.lse, cpu_lse.size());
+      std::size_t nan = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(std::isnan(out[i]), std::isnan(cpu_out[i])) << what << " element " << i;
+        if (std::isnan(out[i])) {
+          ++nan;
+        } else {
+          ASSERT_NEAR(out[i], cpu_out[i], kTolerance * (1.0 + std::fabs(cpu_out[i]))) << what;
+        }
+      }
+      EXPECT_EQ(nan, 2u * shape.group * shape.head_dim) << what;
+      for (std::size_t i = 0; i < lse.size(); ++i) {
+        ASSERT_EQ(std::isnan(lse[i]), std::isnan(cpu_lse[i])) << what << " lse " << i;
+      }
+    }
+  }
+}
+
+TEST_F(CudaAttention, MalformedDeviceTablesGiveNaNWithinTheSequencesPages) {
+  // Tables the launcher cannot see (no host copies): the kernels must not read past a sequence's
+  // pages. Decode: last_page_len 0 and page_tokens + 1 (which reached into sequence 2's pages);
+  // both give NaN, sequence 2 its normal result.
+  testing::KvShape shape;
+  shape.dtype = Dtype::kBF16;
+  shape.head_dim = 64;
+  testing::PagedKvFixture fx(shape, {40, 20, 33}, {}, 18);
+  ASSERT_TRUE(cpu::decode_attention(fx.params()).ok());
+  const std::vector<float> cpu_out = fx.out();
+  DeviceAttention d = upload_fixture(fx);
+  d.params.residency.enabled = false;
+  std::vector<uint32_t> last = fx.last_page_len();
+  last[0] = 0;
+  last[1] = shape.page_tokens + 1;
+  kc::DeviceBuffer bad_last = upload(last);
+  d.params.kv.last_page_len = bad_last.as<uint32_t>();
+  const std::size_t row = static_cast<std::size_t>(fx.num_qo_heads()) * shape.head_dim;
+  for (uint32_t splits : {1u, 3u}) {
+    const std::size_t ws_bytes =
+        kc::decode_workspace_bytes(fx.kv().batch, fx.num_qo_heads(), shape.head_dim, splits);
+    auto ws = kc::DeviceBuffer::allocate(std::max<std::size_t>(ws_bytes, 1));
+    ASSERT_TRUE(ws.ok());
+    ASSERT_EQ(kc::launch_decode_attention(d.params, splits, ws->get(), ws_bytes, stream_.get()),
+              cudaSuccess)
+        << kc::last_launch_error();
+    KVTIER_ASSERT_OK(stream_.synchronize());
+    const std::vector<float> out = download<float>(d.out, cpu_out.size());
+    const std::vector<float> lse = download<float>(d.lse, fx.lse().size());
+    for (std::size_t i = 0; i < 2 * row; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+    for (uint32_t h = 0; h < 2 * fx.num_qo_heads(); ++h) ASSERT_TRUE(std::isnan(lse[h])) << h;
+    for (std::size_t i = 2 * row; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], cpu_out[i], kTolerance * (1.0 + std::fabs(cpu_out[i]))) << i;
+    }
+  }
+
+  // Prefill: sequence 1 has a chunk of 21 query tokens for 20 KV tokens (an underflowing visible
+  // end read out of bounds): its rows are NaN, sequence 0's rows are the CPU's.
+  testing::PagedKvFixture pre(shape, {40, 20}, {8, 21}, 19);
+  const std::vector<uint32_t> fixed = {0, 8, 28};
+  AttentionParams cp = pre.params();
+  cp.q_indptr = fixed.data();
+  ASSERT_TRUE(cpu::prefill_attention(cp).ok());
+  const std::vector<float> cpu_pre = pre.out();
+  DeviceAttention dp = upload_fixture(pre);
+  dp.params.residency.enabled = false;
+  ASSERT_EQ(kc::launch_prefill_attention(dp.params, 21, stream_.get()), cudaSuccess)
+      << kc::last_launch_error();
+  KVTIER_ASSERT_OK(stream_.synchronize());
+  std::vector<float> out = download<float>(dp.out, cpu_pre.size());
+  for (std::size_t i = 0; i < 8 * row; ++i) {
+    ASSERT_NEAR(out[i], cpu_pre[i], kTolerance * (1.0 + std::fabs(cpu_pre[i]))) << i;
+  }
+  for (std::size_t i = 8 * row; i < out.size(); ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+  // A q_indptr that bounds no rows (decreasing, past q_indptr[batch]): nothing is written.
+  kc::DeviceBuffer bad_q = upload(std::vector<uint32_t>{0, 8, 5});
+  dp.params.q_indptr = bad_q.as<uint32_t>();
+  ASSERT_EQ(cudaMemsetAsync(dp.out.get(), 0x7F, cpu_pre.size() * sizeof(float), stream_.get()),
+            cudaSuccess);
+  ASSERT_EQ(kc::launch_prefill_attention(dp.params, 21, stream_.get()), cudaSuccess)
+      << kc::last_launch_error();
+  KVTIER_ASSERT_OK(stream_.synchronize());
+  out = download<float>(dp.out, cpu_pre.size());
+  float marker;
+  std::memset(&marker, 0x7F, sizeof marker);
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], marker) << i;
+}
+
 TEST_F(CudaTest, GatherScatterMatchCpuAndRoundTrip) {
   const uint64_t stride = 70144, bytes = 65536;  // padded frames
   const uint32_t num_frames = 40, count = 23;
@@ -305,11 +426,25 @@ TEST(CudaLaunchRejections, NonResidentFrameIsNamedAndNothingLaunches) {
   p.residency.check = &check;
   p.residency.host_indptr = fx.indptr().data();
   p.residency.host_indices = fx.indices().data();
+  p.residency.host_last_page_len = fx.last_page_len().data();
   EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
   EXPECT_NE(kc::last_launch_error().find("frame " + std::to_string(missing)), std::string::npos)
       << kc::last_launch_error();
-  EXPECT_EQ(kc::launch_prefill_attention(p, 1, fake_stream()), cudaErrorInvalidValue);
+  // Prefill, one query token per sequence (q_indptr stands in for a device pointer).
+  const std::vector<uint32_t> q_indptr = {0, 1, 2};
+  AttentionParams pre = p;
+  pre.q_indptr = q_indptr.data();
+  pre.residency.host_q_indptr = q_indptr.data();
+  EXPECT_EQ(kc::launch_prefill_attention(pre, 1, fake_stream()), cudaErrorInvalidValue);
   EXPECT_NE(kc::last_launch_error().find("frame " + std::to_string(missing)), std::string::npos)
+      << kc::last_launch_error();
+  pre.residency.host_q_indptr = nullptr;
+  EXPECT_EQ(kc::launch_prefill_attention(pre, 1, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("host_q_indptr"), std::string::npos)
+      << kc::last_launch_error();
+  p.residency.host_last_page_len = nullptr;
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("host_last_page_len"), std::string::npos)
       << kc::last_launch_error();
   // Without the host copies the guard could check nothing: refused, not passed.
   p.residency.host_indices = nullptr;
@@ -334,6 +469,7 @@ TEST(CudaLaunchRejections, ResidencyHostTableMustBeWholeAndInTheArena) {
   std::vector<uint32_t> indices = fx.indices();
   p.residency.host_indptr = indptr.data();
   p.residency.host_indices = indices.data();
+  p.residency.host_last_page_len = fx.last_page_len().data();
   // A sequence with no pages in the host copy would leave its frames unchecked.
   indptr[1] = indptr[0];
   EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
@@ -345,6 +481,138 @@ TEST(CudaLaunchRejections, ResidencyHostTableMustBeWholeAndInTheArena) {
   EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
   EXPECT_NE(kc::last_launch_error().find("names frame " + std::to_string(indices.back())),
             std::string::npos)
+      << kc::last_launch_error();
+}
+
+// The host copies are validated as the CPU path validates its tables: what the residency check
+// alone let through (last_page_len outside [1, page_tokens], a chunk longer than its sequence)
+// would make the kernels read past a sequence's pages.
+TEST(CudaLaunchRejections, HostTablesAreValidatedLikeTheCpuPath) {
+  testing::KvShape shape;
+  shape.dtype = Dtype::kBF16;
+  testing::PagedKvFixture fx(shape, {40, 20}, {8, 20}, 5);
+  std::set<uint32_t> every_frame;
+  for (uint32_t f = 0; f < fx.kv().num_frames; ++f) every_frame.insert(f);
+  FrameSet check(every_frame);
+  std::vector<uint32_t> last = fx.last_page_len();
+  std::vector<uint32_t> q_indptr = fx.q_indptr();
+  AttentionParams p = fx.params();
+  p.residency.enabled = true;
+  p.residency.check = &check;
+  p.residency.host_indptr = fx.indptr().data();
+  p.residency.host_indices = fx.indices().data();
+  p.residency.host_last_page_len = last.data();
+  p.residency.host_q_indptr = q_indptr.data();
+  AttentionParams dec = p;
+  dec.q_indptr = nullptr;
+  const auto expect_rejected = [&](const std::string& what) {
+    EXPECT_EQ(kc::launch_prefill_attention(p, 20, fake_stream()), cudaErrorInvalidValue) << what;
+    EXPECT_NE(kc::last_launch_error().find(what), std::string::npos) << kc::last_launch_error();
+    EXPECT_EQ(kc::launch_decode_attention(dec, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue)
+        << what;
+    EXPECT_NE(kc::last_launch_error().find(what), std::string::npos) << kc::last_launch_error();
+  };
+  last[1] = 0;
+  expect_rejected("last_page_len of sequence 1 is 0");
+  last[1] = shape.page_tokens + 1;
+  expect_rejected("last_page_len of sequence 1 is 17");
+  // Without a check, copies given whole are validated too.
+  p.residency.check = nullptr;
+  dec.residency.check = nullptr;
+  expect_rejected("last_page_len of sequence 1 is 17");
+  last = fx.last_page_len();
+  p.residency.check = &check;
+  q_indptr[2] = q_indptr[1] + 21;  // 21 query tokens for a 20-token sequence
+  EXPECT_EQ(kc::launch_prefill_attention(p, 21, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("sequence 1 has a chunk of 21"), std::string::npos)
+      << kc::last_launch_error();
+}
+
+TEST(CudaLaunchRejections, MisalignedAttentionArraysAreRefused) {
+  testing::KvShape shape;
+  shape.dtype = Dtype::kFP8E4M3;
+  testing::PagedKvFixture fx(shape, {40, 20}, {8, 20}, 6);
+  const auto off = [](const auto* ptr) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(ptr)>>;
+    return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(ptr) + 2);
+  };
+  for (const char* name : {"q", "out", "lse", "kv.scales", "kv.indptr", "kv.indices",
+                           "kv.last_page_len", "q_indptr"}) {
+    AttentionParams p = fx.params();
+    const std::string n = name;
+    if (n == "q") p.q = off(p.q);
+    if (n == "out") p.out = off(p.out);
+    if (n == "lse") p.lse = off(p.lse);
+    if (n == "kv.scales") p.kv.scales = off(p.kv.scales);
+    if (n == "kv.indptr") p.kv.indptr = off(p.kv.indptr);
+    if (n == "kv.indices") p.kv.indices = off(p.kv.indices);
+    if (n == "kv.last_page_len") p.kv.last_page_len = off(p.kv.last_page_len);
+    if (n == "q_indptr") p.q_indptr = off(p.q_indptr);
+    EXPECT_EQ(kc::launch_prefill_attention(p, 20, fake_stream()), cudaErrorInvalidValue) << name;
+    EXPECT_NE(kc::last_launch_error().find(n + " ("), std::string::npos) << kc::last_launch_error();
+    EXPECT_NE(kc::last_launch_error().find("4-byte aligned"), std::string::npos)
+        << kc::last_launch_error();
+  }
+  // Scales of other dtypes are not passed to the kernels, so not checked.
+  testing::KvShape wide;
+  wide.dtype = Dtype::kBF16;
+  testing::PagedKvFixture bf16(wide, {40}, {}, 7);
+  AttentionParams p = bf16.params();
+  p.kv.scales = reinterpret_cast<const float*>(uintptr_t{3});
+  p.sm_scale = std::numeric_limits<float>::quiet_NaN();  // rejected later, so nothing launches
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("sm_scale"), std::string::npos) << kc::last_launch_error();
+}
+
+TEST(CudaLaunchRejections, GridLimitsAreCheckedWithAClearMessage) {
+  testing::KvShape shape;
+  shape.dtype = Dtype::kBF16;
+  testing::PagedKvFixture fx(shape, {40}, {}, 8);
+  // Only the launcher reads these fields (the tables are never read without host copies).
+  AttentionParams p = fx.params();
+  p.kv.batch = 65536;
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("batch 65536"), std::string::npos)
+      << kc::last_launch_error();
+  EXPECT_NE(kc::last_launch_error().find("65535"), std::string::npos) << kc::last_launch_error();
+  const std::vector<uint32_t> q_indptr = {0, 1};
+  p.q_indptr = q_indptr.data();
+  EXPECT_EQ(kc::launch_prefill_attention(p, 1, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("batch 65536"), std::string::npos)
+      << kc::last_launch_error();
+  p = fx.params();
+  p.kv.kv_heads = 65536;
+  p.num_qo_heads = 65536;
+  p.kv.frame_stride = p.kv.page_bytes();
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("kv_heads 65536"), std::string::npos)
+      << kc::last_launch_error();
+  // Decode splits: the grid's x dimension, and batch x heads for the merge kernel.
+  p = fx.params();
+  EXPECT_EQ(kc::launch_decode_attention(p, 0x80000000u, nullptr, ~std::size_t{0}, fake_stream()),
+            cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("grid's x limit"), std::string::npos)
+      << kc::last_launch_error();
+  p.kv.batch = 65535;
+  p.kv.kv_heads = 8192;
+  p.num_qo_heads = 8 * 8192;
+  p.kv.frame_stride = p.kv.page_bytes();
+  EXPECT_EQ(kc::launch_decode_attention(p, 2, nullptr, ~std::size_t{0}, fake_stream()),
+            cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("grid's x limit"), std::string::npos)
+      << kc::last_launch_error();
+}
+
+TEST(CudaLaunchRejections, PageSizesThatOverflowAreRefused) {
+  testing::KvShape shape;
+  shape.dtype = Dtype::kBF16;
+  testing::PagedKvFixture fx(shape, {40}, {}, 9);
+  AttentionParams p = fx.params();
+  p.kv.kv_heads = 1u << 31;
+  p.kv.page_tokens = 1u << 31;  // 2^31 x 2^31 x 64 x 2 x 2 bytes: 2^70, 0 in 64 bits
+  p.num_qo_heads = p.kv.kv_heads;
+  EXPECT_EQ(kc::launch_decode_attention(p, 1, nullptr, 0, fake_stream()), cudaErrorInvalidValue);
+  EXPECT_NE(kc::last_launch_error().find("page size overflows"), std::string::npos)
       << kc::last_launch_error();
 }
 

@@ -135,6 +135,16 @@ class PagedKvFixture {
     arena_[frame_of(b, pos) * kv_.frame_stride + element_in_frame(part, pos, h, d)] = code;
   }
 
+  // Overwrites that element with `value` stored in the arena's dtype (fp8: value / the page's
+  // scale, so a NaN stays a NaN code).
+  void set_value(int part, uint32_t b, uint32_t pos, uint32_t h, uint32_t d, float value) {
+    const uint32_t frame = frame_of(b, pos);
+    const float stored =
+        shape_.dtype == Dtype::kFP8E4M3 ? value / scales_[2 * frame + part] : value;
+    store_from_float(arena_.data() + frame * kv_.frame_stride, shape_.dtype,
+                     element_in_frame(part, pos, h, d), stored);
+  }
+
   // Naive fp64 attention: out [rows][heads][dim] and lse [rows][heads]. K/V of one sequence and KV
   // head are widened to double once and shared by the query heads of its group.
   void reference(std::vector<double>& out, std::vector<double>& lse, float sm_scale = 0.0f) const {
