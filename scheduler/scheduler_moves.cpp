@@ -934,8 +934,13 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
   ops_.emplace(pk, std::make_unique<PageOp>());
   links_.enqueue(Link::kHostToNvme, prio, nvme_block_bytes(),
                  [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
-                   auto on_done = [this, key, layers, pk, keep_host, finished](const Status& s) {
+                   auto on_done = [this, key, layers, pk, keep_host,
+                                   finished](const Status& written) {
                      finished();
+                     // kAlreadyExists: the store holds this block readable already (keys name
+                     // content), so the block is on NVMe as if this write had stored it.
+                     const Status s = written.code() == StatusCode::kAlreadyExists ? ok_status()
+                                                                                     : written;
                      if (s.ok()) {
                        parts_.table->complete_fill(key, CopyId::nvme()).ignore();
                        stats_.demotions[tier_index(Tier::kNvme)].fetch_add(

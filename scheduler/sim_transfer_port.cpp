@@ -60,6 +60,9 @@ Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_
                             std::to_string(host_frames.size()) + " pages, geometry has " +
                             std::to_string(geometry_.layers) + " layers");
   }
+  if (on_nvme_.contains(key) && !writing_.contains(key)) {
+    return already_exists("block " + to_string(key) + " is already on nvme");
+  }
   if (!on_nvme_.contains(key) && !writing_.contains(key) &&
       on_nvme_.size() + writing_.size() >= spec_.nvme_extents) {
     return resource_exhausted("nvme store full: " + std::to_string(spec_.nvme_extents) +

@@ -63,6 +63,9 @@ class SimTransferPort final : public TransferPort {
   // Clears the NVMe contents (a "restart" that lost the disk) or keeps them (a restart that kept
   // it).
   void forget_nvme() { on_nvme_.clear(); }
+  // Puts `key` on NVMe behind the scheduler's back (a block an earlier runtime wrote that this one
+  // did not adopt): writing it again is kAlreadyExists, as the real store answers.
+  void store_on_nvme(const BlockKey& key) { on_nvme_.insert(key); }
 
  private:
   void schedule(Link link, uint64_t bytes, TransferDone done, std::function<void()> on_success);

@@ -87,7 +87,7 @@ struct NvmeTierConfig {
   std::vector<std::string> paths = {"./.kvtier/store0.kvs"};
   uint32_t queue_depth = 64;
   uint32_t io_threads = 1;  // one io_uring ring per thread
-  bool direct_io = true;    // O_DIRECT; requires 512-byte multiples of page size
+  bool direct_io = true;    // O_DIRECT; page size a multiple of 512 bytes
   bool sqpoll = false;      // IORING_SETUP_SQPOLL
   ChecksumKind checksum = ChecksumKind::kXxh3;
   // fp8_e4m3: blocks are quantized as they are written and dequantized as they are read back.

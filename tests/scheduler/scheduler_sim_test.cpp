@@ -751,6 +751,32 @@ TEST(SchedulerSim, AFailedWriteIsNotRetriedTheBlockIsDropped) {
   EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), writes.transfers);
 }
 
+// A block the store already holds (written by an earlier runtime, not adopted by this one): the
+// store answers the write with kAlreadyExists, which counts as written — the block is on NVMe,
+// not refused and dropped.
+TEST(SchedulerSim, AWriteTheStoreAlreadyHoldsCountsAsWritten) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  const std::vector<BlockKey> first = w.prompt(4, 1);
+  for (const BlockKey& k : first) w.port().store_on_nvme(k);
+  for (uint32_t p = 0; p < 8; ++p) {
+    auto s = w.scheduler().open_sequence(p == 0 ? first : w.prompt(4, p + 1));
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok()) << "prompt " << p;
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+    expect_consistent(w);
+  }
+  EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), 0u);
+  const MatchResult m = w.scheduler().match(first);
+  EXPECT_EQ(m.blocks, 4u) << "the first prompt left memory and is still cached on NVMe";
+  EXPECT_GT(m.by_tier[tier_index(Tier::kNvme)], 0u);
+}
+
 TEST(SchedulerSim, MisuseIsReportedAndChangesNothing) {
   SimWorld w(SimSetup{});
   EXPECT_EQ(w.scheduler().close_sequence(99).code(), StatusCode::kNotFound);
