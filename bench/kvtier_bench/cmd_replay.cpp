@@ -2,16 +2,19 @@
 // metadata only, over a sweep of capacities, next to two references computed by the same command
 // (plain LRU and offline Belady). See bench/replay/replay.hpp for the model.
 //
-// Capacities: --capacities 1e6,3e6 sweeps one tier (HBM) of that many tokens; without it, the
-// configuration's tiers (hbm, host, nvme capacities in bytes, converted to tokens with the model
-// geometry) are replayed as one three-tier run per policy, with hits reported per tier. Runs are
-// independent and spread over --threads (default: every core). Output: a table on stdout, or one
-// JSON object with --json; progress on stderr unless --no-progress.
+// Capacities: --capacities 1e6,3e6 sweeps one tier (HBM) of that many tokens (decimal whole
+// numbers, at least one block; rounded down to whole blocks, and the capacity replayed is the one
+// reported); without it, the configuration's tiers (hbm, host, nvme capacities in bytes, converted
+// to tokens with the model geometry) are replayed as one three-tier run per policy, with hits
+// reported per tier. A capacity beyond the trace costs no memory (replay.hpp). Runs are
+// independent and spread over --threads (default: every core); a run that fails, however, fails
+// the command with the policy and capacity named. Output: a table on stdout, or one JSON object
+// with --json; progress on stderr unless --no-progress.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -40,19 +43,30 @@ constexpr EvictionPolicy kAllPolicies[] = {EvictionPolicy::kLru, EvictionPolicy:
                                            EvictionPolicy::kS3Fifo, EvictionPolicy::kPrefixAware,
                                            EvictionPolicy::kLookahead};
 
-Result<std::vector<uint64_t>> parse_capacities(const std::string& text) {
-  std::vector<uint64_t> out;
+// One --capacities entry: what was asked, and the whole blocks it replays as.
+struct Capacity {
+  uint64_t requested_tokens = 0;
+  uint64_t blocks = 0;
+};
+
+// Each entry a whole number of tokens (replay::parse_token_count), at least one block. One that
+// is not a multiple of the block is rounded down to whole blocks, and the capacity replayed is the
+// one reported (the table says so): refusing it would refuse the figures everybody quotes for
+// 512-token blocks (1e6 tokens is 1953.125 of them), and reporting 1e6 for what replayed as
+// 999,936 tokens would put the hit rate beside a capacity it was not measured at.
+Result<std::vector<Capacity>> parse_capacities(const std::string& text, uint32_t block_tokens) {
+  std::vector<Capacity> out;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
-    char* end = nullptr;
-    const double v = std::strtod(item.c_str(), &end);
-    if (end == item.c_str() || *end != '\0' || !(v >= 0) || v > 1e15) {
-      return invalid_argument("--capacities: \"" + item +
-                              "\" is not a token count (e.g. 1e6 or 3000000)");
+    auto tokens = replay::parse_token_count(item);
+    if (!tokens.ok()) return invalid_argument("--capacities: " + tokens.status().message());
+    if (*tokens < block_tokens) {
+      return invalid_argument("--capacities: \"" + item + "\" is less than one " +
+                              std::to_string(block_tokens) + "-token block");
     }
-    out.push_back(static_cast<uint64_t>(std::llround(v)));
+    out.push_back({*tokens, *tokens / block_tokens});
   }
   if (out.empty()) return invalid_argument("--capacities: no capacity given");
   return out;
@@ -103,18 +117,57 @@ std::string json_number(double v) {
   return os.str();
 }
 
+// Length of the well-formed UTF-8 sequence that starts at s[i] (Unicode's table 3-7: no
+// overlong forms, no surrogates, nothing past U+10FFFF); 0 when it is ill-formed.
+std::size_t utf8_sequence(const std::string& s, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size() || byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (std::size_t k = 2; k < n; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+// A JSON string of `s`. The trace path is whatever bytes the file system holds, which need not be
+// UTF-8, and JSON text must be: well-formed UTF-8 passes through, each byte of an ill-formed
+// sequence becomes U+FFFD (the replacement character; a byte cannot be written in JSON, and
+// a u escape of the byte value would name a different character, so a different path).
 std::string json_string(const std::string& s) {
   std::string out = "\"";
-  for (char c : s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const char c = s[i];
     if (c == '"' || c == '\\') {
       out += '\\';
       out += c;
+      ++i;
     } else if (static_cast<unsigned char>(c) < 0x20) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
       out += buf;
+      ++i;
+    } else if (const std::size_t n = utf8_sequence(s, i); n > 0) {
+      out.append(s, i, n);
+      i += n;
     } else {
-      out += c;
+      out += "\\ufffd";
+      ++i;
     }
   }
   return out + "\"";
@@ -137,7 +190,10 @@ class ReplayCommand final : public Command {
   }
   void add_options(OptionParser& p) override {
     p.allow_positionals("TRACE", "the trace file (JSONL)", &positionals_);
-    p.add_string("capacities", "LIST", "single-tier sweep, tokens (e.g. 1e6,3e6)", &capacities_);
+    p.add_string("capacities", "LIST",
+                 "single-tier sweep, whole tokens in decimal (e.g. 1e6,2.5e6,3000000); "
+                 "rounded down to whole blocks",
+                 &capacities_);
     p.add_uint("lookahead", "N", "requests visible ahead to the policies (default 0)", &lookahead_);
     p.add_string("policies", "LIST",
                  "subset of lru,lfu,s3fifo,prefix_aware,lookahead,ref_lru,opt,count_oracle "
@@ -173,6 +229,19 @@ class ReplayCommand final : public Command {
       ctx.err << "kvtier-bench replay: --threads " << threads_ << " is more than "
               << std::numeric_limits<uint32_t>::max() << "\n";
       return kExitUsage;
+    }
+
+    const Geometry& g = ctx.config.model.geometry;
+    const uint32_t block_tokens =  // at most 512, checked above
+        block_tokens_ != 0 ? static_cast<uint32_t>(block_tokens_) : g.page_tokens;
+    std::vector<Capacity> capacities;
+    if (!capacities_.empty()) {  // checked before the trace is read, too
+      auto caps = parse_capacities(capacities_, block_tokens);
+      if (!caps.ok()) {
+        ctx.err << "kvtier-bench replay: " << caps.status().message() << "\n";
+        return kExitUsage;
+      }
+      capacities = std::move(*caps);
     }
 
     replay::Trace trace;
@@ -212,10 +281,11 @@ class ReplayCommand final : public Command {
       }
       trace = std::move(*loaded);
     }
+    if (trace.requests.empty()) {  // a file without requests is refused by load_trace already
+      ctx.err << "kvtier-bench replay: " << trace.source << ": no requests\n";
+      return kExitUsage;
+    }
 
-    const Geometry& g = ctx.config.model.geometry;
-    const uint32_t block_tokens =  // at most 512, checked above
-        block_tokens_ != 0 ? static_cast<uint32_t>(block_tokens_) : g.page_tokens;
     auto workload = replay::build_workload(trace, block_tokens);
     if (!workload.ok()) {
       ctx.err << "kvtier-bench replay: " << workload.status().message() << "\n";
@@ -227,20 +297,17 @@ class ReplayCommand final : public Command {
       return kExitUsage;
     }
 
-    // The runs: every policy at every capacity.
+    // The runs: every policy at every capacity. Reported: the capacity replayed, whole blocks.
     std::vector<RunSpec> specs;
+    std::vector<uint64_t> requested;  // per spec, the tokens asked for
     std::array<uint64_t, kNumTiers> tier_tokens{};
     if (!capacities_.empty()) {
-      auto caps = parse_capacities(capacities_);
-      if (!caps.ok()) {
-        ctx.err << "kvtier-bench replay: " << caps.status().message() << "\n";
-        return kExitUsage;
-      }
-      for (uint64_t tokens : *caps) {
+      for (const Capacity& c : capacities) {
         for (RunSpec s : *policies) {
-          s.capacity_blocks = {tokens / block_tokens, 0, 0};
-          s.capacity_tokens = tokens;
+          s.capacity_blocks = {c.blocks, 0, 0};
+          s.capacity_tokens = c.blocks * block_tokens;
           specs.push_back(s);
+          requested.push_back(c.requested_tokens);
         }
       }
     } else {
@@ -250,16 +317,21 @@ class ReplayCommand final : public Command {
         return static_cast<uint64_t>(static_cast<double>(bytes) / per_token);
       };
       const TiersConfig& t = ctx.config.tiers;
-      tier_tokens = {tokens_of(t.hbm.capacity_bytes), tokens_of(t.host.capacity_bytes),
-                     t.nvme.enabled ? tokens_of(t.nvme.capacity_bytes) : 0};
+      const std::array<uint64_t, kNumTiers> configured = {
+          tokens_of(t.hbm.capacity_bytes), tokens_of(t.host.capacity_bytes),
+          t.nvme.enabled ? tokens_of(t.nvme.capacity_bytes) : 0};
       for (RunSpec s : *policies) {
         uint64_t total = 0;
+        uint64_t asked = 0;
         for (std::size_t i = 0; i < kNumTiers; ++i) {
-          s.capacity_blocks[i] = tier_tokens[i] / block_tokens;
+          s.capacity_blocks[i] = configured[i] / block_tokens;
+          tier_tokens[i] = s.capacity_blocks[i] * block_tokens;
           total += tier_tokens[i];
+          asked += configured[i];
         }
         s.capacity_tokens = total;
         specs.push_back(s);
+        requested.push_back(asked);
       }
     }
 
@@ -281,7 +353,15 @@ class ReplayCommand final : public Command {
     for (unsigned i = 0; i < std::min<std::size_t>(threads, specs.size()); ++i) {
       pool.emplace_back([&] {
         for (std::size_t k; (k = next.fetch_add(1)) < specs.size();) {
-          results[k] = replay::run_replay(*workload, specs[k], options, &progress);
+          // run_replay returns every failure as a Status; this catches what would escape it
+          // anyway (the copy of a result), since an exception ending a thread ends the process.
+          try {
+            results[k] = replay::run_replay(*workload, specs[k], options, &progress);
+          } catch (const std::exception& e) {
+            results[k] = internal_error(std::string("exception: ") + e.what());
+          } catch (...) {
+            results[k] = internal_error("unknown exception");
+          }
           finished.fetch_add(1);
         }
       });
@@ -310,23 +390,27 @@ class ReplayCommand final : public Command {
     }
 
     if (json_) {
-      print_json(ctx.out, trace.source, block_tokens, results);
+      print_json(ctx.out, trace.source, block_tokens, results, requested);
     } else {
-      print_table(ctx.out, trace, *workload, tier_tokens, results, seconds);
+      print_table(ctx.out, trace, *workload, tier_tokens, capacities, results, seconds);
     }
     return kExitOk;
   }
 
  private:
+  // capacity_tokens: the capacity replayed; requested_tokens: the one asked for (more when it
+  // was not a whole number of blocks).
   void print_json(std::ostream& os, const std::string& source, uint32_t block_tokens,
-                  const std::vector<Result<RunResult>>& results) const {
+                  const std::vector<Result<RunResult>>& results,
+                  const std::vector<uint64_t>& requested) const {
     os << "{\"trace\": " << json_string(source) << ", \"lookahead\": " << lookahead_
        << ", \"block_tokens\": " << block_tokens << ", \"results\": [";
     for (std::size_t k = 0; k < results.size(); ++k) {
       const RunResult& r = *results[k];
       os << (k ? ", " : "") << "{\"policy\": " << json_string(r.policy)
          << ", \"capacity_tokens\": " << r.capacity_tokens
-         << ", \"hit_rate\": " << json_number(r.hit_rate()) << ", \"hit_rate_by_tier\": {";
+         << ", \"hit_rate\": " << json_number(r.hit_rate())
+         << ", \"requested_tokens\": " << requested[k] << ", \"hit_rate_by_tier\": {";
       for (Tier t : kAllTiers) {
         os << (t == Tier::kHbm ? "" : ", ") << "\"" << tier_name(t)
            << "\": " << (r.by_tier ? json_number(r.tier_hit_rate(t)) : "null");
@@ -338,11 +422,18 @@ class ReplayCommand final : public Command {
 
   void print_table(std::ostream& os, const replay::Trace& trace, const replay::ReplayWorkload& w,
                    const std::array<uint64_t, kNumTiers>& tiers,
+                   const std::vector<Capacity>& capacities,
                    const std::vector<Result<RunResult>>& results, double seconds) const {
     os << "trace     " << trace.source << ": " << w.requests() << " requests, "
        << w.total_input_tokens << " prompt tokens, " << w.unique_blocks << " unique "
        << w.block_tokens << "-token blocks\n";
     os << "lookahead " << lookahead_ << " requests\n";
+    for (const Capacity& c : capacities) {
+      if (c.blocks * w.block_tokens == c.requested_tokens) continue;
+      os << "capacity  " << c.requested_tokens << " tokens is not a whole number of "
+         << w.block_tokens << "-token blocks: replayed as " << c.blocks
+         << (c.blocks == 1 ? " block, " : " blocks, ") << c.blocks * w.block_tokens << " tokens\n";
+    }
     if (capacities_.empty()) {
       os << "tiers     hbm " << tiers[0] << ", host " << tiers[1] << ", nvme " << tiers[2]
          << " tokens (from the configuration)\n";

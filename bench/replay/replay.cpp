@@ -1,7 +1,10 @@
 #include "bench/replay/replay.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <limits>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "bench/replay/reference.hpp"
@@ -37,40 +40,55 @@ class PolicyRun {
       : w_(w), spec_(spec), options_(options), admission_(options.nvme_min_hits) {}
 
   Status init() {
-    const auto& cap = spec_.capacity_blocks;
-    if (cap[ti(Tier::kHbm)] > FrameAllocator::kMaxFrames ||
-        cap[ti(Tier::kHost)] > FrameAllocator::kMaxFrames ||
-        cap[ti(Tier::kNvme)] > FrameAllocator::kMaxFrames) {
-      return invalid_argument("a tier of " + std::to_string(spec_.capacity_tokens) +
-                              " tokens needs more than 2^32 frames; use larger blocks");
+    // A tier that can hold every block of the trace never fills, so it never evicts, never asks
+    // its evictor to admit a newcomer, and every request's hit is the one of an unbounded cache;
+    // more frames than blocks change nothing but the memory they take (a FrameAllocator has a
+    // word per frame, written up front: 15 GB for 6e10 tokens in 16-token blocks). So each tier
+    // gets at most that many frames. The HBM evictor is clamped too: it is consulted only when
+    // HBM is full (to choose victims, and to admit a newcomer), which a clamped HBM never is, and
+    // the lookahead policy sizes its ghost table by the capacity. A lower tier's evictor keeps the
+    // requested capacity: it is asked to admit every block demoted into it, full or not, and the
+    // lookahead policy's answer depends on its capacity through its horizon (8 turnovers of the
+    // tier), so clamping it would change that policy's results. The references need no clamp
+    // (their memory follows the trace, not the capacity).
+    std::array<uint64_t, kNumTiers> frames{};
+    for (Tier t : kAllTiers) {
+      frames[ti(t)] = std::min<uint64_t>(spec_.capacity_blocks[ti(t)], w_.unique_blocks);
+    }
+    if (frames[ti(Tier::kHbm)] > FrameAllocator::kMaxFrames ||
+        frames[ti(Tier::kHost)] > FrameAllocator::kMaxFrames ||
+        frames[ti(Tier::kNvme)] > FrameAllocator::kMaxFrames) {
+      return internal_error("a trace of " + std::to_string(w_.unique_blocks) +
+                            " blocks needs more than 2^32 frames");  // build_workload refuses it
     }
     KVTIER_ASSIGN_OR_RETURN(hbm_,
-                            FrameAllocator::create(static_cast<uint32_t>(cap[ti(Tier::kHbm)])));
+                            FrameAllocator::create(static_cast<uint32_t>(frames[ti(Tier::kHbm)])));
     TierAllocators allocators;
     allocators.hbm = hbm_.get();
-    if (cap[ti(Tier::kHost)] > 0) {
-      KVTIER_ASSIGN_OR_RETURN(host_,
-                              FrameAllocator::create(static_cast<uint32_t>(cap[ti(Tier::kHost)])));
+    if (frames[ti(Tier::kHost)] > 0) {
+      KVTIER_ASSIGN_OR_RETURN(
+          host_, FrameAllocator::create(static_cast<uint32_t>(frames[ti(Tier::kHost)])));
       allocators.host = host_.get();
     }
-    if (cap[ti(Tier::kNvme)] > 0) {
+    if (frames[ti(Tier::kNvme)] > 0) {
       KVTIER_ASSIGN_OR_RETURN(
-          nvme_, ExtentAllocator::create({static_cast<uint32_t>(cap[ti(Tier::kNvme)])}, 4096, 0));
+          nvme_,
+          ExtentAllocator::create({static_cast<uint32_t>(frames[ti(Tier::kNvme)])}, 4096, 0));
       allocators.nvme = nvme_.get();
     }
     PageTableOptions pt;
     pt.layers = 1;
     pt.shards = 16;
     uint64_t total = 0;
-    for (uint64_t c : cap) total += c;
+    for (uint64_t f : frames) total += f;
     pt.expected_blocks = std::min<uint64_t>(total + 1024, w_.unique_blocks);
     KVTIER_ASSIGN_OR_RETURN(table_, PageTable::create(pt, allocators));
 
     for (Tier t : kAllTiers) {
-      if (cap[ti(t)] == 0 && t != Tier::kHbm) continue;
+      if (frames[ti(t)] == 0 && t != Tier::kHbm) continue;
       EvictorOptions eo;
-      eo.capacity_blocks = cap[ti(t)];
-      eo.expected_blocks = std::min<uint64_t>(cap[ti(t)] + 16, w_.unique_blocks);
+      eo.capacity_blocks = t == Tier::kHbm ? frames[ti(t)] : spec_.capacity_blocks[ti(t)];
+      eo.expected_blocks = std::min<uint64_t>(frames[ti(t)] + 16, w_.unique_blocks);
       eo.hints = options_.lookahead > 0 ? &hints_ : nullptr;
       evictors_owned_[ti(t)] = make_evictor(spec_.eviction, eo);
       evictors_[ti(t)] = evictors_owned_[ti(t)].get();
@@ -300,10 +318,8 @@ class PolicyRun {
   uint64_t bypassed_ = 0;
 };
 
-}  // namespace
-
-Result<RunResult> run_replay(const ReplayWorkload& workload, const RunSpec& spec,
-                             const RunOptions& options, std::atomic<uint64_t>* progress) {
+Result<RunResult> run_one(const ReplayWorkload& workload, const RunSpec& spec,
+                          const RunOptions& options, std::atomic<uint64_t>* progress) {
   if (spec.kind != RunKind::kPolicy) {
     RunResult result;
     result.policy = spec.policy_name();
@@ -334,6 +350,83 @@ Result<RunResult> run_replay(const ReplayWorkload& workload, const RunSpec& spec
   PolicyRun run(workload, spec, options);
   KVTIER_RETURN_IF_ERROR(run.init());
   return run.run(progress);
+}
+
+}  // namespace
+
+// No exception leaves: the policies and the page table allocate as they go, and a replay thread
+// that let bad_alloc escape would end the process (std::terminate) with no word of which run.
+Result<RunResult> run_replay(const ReplayWorkload& workload, const RunSpec& spec,
+                             const RunOptions& options, std::atomic<uint64_t>* progress) {
+  try {
+    return run_one(workload, spec, options, progress);
+  } catch (const std::bad_alloc& e) {
+    return resource_exhausted(std::string("out of memory (") + e.what() + ")");
+  } catch (const std::exception& e) {
+    return internal_error(std::string("exception: ") + e.what());
+  } catch (...) {
+    return internal_error("unknown exception");
+  }
+}
+
+Result<uint64_t> parse_token_count(std::string_view text) {
+  const std::string shown = "\"" + std::string(text) + "\"";
+  const auto not_decimal = [&] {
+    return invalid_argument(shown +
+                            " is not a decimal number of tokens (digits, then an optional "
+                            "fraction and exponent: e.g. 1e6, 2.5e6 or 3000000)");
+  };
+  const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  std::size_t i = 0;
+  std::string digits;    // integer and fraction digits, without the point
+  int64_t exponent = 0;  // value = digits * 10^exponent
+  while (i < text.size() && is_digit(text[i])) digits.push_back(text[i++]);
+  if (digits.empty()) return not_decimal();
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    const std::size_t from = i;
+    while (i < text.size() && is_digit(text[i])) {
+      digits.push_back(text[i++]);
+      --exponent;
+    }
+    if (i == from) return not_decimal();
+  }
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    bool negative = false;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
+    const std::size_t from = i;
+    int64_t e = 0;
+    for (; i < text.size() && is_digit(text[i]); ++i) {
+      e = std::min<int64_t>(e * 10 + (text[i] - '0'), 1'000'000);  // beyond 64 bits either way
+    }
+    if (i == from) return not_decimal();
+    exponent += negative ? -e : e;
+  }
+  if (i != text.size()) return not_decimal();
+
+  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
+  if (exponent < 0) {
+    // The digits the exponent moves behind the point must all be zeros.
+    const std::size_t behind =
+        std::min<std::size_t>(static_cast<std::size_t>(-exponent), digits.size());
+    if (digits.find_first_not_of('0', digits.size() - behind) != std::string::npos) {
+      return invalid_argument(shown + " is not a whole number of tokens");
+    }
+    digits.resize(digits.size() - behind);
+  } else if (!digits.empty()) {
+    if (exponent > 20) return invalid_argument(shown + " is more than 2^64 - 1 tokens");
+    digits.append(static_cast<std::size_t>(exponent), '0');
+  }
+  uint64_t v = 0;
+  for (const char c : digits) {
+    const auto d = static_cast<uint64_t>(c - '0');
+    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) {
+      return invalid_argument(shown + " is more than 2^64 - 1 tokens");
+    }
+    v = v * 10 + d;
+  }
+  return v;
 }
 
 }  // namespace kvtier::replay

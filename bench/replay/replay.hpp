@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "bench/replay/workload.hpp"
 #include "kvtier/config.hpp"
@@ -76,8 +77,19 @@ struct RunResult {
   }
 };
 
-// `progress` (optional) is advanced by one per request replayed.
+// `progress` (optional) is advanced by one per request replayed. A tier's capacity may exceed the
+// trace: a tier gets at most one frame per distinct block of the trace (it cannot fill, so the
+// hits are those of an unbounded tier either way); the result reports spec.capacity_tokens. Never
+// throws: running out of memory is kResourceExhausted, any other exception kInternal.
 Result<RunResult> run_replay(const ReplayWorkload& workload, const RunSpec& spec,
                              const RunOptions& options, std::atomic<uint64_t>* progress = nullptr);
+
+// A token count as `kvtier-bench replay --capacities` takes it: a decimal number (digits, an
+// optional fraction ".digits", an optional exponent "e" or "E" with an optional sign and digits)
+// whose value is a whole number of tokens that fits in 64 bits, e.g. 1e6, 3e6, 1000000, 2.5e6
+// (2500000) or 25000e-1 (2500). Nothing else: no sign, no spaces, no hex ("0x10", "0x1p20"), no
+// inf or nan, no fraction of a token ("0.4", "25e-1"). Computed exactly from the digits, never
+// through a double (strtod reads hex and rounds). kInvalidArgument, quoting `text`, otherwise.
+Result<uint64_t> parse_token_count(std::string_view text);
 
 }  // namespace kvtier::replay

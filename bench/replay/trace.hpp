@@ -8,11 +8,17 @@
 // no silent defaults (a missing timestamp would replay as an arrival at 0), and each field may
 // appear once per request. input_length is 1..2^40 tokens (timestamp and output_length at most
 // 2^40 too, so sums and ms-to-ns scaling cannot overflow), and len(hash_ids) ==
-// ceil(input_length / 512), as the format defines it. Every error names the file, line and column
-// and what was expected; nothing aborts on bad input. A trace is plain data, immutable once
-// loaded and shared read-only by the replay threads. Rejected: a JSON library dependency for four
-// fields of one known shape (none is among the project's packages), and regex scanning (it cannot
-// report where a malformed line breaks).
+// ceil(input_length / 512), as the format defines it. Requests must be sorted by timestamp (equal
+// ones allowed), as the format says: the replay serves them in file order, so an unsorted file is
+// refused rather than replayed in an order its timestamps contradict. A trace has at least one
+// request. Strings follow JSON: its escapes only, the u escape with four hex digits (decoded to
+// UTF-8, surrogates paired), no raw control characters. Every error names the file, line and column
+// and what was expected, with input bytes other than printable ASCII shown as \xNN, so messages
+// are plain ASCII whatever the file holds; nothing aborts on bad input. load_trace() reads
+// regular files only (a directory opens, then fails to read). A trace is plain data, immutable
+// once loaded and shared read-only by the replay threads. Rejected: a JSON library dependency for
+// four fields of one known shape (none is among the project's packages), and regex scanning (it
+// cannot report where a malformed line breaks).
 #pragma once
 
 #include <cstdint>
@@ -42,8 +48,11 @@ struct Trace {
   uint64_t total_input_tokens() const;
 };
 
-// Parses JSONL text; `source` names it in error messages. Blank lines are skipped.
+// Parses JSONL text; `source` names it in error messages. Blank lines are skipped; a text with no
+// request is kInvalidArgument ("<source>: no requests").
 Result<Trace> parse_trace(std::string_view text, std::string source);
+// kIoError when the file cannot be opened or read (with errno), kInvalidArgument when it is not a
+// regular file or does not parse.
 Result<Trace> load_trace(const std::string& path);
 
 // One JSONL line per request, in the same format (used to save generated traces).
