@@ -6,40 +6,110 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "kvtier/block_key.hpp"
 #include "runtime/python/py_module.hpp"
 
 namespace kvtier::python {
 
-std::vector<uint32_t> tokens_from(py::handle tokens) {
-  py::array any = py::array::ensure(tokens);
-  if (!any) {
-    PyErr_Clear();
-    throw py::type_error("tokens must be a sequence of integers (got " +
-                         std::string(py::str(py::type::handle_of(tokens))) + ")");
+namespace {
+
+[[noreturn]] void throw_out_of_range(std::size_t i, const std::string& value) {
+  throw StatusError(invalid_argument("tokens[" + std::to_string(i) + "] is " + value +
+                                     "; token ids are in [0, 2^32)"));
+}
+
+// Python objects one by one: a list or tuple, or an object array. Any int is taken (NumPy ints
+// too, through __index__), so a value too large for int64 is reported as it is; bool is not.
+std::vector<uint32_t> tokens_from_objects(py::handle sequence) {
+  std::vector<uint32_t> out;
+  out.reserve(py::len(sequence));
+  for (py::handle item : sequence) {
+    const std::size_t i = out.size();
+    if (PyBool_Check(item.ptr()) || !PyIndex_Check(item.ptr())) {
+      throw py::type_error("tokens[" + std::to_string(i) + "] is a " + type_name(item) +
+                           "; tokens must be integers");
+    }
+    const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(item.ptr()));
+    if (!index) throw py::error_already_set();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (overflow != 0 || v < 0 || v > static_cast<long long>(UINT32_MAX)) {
+      throw_out_of_range(i, py::str(index));
+    }
+    out.push_back(static_cast<uint32_t>(v));
   }
-  if (any.ndim() != 1) {
-    throw StatusError(invalid_argument("tokens must be one-dimensional (got " +
-                                       std::to_string(any.ndim()) + " dimensions)"));
-  }
-  const char kind = any.dtype().kind();
-  if (any.size() > 0 && kind != 'i' && kind != 'u') {
-    throw py::type_error("tokens must be integers (got dtype " + std::string(py::str(any.dtype())) +
-                         ")");
-  }
-  auto values = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(any);
+  return out;
+}
+
+// An integer array through its own signedness: uint64 values above 2^63 stay what they are.
+template <typename Wide>
+std::vector<uint32_t> tokens_from_integers(const py::array& any) {
+  auto values = py::array_t<Wide, py::array::c_style | py::array::forcecast>::ensure(any);
   if (!values) throw py::error_already_set();
   std::vector<uint32_t> out(static_cast<std::size_t>(values.size()));
-  const int64_t* data = values.data();
+  const Wide* data = values.data();
   for (std::size_t i = 0; i < out.size(); ++i) {
-    if (data[i] < 0 || data[i] > static_cast<int64_t>(UINT32_MAX)) {
-      throw StatusError(invalid_argument("tokens[" + std::to_string(i) + "] is " +
-                                         std::to_string(data[i]) + "; token ids are in [0, 2^32)"));
+    bool negative = false;
+    if constexpr (std::is_signed_v<Wide>) negative = data[i] < 0;
+    if (negative || data[i] > static_cast<Wide>(UINT32_MAX)) {
+      throw_out_of_range(i, std::to_string(data[i]));
     }
     out[i] = static_cast<uint32_t>(data[i]);
   }
   return out;
+}
+
+// lo or hi of a pickled BlockKey: TypeError for what is not an int, ValueError out of range.
+uint64_t key_half(py::handle v, const char* name) {
+  if (!PyLong_Check(v.ptr())) {
+    throw py::type_error(std::string("a BlockKey's ") + name + " is a " + type_name(v) +
+                         "; (lo, hi) are ints");
+  }
+  const unsigned long long out = PyLong_AsUnsignedLongLong(v.ptr());
+  if (out == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error(std::string("a BlockKey's ") + name + " is " + std::string(py::str(v)) +
+                          ", not in [0, 2^64)");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint32_t> tokens_from(py::handle tokens) {
+  const auto not_a_sequence = [&] {
+    return py::type_error(
+        "tokens must be a one-dimensional sequence of integers: a list, a tuple, a NumPy array "
+        "or a CPU torch tensor (got " +
+        type_name(tokens) + ")");
+  };
+  // Read item by item: NumPy would turn [-1, 2**63] into float64 and [2**64] into objects.
+  if (py::isinstance<py::list>(tokens) || py::isinstance<py::tuple>(tokens)) {
+    return tokens_from_objects(tokens);
+  }
+  py::array any = py::array::ensure(tokens);
+  if (!any) {
+    PyErr_Clear();
+    throw not_a_sequence();
+  }
+  if (any.ndim() == 0) throw not_a_sequence();  // None, a str, a scalar: NumPy makes them 0-d
+  if (any.ndim() != 1) {
+    throw StatusError(invalid_argument("tokens must be one-dimensional (got " +
+                                       std::to_string(any.ndim()) + " dimensions)"));
+  }
+  if (any.size() == 0) return {};
+  switch (any.dtype().kind()) {
+    case 'i': return tokens_from_integers<int64_t>(any);
+    case 'u': return tokens_from_integers<uint64_t>(any);
+    case 'O': return tokens_from_objects(any);
+    default:
+      throw py::type_error("tokens must be integers (got dtype " +
+                           std::string(py::str(any.dtype())) + ")");
+  }
 }
 
 void register_keys(py::module_& m) {
@@ -75,9 +145,13 @@ void register_keys(py::module_& m) {
            [](const BlockKey& k) { return "kvtier.BlockKey.from_hex('" + to_string(k) + "')"; })
       .def(py::pickle([](const BlockKey& k) { return py::make_tuple(k.lo, k.hi); },
                       [](const py::tuple& t) {
-                        if (t.size() != 2)
-                          throw std::runtime_error("a BlockKey pickles as (lo, hi)");
-                        return BlockKey{t[0].cast<uint64_t>(), t[1].cast<uint64_t>()};
+                        if (t.size() != 2) {
+                          throw py::type_error(
+                              "a BlockKey unpickles from (lo, hi), two ints in [0, 2^64) (got a "
+                              "tuple of " +
+                              std::to_string(t.size()) + ")");
+                        }
+                        return BlockKey{key_half(t[0], "lo"), key_half(t[1], "hi")};
                       }));
 
   m.def(

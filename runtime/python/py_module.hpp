@@ -5,16 +5,21 @@
 // of its code. Nothing else from kvtier throws.
 //
 // GIL. Every call that can wait (on the runtime's loop, on a layer, on shutdown) releases the GIL
-// for the wait: py::call_guard<py::gil_scoped_release> where the arguments are plain C++ values
-// (pybind11 converts them before the guard releases), a scoped release otherwise. Nothing touches
-// a Python object while the GIL is released.
+// for the wait: py::call_guard<GilRelease> where the arguments are plain C++ values (pybind11
+// converts them before the guard releases), a scoped GilRelease otherwise. Nothing touches a Python
+// object while the GIL is released. GilRelease, not py::gil_scoped_release: at exit CPython 3.11
+// ends a daemon thread that re-takes the GIL with pthread_exit, whose forced unwind aborts the
+// process (std::terminate) at the first noexcept frame, pybind11's ~gil_scoped_release among
+// them (pybind11 #2215). GilRelease parks such a thread for good where the unwind starts, as
+// CPython 3.14 itself does (gh-87135) and PyO3 does; see restore_gil. Every lock a call takes is
+// released before the GIL is re-taken, so a parked thread holds none.
 //
 // Lifetimes. A Runtime, its Steps and every NumPy array over the HBM arena share one RuntimeState
 // (shared_ptr). kvtier::Runtime frees the arena at shutdown, so shutdown is refused with
 // BufferError while an array still views it (as mmap.close() is while a buffer is exported); each
 // such array holds an HbmLease, counted in `views`. Lock order: `mu` (shared for a call, exclusive
-// for shutdown) is only taken with the GIL released or by calls that never wait for it while
-// holding anything the shutdown needs, so the GIL and `mu` never deadlock. Step.wait_layer, which
+// for shutdown) is never waited for with the GIL held (lock_open), so the GIL and `mu` never
+// deadlock and a shutdown holding `mu` never stalls the Python threads. Step.wait_layer, which
 // may block for wait_timeout_ms, holds `mu` only to check the runtime open, not for the wait:
 // shutdown would otherwise wait for the very wait its Runtime::shutdown wakes (py_step.cpp).
 #pragma once
@@ -70,10 +75,33 @@ struct RuntimeState {
 // already released it.
 inline bool holds_gil() { return Py_IsInitialized() && PyGILState_Check() == 1; }
 
+// Re-takes the GIL given up by PyEval_SaveThread (py_gil.cpp). Where the interpreter is
+// finalizing, CPython 3.11 answers with pthread_exit instead; its forced unwind is stopped here and
+// the thread parked until the process exits, never unwound: the unwind would run C++ cleanups that
+// drop Python references without the GIL (pybind11's argument holders), and end in std::terminate
+// wherever the re-take runs in a noexcept frame (any destructor, ~PyStep's among them) or during
+// an exception's unwinding. Rejected: a noexcept(false) destructor that lets the unwind pass
+// (still fatal in those frames), and not re-taking the GIL once _Py_IsFinalizing() (racy: the
+// flag is raised while the thread already waits inside PyEval_RestoreThread; returning to Python
+// without the GIL is worse).
+void restore_gil(PyThreadState* thread) noexcept;
+
+// Releases the GIL for its scope; the GIL must be held. See restore_gil.
+class GilRelease {
+ public:
+  GilRelease() : thread_(PyEval_SaveThread()) {}
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+  ~GilRelease() { restore_gil(thread_); }
+
+ private:
+  PyThreadState* thread_;
+};
+
 inline void release_state(std::shared_ptr<RuntimeState>& state) {
   if (state == nullptr) return;
   if (state.use_count() == 1 && holds_gil()) {
-    py::gil_scoped_release unlocked;
+    GilRelease unlocked;
     state.reset();
     return;
   }
@@ -105,24 +133,43 @@ struct PyStep {
 std::unique_ptr<PyStep> begin_step(PyRuntime& self,
                                    const std::vector<std::pair<SequenceId, uint32_t>>& items);
 
-// Runs fn(Runtime&) with the runtime held open; FailedPreconditionError after shutdown.
 // The runtime held shared for one call; FailedPreconditionError once a shutdown has begun.
+// Never waits for `mu` with the GIL held: only a shutdown holds it exclusively (for as long as
+// Runtime::shutdown takes), and a caller holding the GIL would stall every Python thread that long.
+// Such a caller waits without the GIL and without keeping `mu` while it re-takes the GIL, then
+// looks again (and finds `closing` raised).
 inline std::shared_lock<std::shared_mutex> lock_open(RuntimeState& state) {
-  if (!state.closing.load(std::memory_order_acquire)) {
-    std::shared_lock lock(state.mu);
-    if (!state.shut_down) return lock;
+  while (!state.closing.load(std::memory_order_acquire)) {
+    std::shared_lock lock(state.mu, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      if (holds_gil()) {
+        GilRelease unlocked;
+        std::shared_lock wait(state.mu);
+        continue;
+      }
+      lock.lock();
+    }
+    if (state.shut_down) break;
+    return lock;
   }
   throw StatusError(failed_precondition("the runtime was shut down"));
 }
 
+// Runs fn(Runtime&) with the runtime held open (lock_open).
 template <typename Fn>
 auto with_runtime(const std::shared_ptr<RuntimeState>& state, Fn&& fn) {
   auto lock = lock_open(*state);
   return fn(*state->runtime);
 }
 
-// Token ids from a 1-D sequence or array of integers in [0, 2^32) (a list, a NumPy array, or
-// anything NumPy can read, a CPU torch tensor included); copied, with the GIL held.
+// The name of h's type, for messages ("NoneType", "str").
+inline std::string type_name(py::handle h) {
+  return py::str(py::type::handle_of(h).attr("__name__"));
+}
+
+// Token ids from a 1-D sequence or array of integers in [0, 2^32) (a list, a tuple, a NumPy array,
+// or anything NumPy can read, a CPU torch tensor included); copied, with the GIL held. TypeError
+// for what is not a sequence of integers, InvalidArgumentError for an id out of range, naming it.
 std::vector<uint32_t> tokens_from(py::handle tokens);
 
 // Registration, one per source file, in module order.

@@ -157,7 +157,7 @@ void shutdown(PyRuntime& self) {
   };
   Status s;
   {
-    py::gil_scoped_release unlocked;
+    GilRelease unlocked;
     // Arrays are only made under the shared lock: checked before closing (the usual refusal
     // leaves the runtime untouched) and again under the exclusive lock (one made meanwhile).
     refuse_while_viewed();
@@ -233,7 +233,7 @@ void register_runtime(py::module_& m) {
                ", reused_tokens=" + std::to_string(s.reused_tokens) + ")";
       });
 
-  const auto release = py::call_guard<py::gil_scoped_release>();
+  const auto release = py::call_guard<GilRelease>();
   py::class_<PyRuntime>(m, "Runtime",
                         "A kvtier runtime: the tiers, the page table and the scheduler. Open it "
                         "with Runtime.open_yaml or Runtime.open_file; use it as a context manager "
@@ -405,7 +405,7 @@ void register_runtime(py::module_& m) {
           [](PyRuntime& self) {
             RuntimeStats s;
             {
-              py::gil_scoped_release unlocked;
+              GilRelease unlocked;
               s = with_runtime(self.state, [](Runtime& rt) { return rt.stats(); });
             }
             return stats_dict(s);

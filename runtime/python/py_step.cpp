@@ -1,6 +1,7 @@
 // kvtier.Step: one engine step (begin_step's StepInfo) and its per-layer calls, and
-// kvtier.LayerTable, a layer's CSR block table as NumPy int32 arrays (small copies, owned by
-// Python). A Step used as a context manager ends on a normal exit and aborts on an exception; a
+// kvtier.LayerTable, a layer's CSR block table: a copy of the runtime's, shown as read-only NumPy
+// int32 views (so no write from Python can make frames() read past `indices`, which it checks
+// anyway). A Step used as a context manager ends on a normal exit and aborts on an exception; a
 // Step dropped while still open is aborted, so its pages never stay pinned.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -25,7 +26,7 @@ PyStep::~PyStep() {
   }
   if (open) {
     // Dropped by the garbage collector with the GIL held; the abort waits on the loop.
-    std::optional<py::gil_scoped_release> unlocked;
+    std::optional<GilRelease> unlocked;
     if (holds_gil()) unlocked.emplace();
     const bool open_runtime =
         !state->closing.load(std::memory_order_acquire);  // else nothing is left to unpin
@@ -45,15 +46,38 @@ PyStep::~PyStep() {
 namespace {
 
 struct PyLayerTable {
-  py::array_t<int32_t> indptr;
-  py::array_t<int32_t> indices;
-  py::array_t<int32_t> last_page_len;
+  LayerTable table;
 };
 
-py::array_t<int32_t> to_numpy(const std::vector<int32_t>& v) {
-  py::array_t<int32_t> out(static_cast<py::ssize_t>(v.size()));
-  std::copy(v.begin(), v.end(), out.mutable_data());
+// A read-only array over `v`, which `owner` (the Python LayerTable holding it) keeps alive. NumPy
+// refuses to make it writable again: its base exposes no writable buffer.
+py::array_t<int32_t> read_only_view(const std::vector<int32_t>& v, py::handle owner) {
+  py::array_t<int32_t> out({static_cast<py::ssize_t>(v.size())},
+                           {static_cast<py::ssize_t>(sizeof(int32_t))}, v.data(), owner);
+  out.attr("setflags")(py::arg("write") = false);
   return out;
+}
+
+// Item `item`'s frame indices, checked against the table's sizes rather than trusted.
+py::array_t<int32_t> item_frames(const LayerTable& t, py::ssize_t item) {
+  const auto batch = static_cast<py::ssize_t>(t.last_page_len.size());
+  if (item < 0 || item >= batch) {
+    throw StatusError(
+        out_of_range("item " + std::to_string(item) + " of a batch of " + std::to_string(batch)));
+  }
+  const auto where = "layer table item " + std::to_string(item) + ": ";
+  if (t.indptr.size() != static_cast<std::size_t>(batch) + 1) {
+    throw StatusError(out_of_range(where + "indptr has " + std::to_string(t.indptr.size()) +
+                                   " entries for a batch of " + std::to_string(batch)));
+  }
+  const int64_t begin = t.indptr[item];
+  const int64_t end = t.indptr[item + 1];
+  if (begin < 0 || end < begin || end > static_cast<int64_t>(t.indices.size())) {
+    throw StatusError(out_of_range(where + "indptr names indices[" + std::to_string(begin) + ":" +
+                                   std::to_string(end) + "], but the table has " +
+                                   std::to_string(t.indices.size()) + " indices"));
+  }
+  return py::array_t<int32_t>(static_cast<py::ssize_t>(end - begin), t.indices.data() + begin);
 }
 
 void mark_finished(PyStep& step) {
@@ -67,14 +91,14 @@ bool is_finished(PyStep& step) {
 }
 
 void end_step(PyStep& step, std::vector<StepCompletion> completions) {
-  py::gil_scoped_release unlocked;
+  GilRelease unlocked;
   with_runtime(step.state,
                [&](Runtime& rt) { throw_if_error(rt.end_step(step.info.id, completions)); });
   mark_finished(step);
 }
 
 void abort_step(PyStep& step) {
-  py::gil_scoped_release unlocked;
+  GilRelease unlocked;
   with_runtime(step.state, [&](Runtime& rt) { throw_if_error(rt.abort_step(step.info.id)); });
   mark_finished(step);
 }
@@ -93,16 +117,71 @@ void wait_layer(PyStep& step, uint32_t layer) {
   throw_if_error(waited);
 }
 
-// {sequence: [keys]} or [(sequence, [keys]), ...] -> completions, in the order given.
+// What pybind11's casters took as a pair or a list of keys: a sequence, but not a str or bytes.
+bool is_sequence(py::handle h) {
+  return PySequence_Check(h.ptr()) == 1 && !py::isinstance<py::str>(h) &&
+         !py::isinstance<py::bytes>(h);
+}
+
+// A sequence is named with its length, which is what is wrong with a pair of 3.
+std::string describe(py::handle h) {
+  if (!is_sequence(h)) return type_name(h);
+  return "a " + type_name(h) + " of " + std::to_string(py::len(h));
+}
+
+StepCompletion completion_from(py::handle sequence, py::handle keys, const std::string& where) {
+  StepCompletion c;
+  try {
+    c.sequence = sequence.cast<SequenceId>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(where + ": the sequence id must be an int in [0, 2^64) (got " +
+                         std::string(py::repr(sequence)) + ")");
+  }
+  if (!is_sequence(keys)) {
+    throw py::type_error(where + ": expected a list of kvtier.BlockKey (got " + type_name(keys) +
+                         ")");
+  }
+  std::size_t j = 0;
+  for (py::handle key : keys) {
+    if (!py::isinstance<BlockKey>(key)) {
+      throw py::type_error(where + ": keys[" + std::to_string(j) +
+                           "] must be a kvtier.BlockKey (got " + type_name(key) + ")");
+    }
+    c.full_block_keys.push_back(key.cast<BlockKey>());
+    ++j;
+  }
+  return c;
+}
+
+// {sequence: [keys]} or [(sequence, [keys]), ...] -> completions, in the order given; TypeError
+// naming the entry for anything else.
 std::vector<StepCompletion> completions_from(py::handle arg) {
   std::vector<StepCompletion> out;
   if (arg.is_none()) return out;
-  py::iterable pairs = py::isinstance<py::dict>(arg)
-                           ? py::iterable(py::reinterpret_borrow<py::dict>(arg).attr("items")())
-                           : py::reinterpret_borrow<py::iterable>(arg);
-  for (py::handle pair : pairs) {
-    auto [sequence, keys] = pair.cast<std::pair<SequenceId, std::vector<BlockKey>>>();
-    out.push_back(StepCompletion{sequence, std::move(keys)});
+  if (py::isinstance<py::dict>(arg)) {
+    for (auto [sequence, keys] : py::reinterpret_borrow<py::dict>(arg)) {
+      out.push_back(
+          completion_from(sequence, keys, "completions[" + std::string(py::repr(sequence)) + "]"));
+    }
+    return out;
+  }
+  if (!py::isinstance<py::iterable>(arg) || py::isinstance<py::str>(arg) ||
+      py::isinstance<py::bytes>(arg)) {
+    throw py::type_error(
+        "completions must be a dict {sequence: [keys]} or a list of (sequence, keys) pairs (got " +
+        type_name(arg) + ")");
+  }
+  std::size_t i = 0;
+  for (py::handle pair : arg) {
+    const std::string where = "completions[" + std::to_string(i++) + "]";
+    if (!is_sequence(pair) || py::len(pair) != 2) {
+      throw py::type_error(where + ": expected a (sequence, [BlockKey, ...]) pair (got " +
+                           describe(pair) + ")");
+    }
+    const py::sequence p = py::reinterpret_borrow<py::sequence>(pair);
+    const py::object sequence = p[0];
+    const py::object keys = p[1];
+    out.push_back(completion_from(sequence, keys, where));
   }
   return out;
 }
@@ -141,23 +220,30 @@ void register_step(py::module_& m) {
                            "A layer's block table, CSR: item i's HBM frames are "
                            "indices[indptr[i]:indptr[i+1]], the last holding last_page_len[i] "
                            "tokens.")
-      .def_readonly("indptr", &PyLayerTable::indptr)
-      .def_readonly("indices", &PyLayerTable::indices)
-      .def_readonly("last_page_len", &PyLayerTable::last_page_len)
+      .def_property_readonly(
+          "indptr",
+          [](py::handle self) {
+            return read_only_view(self.cast<PyLayerTable&>().table.indptr, self);
+          },
+          "[batch + 1] offsets into indices (read-only).")
+      .def_property_readonly(
+          "indices",
+          [](py::handle self) {
+            return read_only_view(self.cast<PyLayerTable&>().table.indices, self);
+          },
+          "The HBM frame indices of every item, item after item (read-only).")
+      .def_property_readonly(
+          "last_page_len",
+          [](py::handle self) {
+            return read_only_view(self.cast<PyLayerTable&>().table.last_page_len, self);
+          },
+          "[batch] tokens in each item's last page (read-only).")
       .def(
           "frames",
-          [](const PyLayerTable& t, py::ssize_t item) {
-            const py::ssize_t batch = t.last_page_len.size();
-            if (item < 0 || item >= batch) {
-              throw StatusError(out_of_range("item " + std::to_string(item) + " of a batch of " +
-                                             std::to_string(batch)));
-            }
-            const int32_t* p = t.indptr.data();
-            return py::array_t<int32_t>(p[item + 1] - p[item], t.indices.data() + p[item]);
-          },
+          [](const PyLayerTable& t, py::ssize_t item) { return item_frames(t.table, item); },
           py::arg("item"), "The HBM frame indices of batch item `item` (a copy).");
 
-  const auto release = py::call_guard<py::gil_scoped_release>();
+  const auto release = py::call_guard<GilRelease>();
   py::class_<PyStep>(m, "Step",
                      "One step of the engine: wait_layer(l), layer_table(l), write K/V and run "
                      "attention, end_layer(l) for each layer, then end() (or abort()).")
@@ -176,10 +262,10 @@ void register_step(py::module_& m) {
       .def(
           "layer_table",
           [](PyStep& s, uint32_t layer) {
-            const LayerTable t = with_runtime(s.state, [&](Runtime& rt) {
+            LayerTable t = with_runtime(s.state, [&](Runtime& rt) {
               return value_or_throw(rt.layer_table(s.info.id, layer));
             });
-            return PyLayerTable{to_numpy(t.indptr), to_numpy(t.indices), to_numpy(t.last_page_len)};
+            return PyLayerTable{std::move(t)};
           },
           py::arg("layer"), "The layer's block table (FailedPreconditionError before wait_layer).")
       .def(
@@ -191,7 +277,7 @@ void register_step(py::module_& m) {
           release, py::arg("layer"), "The engine has read and written `layer`.")
       .def(
           "end",
-          [](PyStep& s, py::object completions) { end_step(s, completions_from(completions)); },
+          [](PyStep& s, py::handle completions) { end_step(s, completions_from(completions)); },
           py::arg("completions") = py::none(),
           "Ends the step: unpins, completes what was written, publishes full blocks. "
           "`completions` ({sequence: [keys]}) names the blocks this step filled, in order "

@@ -3,6 +3,7 @@ exception) with the runtime's message; the process keeps running and nothing lea
 
 import gc
 
+import numpy as np
 import pytest
 
 import kvtier
@@ -102,3 +103,78 @@ def test_bad_calls_are_errors_and_nothing_leaks(tmp_path):
                  lambda: step.wait_layer(0)):
         with pytest.raises(kvtier.FailedPreconditionError, match="shut down"):
             call()
+
+
+def test_layer_table_arrays_are_read_only_and_frames_checks_the_table(tmp_path):
+    import ctypes
+    with open_runtime(config_yaml(tmp_path, nvme=False)) as rt:
+        seq = rt.open_sequence(rt.block_keys(make_tokens(64, seed=7)))
+        with rt.begin_step([(seq.id, 64)]) as step:
+            step.wait_layer(0)
+            table = step.layer_table(0)
+            assert list(table.indptr) == [0, 4] and list(table.last_page_len) == [16]
+            frames = list(table.frames(0))
+            assert frames == list(table.indices) and len(frames) == 4
+            for name in ("indptr", "indices", "last_page_len"):
+                array = getattr(table, name)
+                assert array.dtype == np.int32
+                assert not array.flags.writeable, f"LayerTable.{name} is writable"
+                with pytest.raises(ValueError, match="read-only"):
+                    array[0] = 10**9
+                with pytest.raises(ValueError):
+                    array.setflags(write=True)  # nor can it be made writable again
+                with pytest.raises(ValueError):
+                    array[:].setflags(write=True)
+            # The arrays keep what they show alive without the table.
+            indptr = table.indptr
+            del table
+            gc.collect()
+            assert list(indptr) == [0, 4]
+            table = step.layer_table(0)
+            # A table whose bytes were changed anyway (ctypes) is refused, never read past.
+            indptr_at = table.indptr.__array_interface__["data"][0]
+            end = ctypes.c_int32.from_address(indptr_at + 4)
+            for bad in (10**9, 6, -1):
+                end.value = bad
+                with pytest.raises(kvtier.OutOfRangeError, match=r"item 0: indptr names .* has 4 indices"):
+                    table.frames(0)
+            end.value = 4
+            assert list(table.frames(0)) == frames
+            with pytest.raises(kvtier.OutOfRangeError, match="item 1 of a batch of 1"):
+                table.frames(1)
+            for layer in range(step.layers):
+                step.wait_layer(layer)
+                step.end_layer(layer)
+        # The HBM frames stay writable: the engine writes K/V there.
+        hbm = rt.hbm_frames()
+        assert hbm.flags.writeable and rt.hbm_frames(raw=True).flags.writeable
+        del hbm
+        gc.collect()
+        rt.close_sequence(seq.id)
+
+
+def test_bad_completions_are_type_errors_naming_the_item(tmp_path):
+    with open_runtime(config_yaml(tmp_path, nvme=False)) as rt:
+        seq = rt.open_sequence(rt.block_keys(make_tokens(32, seed=8)))
+        cases = [({seq.id: "x"}, rf"completions\[{seq.id}\]: expected a list of kvtier\.BlockKey"
+                                 r" \(got str\)"),
+                 ({seq.id: [1]}, rf"completions\[{seq.id}\]: keys\[0\] must be a kvtier\.BlockKey \(got int\)"),
+                 ({"a": []}, r"completions\['a'\]: the sequence id must be an int"),
+                 ({-1: []}, r"completions\[-1\]: the sequence id must be an int in \[0, 2\^64\)"),
+                 ([1, 2], r"completions\[0\]: expected a \(sequence, \[BlockKey, \.\.\.\]\) pair"
+                          r" \(got int\)"),
+                 ([(seq.id, [], 1)], r"completions\[0\]: expected a \(sequence, \[BlockKey, \.\.\.\]\)"
+                                     r" pair \(got a tuple of 3\)"),
+                 (5, r"completions must be a dict \{sequence: \[keys\]\} or a list of "
+                     r"\(sequence, keys\) pairs \(got int\)")]
+        for completions, message in cases:
+            step = rt.begin_step([(seq.id, 32)])
+            for layer in range(step.layers):
+                step.wait_layer(layer)
+                step.end_layer(layer)
+            with pytest.raises(TypeError, match=message) as raised:
+                step.end(completions)
+            assert not isinstance(raised.value, kvtier.Error)
+            assert not step.finished
+            step.abort()
+        rt.close_sequence(seq.id)

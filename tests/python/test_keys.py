@@ -81,3 +81,57 @@ def test_version_is_the_projects():
     assert kvtier.__version__ == ".".join(parts) == kvtier.version()
     pyproject = open(os.path.join(source, "pyproject.toml")).read()
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == kvtier.__version__
+
+
+def test_tokens_that_are_not_a_sequence_are_type_errors():
+    for bad in (None, "abc", b"ab", 5, np.int64(5), {1: 2}, object()):
+        with pytest.raises(TypeError, match="a list, a tuple, a NumPy array") as raised:
+            kvtier.chain_block_keys("m", bad, 16)
+        assert not isinstance(raised.value, kvtier.Error)
+        assert type(bad).__name__ in str(raised.value)
+    with pytest.raises(TypeError, match=r"tokens\[1\] is a NoneType"):
+        kvtier.chain_block_keys("m", [1, None], 16)
+    with pytest.raises(TypeError, match=r"tokens\[0\] is a float"):
+        kvtier.chain_block_keys("m", (1.0, 2), 16)
+    with pytest.raises(TypeError, match=r"tokens\[2\] is a bool"):
+        kvtier.chain_block_keys("m", [1, 2, True], 16)
+
+
+def test_out_of_range_tokens_report_their_real_value():
+    cases = [
+        (np.array([2**63, 1], dtype=np.uint64), r"tokens\[0\] is 9223372036854775808;"),
+        (np.array([1, 2**64 - 1], dtype=np.uint64), r"tokens\[1\] is 18446744073709551615;"),
+        (np.array([7, -3], dtype=np.int8), r"tokens\[1\] is -3;"),
+        ([5, 2**63], r"tokens\[1\] is 9223372036854775808;"),
+        ([2**64], r"tokens\[0\] is 18446744073709551616;"),
+        ([-1, 2**63], r"tokens\[0\] is -1;"),
+        ([3, 2**70], r"tokens\[1\] is 1180591620717411303424;"),
+        (np.array([1, 2**70], dtype=object), r"tokens\[1\] is 1180591620717411303424;"),
+    ]
+    for tokens, message in cases:
+        with pytest.raises(kvtier.InvalidArgumentError, match=message + r" token ids are in"):
+            kvtier.chain_block_keys("m", tokens, 16)
+    # In range, every spelling gives the same keys.
+    ids = [0, 2**32 - 1] + list(range(30))
+    keys = kvtier.chain_block_keys("m", ids, 16)
+    assert len(keys) == 2
+    for same in (tuple(ids), np.array(ids, dtype=np.uint64), np.array(ids, dtype=np.int64),
+                 np.array(ids, dtype=object), [np.uint32(t) for t in ids]):
+        assert kvtier.chain_block_keys("m", same, 16) == keys
+
+
+def test_a_bad_pickled_block_key_is_a_type_or_value_error():
+    key = kvtier.BlockKey(1, 2)
+    assert pickle.loads(pickle.dumps(key)) == key
+    cases = [((1, 2, 3), TypeError, r"\(lo, hi\).*got a tuple of 3"),
+             (("a", 1), TypeError, "lo is a str"),
+             ((1, 2.5), TypeError, "hi is a float"),
+             ((-1, 1), ValueError, r"lo is -1, not in \[0, 2\^64\)"),
+             ((1, 2**64), ValueError, r"hi is 18446744073709551616, not in \[0, 2\^64\)")]
+    for state, error, message in cases:
+        blank = kvtier.BlockKey.__new__(kvtier.BlockKey)
+        with pytest.raises(error, match=message):
+            blank.__setstate__(state)
+    blank = kvtier.BlockKey.__new__(kvtier.BlockKey)
+    blank.__setstate__((1, 2**64 - 1))
+    assert blank == kvtier.BlockKey(1, 2**64 - 1)
