@@ -16,7 +16,9 @@
 //    "memcpy_gib_s", "ratio"}, "block_bytes", "queue_depth", ...}
 // and with --gpu: {"gpu": {"h2d": {"kvtier_gib_s", "cuda_gib_s", "ratio"}, "d2h": {...}}, ...}.
 // A baseline that cannot run (fio missing) is reported as null, with the reason on stderr.
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <iomanip>
 #include <numeric>
 #include <optional>
@@ -34,6 +37,8 @@
 #include <vector>
 
 #include "bench/kvtier_bench/command.hpp"
+#include "bench/run/subprocess.hpp"
+#include "runtime/config_size.hpp"
 #include "tiers/device_api.hpp"
 #include "tiers/hbm_arena.hpp"
 #include "tiers/host_pool.hpp"
@@ -45,6 +50,9 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = 1024.0 * kMiB;
+constexpr uint64_t kMaxRuns = 1000;
+// The CPU copy pass holds its bytes four times: emulated HBM, host pool, two memcpy buffers.
+constexpr uint64_t kCopyCopies = 4;
 
 struct IoOptions {
   bool json = false;
@@ -142,30 +150,81 @@ std::optional<double> fio_bw_bytes(const std::string& json, const std::string& s
   }
 }
 
+// `file` as fio's --filename takes it: a colon separates file names there, "\:" is a colon.
+std::string fio_filename(const std::string& file) {
+  std::string out;
+  for (const char c : file) {
+    if (c == ':') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// fio without a shell: the file name is one argument, whatever it contains.
 Result<double> fio_pass(const std::string& file, uint64_t bytes, uint64_t block, uint32_t qd,
                         bool write) {
   const std::string rw = write ? "write" : "read";
-  const std::string cmd =
-      "fio --name=kvtier-bench-io --filename='" + file + "' --size=" + std::to_string(bytes) +
-      " --bs=" + std::to_string(block) + " --iodepth=" + std::to_string(qd) +
-      " --ioengine=io_uring --direct=1 --numjobs=1 --rw=" + rw + " --output-format=json 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return unavailable("cannot run fio: " + std::string(std::strerror(errno)));
-  std::string out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = ::pclose(p);
-  if (rc != 0) {
-    return unavailable("fio exited with status " + std::to_string(rc) + ": " +
-                       out.substr(0, std::min<std::size_t>(out.size(), 300)));
+  const std::vector<std::string> argv = {"fio",
+                                         "--name=kvtier-bench-io",
+                                         "--filename=" + fio_filename(file),
+                                         "--size=" + std::to_string(bytes),
+                                         "--bs=" + std::to_string(block),
+                                         "--iodepth=" + std::to_string(qd),
+                                         "--ioengine=io_uring",
+                                         "--direct=1",
+                                         "--numjobs=1",
+                                         "--rw=" + rw,
+                                         "--output-format=json"};
+  KVTIER_ASSIGN_OR_RETURN(run::ProgramResult r, run::run_program(argv, "", true));
+  if (!r.ok()) {
+    if (r.err.empty()) r.err = r.out;  // some fio errors go to stdout
+    return unavailable("fio failed (" + r.describe(300) + ")");
   }
-  auto bw = fio_bw_bytes(out, rw);
+  auto bw = fio_bw_bytes(r.out, rw);
   if (!bw) return internal_error("no bw_bytes for " + rw + " in fio's output");
   return *bw / kMiB;
 }
 
-bool have_fio() { return std::system("fio --version >/dev/null 2>&1") == 0; }
+bool have_fio() { return run::program_on_path("fio"); }
+
+// Removes the benchmark's files (and the directory, when this run created it and it is empty)
+// on every way out of the command, early errors included.
+class RemoveOnExit {
+ public:
+  RemoveOnExit() = default;
+  ~RemoveOnExit() {
+    for (const std::string& f : files_) ::unlink(f.c_str());
+    if (!dir_.empty()) ::rmdir(dir_.c_str());
+  }
+  RemoveOnExit(const RemoveOnExit&) = delete;
+  RemoveOnExit& operator=(const RemoveOnExit&) = delete;
+  void file(std::string path) { files_.push_back(std::move(path)); }
+  void dir(std::string path) { dir_ = std::move(path); }
+
+ private:
+  std::vector<std::string> files_;
+  std::string dir_;
+};
+
+// The memory this process may use: physical memory, lowered by an address-space limit
+// (ulimit -v) or a cgroup v2 memory.max (a container's limit, where the OOM killer strikes).
+// 0 when unknown.
+uint64_t usable_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uint64_t most = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+  auto lower = [&most](uint64_t limit) {
+    if (limit > 0 && (most == 0 || limit < most)) most = limit;
+  };
+  if (struct rlimit rl{}; ::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    lower(rl.rlim_cur);
+  }
+  if (std::ifstream in("/sys/fs/cgroup/memory.max"); in) {
+    uint64_t limit = 0;
+    if (in >> limit) lower(limit);  // "max" (no limit) does not parse
+  }
+  return most;
+}
 
 // --- Copy: emulated HBM <-> host pool vs memcpy
 // ---------------------------------------------------
@@ -207,20 +266,32 @@ class IoCommand final : public Command {
            "host <-> emulated HBM copies against one memcpy of the same bytes, alternating runs\n"
            "and reporting medians. With --gpu it measures pinned host <-> device copies of the\n"
            "CUDA copy engine against one cudaMemcpyAsync of the same bytes instead. Files are\n"
-           "created in --dir (default: beside tiers.nvme.paths[0]) and removed afterwards.";
+           "created in --dir (default: beside tiers.nvme.paths[0]) and removed afterwards, also\n"
+           "when the run fails. --size is at least 2 x queue depth blocks (256 MiB with the\n"
+           "default geometry) and must fit the directory's free space twice (store and fio\n"
+           "files); --copy-size must fit 4 times in the memory this process may use (emulated\n"
+           "HBM, host pool, two memcpy buffers; with --gpu, twice for the pinned host pool).";
   }
   void add_options(OptionParser& p) override {
     p.add_flag("json", "print one JSON object instead of a table", &o_.json);
     p.add_flag("gpu", "measure pinned host <-> GPU copies against cudaMemcpyAsync", &o_.gpu);
     p.add_flag("skip-fio", "do not run fio (its figures are null)", &o_.skip_fio);
     p.add_string("dir", "DIR", "where the benchmark files go", &o_.dir);
-    p.add_size("size", "BYTES", "bytes per NVMe pass (default 1GiB)", &o_.size);
+    p.add_size("size", "BYTES",
+               "bytes per NVMe pass (default 1GiB; at least 2 x queue depth blocks)", &o_.size);
     p.add_size("copy-size", "BYTES", "bytes per copy pass (default 256MiB)", &o_.copy_size);
-    p.add_uint("runs", "N", "measured runs of each (default 3; the median is reported)", &o_.runs);
+    p.add_uint("runs", "N", "measured runs of each, 1 to 1000 (default 3; the median is reported)",
+               &o_.runs);
   }
 
   int run(const CommandContext& ctx) override {
-    if (o_.runs == 0) o_.runs = 1;
+    if (o_.runs < 1 || o_.runs > kMaxRuns) {
+      return usage(ctx, "--runs " + std::to_string(o_.runs) + ": must be from 1 to " +
+                            std::to_string(kMaxRuns));
+    }
+    if (Status s = check_copy_size(ctx.config.model.geometry); !s.ok()) {
+      return usage(ctx, s.message());
+    }
     return o_.gpu ? run_gpu(ctx) : run_io(ctx);
   }
 
@@ -228,6 +299,34 @@ class IoCommand final : public Command {
   int fail(const CommandContext& ctx, const std::string& what, const Status& s) {
     ctx.err << "kvtier-bench io: " << what << ": " << s.to_string() << "\n";
     return kExitFailure;
+  }
+  int usage(const CommandContext& ctx, const std::string& msg) {
+    ctx.err << "kvtier-bench io: " << msg << "\n";
+    return kExitUsage;
+  }
+
+  // Pages of --copy-size (at least one block of them).
+  uint64_t copy_pages(const Geometry& g) const {
+    return std::max<uint64_t>(o_.copy_size / g.page_bytes(), g.layers);
+  }
+
+  // The copy pass must fit in memory (an over-large request used to be OOM-killed after the NVMe
+  // passes): the CPU pass holds its bytes 4 times, the GPU pass pins them once on the host.
+  Status check_copy_size(const Geometry& g) const {
+    const uint64_t memory = usable_memory_bytes();
+    if (memory == 0) return ok_status();  // unknown: the arenas' fallbacks decide
+    const uint64_t copies = o_.gpu ? 2 : kCopyCopies;
+    const uint64_t most = memory / copies;
+    const uint64_t pages = copy_pages(g);
+    if (pages > most / g.page_bytes() || pages > UINT32_MAX) {
+      return invalid_argument(
+          "--copy-size " + format_size_approx(o_.copy_size) + " does not fit the " +
+          format_size_approx(memory) + " of memory this process may use: the copy pass " +
+          (o_.gpu ? "pins it in host memory (at most half the memory)"
+                  : "holds it 4 times (emulated HBM, host pool, two memcpy buffers)") +
+          "; use at most " + format_size_approx(most / g.page_bytes() * g.page_bytes()));
+    }
+    return ok_status();
   }
 
   int run_io(const CommandContext& ctx) {
@@ -239,20 +338,55 @@ class IoCommand final : public Command {
       const auto slash = first.rfind('/');
       dir = slash == std::string::npos ? "." : first.substr(0, slash);
     }
-    ::mkdir(dir.c_str(), 0700);
-    const std::string store_file = dir + "/kvtier-bench-io.kvs";
-    const std::string fio_file = dir + "/kvtier-bench-io.fio";
     const uint32_t qd = nc.queue_depth;
     const uint64_t block = g.block_bytes();
-    const uint64_t blocks = std::max<uint64_t>(o_.size / block, 2 * qd);
+    // At least two blocks per queue slot, so every pass keeps the queue full.
+    const uint64_t min_blocks = 2 * uint64_t{qd};
+    if (o_.size / block < min_blocks) {
+      return usage(ctx, "--size " + format_size_approx(o_.size) + " is below the minimum of " +
+                            format_size_approx(min_blocks * block) + " per pass (2 x queue depth " +
+                            std::to_string(qd) + " blocks of " + format_size_approx(block) +
+                            "; a smaller tiers.nvme.queue_depth lowers it)");
+    }
+    const uint64_t blocks = o_.size / block;
+    const bool fio = !o_.skip_fio && have_fio();
+    if (fio && dir.find("\\:") != std::string::npos) {
+      return usage(ctx, "--dir " + dir +
+                            ": fio cannot take a file name with a backslash before a colon; "
+                            "choose another directory or --skip-fio");
+    }
+
+    RemoveOnExit cleanup;  // declared before the store and pool: runs after they are closed
+    if (::mkdir(dir.c_str(), 0700) == 0) cleanup.dir(dir);
+    const std::string store_file = dir + "/kvtier-bench-io.kvs";
+    const std::string fio_file = dir + "/kvtier-bench-io.fio";
     ::unlink(store_file.c_str());
     ::unlink(fio_file.c_str());
+    cleanup.file(store_file);
+    cleanup.file(fio_file);
+    if (struct statvfs fs{}; ::statvfs(dir.c_str(), &fs) == 0) {
+      const uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
+      const uint64_t files = fio ? 2 : 1;
+      const uint64_t slot = block + 64 * 1024;  // a block and its share of the store's headers
+      if (blocks > free_bytes / files / slot) {
+        return usage(ctx, "--size " + format_size_approx(o_.size) + " does not fit in " + dir +
+                              ": " + std::to_string(files) + " file" + (files > 1 ? "s" : "") +
+                              " of " + format_size_approx(o_.size) + " need more than its " +
+                              format_size_approx(free_bytes) + " free");
+      }
+    }
 
     // Host pool: one block per queue slot, registered with io_uring by the store.
     HostTierConfig hc = ctx.config.tiers.host;
     hc.capacity_bytes = uint64_t{qd} * g.layers * FrameArena::frame_stride(g);
     auto pool = HostPool::create(hc, g, nullptr);
     if (!pool.ok()) return fail(ctx, "host pool", pool.status());
+    if ((*pool)->frame_count() < uint64_t{qd} * g.layers) {
+      return fail(ctx, "host pool",
+                  resource_exhausted("got " + std::to_string((*pool)->frame_count()) +
+                                     " frames; the queue depth of " + std::to_string(qd) +
+                                     " needs " + std::to_string(uint64_t{qd} * g.layers)));
+    }
     for (uint32_t f = 0; f < (*pool)->frame_count(); ++f) {
       std::byte* p = (*pool)->frame_address(f);
       for (std::size_t i = 0; i < (*pool)->frame_bytes(); ++i) p[i] = std::byte(i * 131 + f);
@@ -266,7 +400,6 @@ class IoCommand final : public Command {
     if (!store.ok()) return fail(ctx, "NVMe store", store.status());
     NvmeStore& s = **store;
 
-    const bool fio = !o_.skip_fio && have_fio();
     if (!o_.skip_fio && !fio) ctx.err << "kvtier-bench io: fio not found; its figures are null\n";
     ctx.err << "io: " << blocks << " blocks of " << block << " bytes, queue depth " << qd << ", "
             << s.io_kind() << (s.fixed_buffers_active() ? " + fixed buffers" : "")
@@ -311,9 +444,8 @@ class IoCommand final : public Command {
     ::unlink(store_file.c_str());
     ::unlink(fio_file.c_str());
 
-    // Copy: emulated HBM <-> host pool vs memcpy.
-    const uint32_t pages =
-        static_cast<uint32_t>(std::max<uint64_t>(o_.copy_size / g.page_bytes(), g.layers));
+    // Copy: emulated HBM <-> host pool vs memcpy. In range of uint32 (check_copy_size).
+    const uint32_t pages = static_cast<uint32_t>(copy_pages(g));
     HbmTierConfig hb = ctx.config.tiers.hbm;
     hb.backend = HbmBackend::kEmulated;
     hb.capacity_bytes = uint64_t{pages} * FrameArena::frame_stride(g);
@@ -327,22 +459,29 @@ class IoCommand final : public Command {
     hp.capacity_bytes = hb.capacity_bytes;
     auto host = HostPool::create(hp, host_format, nullptr);
     if (!host.ok()) return fail(ctx, "host pool", host.status());
+    // The arenas fall back to fewer frames when memory is short: measure what they hold.
+    const uint32_t n = std::min({pages, (*hbm)->frame_count(), (*host)->frame_count()});
+    if (n == 0) return fail(ctx, "copy", resource_exhausted("no frames in the arenas"));
+    if (n < pages) {
+      ctx.err << "kvtier-bench io: arenas smaller than asked; copying " << n << " of " << pages
+              << " pages\n";
+    }
     std::memset((*hbm)->base(), 1, (*hbm)->region_bytes());
     std::memset((*host)->base(), 2, (*host)->region_bytes());
     auto engine = TransferEngine::create(**hbm, **host, nullptr, {});
     if (!engine.ok()) return fail(ctx, "transfer engine", engine.status());
-    std::vector<uint32_t> perm(pages);
+    std::vector<uint32_t> perm(n);
     std::iota(perm.begin(), perm.end(), 0u);
     std::shuffle(perm.begin(), perm.end(), std::mt19937(42));
-    const std::size_t bytes = std::size_t{pages} * g.page_bytes();
+    const std::size_t bytes = std::size_t{n} * g.page_bytes();
     std::vector<std::byte> a(bytes, std::byte{3}), b(bytes, std::byte{4});
     std::vector<double> kc, kd, kh, mc;
-    for (uint64_t r = 0; r < o_.runs + 1; ++r) {  // the first round warms caches and is dropped
-      auto d2h = engine_copy_pass(**engine, CopyDirection::kHbmToHost, pages, g.layers, perm,
-                                  g.page_bytes());
+    for (uint64_t r = 0; r <= o_.runs; ++r) {  // the first round warms caches and is dropped
+      auto d2h =
+          engine_copy_pass(**engine, CopyDirection::kHbmToHost, n, g.layers, perm, g.page_bytes());
       if (!d2h.ok()) return fail(ctx, "copy hbm->host", d2h.status());
-      auto h2d = engine_copy_pass(**engine, CopyDirection::kHostToHbm, pages, g.layers, perm,
-                                  g.page_bytes());
+      auto h2d =
+          engine_copy_pass(**engine, CopyDirection::kHostToHbm, n, g.layers, perm, g.page_bytes());
       if (!h2d.ok()) return fail(ctx, "copy host->hbm", h2d.status());
       const double t0 = now_s();
       std::memcpy(b.data(), a.data(), bytes);
@@ -423,8 +562,7 @@ class IoCommand final : public Command {
     const Geometry& g = ctx.config.model.geometry;
     auto device = open_cuda_device(ctx.config.tiers.hbm.device);
     if (!device.ok()) return fail(ctx, "--gpu", device.status());
-    const uint32_t pages =
-        static_cast<uint32_t>(std::max<uint64_t>(o_.copy_size / g.page_bytes(), g.layers));
+    const uint32_t pages = static_cast<uint32_t>(copy_pages(g));  // in range: check_copy_size
     HbmTierConfig hb = ctx.config.tiers.hbm;
     hb.backend = HbmBackend::kCuda;
     hb.capacity_bytes = uint64_t{pages} * FrameArena::frame_stride(g);
@@ -462,7 +600,7 @@ class IoCommand final : public Command {
       return static_cast<double>(bytes) / kGiB / (now_s() - t0);
     };
     std::vector<double> kh, kd, ch, cd;
-    for (uint64_t r = 0; r < o_.runs + 1; ++r) {
+    for (uint64_t r = 0; r <= o_.runs; ++r) {
       auto h2d =
           engine_copy_pass(**engine, CopyDirection::kHostToHbm, n, g.layers, perm, g.page_bytes());
       if (!h2d.ok()) return fail(ctx, "engine host->hbm", h2d.status());

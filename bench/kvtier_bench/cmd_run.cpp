@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <exception>
 #include <iomanip>
 #include <mutex>
+#include <new>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -37,6 +39,11 @@ namespace kvtier::bench {
 namespace {
 
 using namespace kvtier::bench::run;  // NOLINT(google-build-using-namespace): this file is its CLI
+
+// Bounds of options that would otherwise wrap or overflow. Real engines page 16 to 256 tokens.
+constexpr uint64_t kMaxPageTokens = 65536;
+constexpr uint64_t kMaxLayerGroup = 4096;  // beyond any model's layer count
+constexpr double kMaxMetricsHoldS = 86400;
 
 struct RunOptions {
   std::string clock = "virtual";
@@ -114,7 +121,13 @@ class RunCommand final : public Command {
            "                system_tokens=500 question_tokens=60 answer_tokens=200\n"
            "  long_context  context=1000000 questions=2 question_tokens=100 answer_tokens=64\n"
            "                gap_s=30 hbm_fraction=0.2 (HBM KV = that share of the context's KV)\n"
-           "  trace         --trace PATH (JSONL: timestamp, input_length, output_length, hash_ids)";
+           "  trace         --trace PATH (JSONL: timestamp, input_length, output_length, "
+           "hash_ids)\n"
+           "parameter bounds: users, agents, documents 1..100000; system_prompts 1..10000;\n"
+           "questions 1..1000000 (docs), 1..10000 (long_context); token lengths 1..10000000;\n"
+           "rate 0.001..1000000 per second; turns, steps 1..1000; think_s, tool_s 0..3600;\n"
+           "gap_s 0..86400; zipf 0..10; hbm_fraction (0, 1]; and at most 2 GiB of requests and\n"
+           "block keys in all.";
   }
 
   void add_options(OptionParser& p) override {
@@ -133,9 +146,10 @@ class RunCommand final : public Command {
     p.add_string("baselines", "LIST", "recompute,hbm_lru,hbm_host,kvtier (default: all)",
                  &o_.baselines);
     p.add_uint("seed", "N", "workload seed (default 1)", &o_.seed);
-    p.add_uint("page-tokens", "N", "tokens per simulated page (default: the preset's)",
-               &o_.page_tokens);
-    p.add_uint("layer-group", "N", "model layers per simulated layer (default: the preset's)",
+    p.add_uint("page-tokens", "N",
+               "tokens per simulated page, at most 65536 (default: the preset's)", &o_.page_tokens);
+    p.add_uint("layer-group", "N",
+               "model layers per simulated layer, dividing the layers (default: the preset's)",
                &o_.layer_group);
     p.add_size("hbm", "SIZE", "HBM for KV (default: HBM - weights - reserved)", &o_.hbm);
     p.add_size("host", "SIZE", "host memory for KV (default: the preset's)", &o_.host);
@@ -148,10 +162,11 @@ class RunCommand final : public Command {
     p.add_string("metrics", "HOST:PORT",
                  "serve the kvtier baseline's Prometheus metrics there while it runs", &o_.metrics);
     p.add_double("metrics-hold", "S",
-                 "keep serving them S seconds after the run (a last scrape; default 0)",
+                 "keep serving them S seconds (at most 86400) after the run (default 0)",
                  &o_.metrics_hold);
     p.add_double("link-factor", "X",
-                 "real: throttle the host->HBM link to X times the measured demand (default 2)",
+                 "real: throttle the host->HBM link to X > 0 times the measured demand "
+                 "(default 2)",
                  &o_.link_factor);
     p.add_uint("real-requests", "N", "real: requests of the workload to run (default 24)",
                &o_.real_requests);
@@ -169,6 +184,14 @@ class RunCommand final : public Command {
       return usage(ctx, "--workload trace needs --trace PATH");
     }
     if (Status s = check_metrics_options(ctx.config); !s.ok()) return usage(ctx, s.message());
+    if (Status s = check_numeric_options(); !s.ok()) return usage(ctx, s.message());
+    // Before the run, not after it: a plot that cannot be written should not cost the run.
+    if (!o_.plot.empty()) {
+      if (Status s = check_plot_path(o_.plot); !s.ok()) {
+        ctx.err << "kvtier-bench run: " << s.message() << "\n";
+        return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+      }
+    }
     Result<RunReport> report =
         o_.clock == "virtual" ? run_virtual_clock(ctx, *params) : run_real_clock(ctx, *params);
     if (!report.ok()) {
@@ -201,10 +224,10 @@ class RunCommand final : public Command {
     return kExitUsage;
   }
 
-  // --metrics is an address as metrics.listen takes it; --metrics-hold a finite time >= 0.
+  // --metrics is an address as metrics.listen takes it; --metrics-hold a time in [0, a day].
   Status check_metrics_options(const Config& config) const {
-    if (!(o_.metrics_hold >= 0) || !std::isfinite(o_.metrics_hold)) {
-      return invalid_argument("--metrics-hold must be a number of seconds >= 0");
+    if (!(o_.metrics_hold >= 0) || !(o_.metrics_hold <= kMaxMetricsHoldS)) {
+      return invalid_argument("--metrics-hold must be a number of seconds from 0 to 86400");
     }
     if (o_.metrics.empty()) {
       if (o_.metrics_hold > 0) return invalid_argument("--metrics-hold needs --metrics HOST:PORT");
@@ -217,6 +240,33 @@ class RunCommand final : public Command {
         return invalid_argument("--metrics: " + issue.message);
     }
     return ok_status();
+  }
+
+  // Options that would otherwise be truncated to 32 bits or clamped without a word.
+  Status check_numeric_options() const {
+    if (o_.page_tokens > kMaxPageTokens) {
+      return invalid_argument("--page-tokens " + std::to_string(o_.page_tokens) +
+                              " is too large: at most " + std::to_string(kMaxPageTokens) +
+                              " tokens per page");
+    }
+    if (o_.layer_group > kMaxLayerGroup) {
+      return invalid_argument("--layer-group " + std::to_string(o_.layer_group) +
+                              " is too large: it must divide the model's layers (at most " +
+                              std::to_string(kMaxLayerGroup) + ")");
+    }
+    if (!(o_.link_factor > 0)) {
+      return invalid_argument(
+          "--link-factor must be > 0 (the link's bandwidth as a multiple of "
+          "the measured demand), not " +
+          format_number(o_.link_factor));
+    }
+    return ok_status();
+  }
+
+  static std::string format_number(double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
   }
 
   // The metrics the kvtier baseline serves (--metrics), with the configuration's buckets.
@@ -270,7 +320,15 @@ class RunCommand final : public Command {
     for (std::size_t t = 0; t < jobs; ++t) {
       threads.emplace_back([&] {
         for (std::size_t i = next++; i < specs.size(); i = next++) {
-          results[i] = fn(i, bar.counter(i));
+          // An exception must not leave a thread (std::terminate): it becomes this baseline's
+          // error.
+          try {
+            results[i] = fn(i, bar.counter(i));
+          } catch (const std::bad_alloc&) {
+            results[i] = resource_exhausted(specs[i].name + ": out of memory (std::bad_alloc)");
+          } catch (const std::exception& e) {
+            results[i] = internal_error(specs[i].name + ": " + e.what());
+          }
         }
       });
     }
@@ -282,8 +340,17 @@ class RunCommand final : public Command {
   Result<RunReport> run_virtual_clock(const CommandContext& ctx, const WorkloadParams& params) {
     KVTIER_ASSIGN_OR_RETURN(GpuPreset gpu, load_gpu_preset(o_.gpu));
     KVTIER_ASSIGN_OR_RETURN(ModelPreset model_preset, load_model_preset(o_.model));
+    // In range (check_numeric_options); a group that does not divide the layers is the flag's
+    // fault, not the preset's.
     if (o_.page_tokens > 0) gpu.page_tokens = static_cast<uint32_t>(o_.page_tokens);
-    if (o_.layer_group > 0) gpu.layer_group = static_cast<uint32_t>(o_.layer_group);
+    if (o_.layer_group > 0) {
+      if (model_preset.layers % o_.layer_group != 0) {
+        return invalid_argument("--layer-group " + std::to_string(o_.layer_group) +
+                                " must divide the " + std::to_string(model_preset.layers) +
+                                " layers of " + model_preset.name);
+      }
+      gpu.layer_group = static_cast<uint32_t>(o_.layer_group);
+    }
     KVTIER_ASSIGN_OR_RETURN(PerfModel model, PerfModel::create(gpu, model_preset));
     KVTIER_ASSIGN_OR_RETURN(Workload workload, build_workload(params, gpu.page_tokens));
     if (workload.requests.empty()) return invalid_argument("the workload has no requests");

@@ -3,8 +3,10 @@
 // configuration). Help and errors never need a valid configuration, and a configuration error is
 // reported before a command starts any work.
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -140,4 +142,15 @@ int run_main(int argc, char** argv) {
 }  // namespace
 }  // namespace kvtier::bench
 
-int main(int argc, char** argv) { return kvtier::bench::run_main(argc, argv); }
+// Commands report errors as Status; an exception escaping one (std::bad_alloc from a request
+// too large for this machine) still ends in a message and exit code 1, never an abort.
+int main(int argc, char** argv) {
+  try {
+    return kvtier::bench::run_main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "kvtier-bench: out of memory (std::bad_alloc); ask for less\n";
+  } catch (const std::exception& e) {
+    std::cerr << "kvtier-bench: " << e.what() << "\n";
+  }
+  return kvtier::bench::kExitFailure;
+}

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
@@ -394,6 +395,15 @@ Config real_config(const Config& base, const BaselineSpec& b, const RealRunOptio
 Result<RunReport> run_real(const Config& base, const std::string& config_source,
                            const std::vector<BaselineSpec>& baselines,
                            const RealRunOptions& options, std::ostream& err) {
+  // A factor <= 0 used to be clamped to a 0.01 GB/s link without a word.
+  if (!(options.link_factor > 0) || !std::isfinite(options.link_factor)) {
+    std::ostringstream v;
+    v << options.link_factor;
+    return invalid_argument(
+        "--link-factor must be > 0 (the link's bandwidth as a multiple of the "
+        "measured demand), not " +
+        v.str());
+  }
   for (const BaselineSpec& b : baselines) {
     if (b.kind == BaselineKind::kHbmLru) {
       return invalid_argument(

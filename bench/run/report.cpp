@@ -1,16 +1,22 @@
 // Table, JSON, CSV and plot of a run. See report.hpp.
 #include "bench/run/report.hpp"
 
-#include <stdio.h>
-#include <sys/wait.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
 #include <string_view>
+
+#include "bench/run/subprocess.hpp"
 
 namespace kvtier::bench::run {
 namespace {
@@ -413,14 +419,74 @@ void print_csv(std::ostream& os, const RunReport& r) {
   }
 }
 
+namespace {
+
+// `text` as a gnuplot single-quoted string: there a quote is written twice and nothing else is
+// special (no backslash escapes, no backquote or macro substitution). A line break would end the
+// command, so control characters become spaces (titles; check_plot_path refuses them in paths).
+std::string gnuplot_string(std::string_view text) {
+  std::string s = "'";
+  for (const char c : text) {
+    if (c == '\'') {
+      s += "''";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      s += ' ';
+    } else {
+      s += c;
+    }
+  }
+  return s + "'";
+}
+
+}  // namespace
+
+Status check_plot_path(const std::string& path) {
+  if (path.empty()) return invalid_argument("--plot needs a file name, e.g. --plot run.png");
+  for (const char c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return invalid_argument("--plot " + gnuplot_string(path) +
+                              ": the file name contains a control character (a line break or "
+                              "tab), which gnuplot cannot take; choose another name");
+    }
+  }
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  if (existed && S_ISDIR(st.st_mode)) {
+    return invalid_argument("--plot " + path +
+                            " is a directory; give the PNG file to write, e.g. --plot " +
+                            (path.back() == '/' ? path : path + "/") + "run.png");
+  }
+  if (existed && !S_ISREG(st.st_mode)) {
+    return invalid_argument("--plot " + path + " is not a regular file");
+  }
+  // Opened without truncation: an existing plot survives a run that fails before drawing.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return invalid_argument("--plot " + path + ": cannot " + (existed ? "write" : "create") +
+                            " it: " + std::strerror(errno));
+  }
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+  if (!program_on_path("gnuplot")) {
+    return unavailable("--plot needs gnuplot, which is not installed (Debian package gnuplot-nox)");
+  }
+  return ok_status();
+}
+
 Status write_plot(const std::string& path, const RunReport& r) {
+  KVTIER_RETURN_IF_ERROR(check_plot_path(path));
+  // Absolute, so gnuplot's expansion of a leading "~" cannot send the plot elsewhere.
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  const std::string target = ec ? path : absolute.string();
   std::ostringstream script;
   script << "set terminal pngcairo size 1400,560 font 'sans,11'\n"
-         << "set output '" << path << "'\n"
-         << "set multiplot layout 1,2 title 'kvtier-bench run: " << r.workload << " on " << r.gpu
-         << "' noenhanced\n"
+         << "set output " << gnuplot_string(target) << "\n"
+         << "set multiplot layout 1,2 title "
+         << gnuplot_string("kvtier-bench run: " + r.workload + " on " + r.gpu) << " noenhanced\n"
          << "set style data histograms\nset style fill solid 0.85 border -1\nset boxwidth 0.8\n"
          << "set termoption noenhanced\nset grid ytics\nset key outside bottom center horizontal\n";
+  // Baseline names are words of make_baselines (no spaces or quotes): safe as data columns.
   script << "$hits << EOD\n";
   for (const BaselineResult& b : r.baselines) {
     script << b.name << " " << 100 * b.hit_rate(Tier::kHbm) << " " << 100 * b.hit_rate(Tier::kHost)
@@ -443,17 +509,22 @@ Status write_plot(const std::string& path, const RunReport& r) {
       << "plot $ttft using 2:xtic(1) title 'p50' lc rgb '#31a354', '' using 3 title 'p90' lc rgb "
          "'#fd8d3c', '' using 4 title 'p99' lc rgb '#de2d26'\n"
       << "unset multiplot\n";
-  FILE* p = popen("gnuplot 2>&1", "w");
-  if (p == nullptr) return unavailable("cannot start gnuplot to draw " + path);
-  const std::string text = script.str();
-  fwrite(text.data(), 1, text.size(), p);
-  const int rc = pclose(p);
-  if (rc != 0) {
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127) {
+  // gnuplot's stdout goes to /dev/null: when it cannot open the output it draws to stdout, which
+  // carries the table or the JSON.
+  auto run = run_program({"gnuplot"}, script.str(), /*capture_stdout=*/false);
+  if (!run.ok()) {
+    if (run.status().code() == StatusCode::kNotFound) {
       return unavailable(
           "gnuplot is not installed (Debian package gnuplot-nox); no plot written to " + path);
     }
-    return internal_error("gnuplot failed (status " + std::to_string(rc) + ") drawing " + path);
+    return run.status().with_context("--plot " + path);
+  }
+  if (!run->ok())
+    return internal_error("gnuplot failed drawing " + path + " (" + run->describe() + ")");
+  struct stat st {};
+  if (::stat(target.c_str(), &st) != 0 || st.st_size == 0) {
+    return internal_error("gnuplot wrote nothing to " + path +
+                          (run->err.empty() ? std::string() : " (" + run->describe() + ")"));
   }
   return ok_status();
 }

@@ -9,7 +9,7 @@
 // "stall_fraction", ... kvtier's own counters}], "comparison": {...}} — key names as common
 // serving benchmarks spell them (TTFT/TPOT in ms, throughput per second), plus kvtier's own.
 // Numbers are finite (a ratio with a zero denominator is null). Pure formatting; the plot runs one
-// gnuplot process and reports its failure as a Status.
+// gnuplot process (no shell, its stdout discarded) and reports its failure as a Status.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +47,15 @@ struct RunReport {
 void print_table(std::ostream& os, const RunReport& report);
 void print_json(std::ostream& os, const RunReport& report);
 void print_csv(std::ostream& os, const RunReport& report);
+// Checks, before a run, that write_plot can write `path`: a file name without control characters,
+// not a directory, creatable or writable now (an existing file is left as it is, a created one
+// removed again), and gnuplot installed. kInvalidArgument naming --plot and the path, or
+// kUnavailable when gnuplot is missing.
+Status check_plot_path(const std::string& path);
 // Writes a PNG to `path` with gnuplot: hit rate per tier (stacked) and TTFT p50/p90/p99 per
-// baseline. kUnavailable when gnuplot cannot be run, kInternal when it fails.
+// baseline. The path and titles are quoted for gnuplot (never for a shell: gnuplot runs without
+// one, bench/run/subprocess.hpp), gnuplot's stdout is discarded and its stderr is quoted in the
+// error. kUnavailable when gnuplot cannot be run, kInternal when it fails.
 Status write_plot(const std::string& path, const RunReport& report);
 
 // "12.3 GB", "512 MB": decimal units, as link and capacity figures are quoted.

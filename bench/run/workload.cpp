@@ -10,6 +10,7 @@
 
 #include "bench/replay/trace.hpp"
 #include "bench/replay/workload.hpp"
+#include "runtime/config_size.hpp"
 #include "runtime/config_suggest.hpp"
 
 namespace kvtier::bench::run {
@@ -69,31 +70,70 @@ class Zipf {
   std::vector<double> cdf_;
 };
 
-// Parameters of one generator: declared with defaults, read with checks.
+// Bounds of the generators' parameters (workload.hpp lists them): far beyond any benchmark, but
+// small enough that no value can overflow a conversion or the int64 nanosecond clock.
+constexpr uint64_t kMaxPopulation = 100000;  // users, agents, documents
+constexpr uint64_t kMaxTokens = 10000000;    // any token length: 10M tokens
+constexpr double kMaxRate = 1e6;             // arrivals per second
+constexpr double kMinRate = 1e-3;            // one arrival per ~17 minutes
+constexpr double kMaxMeanRounds = 1000;      // turns, steps (means of a geometric count)
+constexpr double kMaxPauseS = 3600;          // think_s, tool_s
+
+std::string number_text(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// Parameters of one generator: declared with defaults and bounds, read with checks.
 class Params {
  public:
   Params(std::string_view workload, const WorkloadParams& given)
       : workload_(workload), given_(given) {}
 
-  double number(std::string_view name, double fallback) {
+  // A number in [lo, hi].
+  double number(std::string_view name, double fallback, double lo, double hi) {
     known_.push_back(name);
     auto it = given_.find(name);
     if (it == given_.end()) return fallback;
     std::istringstream in(it->second);
     double v = 0;
     in >> v;
-    if (in.fail() || !in.eof() || !std::isfinite(v) || v < 0) {
+    const bool is_number = !in.fail() && in.eof() && std::isfinite(v);
+    if (!is_number || v < lo || v > hi) {
       if (error_.ok()) {
-        error_ = invalid_argument("workload " + std::string(workload_) + ": " + std::string(name) +
-                                  "=" + it->second + " is not a number >= 0");
+        error_ =
+            invalid_argument("workload " + std::string(workload_) + ": " + std::string(name) + "=" +
+                             it->second + (is_number ? " is out of range" : " is not a number") +
+                             ": it must be from " + number_text(lo) + " to " + number_text(hi));
       }
       return fallback;
     }
     return v;
   }
+  // A whole number in [lo, hi] (counts and token lengths; a fraction rounds to the nearest).
+  uint64_t whole(std::string_view name, double fallback, uint64_t lo, uint64_t hi) {
+    const double v = number(name, fallback, static_cast<double>(lo), static_cast<double>(hi));
+    return std::clamp<uint64_t>(static_cast<uint64_t>(std::llround(v)), lo, hi);
+  }
   uint64_t tokens(std::string_view name, double fallback) {
-    const double v = number(name, fallback);
-    return static_cast<uint64_t>(std::llround(std::max(1.0, v)));
+    return whole(name, fallback, 1, kMaxTokens);
+  }
+  // A token length that is the median of a distribution.
+  double median_tokens(std::string_view name, double fallback) {
+    return number(name, fallback, 1, static_cast<double>(kMaxTokens));
+  }
+  uint64_t population(std::string_view name, double fallback) {
+    return whole(name, fallback, 1, kMaxPopulation);
+  }
+  double rate(std::string_view name, double fallback) {
+    return number(name, fallback, kMinRate, kMaxRate);
+  }
+  double rounds(std::string_view name, double fallback) {
+    return number(name, fallback, 1, kMaxMeanRounds);
+  }
+  double pause_s(std::string_view name, double fallback) {
+    return number(name, fallback, 0, kMaxPauseS);
   }
   // Every given name must have been asked for.
   Status finish() {
@@ -122,13 +162,38 @@ Nanos seconds(double s) { return static_cast<Nanos>(s * 1e9); }
 // Segment ids: the kind in the top byte, so the parts of a mix never collide.
 uint64_t segment(uint32_t kind, uint64_t n) { return (static_cast<uint64_t>(kind) << 56) | n; }
 
+uint64_t request_bytes(std::size_t keys) { return sizeof(Request) + keys * sizeof(BlockKey); }
+
 struct Builder {
+  Builder(Workload& workload, uint32_t k, uint64_t most_bytes)
+      : w(workload), kind(k), max_bytes(most_bytes) {
+    for (const Request& r : w.requests) bytes += request_bytes(r.keys.size());
+  }
+
   Workload& w;
   uint32_t kind;
+  uint64_t max_bytes;
   uint64_t next_segment = 1;
+  uint64_t bytes = 0;  // of the whole workload (a mix's earlier parts included)
+  Status status;       // the memory bound's verdict; generators stop when it is an error
 
   uint64_t fresh() { return segment(kind, next_segment++); }
+  bool ok() const { return status.ok(); }
+  // Counts `more` bytes (requests, or streams held while generating) against the bound.
+  bool charge(uint64_t more) {
+    bytes += more;
+    if (bytes > max_bytes && status.ok()) {
+      status = invalid_argument(
+          "workload " + w.kinds[kind] + ": the requests would take more than " +
+          format_size_approx(max_bytes) + " of memory (" + std::to_string(w.requests.size()) +
+          " requests of " + std::to_string(w.page_tokens) +
+          "-token pages so far); lower the number of requests (users, agents, questions, turns, "
+          "steps) or their token lengths, or raise --page-tokens");
+    }
+    return status.ok();
+  }
   void add(const SegmentStream& stream, Nanos arrival, uint64_t input, uint64_t output) {
+    if (!charge(request_bytes(stream.keys().size()))) return;
     Request r;
     r.arrival = arrival;
     r.input_tokens = input;
@@ -141,29 +206,30 @@ struct Builder {
 
 constexpr std::string_view kNamespace = "kvtier.bench.run";
 
-Status gen_chat(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed) {
+Status gen_chat(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed,
+                uint64_t max_bytes) {
   Params p("chat", given);
-  const uint64_t users = p.tokens("users", 160);
-  const double rate = p.number("rate", 1.0);  // new conversations per second
-  const uint64_t system_prompts = p.tokens("system_prompts", 4);
+  const uint64_t users = p.population("users", 160);
+  const double rate = p.rate("rate", 1.0);  // new conversations per second
+  const uint64_t system_prompts = p.whole("system_prompts", 4, 1, 10000);
   const uint64_t system_tokens = p.tokens("system_tokens", 2000);
-  const double turns = p.number("turns", 6);
-  const double message = p.number("message_tokens", 400);
-  const double answer = p.number("answer_tokens", 300);
-  const double think = p.number("think_s", 30);
+  const double turns = p.rounds("turns", 6);
+  const double message = p.median_tokens("message_tokens", 400);
+  const double answer = p.median_tokens("answer_tokens", 300);
+  const double think = p.pause_s("think_s", 30);
   KVTIER_RETURN_IF_ERROR(p.finish());
   Rng rng(seed);
-  Builder b{w, kind};
+  Builder b(w, kind, max_bytes);
   const uint64_t system_base = b.next_segment;
   b.next_segment += system_prompts;
   Nanos start = 0;
-  for (uint64_t u = 0; u < users; ++u) {
-    start += seconds(rng.exponential(1.0 / std::max(1e-9, rate)));
+  for (uint64_t u = 0; u < users && b.ok(); ++u) {
+    start += seconds(rng.exponential(1.0 / rate));
     SegmentStream s(kNamespace, w.page_tokens);
     s.append(segment(kind, system_base + rng.below(system_prompts)), system_tokens);
     const uint32_t n = rng.geometric(turns);
     Nanos t = start;
-    for (uint32_t turn = 0; turn < n; ++turn) {
+    for (uint32_t turn = 0; turn < n && b.ok(); ++turn) {
       s.append(b.fresh(), rng.lognormal(message, 0.8, 8, 8000));
       const uint64_t input = s.tokens();
       const uint64_t out = rng.lognormal(answer, 0.7, 4, 2000);
@@ -174,32 +240,33 @@ Status gen_chat(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_
       t += seconds(rng.exponential(think));
     }
   }
-  return ok_status();
+  return b.status;
 }
 
-Status gen_agent(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed) {
+Status gen_agent(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed,
+                 uint64_t max_bytes) {
   Params p("agent", given);
-  const uint64_t agents = p.tokens("agents", 48);
-  const double rate = p.number("rate", 0.4);                        // agents starting per second
+  const uint64_t agents = p.population("agents", 48);
+  const double rate = p.rate("rate", 0.4);                          // agents starting per second
   const uint64_t system_tokens = p.tokens("system_tokens", 12000);  // instructions + tool schemas
   const uint64_t task_tokens = p.tokens("task_tokens", 800);
-  const double steps = p.number("steps", 12);
-  const double action = p.number("action_tokens", 150);
-  const double observation = p.number("observation_tokens", 1500);
-  const double tool = p.number("tool_s", 3);
+  const double steps = p.rounds("steps", 12);
+  const double action = p.median_tokens("action_tokens", 150);
+  const double observation = p.median_tokens("observation_tokens", 1500);
+  const double tool = p.pause_s("tool_s", 3);
   KVTIER_RETURN_IF_ERROR(p.finish());
   Rng rng(seed);
-  Builder b{w, kind};
+  Builder b(w, kind, max_bytes);
   const uint64_t system = b.fresh();
   Nanos start = 0;
-  for (uint64_t a = 0; a < agents; ++a) {
-    start += seconds(rng.exponential(1.0 / std::max(1e-9, rate)));
+  for (uint64_t a = 0; a < agents && b.ok(); ++a) {
+    start += seconds(rng.exponential(1.0 / rate));
     SegmentStream s(kNamespace, w.page_tokens);
     s.append(system, system_tokens);
     s.append(b.fresh(), task_tokens);
     const uint32_t n = rng.geometric(steps);
     Nanos t = start;
-    for (uint32_t step = 0; step < n; ++step) {
+    for (uint32_t step = 0; step < n && b.ok(); ++step) {
       const uint64_t input = s.tokens();
       const uint64_t out = rng.lognormal(action, 0.6, 8, 1500);
       SegmentStream with_action = s;
@@ -210,34 +277,37 @@ Status gen_agent(Workload& w, uint32_t kind, const WorkloadParams& given, uint64
       t += seconds(rng.exponential(tool));
     }
   }
-  return ok_status();
+  return b.status;
 }
 
-Status gen_docs(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed) {
+Status gen_docs(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed,
+                uint64_t max_bytes) {
   Params p("docs", given);
-  const uint64_t documents = p.tokens("documents", 40);
-  const double doc_tokens = p.number("doc_tokens", 40000);
-  const uint64_t questions = p.tokens("questions", 600);
-  const double rate = p.number("rate", 2.0);
-  const double zipf = p.number("zipf", 0.8);
+  const uint64_t documents = p.population("documents", 40);
+  const double doc_tokens = p.median_tokens("doc_tokens", 40000);
+  const uint64_t questions = p.whole("questions", 600, 1, 1000000);
+  const double rate = p.rate("rate", 2.0);
+  const double zipf = p.number("zipf", 0.8, 0, 10);
   const uint64_t system_tokens = p.tokens("system_tokens", 500);
-  const double question = p.number("question_tokens", 60);
-  const double answer = p.number("answer_tokens", 200);
+  const double question = p.median_tokens("question_tokens", 60);
+  const double answer = p.median_tokens("answer_tokens", 200);
   KVTIER_RETURN_IF_ERROR(p.finish());
   Rng rng(seed);
-  Builder b{w, kind};
+  Builder b(w, kind, max_bytes);
   const uint64_t system = b.fresh();
   std::vector<SegmentStream> docs;
-  for (uint64_t d = 0; d < documents; ++d) {
+  for (uint64_t d = 0; d < documents && b.ok(); ++d) {
     SegmentStream s(kNamespace, w.page_tokens);
     s.append(system, system_tokens);
     s.append(b.fresh(), rng.lognormal(doc_tokens, 0.4, 1000, 1000000));
+    b.charge(request_bytes(s.keys().size()));  // the corpus is held while questions are drawn
     docs.push_back(std::move(s));
   }
+  KVTIER_RETURN_IF_ERROR(b.status);
   const Zipf pick(static_cast<uint32_t>(documents), zipf);
   Nanos t = 0;
-  for (uint64_t q = 0; q < questions; ++q) {
-    t += seconds(rng.exponential(1.0 / std::max(1e-9, rate)));
+  for (uint64_t q = 0; q < questions && b.ok(); ++q) {
+    t += seconds(rng.exponential(1.0 / rate));
     SegmentStream s = docs[pick.sample(rng)];
     s.append(b.fresh(), rng.lognormal(question, 0.5, 4, 2000));
     const uint64_t input = s.tokens();
@@ -245,27 +315,28 @@ Status gen_docs(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_
     s.append(b.fresh(), out);
     b.add(s, t, input, out);
   }
-  return ok_status();
+  return b.status;
 }
 
-Status gen_long_context(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed) {
+Status gen_long_context(Workload& w, uint32_t kind, const WorkloadParams& given, uint64_t seed,
+                        uint64_t max_bytes) {
   Params p("long_context", given);
   const uint64_t context = p.tokens("context", 1000000);
-  const uint64_t questions = p.tokens("questions", 2);
+  const uint64_t questions = p.whole("questions", 2, 1, 10000);
   const uint64_t question = p.tokens("question_tokens", 100);
   const uint64_t answer = p.tokens("answer_tokens", 64);
-  const double gap = p.number("gap_s", 30);
-  const double fraction = p.number("hbm_fraction", 0.2);
+  const double gap = p.number("gap_s", 30, 0, 86400);
+  const double fraction = p.number("hbm_fraction", 0.2, 0, 1);
   KVTIER_RETURN_IF_ERROR(p.finish());
   if (fraction <= 0 || fraction > 1) {
     return invalid_argument("workload long_context: hbm_fraction must be in (0, 1]");
   }
   (void)seed;  // nothing random: one context, questions at fixed gaps
-  Builder b{w, kind};
+  Builder b(w, kind, max_bytes);
   SegmentStream ctx(kNamespace, w.page_tokens);
   ctx.append(b.fresh(), context);
   Nanos t = 0;
-  for (uint64_t q = 0; q < questions; ++q) {
+  for (uint64_t q = 0; q < questions && b.ok(); ++q) {
     SegmentStream s = ctx;
     s.append(b.fresh(), question);
     const uint64_t input = s.tokens();
@@ -274,10 +345,10 @@ Status gen_long_context(Workload& w, uint32_t kind, const WorkloadParams& given,
     t += seconds(gap);
   }
   w.hbm_kv_fraction = fraction;
-  return ok_status();
+  return b.status;
 }
 
-using Generator = Status (*)(Workload&, uint32_t, const WorkloadParams&, uint64_t);
+using Generator = Status (*)(Workload&, uint32_t, const WorkloadParams&, uint64_t, uint64_t);
 
 struct Named {
   WorkloadInfo info;
@@ -392,7 +463,7 @@ std::vector<WorkloadInfo> workload_infos() {
 }
 
 Result<Workload> generate_workload(std::string_view name, const WorkloadParams& params,
-                                   uint64_t seed, uint32_t page_tokens) {
+                                   uint64_t seed, uint32_t page_tokens, uint64_t max_bytes) {
   if (page_tokens == 0) return invalid_argument("page_tokens must be > 0");
   Workload w;
   w.name = std::string(name);
@@ -426,7 +497,7 @@ Result<Workload> generate_workload(std::string_view name, const WorkloadParams& 
     }
     for (uint32_t i = 0; i < 3; ++i) {
       w.kinds.emplace_back(prefixes[i]);
-      KVTIER_RETURN_IF_ERROR(kGenerators[i].gen(w, i, parts[i], seed * 31 + i));
+      KVTIER_RETURN_IF_ERROR(kGenerators[i].gen(w, i, parts[i], seed * 31 + i, max_bytes));
     }
     finalize(w);
     return w;
@@ -434,7 +505,7 @@ Result<Workload> generate_workload(std::string_view name, const WorkloadParams& 
   for (const Named& n : kGenerators) {
     if (n.info.name != name) continue;
     w.kinds.emplace_back(name);
-    KVTIER_RETURN_IF_ERROR(n.gen(w, 0, params, seed));
+    KVTIER_RETURN_IF_ERROR(n.gen(w, 0, params, seed, max_bytes));
     finalize(w);
     return w;
   }
@@ -448,7 +519,9 @@ Result<Workload> generate_workload(std::string_view name, const WorkloadParams& 
 
 Result<Workload> load_trace_workload(const std::string& path, double time_scale,
                                      uint64_t max_requests, uint32_t page_tokens) {
-  if (!(time_scale > 0)) return invalid_argument("--time-scale must be > 0");
+  if (!(time_scale > 0) || !(time_scale <= 1e6)) {
+    return invalid_argument("--time-scale must be > 0 and at most 1000000");
+  }
   KVTIER_ASSIGN_OR_RETURN(replay::Trace trace, replay::load_trace(path));
   if (max_requests > 0 && trace.requests.size() > max_requests) trace.requests.resize(max_requests);
   KVTIER_ASSIGN_OR_RETURN(replay::ReplayWorkload rw, replay::build_workload(trace, page_tokens));
@@ -463,7 +536,13 @@ Result<Workload> load_trace_workload(const std::string& path, double time_scale,
   w.description = d.str();
   for (std::size_t i = 0; i < rw.requests(); ++i) {
     Request r;
-    r.arrival = static_cast<Nanos>(static_cast<double>(rw.timestamps_ms[i]) * time_scale * 1e6);
+    const double arrival_ns = static_cast<double>(rw.timestamps_ms[i]) * time_scale * 1e6;
+    if (!(arrival_ns < 9e18)) {  // past the int64 nanosecond clock (~292 years)
+      return invalid_argument("trace " + path + ": request " + std::to_string(i) +
+                              " arrives too late for the clock with --time-scale " +
+                              number_text(time_scale));
+    }
+    r.arrival = static_cast<Nanos>(arrival_ns);
     r.input_tokens = rw.input_tokens[i];
     r.output_tokens = std::max<uint64_t>(1, trace.requests[i].output_length);
     // The trace names its partial last block like any other; only full blocks have content keys.

@@ -24,6 +24,12 @@
 //   mix           chat, agent and docs interleaved in one arrival stream (the default run).
 //   trace         a JSONL trace in the ../shared/traces format (bench/replay/trace.hpp), its
 //                 timestamps scaled by time_scale; 512-token trace blocks become 512 / page blocks.
+// Parameter bounds (an error names the parameter and its range; nothing is clamped silently):
+// users, agents, documents 1..100000; system_prompts 1..10000; questions 1..1000000 (docs),
+// 1..10000 (long_context); every token length 1..10000000; rate 0.001..1000000 per second;
+// turns, steps 1..1000; think_s, tool_s 0..3600; gap_s 0..86400; zipf 0..10; hbm_fraction (0, 1].
+// And whatever the parameters, a workload whose requests and keys would exceed 2 GiB of memory
+// is refused while it is generated.
 // Plain data; built once, then read by every baseline's thread.
 #pragma once
 
@@ -82,9 +88,15 @@ struct WorkloadInfo {
 };
 std::vector<WorkloadInfo> workload_infos();
 
-// Builds the named workload (not "trace") at `page_tokens` tokens per block.
+// Whatever the parameters, a generated workload's requests and keys take at most this memory.
+inline constexpr uint64_t kMaxWorkloadBytes = uint64_t{2} << 30;
+
+// Builds the named workload (not "trace") at `page_tokens` tokens per block; kInvalidArgument
+// naming the parameter for one out of its bounds, or when the requests would take more than
+// `max_bytes` of memory.
 Result<Workload> generate_workload(std::string_view name, const WorkloadParams& params,
-                                   uint64_t seed, uint32_t page_tokens);
+                                   uint64_t seed, uint32_t page_tokens,
+                                   uint64_t max_bytes = kMaxWorkloadBytes);
 
 // The trace at `path`, timestamps multiplied by `time_scale` (> 0); at most `max_requests`
 // requests (0 = all). page_tokens must divide 512.

@@ -2,11 +2,16 @@
 // has one row per baseline with as many fields as its header, and summaries are nearest-rank.
 #include "bench/run/report.hpp"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 
+#include "bench/run/subprocess.hpp"
 #include "run_test_util.hpp"
 
 namespace kvtier::bench::run {
@@ -76,6 +81,66 @@ TEST(Report, CsvRowsMatchTheHeaderAndTheTableNamesEveryBaseline) {
   for (const char* name : {"recompute", "hbm_lru", "hbm_host", "kvtier", "TTFT p50", "from NVMe"}) {
     EXPECT_NE(table.str().find(name), std::string::npos) << name;
   }
+}
+
+// A directory removed at the end of the test.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string pattern =
+        (std::filesystem::path(::testing::TempDir()) / "kvtier_plot_XXXXXX").string();
+    EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+    path_ = pattern;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(Plot, PathsThatCannotBeWrittenAreRefusedBeforeAnyRun) {
+  using ::testing::HasSubstr;
+  ScratchDir dir;
+  const std::string d = dir.path().string();
+  EXPECT_THAT(check_plot_path(d).message(), HasSubstr("--plot " + d + " is a directory"));
+  EXPECT_EQ(check_plot_path(d).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(check_plot_path(dir / "no/such/dir/x.png").message(),
+              HasSubstr("cannot create it: No such file or directory"));
+  EXPECT_THAT(check_plot_path(dir / "a\nb.png").message(), HasSubstr("control character"));
+  EXPECT_THAT(check_plot_path("").message(), HasSubstr("--plot needs a file name"));
+  // Checking leaves nothing behind and an existing file as it was.
+  (void)check_plot_path(dir / "new.png");  // ok where gnuplot is installed, else kUnavailable
+  EXPECT_FALSE(std::filesystem::exists(dir / "new.png"));
+  { std::ofstream(dir / "old.png") << "old"; }
+  (void)check_plot_path(dir / "old.png");
+  EXPECT_EQ(std::filesystem::file_size(dir / "old.png"), 3u);
+}
+
+// The path used to be pasted into the gnuplot script between quotes: a quote in it wrote another
+// file, and `' ; system '...' ; #` ran a command.
+TEST(Plot, AQuoteInThePathIsAFileNameNeverGnuplotSyntax) {
+  if (!program_on_path("gnuplot")) GTEST_SKIP() << "gnuplot is not installed (gnuplot-nox)";
+  ScratchDir dir;
+  const RunReport r = tiny_report();
+  const std::string quoted = dir / "it's.png";
+  ASSERT_TRUE(write_plot(quoted, r).ok()) << write_plot(quoted, r).to_string();
+  EXPECT_GT(std::filesystem::file_size(quoted), 0u);
+  const std::string marker = dir / "INJECTED";
+  const std::string attack = dir / ("x.png' ; system 'touch " + marker + "' ; #");
+  // The attack's "/" makes it a path in a directory that does not exist: an error, no command.
+  EXPECT_FALSE(write_plot(attack, r).ok());
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  // The same without a slash, relative to a directory that exists.
+  const std::string flat = dir / "x.png' ; system 'touch INJECTED' ; #";
+  ASSERT_TRUE(write_plot(flat, r).ok()) << write_plot(flat, r).to_string();
+  EXPECT_TRUE(std::filesystem::exists(flat));
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  EXPECT_FALSE(std::filesystem::exists("INJECTED"));
 }
 
 TEST(Report, PercentilesAreNearestRank) {

@@ -2,6 +2,7 @@
 // deterministic for a seed and have the shapes they promise; traces load with their arrivals.
 #include "bench/run/workload.hpp"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -99,13 +100,17 @@ TEST(Workloads, DeterministicForASeed) {
       EXPECT_EQ(a->requests[i].arrival, b->requests[i].arrival) << name;
       EXPECT_EQ(a->requests[i].keys, b->requests[i].keys) << name;
       EXPECT_EQ(a->requests[i].output_tokens, b->requests[i].output_tokens) << name;
-      if (i > 0) EXPECT_LE(a->requests[i - 1].arrival, a->requests[i].arrival) << name;
+      if (i > 0) {
+        EXPECT_LE(a->requests[i - 1].arrival, a->requests[i].arrival) << name;
+      }
       if (!differs && i < c->requests.size()) {
         differs = a->requests[i].arrival != c->requests[i].arrival ||
                   a->requests[i].input_tokens != c->requests[i].input_tokens;
       }
     }
-    if (std::string(name) != "long_context") EXPECT_TRUE(differs) << name << ": seed ignored";
+    if (std::string(name) != "long_context") {
+      EXPECT_TRUE(differs) << name << ": seed ignored";
+    }
   }
 }
 
@@ -139,6 +144,59 @@ TEST(Workloads, ParametersAreChecked) {
   EXPECT_FALSE(parse_workload_params("=3").ok());
 }
 
+std::string error_of(std::string_view name, const WorkloadParams& p,
+                     uint64_t max_bytes = kMaxWorkloadBytes) {
+  auto w = generate_workload(name, p, 1, kPage, max_bytes);
+  EXPECT_FALSE(w.ok()) << name << " was accepted";
+  return w.ok() ? std::string() : w.status().message();
+}
+
+// Each parameter has bounds, and an error names the parameter, its value and the range: huge values
+// used to be generated (users=1e99 grew without bound, llround(1e99) is undefined) and 0 silently
+// became 1 under a message saying ">= 0".
+TEST(Workloads, ParametersOutOfTheirBoundsAreErrorsThatNameThem) {
+  using ::testing::HasSubstr;
+  EXPECT_THAT(error_of("chat", {{"users", "1e99"}}),
+              HasSubstr("workload chat: users=1e99 is out of range: it must be from 1 to 100000"));
+  EXPECT_THAT(error_of("chat", {{"users", "0"}}),
+              HasSubstr("users=0 is out of range: it must be from 1"));
+  EXPECT_THAT(error_of("chat", {{"users", "-3"}}), HasSubstr("users=-3 is out of range"));
+  EXPECT_THAT(error_of("chat", {{"users", "many"}}), HasSubstr("users=many is not a number"));
+  EXPECT_THAT(error_of("chat", {{"rate", "0"}}),
+              HasSubstr("rate=0 is out of range: it must be from 0.001"));
+  EXPECT_THAT(error_of("chat", {{"turns", "1e9"}}), HasSubstr("turns=1e9 is out of range"));
+  EXPECT_THAT(error_of("chat", {{"think_s", "-1"}}),
+              HasSubstr("think_s=-1 is out of range: it must be from 0 to 3600"));
+  EXPECT_THAT(error_of("chat", {{"system_tokens", "0"}}), HasSubstr("system_tokens=0"));
+  EXPECT_THAT(error_of("agent", {{"agents", "1e6"}}), HasSubstr("agents=1e6"));
+  EXPECT_THAT(error_of("agent", {{"steps", "0"}}), HasSubstr("steps=0"));
+  EXPECT_THAT(error_of("docs", {{"documents", "1e99"}}), HasSubstr("documents=1e99"));
+  EXPECT_THAT(error_of("docs", {{"questions", "1e7"}}), HasSubstr("questions=1e7"));
+  EXPECT_THAT(error_of("docs", {{"zipf", "11"}}), HasSubstr("zipf=11"));
+  EXPECT_THAT(error_of("long_context", {{"context", "1e99"}}),
+              HasSubstr("context=1e99 is out of range"));
+  EXPECT_THAT(error_of("long_context", {{"gap_s", "1e99"}}), HasSubstr("gap_s=1e99"));
+  EXPECT_THAT(error_of("mix", {{"chat.users", "1e99"}}), HasSubstr("workload chat: users=1e99"));
+  // The bounds themselves are accepted, and the defaults lie inside them.
+  EXPECT_TRUE(
+      generate_workload("chat", {{"users", "1"}, {"turns", "1"}, {"think_s", "0"}}, 1, kPage).ok());
+  EXPECT_TRUE(
+      generate_workload("docs", {{"documents", "1"}, {"questions", "1"}, {"zipf", "0"}}, 1, kPage)
+          .ok());
+}
+
+// Within every bound, a combination can still ask for more memory than a benchmark needs: the
+// generator stops at the bound with an error instead of growing until std::bad_alloc.
+TEST(Workloads, AWorkloadLargerThanTheMemoryBoundIsRefused) {
+  using ::testing::HasSubstr;
+  const std::string e = error_of("docs", {{"documents", "100"}, {"doc_tokens", "100000"}}, 1 << 20);
+  EXPECT_THAT(e, HasSubstr("workload docs: the requests would take more than 1 MiB of memory"));
+  EXPECT_THAT(e, HasSubstr("--page-tokens"));
+  EXPECT_THAT(error_of("chat", {{"users", "1000"}}, 1 << 20), HasSubstr("more than 1 MiB"));
+  EXPECT_THAT(error_of("mix", {}, 1 << 20), HasSubstr("more than 1 MiB"));
+  EXPECT_TRUE(generate_workload("chat", {{"users", "4"}}, 1, kPage, 1 << 20).ok());
+}
+
 TEST(Workloads, TraceKeepsArrivalsAndOnlyFullBlocksHaveKeys) {
   char path[] = "/tmp/kvtier_run_trace_XXXXXX";
   const int fd = mkstemp(path);
@@ -161,6 +219,7 @@ TEST(Workloads, TraceKeepsArrivalsAndOnlyFullBlocksHaveKeys) {
   EXPECT_EQ(common_prefix(w->requests[0].keys, w->requests[1].keys), 2u);  // id 1 = 2 blocks
   EXPECT_FALSE(load_trace_workload("/nonexistent/trace.jsonl", 1.0, 0, kPage).ok());
   EXPECT_FALSE(load_trace_workload(path, 0.0, 0, kPage).ok());
+  EXPECT_FALSE(load_trace_workload(path, 1e7, 0, kPage).ok());  // --time-scale above 1e6
 }
 
 }  // namespace
