@@ -71,7 +71,8 @@ kvt_status record_error(const char* function, kvt_status code, std::string_view 
 }
 
 Result<std::vector<BlockKey>> copy_keys(const kvt_block_key* keys, std::size_t n,
-                                        std::string_view argument) {
+                                        std::string_view argument, std::string_view count_name) {
+  KVTIER_RETURN_IF_ERROR(require_count(n, count_name));
   KVTIER_RETURN_IF_ERROR(require_array(keys, n, argument));
   std::vector<BlockKey> out(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = from_c(keys[i]);
@@ -105,6 +106,7 @@ Status block_keys_to_c(const std::vector<BlockKey>& keys, kvt_block_key* out, st
 using kvtier::capi::guarded;
 using kvtier::capi::require;
 using kvtier::capi::require_array;
+using kvtier::capi::require_count;
 
 extern "C" {
 
@@ -157,6 +159,7 @@ kvt_status kvt_chain_block_keys(const char* key_namespace, const uint32_t* token
                                 size_t* n_keys) {
   return guarded("kvt_chain_block_keys", [&] {
     KVTIER_RETURN_IF_ERROR(require(key_namespace, "key_namespace"));
+    KVTIER_RETURN_IF_ERROR(require_count(n_tokens, "n_tokens"));
     KVTIER_RETURN_IF_ERROR(require_array(tokens, n_tokens, "tokens"));
     KVTIER_RETURN_IF_ERROR(require(n_keys, "n_keys"));
     if (block_tokens == 0) return kvtier::invalid_argument("block_tokens is 0");
@@ -169,7 +172,8 @@ kvt_status kvt_chain_block_keys(const char* key_namespace, const uint32_t* token
 kvt_status kvt_block_key_format(const kvt_block_key* key, char* buf, size_t buf_size) {
   return guarded("kvt_block_key_format", [&] {
     KVTIER_RETURN_IF_ERROR(require(key, "key"));
-    KVTIER_RETURN_IF_ERROR(require(buf, "buf"));
+    // (NULL, 0) is an empty buffer (convention (3)): too small, like any other short one.
+    KVTIER_RETURN_IF_ERROR(require_array(buf, buf_size, "buf"));
     const std::string text = kvtier::to_string(kvtier::capi::from_c(*key));
     if (buf_size < text.size() + 1) {
       return kvtier::out_of_range("buf_size is " + std::to_string(buf_size) + "; a key needs " +

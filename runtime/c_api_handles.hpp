@@ -5,12 +5,15 @@
 // Handles. A kvt_runtime or kvt_step pointer is an opaque token, never the object's address and
 // never dereferenced: it is looked up in its type's table of live handles, which owns the object
 // through a shared_ptr; a call copies that shared_ptr and works on the copy. Tokens come from one
-// process-wide 64-bit counter and are never reused, so a destroyed handle stays invalid even when
-// the allocator gives its freed object's address to the next one (keying by address made a stale
-// kvt_step* act on whichever step lived there next), and a token of one type is never live in the
-// other's table. So a NULL, destroyed or foreign pointer is an error message, and a destroy racing
-// with a call on another thread frees the object only after that call returns. The tables are
-// never destroyed (leaked singletons), so a call made during static destruction still finds them.
+// process-wide 64-bit counter, as (0x10000 + n) << 4: never 0, 16-aligned and far above the first
+// page, because Go's cgo checks the pointer-typed values it finds on a goroutine stack and throws
+// "invalid pointer found on stack" for small ones (1, 2, 3... did). They are never reused, so a
+// destroyed handle stays invalid even when the allocator gives its freed object's address to the
+// next one (keying by address made a stale kvt_step* act on whichever step lived there next), and a
+// token of one type is never live in the other's table. So a NULL, destroyed or foreign pointer is
+// an error message, and a destroy racing with a call on another thread frees the object only after
+// that call returns. The tables are never destroyed (leaked singletons), so a call made during
+// static destruction still finds them.
 //
 // Shutdown. kvtier::Runtime frees its tiers and scheduler at shutdown, after which some of its
 // accessors (hbm_view, stats) would read freed state. Every call therefore holds the runtime's
@@ -34,6 +37,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -58,21 +62,27 @@ struct kvt_runtime {
 };
 
 struct kvt_step {
+  // How the step left the runtime; kvt_step_layer_table refuses once it did (the runtime forgot
+  // the step's tables and its frames are no longer the step's).
+  enum class Finished { kNo, kEnded, kAborted };
+
   std::shared_ptr<kvt_runtime> owner;
   kvtier::StepInfo info;
   std::mutex mu;  // guards tables and finished
   // One per layer, fetched on the first kvt_step_layer_table of that layer: the C caller holds
   // pointers into these vectors until kvt_step_destroy, so they are never replaced.
   std::vector<std::unique_ptr<kvtier::LayerTable>> tables;
-  bool finished = false;  // ended or aborted
+  Finished finished = Finished::kNo;
 };
 
 namespace kvtier::capi {
 
-// The next handle token: 1, 2, 3, ... shared by every table, never reused (2^64 of them).
+// The next handle token, (0x10000 + n) << 4 for n = 0, 1, 2, ...: shared by every table, never
+// reused (about 2^60 of them on a 64-bit machine before the value could wrap).
 inline std::uintptr_t next_handle_token() {
   static std::atomic<std::uint64_t> next{0};
-  return static_cast<std::uintptr_t>(next.fetch_add(1, std::memory_order_relaxed) + 1);
+  const std::uint64_t n = next.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<std::uintptr_t>((std::uint64_t{0x10000} + n) << 4);
 }
 
 template <typename T>
@@ -154,6 +164,17 @@ inline Status require(const void* pointer, std::string_view argument) {
   return ok_status();
 }
 
+// An element count the ABI takes (kvtier.h, convention (3)): at most UINT32_MAX, which also keeps
+// the vectors copied from it far from std::vector's max_size (std::length_error) and the 32-bit
+// counts reported back (kvt_step_info.batch) exact. `name` is the count's own name (n_keys).
+inline Status require_count(std::size_t count, std::string_view name) {
+  if (count > std::numeric_limits<std::uint32_t>::max()) {
+    return invalid_argument(std::string(name) + " is " + std::to_string(count) +
+                            ", more than the largest count taken (UINT32_MAX, 4294967295)");
+  }
+  return ok_status();
+}
+
 // A (pointer, count) array: NULL is allowed only with a count of 0.
 inline Status require_array(const void* pointer, std::size_t count, std::string_view argument) {
   if (pointer == nullptr && count > 0) {
@@ -166,8 +187,9 @@ inline Status require_array(const void* pointer, std::size_t count, std::string_
 inline BlockKey from_c(const kvt_block_key& k) { return BlockKey{k.lo, k.hi}; }
 inline kvt_block_key to_c(const BlockKey& k) { return kvt_block_key{k.lo, k.hi}; }
 
+// The keys of a (keys, n) array; `count_name` names n in messages (n_keys, requests[2].n_keys).
 Result<std::vector<BlockKey>> copy_keys(const kvt_block_key* keys, std::size_t n,
-                                        std::string_view argument);
+                                        std::string_view argument, std::string_view count_name);
 
 // Writes `keys` to (out, capacity); *n_keys is their number even when the buffer is too short.
 Status block_keys_to_c(const std::vector<BlockKey>& keys, kvt_block_key* out, std::size_t capacity,

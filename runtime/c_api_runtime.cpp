@@ -1,7 +1,10 @@
 // C ABI, part 2: the runtime handle (open, shutdown, destroy), what it describes (geometry, HBM
 // view, stats), its block keys, and the cache calls (match, sequences, hints, prefix pins).
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -15,21 +18,81 @@
 namespace kvtier::capi {
 namespace {
 
-Result<RuntimeOptions> options_from(const kvt_runtime_params* params, bool* use_environment) {
+// kvt_runtime_params versions (kvtier.h, convention (6)). The first one (0.1.0) ended with
+// persist_on_shutdown; `reserved` fills what was tail padding, so that every appended field changes
+// sizeof and struct_size tells the versions apart.
+static_assert(offsetof(kvt_runtime_params, persist_on_shutdown) + sizeof(int32_t) ==
+              KVT_RUNTIME_PARAMS_MIN_SIZE);
+static_assert(offsetof(kvt_runtime_params, reserved) + sizeof(int32_t) ==
+              sizeof(kvt_runtime_params));
+static_assert(sizeof(kvt_runtime_params) <= KVT_RUNTIME_PARAMS_MAX_SIZE);
+
+// Where each version of the struct ends, oldest first; the last is this library's sizeof. A size
+// in between would cut a field in two.
+constexpr std::size_t kParamsSizes[] = {KVT_RUNTIME_PARAMS_MIN_SIZE, sizeof(kvt_runtime_params)};
+
+// A struct_size this library can read or fill; `name` is how the message calls it.
+Status check_params_size(std::size_t size, std::string_view name) {
+  const auto said = [&] { return std::string(name) + " is " + std::to_string(size); };
+  if (size < KVT_RUNTIME_PARAMS_MIN_SIZE) {
+    return invalid_argument(said() + ", smaller than the first kvt_runtime_params (" +
+                            std::to_string(KVT_RUNTIME_PARAMS_MIN_SIZE) +
+                            " bytes): initialise params with kvt_runtime_default_params");
+  }
+  if (size > KVT_RUNTIME_PARAMS_MAX_SIZE) {
+    return invalid_argument(said() + ", larger than any kvt_runtime_params (at most " +
+                            std::to_string(KVT_RUNTIME_PARAMS_MAX_SIZE) +
+                            " bytes): initialise params with kvt_runtime_default_params");
+  }
+  if (size <= sizeof(kvt_runtime_params) &&
+      std::find(std::begin(kParamsSizes), std::end(kParamsSizes), size) == std::end(kParamsSizes)) {
+    return invalid_argument(said() + ", which ends inside a field of kvt_runtime_params (kvtier " +
+                            std::string(version()) + ")");
+  }
+  return ok_status();
+}
+
+kvt_runtime_params default_params() {
+  const RuntimeOptions defaults;
   kvt_runtime_params p;
-  kvt_runtime_default_params(&p);
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof(kvt_runtime_params);
+  p.use_environment = 1;
+  p.call_timeout_ms = defaults.call_timeout.count();
+  p.wait_timeout_ms = defaults.wait_timeout.count();
+  p.shutdown_timeout_ms = defaults.shutdown_timeout.count();
+  p.persist_on_shutdown = defaults.persist_on_shutdown ? 1 : 0;
+  p.reserved = 0;
+  return p;
+}
+
+// The caller's params over the defaults: the fields its struct_size covers (an older, smaller
+// struct keeps the defaults for the rest), and a newer, larger struct only while the fields this
+// library does not know are all zero (unset), so that no option a caller asked for is dropped.
+Result<RuntimeOptions> options_from(const kvt_runtime_params* params, bool* use_environment) {
+  kvt_runtime_params p = default_params();
   if (params != nullptr) {
-    if (params->struct_size == 0) {
+    const std::size_t size = params->struct_size;
+    if (size == 0) {
       return invalid_argument(
           "params.struct_size is 0: initialise params with kvt_runtime_default_params");
     }
-    if (params->struct_size != sizeof(kvt_runtime_params)) {
-      return invalid_argument("params.struct_size is " + std::to_string(params->struct_size) +
-                              " but this library (kvtier " + std::string(version()) + ") knows a " +
-                              std::to_string(sizeof(kvt_runtime_params)) +
-                              "-byte kvt_runtime_params: header and library differ");
+    KVTIER_RETURN_IF_ERROR(check_params_size(size, "params.struct_size"));
+    const auto* bytes = reinterpret_cast<const unsigned char*>(params);
+    std::memcpy(&p, bytes, std::min(size, sizeof p));
+    for (std::size_t i = sizeof p; i < size; ++i) {
+      if (bytes[i] != 0) {
+        return invalid_argument(
+            "params.struct_size is " + std::to_string(size) + " and byte " + std::to_string(i) +
+            " is set: a field of a newer kvt_runtime_params that this library (kvtier " +
+            std::string(version()) + ", " + std::to_string(sizeof p) +
+            "-byte kvt_runtime_params) does not have; use a newer libkvtier.so or leave it unset");
+      }
     }
-    p = *params;
+    if (p.reserved != 0) {
+      return invalid_argument("params.reserved is " + std::to_string(p.reserved) +
+                              "; it must be 0");
+    }
   }
   const struct {
     const char* name;
@@ -51,6 +114,7 @@ Result<RuntimeOptions> options_from(const kvt_runtime_params* params, bool* use_
 }
 
 Result<std::vector<std::string>> copy_overrides(const char* const* overrides, std::size_t n) {
+  KVTIER_RETURN_IF_ERROR(require_count(n, "n_overrides"));
   KVTIER_RETURN_IF_ERROR(require_array(overrides, n, "overrides"));
   std::vector<std::string> out;
   out.reserve(n);
@@ -94,20 +158,26 @@ using kvtier::Status;
 using kvtier::capi::guarded;
 using kvtier::capi::require;
 using kvtier::capi::require_array;
+using kvtier::capi::require_count;
 using kvtier::capi::with_runtime;
 
 extern "C" {
 
-void kvt_runtime_default_params(kvt_runtime_params* params) {
-  if (params == nullptr) return;
-  const kvtier::RuntimeOptions defaults;
-  std::memset(params, 0, sizeof *params);
-  params->struct_size = sizeof(kvt_runtime_params);
-  params->use_environment = 1;
-  params->call_timeout_ms = defaults.call_timeout.count();
-  params->wait_timeout_ms = defaults.wait_timeout.count();
-  params->shutdown_timeout_ms = defaults.shutdown_timeout.count();
-  params->persist_on_shutdown = defaults.persist_on_shutdown ? 1 : 0;
+kvt_status kvt_runtime_default_params_sized(kvt_runtime_params* params, size_t struct_size) {
+  return guarded("kvt_runtime_default_params_sized", [&]() -> Status {
+    KVTIER_RETURN_IF_ERROR(require(params, "params"));
+    KVTIER_RETURN_IF_ERROR(kvtier::capi::check_params_size(struct_size, "struct_size"));
+    kvt_runtime_params defaults = kvtier::capi::default_params();
+    defaults.struct_size = static_cast<uint32_t>(struct_size);
+    // Only the caller's struct_size bytes: a caller built against an older header has a smaller
+    // object; one built against a newer header gets zeros (unset) for the fields past ours.
+    auto* bytes = reinterpret_cast<unsigned char*>(params);
+    std::memcpy(bytes, &defaults, std::min(struct_size, sizeof defaults));
+    if (struct_size > sizeof defaults) {
+      std::memset(bytes + sizeof defaults, 0, struct_size - sizeof defaults);
+    }
+    return kvtier::ok_status();
+  });
 }
 
 kvt_status kvt_runtime_open_file(const char* yaml_path, const char* const* overrides,
@@ -244,6 +314,7 @@ kvt_status kvt_runtime_block_keys(const kvt_runtime* runtime, const uint32_t* to
                                   size_t n_tokens, kvt_block_key* keys, size_t capacity,
                                   size_t* n_keys) {
   return guarded("kvt_runtime_block_keys", [&] {
+    KVTIER_RETURN_IF_ERROR(require_count(n_tokens, "n_tokens"));
     KVTIER_RETURN_IF_ERROR(require_array(tokens, n_tokens, "tokens"));
     KVTIER_RETURN_IF_ERROR(require(n_keys, "n_keys"));
     return with_runtime(runtime, [&](Runtime& rt) {
@@ -258,6 +329,7 @@ kvt_status kvt_runtime_block_key(const kvt_runtime* runtime, const kvt_block_key
                                  kvt_block_key* out) {
   return guarded("kvt_runtime_block_key", [&] {
     KVTIER_RETURN_IF_ERROR(require(parent, "parent"));
+    KVTIER_RETURN_IF_ERROR(require_count(n_tokens, "n_tokens"));
     KVTIER_RETURN_IF_ERROR(require_array(block_tokens, n_tokens, "block_tokens"));
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
     return with_runtime(runtime, [&](Runtime& rt) -> Status {
@@ -284,7 +356,7 @@ kvt_status kvt_runtime_match(kvt_runtime* runtime, const kvt_block_key* keys, si
                              kvt_match* out) {
   return guarded("kvt_runtime_match", [&] {
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
-    KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_keys(keys, n_keys, "keys"));
+    KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_keys(keys, n_keys, "keys", "n_keys"));
     return with_runtime(runtime, [&](Runtime& rt) -> Status {
       KVTIER_ASSIGN_OR_RETURN(auto m, rt.match(list));
       out->blocks = m.blocks;
@@ -298,7 +370,7 @@ kvt_status kvt_sequence_open(kvt_runtime* runtime, const kvt_block_key* keys, si
                              kvt_opened_sequence* out) {
   return guarded("kvt_sequence_open", [&] {
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
-    KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_keys(keys, n_keys, "keys"));
+    KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_keys(keys, n_keys, "keys", "n_keys"));
     return with_runtime(runtime, [&](Runtime& rt) -> Status {
       KVTIER_ASSIGN_OR_RETURN(auto s, rt.open_sequence(list));
       out->id = s.id;
@@ -322,14 +394,16 @@ kvt_status kvt_sequence_close(kvt_runtime* runtime, kvt_sequence_id sequence) {
 kvt_status kvt_runtime_hint(kvt_runtime* runtime, const kvt_hinted_request* requests,
                             size_t n_requests) {
   return guarded("kvt_runtime_hint", [&] {
+    KVTIER_RETURN_IF_ERROR(require_count(n_requests, "n_requests"));
     KVTIER_RETURN_IF_ERROR(require_array(requests, n_requests, "requests"));
     std::vector<kvtier::HintedRequest> waiting(n_requests);
     for (std::size_t i = 0; i < n_requests; ++i) {
       waiting[i].request_id = requests[i].request_id;
       waiting[i].expected_start_ns = requests[i].expected_start_ns;
+      const std::string name = "requests[" + std::to_string(i) + "]";
       KVTIER_ASSIGN_OR_RETURN(waiting[i].keys,
                               kvtier::capi::copy_keys(requests[i].keys, requests[i].n_keys,
-                                                      "requests[" + std::to_string(i) + "].keys"));
+                                                      name + ".keys", name + ".n_keys"));
     }
     return with_runtime(runtime, [&](Runtime& rt) { return rt.hint(waiting); });
   });
@@ -340,7 +414,7 @@ kvt_status kvt_prefix_pin(kvt_runtime* runtime, const kvt_block_key* keys, size_
   return guarded("kvt_prefix_pin", [&] {
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
     KVTIER_RETURN_IF_ERROR(kvtier::check_timeout_ms(ttl_ms, "ttl_ms"));
-    KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_keys(keys, n_keys, "keys"));
+    KVTIER_ASSIGN_OR_RETURN(auto list, kvtier::capi::copy_keys(keys, n_keys, "keys", "n_keys"));
     return with_runtime(runtime, [&](Runtime& rt) -> Status {
       KVTIER_ASSIGN_OR_RETURN(auto pin, rt.pin_prefix(list, std::chrono::milliseconds(ttl_ms)));
       *out = pin;

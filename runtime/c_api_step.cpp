@@ -1,6 +1,7 @@
 // C ABI, part 3: the step handle. It owns the StepInfo kvtier::Runtime::begin_step returned and
 // a copy of each layer's block table, so the arrays a C caller reads stay put until
-// kvt_step_destroy; every call also goes through the runtime handle that made the step, and so
+// kvt_step_destroy (also after the step ended, though kvt_step_layer_table then refuses to hand
+// out more); every call also goes through the runtime handle that made the step, and so
 // fails cleanly once that runtime is shut down or destroyed.
 #include <memory>
 #include <string>
@@ -40,6 +41,7 @@ using kvtier::Status;
 using kvtier::capi::guarded;
 using kvtier::capi::require;
 using kvtier::capi::require_array;
+using kvtier::capi::require_count;
 using kvtier::capi::with_step;
 
 extern "C" {
@@ -47,6 +49,8 @@ extern "C" {
 kvt_status kvt_step_begin(kvt_runtime* runtime, const kvt_step_item* items, size_t n_items,
                           kvt_step** out) {
   return guarded("kvt_step_begin", [&]() -> Status {
+    // kvt_step_info.batch is 32-bit: a larger batch is refused here, not truncated there.
+    KVTIER_RETURN_IF_ERROR(require_count(n_items, "n_items"));
     KVTIER_RETURN_IF_ERROR(require_array(items, n_items, "items"));
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
     std::vector<kvtier::StepItem> batch(n_items);
@@ -81,7 +85,7 @@ kvt_status kvt_step_get_info(const kvt_step* step, kvt_step_info* out) {
       out->layers = s.info.layers;
       out->window = s.info.window;
       out->windowed = s.info.windowed ? 1 : 0;
-      out->batch = static_cast<uint32_t>(s.info.items.size());
+      out->batch = static_cast<uint32_t>(s.info.items.size());  // <= n_items <= UINT32_MAX
       return kvtier::ok_status();
     });
   });
@@ -134,6 +138,15 @@ kvt_status kvt_step_layer_table(kvt_step* step, uint32_t layer, kvt_layer_table*
     return with_step(step, [&](Runtime& rt, kvt_step& s) -> Status {
       KVTIER_RETURN_IF_ERROR(kvtier::capi::check_layer(s, layer, "layer_table"));
       std::lock_guard<std::mutex> lock(s.mu);
+      // Runtime::layer_table refuses a step that is no longer open, so a table cached before the
+      // end is not handed out after it either (its arrays stay readable, as documented). A layer
+      // ended with kvt_step_end_layer is still served: Runtime::layer_table serves it too.
+      if (s.finished != kvt_step::Finished::kNo) {
+        return kvtier::failed_precondition(
+            "layer_table: step " + std::to_string(s.info.id) + " was already " +
+            (s.finished == kvt_step::Finished::kEnded ? "ended" : "aborted") +
+            "; its tables are only for the layers of an open step");
+      }
       auto& slot = s.tables[layer];
       if (slot == nullptr) {
         KVTIER_ASSIGN_OR_RETURN(kvtier::LayerTable table, rt.layer_table(s.info.id, layer));
@@ -159,19 +172,21 @@ kvt_status kvt_step_end_layer(kvt_step* step, uint32_t layer) {
 kvt_status kvt_step_end(kvt_step* step, const kvt_step_completion* completions,
                         size_t n_completions) {
   return guarded("kvt_step_end", [&] {
+    KVTIER_RETURN_IF_ERROR(require_count(n_completions, "n_completions"));
     KVTIER_RETURN_IF_ERROR(require_array(completions, n_completions, "completions"));
     std::vector<kvtier::StepCompletion> list(n_completions);
     for (std::size_t i = 0; i < n_completions; ++i) {
       list[i].sequence = completions[i].sequence;
+      const std::string name = "completions[" + std::to_string(i) + "]";
       KVTIER_ASSIGN_OR_RETURN(
           list[i].full_block_keys,
           kvtier::capi::copy_keys(completions[i].full_block_keys, completions[i].n_keys,
-                                  "completions[" + std::to_string(i) + "].full_block_keys"));
+                                  name + ".full_block_keys", name + ".n_keys"));
     }
     return with_step(step, [&](Runtime& rt, kvt_step& s) -> Status {
       KVTIER_RETURN_IF_ERROR(rt.end_step(s.info.id, list));
       std::lock_guard<std::mutex> lock(s.mu);
-      s.finished = true;
+      s.finished = kvt_step::Finished::kEnded;
       return kvtier::ok_status();
     });
   });
@@ -182,7 +197,7 @@ kvt_status kvt_step_abort(kvt_step* step) {
     return with_step(step, [&](Runtime& rt, kvt_step& s) -> Status {
       KVTIER_RETURN_IF_ERROR(rt.abort_step(s.info.id));
       std::lock_guard<std::mutex> lock(s.mu);
-      s.finished = true;
+      s.finished = kvt_step::Finished::kAborted;
       return kvtier::ok_status();
     });
   });
@@ -196,7 +211,7 @@ kvt_status kvt_step_destroy(kvt_step* step) {
     bool finished = false;
     {
       std::lock_guard<std::mutex> step_lock(s->mu);
-      finished = s->finished;
+      finished = s->finished != kvt_step::Finished::kNo;
     }
     // A step left open would keep its pages pinned until the runtime shuts down; once the
     // runtime is shutting down there is nothing left to unpin.

@@ -12,8 +12,10 @@
  *     entry, so a NULL, destroyed or foreign pointer (a kvt_step* cast to kvt_runtime*) is
  *     KVT_INVALID_ARGUMENT with a message, never a crash. Handle values are opaque tokens, not
  *     addresses, and never reused within a process: a destroyed handle stays invalid even after
- *     new handles are made. Sequences and prefix pins are 64-bit ids
- *     the runtime hands out; an unknown or closed id is KVT_NOT_FOUND.
+ *     new handles are made. They are never dereferenced, yet look like aligned addresses (at
+ *     least 0x100000, multiples of 16), so that runtimes which check the pointers they hold
+ *     (Go's garbage collector rejects small ones) take them. Sequences and prefix pins are
+ *     64-bit ids the runtime hands out; an unknown or closed id is KVT_NOT_FOUND.
  *
  * (2) Errors. Every call that can fail returns a kvt_status: KVT_OK (0) or a negative code that
  *     mirrors kvtier::StatusCode (KVT_INVALID_ARGUMENT = -1 ... KVT_INTERNAL = -12). On failure,
@@ -25,10 +27,13 @@
  *     KVT_RESOURCE_EXHAUSTED, anything unexpected KVT_INTERNAL.
  *
  * (3) Memory. The caller owns every buffer it passes, as a (pointer, count) pair; a count of 0
- *     allows a NULL pointer. The library keeps no pointer into caller memory after a call returns.
- *     Memory the library hands out is owned by the handle it came from and its lifetime is written
- *     at the call (layer tables: until kvt_step_destroy; the HBM view: until the runtime is shut
- *     down). Nothing is ever to be released with free().
+ *     allows a NULL pointer. The count of an array passed in (keys, tokens, items, requests,
+ *     completions, overrides) is at most UINT32_MAX, as the batch, block and token counts
+ *     reported back are 32-bit: a larger one is KVT_INVALID_ARGUMENT naming it, checked before
+ *     the array is read. The library keeps no pointer into caller memory after a call
+ *     returns. Memory the library hands out is owned by the handle it came from and its
+ *     lifetime is written at the call (layer tables: until kvt_step_destroy; the HBM view:
+ *     until the runtime is shut down). Nothing is ever to be released with free().
  *
  * (4) Threading. Every function may be called from any thread, on the same handle concurrently,
  *     with the guarantees of kvtier.hpp: calls that change the cache wait for the runtime's loop at
@@ -45,11 +50,21 @@
  *     16-byte values (kvt_block_key), equal to kvtier::BlockKey field for field and byte for byte
  *     across processes and machines (the hash is documented in kvtier/block_key.hpp).
  *
- * (6) Compatibility. Structs never change within an ABI version; kvt_runtime_params starts with
- *     its own size so that fields can be appended. Symbols are versioned (KVTIER_0.1 in
- *     runtime/kvtier.map); a later version adds functions in a new version node. kvt_version()
- *     reports the library actually loaded, which may differ from the KVT_VERSION_* macros this
- *     header was compiled with.
+ * (6) Compatibility. The library's SONAME is libkvtier.so.0 and stays so while the ABI only grows:
+ *     symbols are versioned (KVTIER_0.1 in runtime/kvtier.map) and a later version adds its
+ *     functions in a new version node that inherits this one, so a binary linked against an
+ *     older libkvtier.so.0 runs against a newer one. Structs the caller passes in never change
+ *     within an ABI version, except kvt_runtime_params, which grows only by appending fields and
+ *     says how large the caller's copy is in its first field, struct_size: the caller's sizeof,
+ *     written by kvt_runtime_default_params (an inline function, so it is compiled with the
+ *     caller's header). The library takes any struct_size from that of the first version
+ *     (KVT_RUNTIME_PARAMS_MIN_SIZE) up to its own sizeof, using the defaults for the fields a
+ *     smaller (older) struct lacks, and a larger (newer) one when every byte past its own sizeof
+ *     is zero, i.e. when the caller set none of the fields it does not know; otherwise
+ *     KVT_INVALID_ARGUMENT naming params.struct_size. The struct has no tail padding (an
+ *     appended field always changes its size) and a new field's zero means its default.
+ *     kvt_version() reports the library actually loaded, which may differ from the KVT_VERSION_*
+ *     macros this header was compiled with.
  */
 #ifndef KVTIER_KVTIER_H_
 #define KVTIER_KVTIER_H_
@@ -112,16 +127,27 @@ typedef struct kvt_block_key {
   uint64_t hi; /* the top 16 bits are the namespace tag */
 } kvt_block_key;
 
-/* Runtime options; start from kvt_runtime_default_params(). */
+/* Runtime options; start from kvt_runtime_default_params(). Versioned by struct_size (convention
+ * (6)): fields are only ever appended, each a multiple of 4 bytes on its natural alignment, so
+ * that the struct never has tail padding. */
 typedef struct kvt_runtime_params {
-  uint32_t struct_size;        /* sizeof(kvt_runtime_params), set by kvt_runtime_default_params */
+  uint32_t struct_size;        /* the caller's sizeof(kvt_runtime_params), set by
+                                  kvt_runtime_default_params */
   int32_t use_environment;     /* 1: apply KVTIER_* environment variables (as kvtier-bench does);
                                   0: only the YAML and the overrides given. Default 1 */
   int64_t call_timeout_ms;     /* longest wait for the runtime's loop to take a call. 5000 */
   int64_t wait_timeout_ms;     /* longest kvt_step_wait_layer blocks. 30000 */
   int64_t shutdown_timeout_ms; /* longest shutdown waits for transfers. 60000 */
   int32_t persist_on_shutdown; /* 1: write cached blocks to NVMe at shutdown. Default 1 */
+  int32_t reserved;            /* must be 0 (fills what would be tail padding) */
 } kvt_runtime_params;
+
+/* The struct_size of the first kvt_runtime_params (kvtier 0.1.0), which ended with
+ * persist_on_shutdown: the smallest the library takes. */
+#define KVT_RUNTIME_PARAMS_MIN_SIZE 36u
+/* The largest struct_size the library reads (a newer struct's unknown tail is checked for zeros
+ * up to there): a bound on what an uninitialised struct_size makes it read. */
+#define KVT_RUNTIME_PARAMS_MAX_SIZE 1024u
 
 /* The model's KV shape. A page is [K|V][page_tokens][kv_heads][head_dim] of one layer. */
 typedef struct kvt_geometry {
@@ -257,12 +283,22 @@ KVT_API int64_t kvt_clock_now_ns(void);
 KVT_API kvt_status kvt_chain_block_keys(const char* key_namespace, const uint32_t* tokens,
                                         size_t n_tokens, uint32_t block_tokens, kvt_block_key* keys,
                                         size_t capacity, size_t* n_keys);
-/* 32 lower-case hex digits (hi then lo) and a NUL: `buf_size` must be at least 33. */
+/* 32 lower-case hex digits (hi then lo) and a NUL: `buf_size` must be at least 33
+ * (KVT_OUT_OF_RANGE, the message giving the size needed, for a smaller one, NULL with 0 too). */
 KVT_API kvt_status kvt_block_key_format(const kvt_block_key* key, char* buf, size_t buf_size);
 
 /* ---- Runtime: create, destroy, describe --------------------------------------------------- */
 
-KVT_API void kvt_runtime_default_params(kvt_runtime_params* params);
+/* Writes the defaults into the first `struct_size` bytes of `*params` (zeros past the library's
+ * own sizeof) and sets params->struct_size to `struct_size`; writes nothing past them.
+ * KVT_INVALID_ARGUMENT, writing nothing, for a NULL `params` or a `struct_size` outside
+ * [KVT_RUNTIME_PARAMS_MIN_SIZE, KVT_RUNTIME_PARAMS_MAX_SIZE]. Call kvt_runtime_default_params. */
+KVT_API kvt_status kvt_runtime_default_params_sized(kvt_runtime_params* params, size_t struct_size);
+/* The defaults, for a struct of this header's size. Inline, so sizeof is the caller's (a binary
+ * built against an older, smaller header never gets a larger struct written over its own). */
+static inline void kvt_runtime_default_params(kvt_runtime_params* params) {
+  (void)kvt_runtime_default_params_sized(params, sizeof(kvt_runtime_params));
+}
 /* Opens a runtime from a YAML file over the embedded default, then `overrides` ("key.path=value",
  * YAML values, the last one winning). `params` may be NULL (defaults). */
 KVT_API kvt_status kvt_runtime_open_file(const char* yaml_path, const char* const* overrides,
@@ -337,8 +373,10 @@ KVT_API kvt_status kvt_step_get_item(const kvt_step* step, size_t index, kvt_ste
  * recomputed), KVT_DEADLINE_EXCEEDED after params.wait_timeout_ms, or KVT_CANCELLED when the step
  * is aborted or the runtime shuts down meanwhile (a shutdown wakes every such wait at once). */
 KVT_API kvt_status kvt_step_wait_layer(kvt_step* step, uint32_t layer);
-/* The layer's block table (KVT_FAILED_PRECONDITION until wait_layer returned KVT_OK). The arrays
- * are owned by the step and valid until kvt_step_destroy. */
+/* The layer's block table: KVT_FAILED_PRECONDITION until wait_layer returned KVT_OK, and once the
+ * step has ended or been aborted (after end_layer it is still given, as the Steps note above
+ * says). The arrays are owned by the step and valid until kvt_step_destroy, also after the step
+ * has ended. */
 KVT_API kvt_status kvt_step_layer_table(kvt_step* step, uint32_t layer, kvt_layer_table* out);
 /* The engine has read and written `layer`. */
 KVT_API kvt_status kvt_step_end_layer(kvt_step* step, uint32_t layer);

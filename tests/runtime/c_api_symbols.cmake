@@ -1,12 +1,34 @@
 # libkvtier.so exports exactly the C ABI: every defined dynamic symbol is a kvt_* function that
 # include/kvtier/kvtier.h declares and runtime/kvtier.map lists, and every such function is
 # exported, under the map's version node. Nothing of the C++ inside (kvtier::, std::, yaml-cpp,
-# Boost) leaks out.
-# Invoked by ctest: cmake -DNM=... -DLIBRARY=... -DHEADER=... -DMAP=... -P c_api_symbols.cmake
+# Boost) leaks out. Its SONAME is libkvtier.so.MAJOR (the ABI grows through version nodes) and its
+# RUNPATH has no empty entry (which the loader takes as the current directory).
+# Invoked by ctest: cmake -DNM=... -DREADELF=... -DLIBRARY=... -DSONAME=... -DHEADER=... -DMAP=...
+#                   -P c_api_symbols.cmake
 cmake_policy(VERSION 3.25)
-foreach(var NM LIBRARY HEADER MAP)
+foreach(var NM READELF LIBRARY SONAME HEADER MAP)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "${var} is not set")
+  endif()
+endforeach()
+
+execute_process(COMMAND ${READELF} -d ${LIBRARY}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE dynamic ERROR_VARIABLE readelf_err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${READELF} -d ${LIBRARY} failed (${rc}): ${readelf_err}")
+endif()
+if(NOT dynamic MATCHES "\\(SONAME\\)[^\n]*\\[([^]\n]*)\\]")
+  message(FATAL_ERROR "${LIBRARY} has no SONAME:\n${dynamic}")
+endif()
+if(NOT CMAKE_MATCH_1 STREQUAL "${SONAME}")
+  message(FATAL_ERROR "${LIBRARY} has SONAME ${CMAKE_MATCH_1}, expected ${SONAME}")
+endif()
+string(REGEX MATCHALL "\\((RPATH|RUNPATH)\\)[^\n]*\\[[^]\n]*\\]" search_paths "${dynamic}")
+foreach(entry IN LISTS search_paths)
+  string(REGEX MATCH "\\[([^]\n]*)\\]" _ "${entry}")
+  set(path_list "${CMAKE_MATCH_1}")
+  if(path_list STREQUAL "" OR path_list MATCHES "^:|::|:$")
+    message(FATAL_ERROR "${LIBRARY}: an empty entry (the current directory) in ${entry}")
   endif()
 endforeach()
 

@@ -12,6 +12,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +192,11 @@ static void test_version_and_keys(void) {
   char text[33];
   EXPECT_ERROR(kvt_block_key_format(&keys[0], text, 10), KVT_OUT_OF_RANGE, "kvt_block_key_format",
                "33 bytes");
+  /* Convention (3): a count of 0 allows NULL, so this is a buffer that is too small. */
+  EXPECT_ERROR(kvt_block_key_format(&keys[0], NULL, 0), KVT_OUT_OF_RANGE, "kvt_block_key_format",
+               "33 bytes");
+  EXPECT_ERROR(kvt_block_key_format(&keys[0], NULL, 33), KVT_INVALID_ARGUMENT,
+               "kvt_block_key_format", "buf is NULL");
   MUST(kvt_block_key_format(&keys[0], text, sizeof text));
   CHECK(strlen(text) == 32, "%s", text);
   EXPECT_ERROR(kvt_chain_block_keys(NULL, tokens, 40, 16, keys, 2, &n), KVT_INVALID_ARGUMENT,
@@ -598,6 +605,230 @@ static void test_shutdown_wakes_blocked_waiter(int destroy) {
   free(tokens);
 }
 
+/* kvt_runtime_params grows by appending fields (convention (6)): a caller compiled against an older
+ * header passes a smaller struct_size and gets the defaults for what its struct lacks; one compiled
+ * against a newer header passes a larger one, taken when the fields this library does not know
+ * are all zero. kvt_runtime_default_params_sized never writes past the size it is given. */
+enum { kGuard = 0xA5 };
+struct newer_params {
+  kvt_runtime_params known;
+  int64_t appended; /* a field of some later version */
+};
+union params_with_guard {
+  kvt_runtime_params params;
+  unsigned char bytes[sizeof(kvt_runtime_params) + 16];
+};
+
+static int bytes_are(const unsigned char* p, size_t n, unsigned char value) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != value) return 0;
+  }
+  return 1;
+}
+
+static void test_params_sizes(void) {
+  const char* overrides[] = {"tiers.nvme.enabled=false", "metrics.listen=off"};
+  /* The first version's kvt_runtime_params ends with persist_on_shutdown. */
+  const size_t first_size = offsetof(kvt_runtime_params, persist_on_shutdown) + sizeof(int32_t);
+  kvt_runtime* rt = NULL;
+
+  kvt_runtime_params current;
+  memset(&current, kGuard, sizeof current);
+  kvt_runtime_default_params(&current);
+  CHECK(current.struct_size == sizeof current && current.reserved == 0,
+        "default params: struct_size %u, reserved %d", current.struct_size, current.reserved);
+  CHECK(offsetof(kvt_runtime_params, reserved) + sizeof(int32_t) == sizeof(kvt_runtime_params),
+        "kvt_runtime_params has tail padding, so struct_size cannot tell versions apart");
+
+  /* An older, smaller struct: filled only up to its size, opened with defaults for the rest (the
+   * guard bytes where `reserved` would be are never read, or the open would refuse them). */
+  union params_with_guard older;
+  memset(older.bytes, kGuard, sizeof older.bytes);
+  MUST(kvt_runtime_default_params_sized(&older.params, first_size));
+  CHECK(bytes_are(older.bytes + first_size, sizeof older.bytes - first_size, kGuard),
+        "kvt_runtime_default_params_sized(%zu) wrote past the size it was given", first_size);
+  CHECK(older.params.struct_size == first_size && older.params.use_environment == 1 &&
+            older.params.call_timeout_ms == current.call_timeout_ms &&
+            older.params.persist_on_shutdown == current.persist_on_shutdown,
+        "an older struct gets the defaults: struct_size %u", older.params.struct_size);
+  older.params.use_environment = 0;
+  MUST(kvt_runtime_open_yaml(yaml, overrides, 2, &older.params, &rt));
+  MUST(kvt_runtime_destroy(rt));
+  rt = NULL;
+
+  /* Smaller than any version: refused, and nothing is written. */
+  memset(older.bytes, kGuard, sizeof older.bytes);
+  EXPECT_ERROR(kvt_runtime_default_params_sized(&older.params, first_size - 4),
+               KVT_INVALID_ARGUMENT, "kvt_runtime_default_params_sized", "struct_size");
+  CHECK(bytes_are(older.bytes, sizeof older.bytes, kGuard),
+        "a refused kvt_runtime_default_params_sized wrote into the struct");
+  EXPECT_ERROR(kvt_runtime_default_params_sized(NULL, sizeof current), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_default_params_sized", "params is NULL");
+  kvt_runtime_params shrunk = current;
+  shrunk.struct_size = (uint32_t)first_size - 4;
+  EXPECT_ERROR(kvt_runtime_open_yaml(yaml, overrides, 2, &shrunk, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "params.struct_size is 32");
+
+  /* A newer, larger struct: the appended field is zeroed, and taken while it stays zero. */
+  struct newer_params newer;
+  memset(&newer, kGuard, sizeof newer);
+  MUST(kvt_runtime_default_params_sized(&newer.known, sizeof newer));
+  CHECK(newer.known.struct_size == sizeof newer && newer.appended == 0,
+        "a newer struct: struct_size %u, unknown tail %lld", newer.known.struct_size,
+        (long long)newer.appended);
+  newer.known.use_environment = 0;
+  MUST(kvt_runtime_open_yaml(yaml, overrides, 2, &newer.known, &rt));
+  MUST(kvt_runtime_destroy(rt));
+  rt = NULL;
+  newer.appended = 7;
+  EXPECT_ERROR(kvt_runtime_open_yaml(yaml, overrides, 2, &newer.known, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "params.struct_size");
+  newer.appended = 0;
+  newer.known.reserved = 1;
+  EXPECT_ERROR(kvt_runtime_open_yaml(yaml, overrides, 2, &newer.known, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "params.reserved");
+  /* An uninitialised struct_size (garbage) is refused rather than read that far. */
+  kvt_runtime_params garbage = current;
+  garbage.struct_size = 0xA5A5A5A5u;
+  EXPECT_ERROR(kvt_runtime_open_yaml(yaml, overrides, 2, &garbage, &rt), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_open_yaml", "params.struct_size");
+  CHECK(rt == NULL, "no handle comes out of a refused open");
+}
+
+/* Handles are opaque tokens, but Go's runtime checks every pointer-typed value it finds on a
+ * goroutine stack: one below 4096 (or misaligned) throws "invalid pointer found on stack". */
+static void check_handle_value(const void* handle, const char* what) {
+  const uintptr_t value = (uintptr_t)handle;
+  CHECK(value >= 0x10000u && value % 16u == 0, "%s handle %p is small or not 16-aligned", what,
+        handle);
+}
+
+static void test_handle_values(kvt_runtime* rt, const uint32_t* tokens) {
+  check_handle_value(rt, "runtime");
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  const kvt_step_item one = {seq.id, 1};
+  for (int i = 0; i < 3; ++i) {
+    kvt_step* step = NULL;
+    MUST(kvt_step_begin(rt, &one, 1, &step));
+    check_handle_value(step, "step");
+    MUST(kvt_step_destroy(step));
+  }
+  MUST(kvt_sequence_close(rt, seq.id));
+}
+
+/* A layer table after end_layer is still served (as Runtime::layer_table does: the arrays stay
+ * readable, naming frames that may hold other pages by now); once the step has ended or been
+ * aborted it is KVT_FAILED_PRECONDITION, while the arrays already handed out stay valid until
+ * kvt_step_destroy. */
+static void test_layer_table_after_end(kvt_runtime* rt, const uint32_t* tokens) {
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  const kvt_step_item one = {seq.id, 1};
+  for (int abort = 0; abort < 2; ++abort) {
+    kvt_step* step = NULL;
+    MUST(kvt_step_begin(rt, &one, 1, &step));
+    MUST(kvt_step_wait_layer(step, 0));
+    kvt_layer_table table;
+    MUST(kvt_step_layer_table(step, 0, &table));
+    MUST(kvt_step_end_layer(step, 0));
+    kvt_layer_table again;
+    MUST(kvt_step_layer_table(step, 0, &again));
+    CHECK(again.indptr == table.indptr && again.indices == table.indices,
+          "the arrays of a layer table are handed out once and kept");
+    kvt_step_info info;
+    MUST(kvt_step_get_info(step, &info));
+    for (uint32_t l = 1; l < info.layers && !abort; ++l) {
+      MUST(kvt_step_wait_layer(step, l));
+      MUST(kvt_step_end_layer(step, l));
+    }
+    if (abort) {
+      MUST(kvt_step_abort(step));
+    } else {
+      MUST(kvt_step_end(step, NULL, 0));
+    }
+    const char* how = abort ? "aborted" : "ended";
+    EXPECT_ERROR(kvt_step_layer_table(step, 0, &again), KVT_FAILED_PRECONDITION,
+                 "kvt_step_layer_table", how);
+    EXPECT_ERROR(kvt_step_layer_table(step, info.layers - 1, &again), KVT_FAILED_PRECONDITION,
+                 "kvt_step_layer_table", how);
+    CHECK(table.batch == 1 && table.indptr[0] == 0 && table.indptr[1] >= 1,
+          "the arrays handed out stay readable until kvt_step_destroy");
+    MUST(kvt_step_destroy(step));
+  }
+  MUST(kvt_sequence_close(rt, seq.id));
+}
+
+/* Counts past UINT32_MAX (what kvt_step_info.batch and the block counts hold) are refused, naming
+ * the count, before anything is allocated or read: never KVT_INTERNAL (std::length_error), an
+ * attempt to allocate terabytes, or a count silently truncated. The arrays hold one element; the
+ * count is checked first. */
+static void test_huge_counts(kvt_runtime* rt, const uint32_t* tokens) {
+  kvt_block_key keys[kBlocks];
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  const kvt_step_item one = {seq.id, 1};
+  kvt_step* open_step = NULL;
+  MUST(kvt_step_begin(rt, &one, 1, &open_step));
+  const char* override_text = "metrics.listen=off";
+#if SIZE_MAX > UINT32_MAX
+  const size_t counts[] = {SIZE_MAX / 4, (size_t)UINT32_MAX + 1};
+#else
+  const size_t counts[] = {SIZE_MAX / 4};
+#endif
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; ++c) {
+    const size_t n = counts[c];
+    kvt_opened_sequence opened;
+    kvt_match m;
+    kvt_pin_id pin = 0;
+    kvt_step* step = NULL;
+    kvt_runtime* other = NULL;
+    EXPECT_ERROR(kvt_sequence_open(rt, keys, n, &opened), KVT_INVALID_ARGUMENT, "kvt_sequence_open",
+                 "n_keys is");
+    EXPECT_ERROR(kvt_runtime_match(rt, keys, n, &m), KVT_INVALID_ARGUMENT, "kvt_runtime_match",
+                 "n_keys is");
+    EXPECT_ERROR(kvt_prefix_pin(rt, keys, n, 1000, &pin), KVT_INVALID_ARGUMENT, "kvt_prefix_pin",
+                 "n_keys is");
+    EXPECT_ERROR(kvt_step_begin(rt, &one, n, &step), KVT_INVALID_ARGUMENT, "kvt_step_begin",
+                 "n_items is");
+    const kvt_hinted_request request = {7, kvt_clock_now_ns(), keys, 1};
+    EXPECT_ERROR(kvt_runtime_hint(rt, &request, n), KVT_INVALID_ARGUMENT, "kvt_runtime_hint",
+                 "n_requests is");
+    const kvt_hinted_request long_request = {7, kvt_clock_now_ns(), keys, n};
+    EXPECT_ERROR(kvt_runtime_hint(rt, &long_request, 1), KVT_INVALID_ARGUMENT, "kvt_runtime_hint",
+                 "requests[0].n_keys is");
+    const kvt_step_completion completion = {seq.id, keys, 1};
+    EXPECT_ERROR(kvt_step_end(open_step, &completion, n), KVT_INVALID_ARGUMENT, "kvt_step_end",
+                 "n_completions is");
+    const kvt_step_completion long_completion = {seq.id, keys, n};
+    EXPECT_ERROR(kvt_step_end(open_step, &long_completion, 1), KVT_INVALID_ARGUMENT, "kvt_step_end",
+                 "completions[0].n_keys is");
+    EXPECT_ERROR(kvt_runtime_open_yaml("", &override_text, n, NULL, &other), KVT_INVALID_ARGUMENT,
+                 "kvt_runtime_open_yaml", "n_overrides is");
+    EXPECT_ERROR(kvt_runtime_block_keys(rt, tokens, n, keys, kBlocks, &n_keys),
+                 KVT_INVALID_ARGUMENT, "kvt_runtime_block_keys", "n_tokens is");
+    EXPECT_ERROR(kvt_chain_block_keys("ns", tokens, n, kPageTokens, keys, kBlocks, &n_keys),
+                 KVT_INVALID_ARGUMENT, "kvt_chain_block_keys", "n_tokens is");
+    kvt_block_key root;
+    kvt_block_key child;
+    MUST(kvt_runtime_namespace_root(rt, &root));
+    EXPECT_ERROR(kvt_runtime_block_key(rt, &root, tokens, n, &child), KVT_INVALID_ARGUMENT,
+                 "kvt_runtime_block_key", "n_tokens is");
+    CHECK(step == NULL && other == NULL, "no handle from a refused count");
+  }
+  MUST(kvt_step_abort(open_step));
+  MUST(kvt_step_destroy(open_step));
+  MUST(kvt_sequence_close(rt, seq.id));
+}
+
 /* After a restart the prompt is found on NVMe and its bytes come back. */
 static void test_restart(const uint32_t* tokens) {
   kvt_runtime* rt = NULL;
@@ -653,6 +884,7 @@ int main(void) {
 
   test_version_and_keys();
   test_bad_configs();
+  test_params_sizes();
 
   kvt_runtime* rt = NULL;
   const kvt_status opened = open_runtime(&rt);
@@ -664,6 +896,9 @@ int main(void) {
   test_prefill_and_reuse(rt, tokens);
   test_bad_input(rt, tokens);
   test_stale_step_handles(rt, tokens);
+  test_handle_values(rt, tokens);
+  test_layer_table_after_end(rt, tokens);
+  test_huge_counts(rt, tokens);
   test_after_shutdown(rt, tokens);
 
   test_calls_racing_shutdown();
