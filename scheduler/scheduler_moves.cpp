@@ -939,8 +939,8 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
                      finished();
                      // kAlreadyExists: the store holds this block readable already (keys name
                      // content), so the block is on NVMe as if this write had stored it.
-                     const Status s = written.code() == StatusCode::kAlreadyExists ? ok_status()
-                                                                                     : written;
+                     const Status s =
+                         written.code() == StatusCode::kAlreadyExists ? ok_status() : written;
                      if (s.ok()) {
                        parts_.table->complete_fill(key, CopyId::nvme()).ignore();
                        stats_.demotions[tier_index(Tier::kNvme)].fetch_add(
