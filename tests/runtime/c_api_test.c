@@ -154,6 +154,17 @@ static kvt_status open_runtime(kvt_runtime** rt) {
 
 /* Called from kvtier's threads. */
 static atomic_int log_lines = 0;
+/* Opens a sequence whose prompt is the first block of `tokens`; `keys` (kBlocks of them) gets the
+ * keys of every block of `tokens`. */
+static kvt_opened_sequence open_one_block(kvt_runtime* rt, const uint32_t* tokens,
+                                          kvt_block_key* keys) {
+  size_t n_keys = 0;
+  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
+  kvt_opened_sequence seq;
+  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  return seq;
+}
+
 static void count_log_lines(int32_t level, const char* message, void* user) {
   (void)level;
   (void)message;
@@ -416,10 +427,7 @@ static void test_bad_input(kvt_runtime* rt, const uint32_t* tokens) {
 enum { kStepCycles = 200 };
 static void test_stale_step_handles(kvt_runtime* rt, const uint32_t* tokens) {
   kvt_block_key keys[kBlocks];
-  size_t n_keys = 0;
-  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
-  kvt_opened_sequence seq;
-  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  kvt_opened_sequence seq = open_one_block(rt, tokens, keys);
   const kvt_step_item one = {seq.id, 1};
   kvt_step* stale = NULL;
   int same_pointer = 0;
@@ -456,10 +464,7 @@ static void test_stale_step_handles(kvt_runtime* rt, const uint32_t* tokens) {
 /* Shutdown with a step still open, then every call fails cleanly. */
 static void test_after_shutdown(kvt_runtime* rt, const uint32_t* tokens) {
   kvt_block_key keys[kBlocks];
-  size_t n_keys = 0;
-  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
-  kvt_opened_sequence seq;
-  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  kvt_opened_sequence seq = open_one_block(rt, tokens, keys);
   const kvt_step_item one = {seq.id, 1};
   kvt_step* step = NULL;
   MUST(kvt_step_begin(rt, &one, 1, &step));
@@ -706,10 +711,7 @@ static void check_handle_value(const void* handle, const char* what) {
 static void test_handle_values(kvt_runtime* rt, const uint32_t* tokens) {
   check_handle_value(rt, "runtime");
   kvt_block_key keys[kBlocks];
-  size_t n_keys = 0;
-  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
-  kvt_opened_sequence seq;
-  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  kvt_opened_sequence seq = open_one_block(rt, tokens, keys);
   const kvt_step_item one = {seq.id, 1};
   for (int i = 0; i < 3; ++i) {
     kvt_step* step = NULL;
@@ -726,10 +728,7 @@ static void test_handle_values(kvt_runtime* rt, const uint32_t* tokens) {
  * kvt_step_destroy. */
 static void test_layer_table_after_end(kvt_runtime* rt, const uint32_t* tokens) {
   kvt_block_key keys[kBlocks];
-  size_t n_keys = 0;
-  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
-  kvt_opened_sequence seq;
-  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  kvt_opened_sequence seq = open_one_block(rt, tokens, keys);
   const kvt_step_item one = {seq.id, 1};
   for (int abort = 0; abort < 2; ++abort) {
     kvt_step* step = NULL;
@@ -771,10 +770,7 @@ static void test_layer_table_after_end(kvt_runtime* rt, const uint32_t* tokens) 
  * count is checked first. */
 static void test_huge_counts(kvt_runtime* rt, const uint32_t* tokens) {
   kvt_block_key keys[kBlocks];
-  size_t n_keys = 0;
-  MUST(kvt_runtime_block_keys(rt, tokens, kTokens, keys, kBlocks, &n_keys));
-  kvt_opened_sequence seq;
-  MUST(kvt_sequence_open(rt, keys, 1, &seq));
+  kvt_opened_sequence seq = open_one_block(rt, tokens, keys);
   const kvt_step_item one = {seq.id, 1};
   kvt_step* open_step = NULL;
   MUST(kvt_step_begin(rt, &one, 1, &open_step));
@@ -791,6 +787,7 @@ static void test_huge_counts(kvt_runtime* rt, const uint32_t* tokens) {
     kvt_pin_id pin = 0;
     kvt_step* step = NULL;
     kvt_runtime* other = NULL;
+    size_t n_keys = 0;
     EXPECT_ERROR(kvt_sequence_open(rt, keys, n, &opened), KVT_INVALID_ARGUMENT, "kvt_sequence_open",
                  "n_keys is");
     EXPECT_ERROR(kvt_runtime_match(rt, keys, n, &m), KVT_INVALID_ARGUMENT, "kvt_runtime_match",
