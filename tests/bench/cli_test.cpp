@@ -3,13 +3,10 @@
 // when the machine cannot do it), never an abort, a hang or output mixed into the JSON. Fake
 // gnuplot and fio programs on $PATH make the helper-program cases hermetic; the real ones run where
 // installed. Every run is tiny (a couple of requests, a 1 MiB NVMe pass).
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <sys/statfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -20,7 +17,7 @@
 #include <string>
 #include <vector>
 
-extern "C" char** environ;
+#include "tests/common/child_process.hpp"
 
 namespace {
 
@@ -69,69 +66,11 @@ class ScratchDir {
   fs::path path_;
 };
 
-struct RunOptions {
-  std::map<std::string, std::string> env;  // added to (or replacing in) the environment
-  std::string cwd;                         // "" = this process's
-  uint64_t address_space = 0;              // RLIMIT_AS of the child, 0 = unlimited
-  unsigned timeout_s = 120;                // SIGALRM: a hang fails instead of blocking ctest
-};
-
-struct ChildRun {
-  int exit_code = -1;
-  int signal = 0;
-  std::string out;
-  std::string err;
-};
+using RunOptions = kvtier::testing::ChildOptions;
+using kvtier::testing::ChildRun;
 
 ChildRun run_bench(const std::vector<std::string>& args, const RunOptions& o = {}) {
-  ScratchDir io;
-  const std::string out_path = io / "out";
-  const std::string err_path = io / "err";
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    if (kv.rfind("KVTIER_", 0) == 0) continue;
-    if (o.env.count(kv.substr(0, kv.find('='))) != 0) continue;
-    env_strings.push_back(kv);
-  }
-  for (const auto& [k, v] : o.env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_strings = {bench_path()};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
-    if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) ::_exit(126);
-    if (o.address_space > 0) {
-      const rlimit rl{o.address_space, o.address_space};
-      if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(126);
-    }
-    ::alarm(o.timeout_s);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ChildRun run;
-  EXPECT_GT(pid, 0) << "fork failed";
-  if (pid <= 0) return run;
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  run.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-  run.out = read_text(out_path);
-  run.err = read_text(err_path);
-  EXPECT_EQ(run.signal, 0) << "kvtier-bench was killed by signal " << run.signal
-                           << (run.signal == SIGALRM ? " (timed out)" : "") << "; stderr:\n"
-                           << run.err;
-  EXPECT_NE(run.exit_code, 127) << "could not execute " << bench_path();
-  return run;
+  return kvtier::testing::run_child(bench_path(), args, o);
 }
 
 bool on_path(const std::string& name) {

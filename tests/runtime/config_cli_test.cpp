@@ -1,19 +1,14 @@
 // Runs build/bin/kvtier-bench as a child process and checks exit codes and output: the frame's
 // contract with `make run`, scripts and CI.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "tests/common/child_process.hpp"
 #include "tests/runtime/config_test_util.hpp"
-
-extern "C" char** environ;
 
 namespace kvtier {
 namespace {
@@ -26,53 +21,14 @@ using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-struct ChildRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using ::kvtier::testing::ChildRun;
 
 // Runs kvtier-bench with `args` and an environment without KVTIER_* variables plus `env`.
 ChildRun run_bench(const std::vector<std::string>& args,
                    const std::map<std::string, std::string>& env = {}) {
-  TempDir dir;
-  const std::string out_path = (dir.path() / "out").string();
-  const std::string err_path = (dir.path() / "err").string();
-
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "KVTIER_", 7) != 0) env_strings.emplace_back(*e);
-  }
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-
-  std::vector<std::string> argv_strings = {KVTIER_BENCH_PATH};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ChildRun run;
-  EXPECT_GT(pid, 0) << "fork failed";
-  if (pid <= 0) return run;
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status)) << "kvtier-bench did not exit normally (status " << status << ")";
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  EXPECT_NE(run.exit_code, 127) << "could not execute " << KVTIER_BENCH_PATH;
-  run.out = read_text(out_path);
-  run.err = read_text(err_path);
-  return run;
+  ::kvtier::testing::ChildOptions options;
+  options.env = env;
+  return ::kvtier::testing::run_child(KVTIER_BENCH_PATH, args, options);
 }
 
 TEST(Cli, CheckOnTheEmbeddedDefault) {
