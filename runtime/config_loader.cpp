@@ -1,11 +1,13 @@
 #include "runtime/config_loader.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -54,6 +56,32 @@ Status unknown_key(std::string_view section, std::string_view word) {
   return invalid_argument(std::move(message));
 }
 
+std::string env_label(std::string_view name, std::string_view value) {
+  return "environment " + printable(name) + "=" + printable(value);
+}
+
+bool is_key_variable_char(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// " (KVTIER_TIERS__HBM__CAPACITY)" for "tiers__hbm.capacity": the spelling meant, when upper case
+// and "__" for '.' give one; "" otherwise.
+std::string suggest_key_variable(std::string_view rest) {
+  std::string out;
+  for (char c : rest) {
+    if (c == '.') {
+      out += kEnvSeparator;
+    } else if (c >= 'a' && c <= 'z') {
+      out += static_cast<char>(c - 'a' + 'A');
+    } else if (is_key_variable_char(c)) {
+      out += c;
+    } else {
+      return "";
+    }
+  }
+  return " (" + std::string(kEnvPrefix) + out + ")";
+}
+
 // Records where each document starts and ignores the rest: counting documents is all it is for.
 class DocumentStarts final : public YAML::EventHandler {
  public:
@@ -74,6 +102,77 @@ class DocumentStarts final : public YAML::EventHandler {
  private:
   YAML::Mark last_;
 };
+
+// A YAML text parsed as one document: its root, and where a second document starts if one does.
+struct ParsedYaml {
+  YAML::Node root;
+  bool more_documents = false;
+  YAML::Mark second_start;
+};
+
+// Throws YAML::Exception for malformed YAML.
+ParsedYaml parse_yaml(const std::string& text) {
+  ParsedYaml out;
+  out.root = YAML::Load(text);
+  // A second, bounded pass counts documents. Not YAML::LoadAll: yaml-cpp 0.7 never consumes a ','
+  // at document level and LoadAll then appends empty documents until memory runs out.
+  std::istringstream in{text};
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  int documents = 0;
+  while (documents < 2 && parser.HandleNextDocument(starts)) ++documents;
+  out.more_documents = documents > 1;
+  out.second_start = starts.last();
+  return out;
+}
+
+// A tag the document wrote ("!!int", "!mine", "!<tag:...>"), not the non-specific ones yaml-cpp
+// gives untagged nodes: "?" (plain), "!" (quoted, or a lone "!") and "" (null).
+bool has_explicit_tag(const YAML::Node& n) {
+  const std::string& tag = n.Tag();
+  return !tag.empty() && tag != "?" && tag != "!";
+}
+
+// A tag as it would be written: yaml-cpp expands "!!int" to "tag:yaml.org,2002:int".
+std::string written_tag(const std::string& tag) {
+  constexpr std::string_view kCore = "tag:yaml.org,2002:";
+  if (std::string_view(tag).starts_with(kCore)) return "!!" + tag.substr(kCore.size());
+  if (!tag.empty() && tag.front() == '!') return tag;
+  return "!<" + tag + ">";
+}
+
+// The first node under `n` (itself included) with an explicit tag, or an invalid node.
+YAML::Node find_explicit_tag(const YAML::Node& n) {
+  if (has_explicit_tag(n)) return n;
+  if (n.IsSequence() || n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (n.IsSequence()) {
+        YAML::Node found = find_explicit_tag(*it);
+        if (found.IsDefined()) return found;
+        continue;
+      }
+      for (const YAML::Node& part : {YAML::Node(it->first), YAML::Node(it->second)}) {
+        YAML::Node found = find_explicit_tag(part);
+        if (found.IsDefined()) return found;
+      }
+    }
+  }
+  return YAML::Node(YAML::NodeType::Undefined);
+}
+
+// "tiers.hbm.capacity" as YAML nesting: "tiers: hbm: capacity:".
+std::string nested_form(std::string_view path) {
+  std::string out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = path.find('.', start);
+    out += path.substr(start, dot == std::string_view::npos ? dot : dot - start);
+    out += ':';
+    if (dot == std::string_view::npos) return out;
+    out += ' ';
+    start = dot + 1;
+  }
+}
 
 // Where a value came from, for messages: "file:line:col" inside a document, or the label of an
 // override ("--set a.b=c", "environment KVTIER_A__B=c").
@@ -118,14 +217,19 @@ class ConfigBuilder {
   Status apply_assignment(std::string_view path, std::string_view value, const Where& where) {
     try {
       KVTIER_RETURN_IF_ERROR(check_path(path, where));
-      YAML::Node node;
+      ParsedYaml parsed;
       try {
-        node = YAML::Load(std::string(value));
+        parsed = parse_yaml(std::string(value));
       } catch (const YAML::Exception& e) {
         return invalid_argument(where.name() + ": " + std::string(path) + ": value is not valid " +
                                 "YAML (" + e.msg + "); quote it if it holds : # [ ] { } or ,");
       }
-      return apply_node(path, node, YAML::Mark::null_mark(), where);
+      if (parsed.more_documents) {
+        return invalid_argument(where.name() + ": " + std::string(path) +
+                                ": the value is more than one YAML document; quote it if it " +
+                                "holds a line \"---\" or \"...\"");
+      }
+      return apply_node(path, parsed.root, YAML::Mark::null_mark(), where);
     } catch (const std::exception& e) {
       return invalid_argument(where.name() + ": " + e.what());
     }
@@ -141,22 +245,59 @@ class ConfigBuilder {
     return apply_assignment(assignment.substr(0, eq), assignment.substr(eq + 1), where);
   }
 
+  // Every key variable is checked before any is applied: names are A-Z, 0-9 and _ (so each key
+  // has one spelling), and no two variables set the same key or a section and a key inside it
+  // (either would otherwise be settled silently by the order of their names).
   Status apply_environment(const Environment& env) {
+    struct KeyVariable {
+      const std::string* name;
+      const std::string* value;
+      std::string path;
+    };
+    std::vector<KeyVariable> keys;
     for (const auto& [name, value] : env) {
       if (!std::string_view(name).starts_with(kEnvPrefix)) continue;
       if (name.find(kEnvSeparator) == std::string::npos) continue;
+      const std::string_view rest = std::string_view(name).substr(kEnvPrefix.size());
+      if (!std::all_of(rest.begin(), rest.end(), is_key_variable_char)) {
+        return invalid_argument(env_label(name, value) +
+                                ": a key variable is spelled in upper case: A-Z, 0-9 and _ after " +
+                                std::string(kEnvPrefix) + suggest_key_variable(rest));
+      }
       std::string path;
-      for (std::size_t i = kEnvPrefix.size(); i < name.size();) {
-        if (std::string_view(name).substr(i).starts_with(kEnvSeparator)) {
+      for (std::size_t i = 0; i < rest.size();) {
+        if (rest.substr(i).starts_with(kEnvSeparator)) {
           path += '.';
           i += kEnvSeparator.size();
         } else {
-          const char c = name[i++];
+          const char c = rest[i++];
           path += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
         }
       }
-      const Where where = Where::label("environment " + printable(name) + "=" + printable(value));
-      KVTIER_RETURN_IF_ERROR(apply_assignment(path, value, where));
+      keys.push_back({&name, &value, std::move(path)});
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      for (std::size_t j = 0; j < keys.size(); ++j) {
+        const KeyVariable& outer = keys[i];
+        const KeyVariable& inner = keys[j];
+        if (i == j || !inner.path.starts_with(outer.path)) continue;
+        if (inner.path.size() == outer.path.size() && i < j) {
+          return invalid_argument("environment " + printable(*outer.name) + " and " +
+                                  printable(*inner.name) + " both set " + printable(outer.path) +
+                                  "; set it with one variable");
+        }
+        if (inner.path.size() > outer.path.size() && inner.path[outer.path.size()] == '.') {
+          return invalid_argument("environment " + printable(*outer.name) + " (" +
+                                  printable(outer.path) + ") and " + printable(*inner.name) + " (" +
+                                  printable(inner.path) +
+                                  ") overlap: the first sets the section that holds the second; " +
+                                  "set each key with one variable");
+        }
+      }
+    }
+    for (const KeyVariable& k : keys) {
+      KVTIER_RETURN_IF_ERROR(
+          apply_assignment(k.path, *k.value, Where::label(env_label(*k.name, *k.value))));
     }
     return ok_status();
   }
@@ -204,28 +345,19 @@ class ConfigBuilder {
                               "-byte limit for a configuration");
     }
     try {
-      YAML::Node root;
-      int documents = 0;
-      YAML::Mark second_start;
+      ParsedYaml parsed;
       try {
-        root = YAML::Load(std::string(text));
-        // A second, bounded pass counts documents. Not YAML::LoadAll: yaml-cpp 0.7 never consumes
-        // a ',' at document level and LoadAll then appends empty documents until memory runs out.
-        std::istringstream in{std::string(text)};
-        YAML::Parser parser(in);
-        DocumentStarts starts;
-        while (documents < 2 && parser.HandleNextDocument(starts)) ++documents;
-        second_start = starts.last();
+        parsed = parse_yaml(std::string(text));
       } catch (const YAML::DeepRecursion& e) {
         return invalid_argument(where.at(e.mark) + ": malformed YAML: nested too deeply");
       } catch (const YAML::Exception& e) {
         return invalid_argument(where.at(e.mark) + ": malformed YAML: " + e.msg);
       }
-      if (documents > 1) {
-        return invalid_argument(where.at(second_start) +
+      if (parsed.more_documents) {
+        return invalid_argument(where.at(parsed.second_start) +
                                 ": a configuration is one YAML document; more follows here");
       }
-      return apply_node("", root, root.Mark(), where);
+      return apply_node("", parsed.root, parsed.root.Mark(), where);
     } catch (const std::exception& e) {
       return invalid_argument(where.name() + ": " + e.what());
     }
@@ -255,10 +387,19 @@ class ConfigBuilder {
 
   // `value` for `path` (a key or a section); `key_mark` locates it when the value has no useful
   // mark of its own (an empty value's mark points past it).
+  //
+  // Explicit tags are refused on every node, keys included: the readers would honour some and
+  // ignore others (`!!int lfu` read as an enum, `!!binary` as a string of base64).
   Status apply_node(std::string_view path, const YAML::Node& value, const YAML::Mark& key_mark,
                     const Where& where) {
     const YAML::Mark mark = value.IsNull() ? key_mark : value.Mark();
-    if (const ConfigKey* key = find_config_key(path)) {
+    const ConfigKey* key = find_config_key(path);
+    // A key's whole value; a section's own node (its keys and values are checked one by one).
+    const YAML::Node tagged = key != nullptr            ? find_explicit_tag(value)
+                              : has_explicit_tag(value) ? value
+                                                        : YAML::Node(YAML::NodeType::Undefined);
+    if (tagged.IsDefined()) return refused_tag(path, tagged, where);
+    if (key != nullptr) {
       Status s = key->apply(config_, value);
       if (!s.ok()) {
         return invalid_argument(where.at(mark) + ": " + std::string(path) + ": " + s.message());
@@ -287,6 +428,21 @@ class ConfigBuilder {
       }
       const std::string& word = k.Scalar();
       const std::string child = join_path(path, word);
+      if (word.empty()) {
+        // join_path would name the section itself, and the root's "" is the whole document.
+        std::string message = where.at(k.Mark()) + ": ";
+        if (!path.empty()) message += std::string(path) + ": ";
+        message += "empty key (valid keys ";
+        message += path.empty() ? "at the top" : "under " + std::string(path);
+        return invalid_argument(message + ": " + join_words(config_children(path)) + ")");
+      }
+      if (word.find('.') != std::string::npos) {
+        // Not a second spelling of the nested key: duplicates are found per map, by word.
+        return invalid_argument(where.at(k.Mark()) + ": " + printable(child) +
+                                ": a key is one word, not a dotted path; write it nested: " +
+                                printable(nested_form(child)));
+      }
+      if (has_explicit_tag(k)) return refused_tag(child, k, where);
       if (find_config_key(child) == nullptr && !is_config_section(child)) {
         return unknown_key(path, word).with_context(where.at(k.Mark()));
       }
@@ -298,6 +454,13 @@ class ConfigBuilder {
       KVTIER_RETURN_IF_ERROR(apply_node(child, v, k.Mark(), where));
     }
     return ok_status();
+  }
+
+  static Status refused_tag(std::string_view path, const YAML::Node& node, const Where& where) {
+    std::string message = where.at(node.Mark()) + ": ";
+    if (!path.empty()) message += printable(path) + ": ";
+    return invalid_argument(message + "the YAML tag " + printable(written_tag(node.Tag())) +
+                            " is not accepted; write the value without a tag");
   }
 
   Config config_;
@@ -325,12 +488,28 @@ std::string errno_text(int err) {
 
 Result<std::string> read_config_file(const std::string& path) {
   if (path.empty()) return invalid_argument("the configuration file name is empty");
-  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever if none comes.
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     const int err = errno;
     const std::string message = path + ": cannot open: " + errno_text(err);
     return err == ENOENT ? not_found(message) : io_error(message);
   }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return io_error(path + ": cannot stat: " + errno_text(errno));
+  // A directory is left to read(), which names it (EISDIR); a FIFO, socket or device is no file to
+  // configure from (a FIFO or a terminal can block, a device can be endless).
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                                              : "not a file";
+    return invalid_argument(path + ": not a regular file (" + kind +
+                            "); a configuration is read from a regular file");
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
   std::string text;
   char buf[16384];
   while (true) {

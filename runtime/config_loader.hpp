@@ -5,11 +5,19 @@
 //   2. one file: `ConfigSources::file` (--config PATH), else $KVTIER_CONFIG_FILE when set;
 //   3. the environment: every variable KVTIER_<SECTION>__<KEY>[__<KEY>...]=value sets the key
 //      path spelled by its name in lower case (KVTIER_TIERS__HOST__CAPACITY=8GiB sets
-//      tiers.host.capacity), in variable-name order; variables without "__" (KVTIER_CONFIG_FILE,
-//      KVTIER_CACHE_DIR, KVTIER_LOG_LEVEL) are not keys;
+//      tiers.host.capacity); after KVTIER_ the name is A-Z, 0-9 and _ only, so a key has one
+//      spelling, and two variables that set the same path, or a section and a key inside it, are
+//      an error naming both, so their order never matters; variables without "__"
+//      (KVTIER_CONFIG_FILE, KVTIER_CACHE_DIR, KVTIER_LOG_LEVEL) are not keys;
 //   4. overrides: "key.path=value" (--set), in order, the last one winning.
 // Override and environment values are read as YAML, as if written after "key: " in a file
-// (`--set tiers.nvme.paths=[/a.kvs,/b.kvs]`, `--set tiers.hbm.watermarks={low: 0.5, high: 0.7}`).
+// (`--set tiers.nvme.paths=[/a.kvs,/b.kvs]`, `--set tiers.hbm.watermarks={low: 0.5, high: 0.7}`),
+// and are one YAML document, as a file is.
+//
+// Everywhere, a key is one non-empty word ("tiers.hbm.capacity:" as a YAML key is refused: it
+// would be a second spelling of the nested key, beyond duplicate detection), and explicit YAML
+// tags (!!str, !!int, !mine) are refused on keys and values alike. The file must be a regular
+// file (a FIFO would block, a device need not end).
 // Then "${KVTIER_CACHE_DIR}" in tiers.nvme.paths is replaced by $KVTIER_CACHE_DIR, or "./.kvtier"
 // when unset, and the result is validated (runtime/config_validate.hpp).
 //

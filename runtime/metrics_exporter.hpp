@@ -1,6 +1,8 @@
 // MetricsExporter: the Prometheus endpoint a Runtime owns — a MetricsCollector (families built from
 // kvtier's counters at scrape time) served over HTTP on `metrics.listen` by prometheus-cpp's pull
-// exposer (GET /metrics).
+// exposer. GET of exactly /metrics (any query) is the scrape; HEAD /metrics answers its headers;
+// another method is a 405 and another path a 404 (routed in civetweb's begin_request callback,
+// ahead of the exposer's prefix match).
 //
 // Failure model: metrics never take the runtime down. Invalid latency buckets are a Status from
 // create() (a config error the embedder must fix). A listen address that cannot be served — a
@@ -10,7 +12,8 @@
 // throwing from its constructor; the exception stops here. Empty `listen` means metrics off (no
 // server, no log line). Port 0 binds a free port; port() tells which.
 //
-// Threading: the HTTP server runs its own threads (two workers); each scrape calls Collect() on
+// Threading: the HTTP server runs its own threads (eight workers; a client that has not sent a
+// whole request within 2 s is dropped, see metrics_exporter.cpp); each scrape calls Collect() on
 // one of them. The destructor stops the server first — waiting for a scrape in progress — so the
 // sources (metrics_sources.hpp) only need to outlive the exporter. The runtime creates it after
 // the scheduler and the tier stack and destroys it before them. Nothing else is locked or shared.

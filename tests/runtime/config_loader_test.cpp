@@ -1,10 +1,17 @@
 #include "runtime/config_loader.hpp"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <future>
 #include <string>
 
 #include "runtime/config_schema.hpp"
@@ -459,6 +466,118 @@ TEST(Errors, KeysMustBeWords) {
             "t.yaml:1:3: keys must be words, not a list or a map");
 }
 
+// A dotted key is a second spelling of a nested one, and it slipped past duplicate detection
+// (which compares the words of one map): `tiers.hbm.capacity: 3GiB` after `tiers: {hbm: ...}`.
+TEST(Errors, DottedKeysAreRefused) {
+  EXPECT_EQ(error_of(parse("tiers: {hbm: {capacity: 1GiB}}\ntiers.hbm.capacity: 3GiB\n")),
+            "t.yaml:2:1: tiers.hbm.capacity: a key is one word, not a dotted path; write it "
+            "nested: tiers: hbm: capacity:");
+  EXPECT_EQ(error_of(parse("tiers:\n  hbm.capacity: 3GiB\n")),
+            "t.yaml:2:3: tiers.hbm.capacity: a key is one word, not a dotted path; write it "
+            "nested: tiers: hbm: capacity:");
+  ConfigSources s = hermetic();
+  s.overrides = {"tiers={hbm.capacity: 3GiB}"};
+  EXPECT_EQ(error_of(load_config(s)),
+            "--set tiers={hbm.capacity: 3GiB}: tiers.hbm.capacity: a key is one word, not a "
+            "dotted path; write it nested: tiers: hbm: capacity:");
+}
+
+// An empty word named the section it is in, so `"": {...}` applied the whole document again.
+TEST(Errors, EmptyKeysAreRefused) {
+  EXPECT_EQ(error_of(parse("\"\": {tiers: {hbm: {capacity: 5GiB}}}\n")),
+            "t.yaml:1:1: empty key (valid keys at the top: model, tiers, policies, metrics)");
+  EXPECT_EQ(error_of(parse("tiers:\n  '': {hbm: {capacity: 5GiB}}\n")),
+            "t.yaml:2:3: tiers: empty key (valid keys under tiers: hbm, host, nvme)");
+  ConfigSources s = hermetic();
+  s.overrides = {"tiers={'': {hbm: {capacity: 5GiB}}}"};
+  EXPECT_EQ(error_of(load_config(s)),
+            "--set tiers={'': {hbm: {capacity: 5GiB}}}: tiers: empty key (valid keys under "
+            "tiers: hbm, host, nvme)");
+}
+
+// Tags were read by some value types only (`!!int lfu` was an enum, `!!int 16` not an integer,
+// `!!binary` a string of base64): every explicit tag is refused, wherever it is.
+TEST(Errors, ExplicitTagsAreRefused) {
+  EXPECT_EQ(error_of(parse("tiers:\n  hbm:\n    capacity: !!str 2GiB\n")),
+            "t.yaml:3:15: tiers.hbm.capacity: the YAML tag !!str is not accepted; write the "
+            "value without a tag");
+  EXPECT_EQ(error_of(parse("policies:\n  eviction: !!int lfu\n")),
+            "t.yaml:2:13: policies.eviction: the YAML tag !!int is not accepted; write the value "
+            "without a tag");
+  EXPECT_EQ(error_of(parse("model:\n  layers: !!int 16\n")),
+            "t.yaml:2:11: model.layers: the YAML tag !!int is not accepted; write the value "
+            "without a tag");
+  EXPECT_THAT(error_of(parse("model: {name: !!binary aGVsbG8=}\n")),
+              HasSubstr("model.name: the YAML tag !!binary is not accepted"));
+  EXPECT_THAT(error_of(parse("model: {name: !mine x}\n")),
+              HasSubstr("model.name: the YAML tag !mine is not accepted"));
+  EXPECT_THAT(error_of(parse("model: {name: !<tag:example.com,2024:x> x}\n")),
+              HasSubstr("model.name: the YAML tag !<tag:example.com,2024:x> is not accepted"));
+  EXPECT_THAT(error_of(parse("tiers: {nvme: {paths: [/a.kvs, !!str /b.kvs]}}\n")),
+              HasSubstr("tiers.nvme.paths: the YAML tag !!str is not accepted"));
+  EXPECT_THAT(error_of(parse("tiers: !!map {hbm: {capacity: 2GiB}}\n")),
+              HasSubstr("tiers: the YAML tag !!map is not accepted"));
+  EXPECT_THAT(error_of(parse("model: {!!str layers: 2}\n")),
+              HasSubstr("model.layers: the YAML tag !!str is not accepted"));
+  EXPECT_THAT(error_of(parse("!!map {model: {layers: 2}}\n")),
+              HasSubstr("t.yaml:1:1: the YAML tag !!map is not accepted"));
+  ConfigSources s = hermetic({{"KVTIER_MODEL__LAYERS", "!!int 16"}});
+  EXPECT_EQ(error_of(load_config(s)),
+            "environment KVTIER_MODEL__LAYERS=!!int 16: model.layers: the YAML tag !!int is not "
+            "accepted; write the value without a tag");
+  // The non-specific tag "!" makes a plain string, like quotes.
+  auto r = parse("model: {name: ! 16, namespace: \"7\"}\n");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->model.name, "16");
+  EXPECT_EQ(r->model.key_namespace, "7");
+}
+
+// Values of --set and of the environment are one YAML document, as a file is: yaml-cpp's Load
+// read the first and dropped the rest.
+TEST(Errors, OverrideValuesAreOneDocument) {
+  ConfigSources s = hermetic();
+  s.overrides = {"model.name=a\n---\nb"};
+  EXPECT_EQ(error_of(load_config(s)),
+            "--set model.name=a?---?b: model.name: the value is more than one YAML document; "
+            "quote it if it holds a line \"---\" or \"...\"");
+  EXPECT_EQ(error_of(load_config(hermetic({{"KVTIER_MODEL__NAME", "a\n...\nb"}}))),
+            "environment KVTIER_MODEL__NAME=a?...?b: model.name: the value is more than one "
+            "YAML document; quote it if it holds a line \"---\" or \"...\"");
+  s.overrides = {"model.name=\"a\\n---\\nb\"", "model.namespace=x,y"};
+  auto r = load_config(s);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->model.name, "a\n---\nb");
+  EXPECT_EQ(r->model.key_namespace, "x,y");
+}
+
+// A FIFO blocked the loader in open() until a writer came, forever if none did; a device is no
+// configuration either.
+TEST(Errors, AConfigurationFileIsARegularFile) {
+  TempDir dir;
+  const std::string fifo = (dir.path() / "fifo.yaml").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  ConfigSources s = hermetic();
+  s.file = fifo;
+  auto loading = std::async(std::launch::async, [&s] { return load_config(s); });
+  if (loading.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "loading a FIFO hangs";
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // unblocks it
+    if (writer >= 0) ::close(writer);
+  }
+  const Result<Config> r = loading.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            fifo + ": not a regular file (a FIFO); a configuration is read from a regular file");
+  s.file = "/dev/null";
+  EXPECT_EQ(error_of(load_config(s)),
+            "/dev/null: not a regular file (a character device); a configuration is read from a "
+            "regular file");
+  // Through the environment's KVTIER_CONFIG_FILE too.
+  EXPECT_THAT(error_of(load_config(hermetic({{"KVTIER_CONFIG_FILE", "/dev/null"}}))),
+              StartsWith("/dev/null: not a regular file"));
+}
+
 TEST(Errors, MissingFile) {
   TempDir dir;
   ConfigSources s = hermetic();
@@ -524,6 +643,47 @@ TEST(Errors, BadEnvironmentOverrides) {
   EXPECT_EQ(error_of(load_config(hermetic({{"KVTIER_MODEL__LAYERS", "many"}}))),
             "environment KVTIER_MODEL__LAYERS=many: model.layers: expected an integer >= 0, got "
             "\"many\"");
+}
+
+// The README spells key variables in upper case; lower or mixed case and dots were accepted, and
+// two spellings of one key were then resolved silently by the order of their names.
+TEST(Errors, KeyVariablesAreUpperCaseLettersDigitsAndUnderscores) {
+  EXPECT_EQ(error_of(load_config(hermetic({{"KVTIER_tiers__hbm__capacity", "1GiB"}}))),
+            "environment KVTIER_tiers__hbm__capacity=1GiB: a key variable is spelled in upper "
+            "case: A-Z, 0-9 and _ after KVTIER_ (KVTIER_TIERS__HBM__CAPACITY)");
+  EXPECT_EQ(error_of(load_config(hermetic({{"KVTIER_TIERS__HBM.CAPACITY", "1GiB"}}))),
+            "environment KVTIER_TIERS__HBM.CAPACITY=1GiB: a key variable is spelled in upper "
+            "case: A-Z, 0-9 and _ after KVTIER_ (KVTIER_TIERS__HBM__CAPACITY)");
+  EXPECT_THAT(error_of(load_config(hermetic({{"KVTIER_TIERS__HBM__CAPACITY", "3GiB"},
+                                             {"KVTIER_Tiers__Hbm__Capacity", "1GiB"}}))),
+              StartsWith("environment KVTIER_Tiers__Hbm__Capacity=1GiB: a key variable is "
+                         "spelled in upper case"));
+  EXPECT_THAT(error_of(load_config(hermetic({{"KVTIER_MODEL__NAME-X", "a"}}))),
+              StartsWith("environment KVTIER_MODEL__NAME-X=a: a key variable is spelled in "
+                         "upper case: A-Z, 0-9 and _ after KVTIER_"));
+}
+
+TEST(Errors, KeyVariablesThatOverlapAreRefused) {
+  // A section and a key inside it: which won depended on the sort order of their names.
+  EXPECT_EQ(error_of(load_config(hermetic({{"KVTIER_TIERS__HBM", "{capacity: 1GiB}"},
+                                           {"KVTIER_TIERS__HBM__CAPACITY", "2GiB"}}))),
+            "environment KVTIER_TIERS__HBM (tiers.hbm) and KVTIER_TIERS__HBM__CAPACITY "
+            "(tiers.hbm.capacity) overlap: the first sets the section that holds the second; set "
+            "each key with one variable");
+  // Also when the section's value does not name the key: the rule is about names, not values.
+  EXPECT_THAT(error_of(load_config(hermetic({{"KVTIER_TIERS__HOST", "{numa: 1}"},
+                                             {"KVTIER_TIERS__HOST__WATERMARKS__LOW", "0.5"}}))),
+              StartsWith("environment KVTIER_TIERS__HOST (tiers.host) and "
+                         "KVTIER_TIERS__HOST__WATERMARKS__LOW (tiers.host.watermarks.low) "
+                         "overlap"));
+  // Siblings and names that only share a prefix of characters do not overlap.
+  auto r = load_config(hermetic({{"KVTIER_TIERS__HBM__CAPACITY", "2GiB"},
+                                 {"KVTIER_TIERS__HBM__WATERMARKS", "{low: 0.5, high: 0.6}"},
+                                 {"KVTIER_POLICIES__WRITE", "write_back"},
+                                 {"KVTIER_POLICIES__WRITE_SELECTIVE_HITS", "3"}}));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->tiers.hbm.capacity_bytes, 2ull << 30);
+  EXPECT_EQ(r->policies.write_selective_hits, 3u);
 }
 
 TEST(Errors, ValidationPointsAtTheLayerThatSetTheKey) {

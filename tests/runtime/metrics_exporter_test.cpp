@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -373,6 +375,83 @@ TEST(MetricsExporter, DestroyingOneLeavesAnotherOnTheSamePortServing) {
   const testing::HttpResponse r = http_get(port, "/metrics");
   EXPECT_EQ(r.status, 200) << r.error;
   EXPECT_THAT(r.body, HasSubstr("kvtier_lookup_tokens_total"));
+}
+
+// A functional bound for a scrape while other clients misbehave: well below Prometheus' scrape
+// timeout (at most its scrape interval, 5 s in configs/prometheus.yml, 10 s by default) and below
+// the 10 s that such clients used to hold a worker. Not a performance measurement: a scrape of the
+// fake runtime takes milliseconds.
+constexpr std::chrono::seconds kScrapeBound{5};
+
+// Health checkers and port scanners connect and send nothing. Three of them (one more than the
+// server used to have workers) must not hold a scrape up until they time out.
+TEST(MetricsExporter, IdleConnectionsDoNotDelayAScrape) {
+  FakeRuntime rt;
+  auto e = make_exporter(local_config(), rt.sources());
+  ASSERT_TRUE(e && e->serving());
+  std::vector<std::unique_ptr<testing::RawConnection>> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.push_back(std::make_unique<testing::RawConnection>(e->port()));
+    ASSERT_TRUE(idle.back()->connected());
+  }
+  // Let the server hand them to workers before the scrape arrives, as it would in production.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  const testing::HttpResponse r = http_get(e->port(), "/metrics");
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.status, 200) << r.error;
+  EXPECT_LT(took, kScrapeBound) << "a scrape behind 3 idle connections took "
+                                << std::chrono::duration<double>(took).count() << " s";
+  idle.clear();
+}
+
+// A client that sends nothing, half a request, or a request a byte at a time loses its worker
+// after the request timeout, counted from the connection's start, well before a scrape timeout.
+TEST(MetricsExporter, ClientsThatDoNotFinishARequestAreDropped) {
+  FakeRuntime rt;
+  auto e = make_exporter(local_config(), rt.sources());
+  ASSERT_TRUE(e && e->serving());
+  const auto start = std::chrono::steady_clock::now();
+  testing::RawConnection silent(e->port());
+  testing::RawConnection partial(e->port());
+  testing::RawConnection trickle(e->port());
+  ASSERT_TRUE(silent.connected() && partial.connected() && trickle.connected());
+  ASSERT_TRUE(partial.send("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: ";
+  bool trickle_closed = false;
+  for (std::size_t i = 0;
+       !trickle_closed && std::chrono::steady_clock::now() - start < kScrapeBound; ++i) {
+    trickle.send(std::string_view(&request[i % request.size()], 1));
+    trickle_closed =
+        trickle.closed_by(std::chrono::steady_clock::now() + std::chrono::milliseconds(250));
+  }
+  const auto deadline = start + kScrapeBound;
+  EXPECT_TRUE(trickle_closed) << "a request sent a byte at a time still holds a worker";
+  EXPECT_TRUE(silent.closed_by(deadline)) << "a connection that sends nothing still holds a worker";
+  EXPECT_TRUE(partial.closed_by(deadline)) << "half a request still holds a worker";
+  EXPECT_EQ(http_get(e->port(), "/metrics").status, 200);
+}
+
+// /metrics exactly; HEAD answers like GET without the body.
+TEST(MetricsExporter, ServesGetAndHeadOfExactlyMetrics) {
+  FakeRuntime rt;
+  auto e = make_exporter(local_config(), rt.sources());
+  ASSERT_TRUE(e && e->serving());
+  const testing::HttpResponse get = http_get(e->port(), "/metrics?debug=1");
+  EXPECT_EQ(get.status, 200) << get.error;
+  EXPECT_THAT(get.body, HasSubstr("kvtier_lookup_tokens_total"));
+  const testing::HttpResponse head = testing::http_request(e->port(), "HEAD", "/metrics");
+  EXPECT_EQ(head.status, 200) << head.error << head.headers;
+  EXPECT_THAT(head.headers, HasSubstr("text/plain"));
+  EXPECT_THAT(head.body, IsEmpty());
+  for (const char* target : {"/metricsfoo", "/metrics/", "/metrics/x", "/", "/metric"}) {
+    const testing::HttpResponse r = http_get(e->port(), target);
+    EXPECT_EQ(r.status, 404) << target << ": " << r.error << r.headers;
+    EXPECT_EQ(r.body.find("kvtier_"), std::string::npos) << target << " served metrics";
+  }
+  const testing::HttpResponse post = testing::http_request(e->port(), "POST", "/metrics");
+  EXPECT_EQ(post.status, 405) << post.error << post.headers;
+  EXPECT_THAT(post.headers, HasSubstr("Allow: GET, HEAD"));
 }
 
 // Occupancy and transfer counters of a real (emulated-HBM) tier stack, through the probes the

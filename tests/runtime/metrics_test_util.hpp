@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -42,8 +43,9 @@ struct HttpResponse {
   std::string error;
 };
 
-// GET http://127.0.0.1:port/target with a 10 s send/receive timeout; reads until the server closes.
-inline HttpResponse http_get(uint16_t port, std::string_view target) {
+// `method` http://127.0.0.1:port/target with a 10 s send/receive timeout; reads until the server
+// closes.
+inline HttpResponse http_request(uint16_t port, std::string_view method, std::string_view target) {
   HttpResponse r;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -62,7 +64,7 @@ inline HttpResponse http_get(uint16_t port, std::string_view target) {
     ::close(fd);
     return r;
   }
-  const std::string request = "GET " + std::string(target) +
+  const std::string request = std::string(method) + " " + std::string(target) +
                               " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) +
                               "\r\nConnection: close\r\n\r\n";
   for (std::size_t sent = 0; sent < request.size();) {
@@ -98,6 +100,61 @@ inline HttpResponse http_get(uint16_t port, std::string_view target) {
   r.status = std::atoi(raw.c_str() + raw.find(' ') + 1);
   return r;
 }
+
+inline HttpResponse http_get(uint16_t port, std::string_view target) {
+  return http_request(port, "GET", target);
+}
+
+// A TCP connection to 127.0.0.1:port that sends only what the test gives it — nothing, for the
+// idle clients of health checkers and port scanners; closed at the end of the test.
+class RawConnection {
+ public:
+  explicit RawConnection(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ADD_FAILURE() << "connect 127.0.0.1:" << port << ": " << std::strerror(errno);
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RawConnection() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool connected() const { return fd_ >= 0; }
+
+  bool send(std::string_view bytes) {
+    return fd_ >= 0 && ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+                           static_cast<ssize_t>(bytes.size());
+  }
+
+  // Waits until `deadline` for the server to end the connection (end of file or a reset),
+  // discarding what it sends before; false if the connection is still open then.
+  bool closed_by(std::chrono::steady_clock::time_point deadline) {
+    char buf[4096];
+    while (fd_ >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) return false;
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 inline std::string url_encode(std::string_view s) {
   static constexpr char kHex[] = "0123456789ABCDEF";
