@@ -360,20 +360,28 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
   // Replace the board: requests no longer hinted have started or were dropped.
   std::unordered_set<uint64_t> now;
   for (const HintedRequest& r : waiting) now.insert(r.request_id);
-  for (auto it = hinted_ids_.begin(); it != hinted_ids_.end();) {
-    if (!now.contains(*it)) {
-      hints_.remove(*it).ignore();
-      it = hinted_ids_.erase(it);
+  for (auto it = hinted_.begin(); it != hinted_.end();) {
+    if (!now.contains(it->first)) {
+      hints_.remove(it->first).ignore();
+      it = hinted_.erase(it);
     } else {
       ++it;
     }
   }
   uint32_t rank = 0;
   for (const HintedRequest& r : waiting) {
-    if (!hinted_ids_.contains(r.request_id)) {
+    auto known = hinted_.find(r.request_id);
+    if (known != hinted_.end() && (known->second.expected_start_ns != r.expected_start_ns ||
+                                   !std::ranges::equal(known->second.keys, r.keys))) {
+      // Hinted again with another start or other keys: the board sees the new ones.
+      hints_.remove(r.request_id).ignore();
+      hinted_.erase(known);
+      known = hinted_.end();
+    }
+    if (known == hinted_.end()) {
       KVTIER_RETURN_IF_ERROR(
           hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
-      hinted_ids_.insert(r.request_id);
+      hinted_.emplace(r.request_id, Hinted{r.expected_start_ns, r.keys});
     }
     // Prefetch the cached prefix of the first `depth` waiting requests toward host memory (and
     // into HBM only while it has free frames: a prefetch never evicts for itself).

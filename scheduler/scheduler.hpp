@@ -210,10 +210,16 @@ class Scheduler {
                          std::function<void(uint32_t)> on_filling,
                          std::shared_ptr<LayerReadiness> ready, int attempt);
   bool loaded_meanwhile(const BlockKey& key, uint32_t layer) const;
+  // True when a load holds the HBM frame of (key, layer) (it fills the page, and completes it);
+  // a load still before its frame does not: the page a step's engine writes is that step's.
+  bool load_fills(const BlockKey& key, uint32_t layer) const;
   void end_engine_write(const BlockKey& key, uint32_t layer);
   Status publish_full_blocks(Sequence& seq, uint64_t old_tokens, const StepCompletion* completion);
   Status publish_block(Sequence& seq, uint64_t index, const BlockKey& content);
   void publish_orphan(const BlockKey& private_key, const BlockKey& content);
+  // The one way a full private block gets its content key (publish_block, publish_orphan);
+  // returns the key the holder's reference is on afterwards. See the definition.
+  Result<BlockKey> publish_as(const BlockKey& private_key, const BlockKey& content, bool orphan);
   void apply_write_policy(const BlockKey& content);
   // True while a transfer or a read names the block (by the key it has now).
   bool block_busy(const BlockKey& key) const;
@@ -238,10 +244,19 @@ class Scheduler {
   void ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPriority prio,
                      std::function<void(uint32_t frame)> on_filling, Done done);
   void ensure_in_host(const BlockKey& key, uint32_t layer, TransferPriority prio, Done done);
-  // A demand joins an HBM load issued as a prefetch; see the definition for how it is counted.
-  void demand_prefetched(PageOp& op);
+  // A demand joins the HBM load of (key, layer), issued as a prefetch: it becomes a demand in
+  // every phase it may be in (see the definition, also for how it is counted).
+  void demand_prefetched(const BlockKey& key, uint32_t layer);
+  // A demand needs the host copy of (key, layer) that a read from NVMe (of the page or of the
+  // whole block), issued as a prefetch, is bringing: the read moves up its link's queue, or, still
+  // waiting for host frames, up the frame queue.
+  void demand_host_read(const BlockKey& key, uint32_t layer);
   // The second half of an HBM load: host copy first, then an HBM frame and the copy up.
   void load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
+  // The HBM load of `page` is given up before it took a frame because the page got a copy
+  // another way meanwhile (a step's engine writes it: a refill): those who waited for the load
+  // ask ensure_in_hbm again, which waits for that write.
+  void rejoin_load_waiters(const PageKey& page);
   // With an HBM frame held for (key, layer): copy the host copy up, fetching it again first if it
   // left host memory meanwhile.
   void copy_up(const BlockKey& key, uint32_t layer, TransferPriority prio, uint32_t hbm_frame,
@@ -257,9 +272,12 @@ class Scheduler {
   // sequence's) leaves host memory when nothing else can.
   void stage_to_nvme(const BlockKey& key, TransferPriority prio);
   void serve_frame_waiters(Tier tier);
-  // A demand joined a prefetch of `key` still waiting for frames in `tier`: its requests move to
-  // the `to` queue (in their order), and room is made at that priority.
-  void promote_frame_waiters(Tier tier, const BlockKey& key, TransferPriority to);
+  // A demand joined a prefetch of `key` still waiting for frames in `tier`: its requests (only
+  // those of `layer`, unless kAllLayers) move to the `to` queue (in their order), and room is made
+  // at that priority.
+  static constexpr uint32_t kAllLayers = 0xFFFF'FFFFu;
+  void promote_frame_waiters(Tier tier, const BlockKey& key, TransferPriority to,
+                             uint32_t layer = kAllLayers);
   void serve_memory_waiters();
   void make_room(Tier tier, TransferPriority prio);
   // Carries one planned move out; returns frames it freed at once or started freeing (drains).
@@ -341,7 +359,13 @@ class Scheduler {
   std::unordered_set<BlockKey, BlockKeyHash> staging_;  // blocks being staged for NVMe
   // Facts of blocks in the page table, learned from the requests that used them.
   std::unordered_map<BlockKey, RequestFacts, BlockKeyHash> facts_;
-  std::unordered_set<uint64_t> hinted_ids_;
+  // The requests on the hint board, as last hinted (a request hinted again with another start or
+  // other keys replaces its entry).
+  struct Hinted {
+    int64_t expected_start_ns = 0;
+    std::vector<BlockKey> keys;
+  };
+  std::unordered_map<uint64_t, Hinted> hinted_;
   // Full blocks waiting to be published (see publish_full_blocks).
   struct PendingPublish {
     SequenceId sequence = 0;

@@ -104,13 +104,14 @@ void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer, Tr
   serve_frame_waiters(tier);
 }
 
-void Scheduler::promote_frame_waiters(Tier tier, const BlockKey& key, TransferPriority to) {
+void Scheduler::promote_frame_waiters(Tier tier, const BlockKey& key, TransferPriority to,
+                                      uint32_t layer) {
   auto& queues = waiters_[tier_index(tier)];
   bool moved = false;
   for (int p = static_cast<int>(to) + 1; p < kNumPriorities; ++p) {
     auto& q = queues[p];
     for (auto it = q.begin(); it != q.end();) {
-      if (it->key == key) {
+      if (it->key == key && (layer == kAllLayers || it->layer == layer)) {
         queues[static_cast<int>(to)].push_back(std::move(*it));
         it = q.erase(it);
         moved = true;
@@ -315,9 +316,10 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
         return;
       }
       PageOp& op = *it->second;
-      if (op.prefetch && prio == TransferPriority::kDemand) demand_prefetched(op);
+      const bool promote = op.prefetch && prio == TransferPriority::kDemand;
       if (on_filling) on_filling(p.hbm_frame);
       op.waiters.push_back(std::move(done));
+      if (promote) demand_prefetched(key, layer);  // last: it may grant frames at once
       return;
     }
     case CopyState::kDraining:
@@ -332,7 +334,7 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
   // Absent: one fill for everyone who asks until it completes.
   if (auto it = ops_.find(pk); it != ops_.end()) {
     PageOp& op = *it->second;
-    if (op.prefetch && prio == TransferPriority::kDemand) demand_prefetched(op);
+    const bool promote = op.prefetch && prio == TransferPriority::kDemand;
     if (on_filling) {
       if (op.frame) {
         on_filling(*op.frame);
@@ -341,6 +343,8 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
       }
     }
     op.waiters.push_back(std::move(done));
+    // Last: promoting may grant frames (and run the grant's callbacks) at once.
+    if (promote) demand_prefetched(key, layer);
     return;
   }
   auto op = std::make_unique<PageOp>();
@@ -359,13 +363,40 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
 // lead to lose: a sequence opened and stepped at once (open_sequence prefetches the reused
 // prefix, begin_step then demands its first layers) is a demand load, counted as neither. In the
 // 3x trace run with an fp8 host, these were 401,608 of the 405,640 loads counted late before.
-void Scheduler::demand_prefetched(PageOp& op) {
+//
+// The load is promoted in whatever phase it is: its copy up queued on the link (op.job); or still
+// in its host phase (the host copy arriving from NVMe, maybe with the whole block, possibly still
+// waiting for host frames), whose read moves up; or waiting in the HBM frame queue at prefetch
+// priority, whose request moves to the demand queue. (A load with its HBM frame in hand whose host
+// copy left meanwhile is fetching it again: that read moves up too.)
+void Scheduler::demand_prefetched(const BlockKey& key, uint32_t layer) {
+  auto it = ops_.find(PageKey{key, layer, Tier::kHbm});
+  if (it == ops_.end() || !it->second->prefetch) return;
+  PageOp& op = *it->second;
   op.prefetch = false;
   if (parts_.loop->now() > op.issued) {
     stats_.prefetches.fetch_add(1, std::memory_order_relaxed);
     stats_.late_prefetches.fetch_add(1, std::memory_order_relaxed);
   }
+  if (op.job != 0) {
+    links_.promote(op.job, TransferPriority::kDemand);
+    return;
+  }
+  const bool has_frame = op.frame.has_value();
+  // Either may grant frames at once and run their callbacks (which may end `op`): `op` is not
+  // used past here.
+  demand_host_read(key, layer);
+  if (!has_frame) promote_frame_waiters(Tier::kHbm, key, TransferPriority::kDemand, layer);
+}
+
+void Scheduler::demand_host_read(const BlockKey& key, uint32_t layer) {
+  auto it = ops_.find(PageKey{key, layer, Tier::kHost});
+  if (it == ops_.end() || !it->second->prefetch) return;
+  PageOp& op = *it->second;
+  op.prefetch = false;
   if (op.job != 0) links_.promote(op.job, TransferPriority::kDemand);
+  // A whole-block read starts once every layer has its frame: all of the block's requests move.
+  promote_frame_waiters(Tier::kHost, key, TransferPriority::kDemand);
 }
 
 void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio) {
@@ -382,6 +413,14 @@ void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPrior
     request_frame(Tier::kHbm, key, layer, now_prio,
                   [this, key, layer, pk, now_prio](Result<uint32_t> frame) {
                     if (!frame.ok()) {
+                      // Overtaken while it waited for the frame: a refill's engine writes the
+                      // page (or has written it). Not a failed load: read what is written.
+                      const CopyState now = page_snapshot(key, layer).hbm;
+                      if (frame.status().code() == StatusCode::kFailedPrecondition &&
+                          (now == CopyState::kFilling || now == CopyState::kReady)) {
+                        rejoin_load_waiters(pk);
+                        return;
+                      }
                       finish_op(pk, frame.status());
                       return;
                     }
@@ -395,6 +434,23 @@ void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPrior
   });
 }
 
+void Scheduler::rejoin_load_waiters(const PageKey& page) {
+  auto it = ops_.find(page);
+  if (it == ops_.end()) return;
+  std::unique_ptr<PageOp> op = std::move(it->second);
+  ops_.erase(it);
+  const TransferPriority prio =
+      op->prefetch ? TransferPriority::kPrefetch : TransferPriority::kDemand;
+  // The op took no frame, so none of its on_frame callbacks ran: each asks again, before the
+  // waiters (a step pins the page before it learns that the page arrived).
+  for (auto& on_frame : op->on_frame) {
+    ensure_in_hbm(page.key, page.layer, prio, std::move(on_frame),
+                  [](const Status& s) { s.ignore(); });
+  }
+  for (Done& done : op->waiters)
+    ensure_in_hbm(page.key, page.layer, prio, nullptr, std::move(done));
+}
+
 void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority prio,
                         uint32_t hbm_frame, int refetches) {
   // The HBM frame is held from here on, so a host copy that left while this load waited (evicted
@@ -402,6 +458,10 @@ void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority pr
   // taken again, so loads cannot chase each other's frames.
   constexpr int kMaxRefetches = 16;
   const PageKey pk{key, layer, Tier::kHbm};
+  // A demand may have joined the load since it was issued (demand_prefetched).
+  if (auto it = ops_.find(pk); it != ops_.end() && !it->second->prefetch) {
+    prio = TransferPriority::kDemand;
+  }
   const PageSnapshot src = page_snapshot(key, layer);
   if (src.host != CopyState::kReady) {
     if (refetches >= kMaxRefetches) {
@@ -481,11 +541,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
     // A transfer is in flight for this host page: arriving (a read, possibly of the whole block,
     // still waiting for frames) or leaving for NVMe. Wait for it; after a departure, read it back.
     PageOp& op = *it->second;
-    if (op.prefetch && prio == TransferPriority::kDemand) {
-      op.prefetch = false;
-      if (op.job != 0) links_.promote(op.job, prio);
-      promote_frame_waiters(Tier::kHost, key, prio);
-    }
+    const bool promote = op.prefetch && prio == TransferPriority::kDemand;
     const bool leaving = op.drain;
     op.waiters.push_back(
         [this, key, layer, prio, leaving, done = std::move(done)](const Status& s) {
@@ -495,6 +551,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
             done(s);
           }
         });
+    if (promote) demand_host_read(key, layer);  // last: it may grant frames at once
     return;
   }
   if (p.host == CopyState::kFilling) {
@@ -569,15 +626,16 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
     nvme = v.state(CopyId::nvme());
     any_host = v.copies(Tier::kHost) > 0;
   });
-  if (!s.ok() || nvme != CopyState::kReady || any_host) return;
+  if (!s.ok()) return;
+  // A demand joins a read issued as a prefetch: the read moves up its link's queue, or, still
+  // waiting for host frames, up the frame queue. Before the checks below: a read whose frames
+  // were granted has host copies (filling) already.
   bool reading = false;
   bool promoted = false;
   for (uint32_t l = 0; l < layers; ++l) {
     auto it = ops_.find(PageKey{key, l, Tier::kHost});
     if (it == ops_.end()) continue;
     reading = true;
-    // A demand joins a read issued as a prefetch: the read moves up its link's queue, or, still
-    // waiting for host frames, up the frame queue.
     PageOp& op = *it->second;
     if (op.prefetch && prio == TransferPriority::kDemand) {
       op.prefetch = false;
@@ -586,7 +644,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
     }
   }
   if (promoted) promote_frame_waiters(Tier::kHost, key, prio);
-  if (reading) return;
+  if (reading || nvme != CopyState::kReady || any_host) return;
   // Frames for every layer, granted one by one; the read starts when all are in hand.
   struct Gather {
     std::vector<uint32_t> frames;

@@ -356,8 +356,9 @@ void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
       const BlockKey& key = step.blocks[i][b];
       if (step.new_blocks.contains(key)) {
         // The engine wrote the page: it is a complete copy now. (Not when a load fills it: a
-        // refilled block another sequence loaded meanwhile; that load completes it.)
-        if (ops_.contains(PageKey{key, layer, Tier::kHbm})) continue;
+        // refilled block another sequence loaded meanwhile; that load completes it. A load still
+        // waiting for its frame finds the page written and reads it: rejoin_load_waiters.)
+        if (load_fills(key, layer)) continue;
         Status s = parts_.table->complete_fill(key, CopyId::hbm(layer));
         if (!s.ok()) s.ignore();  // the frame was never granted (step ended early), or loaded
         end_engine_write(key, layer);
@@ -519,11 +520,22 @@ void Scheduler::end_engine_write(const BlockKey& key, uint32_t layer) {
   for (auto& retry : waiting) retry();
 }
 
+bool Scheduler::load_fills(const BlockKey& key, uint32_t layer) const {
+  auto it = ops_.find(PageKey{key, layer, Tier::kHbm});
+  return it != ops_.end() && !it->second->drain && it->second->frame.has_value();
+}
+
 bool Scheduler::loaded_meanwhile(const BlockKey& key, uint32_t layer) const {
   // A refilled block may have an HBM copy, or one on its way (loaded for another sequence, or
-  // prefetched). The step then waits for it as for a reused page instead of filling a frame.
-  return page_snapshot(key, layer).hbm != CopyState::kAbsent ||
-         ops_.contains(PageKey{key, layer, Tier::kHbm});
+  // prefetched). The step then waits for it as for a reused page instead of filling a frame —
+  // except for a prefetch no step has joined that has not taken its frame yet (still reading
+  // from NVMe, or waiting for the frame): a prefix given up as late (on_late = recompute) is
+  // exactly what open_sequence's prefetch is still bringing, and waiting for it would make the
+  // engine recompute and stall. The engine writes the page; the prefetch then finds it written
+  // and has nothing to do (rejoin_load_waiters).
+  if (page_snapshot(key, layer).hbm != CopyState::kAbsent) return true;
+  auto it = ops_.find(PageKey{key, layer, Tier::kHbm});
+  return it != ops_.end() && !it->second->prefetch;
 }
 
 Status Scheduler::publish_full_blocks(Sequence& seq, uint64_t old_tokens,
@@ -618,30 +630,34 @@ void Scheduler::publish_pending() {
 }
 
 void Scheduler::publish_orphan(const BlockKey& key, const BlockKey& content) {
-  // Its sequence has closed: publish it as any full block (unless the content key is already
-  // cached), then give up the reference the pending entry held.
-  auto outcome = parts_.table->publish(key, content);
-  if (outcome.ok() && *outcome == PublishOutcome::kPublished) {
-    facts_[content] = facts_of(key);
-    facts_.erase(key);
-    stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
-    parts_.table->release(content).status().ignore();
-    after_change(content);
-    return;
-  }
-  outcome.status().ignore();
+  // Its sequence has closed: published as any full block (unless the content key is cached
+  // already), and the reference the pending entry held is given up.
+  auto now = publish_as(key, content, /*orphan=*/true);
+  if (now.ok()) return;
+  now.status().ignore();
   parts_.table->release(key).status().ignore();
   after_change(key);  // private and unreferenced: its copies are dropped
 }
 
 Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& content) {
-  const BlockKey key = seq.blocks[b];
+  KVTIER_ASSIGN_OR_RETURN(const BlockKey now, publish_as(seq.blocks[b], content, /*orphan=*/false));
+  seq.blocks[b] = now;
+  return ok_status();
+}
+
+// Publishes private block `key` under `content`. The holder is a sequence (the block stays
+// referenced, under the key returned), or, for an `orphan`, the pending entry of a sequence that
+// closed (its reference is given up here). When `content` is cached already, a sequence shares
+// that copy and an orphan is simply dropped; either way the private copies go. Published, the
+// policies learn the block under its new key and the write policy applies to it.
+Result<BlockKey> Scheduler::publish_as(const BlockKey& key, const BlockKey& content, bool orphan) {
   // An entry may exist under the content key without all of the data: a block evicted from every
   // tier whose entry stays because its children are cached, or one another engine thread is
   // still writing (its pages filling). Sharing it would share missing or unwritten pages — a
   // concurrent step read a layer before its writer had written it — so the sequence keeps its own
   // (private) copy instead. Complete: on NVMe, or every layer with a written copy in memory (one
-  // draining still holds its data until its copy below is complete).
+  // draining still holds its data until its copy below is complete). (An orphan, which nobody
+  // reads any more, is dropped below, as publish finds the key taken.)
   bool existing_whole = true;
   bool exists = false;
   Status v = parts_.table->visit(content, [&](const EntryView& e) {
@@ -655,24 +671,19 @@ Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& conte
     }
   });
   v.ignore();
-  if (exists && !existing_whole) return ok_status();
+  if (exists && !existing_whole && !orphan) return key;
   auto outcome = parts_.table->publish(key, content);
   if (!outcome.ok()) return outcome.status();
-  seq.blocks[b] = content;
   facts_[content] = facts_of(key);
   facts_.erase(key);
   if (*outcome == PublishOutcome::kAlreadyCached) {
-    // Another sequence computed the same block: share it, drop ours.
-    Status s = parts_.table->acquire(content);
-    if (!s.ok()) {
-      seq.blocks[b] = key;
-      return s;
-    }
+    // Another sequence computed the same block: share it (a sequence), drop ours.
+    if (!orphan) KVTIER_RETURN_IF_ERROR(parts_.table->acquire(content));
     parts_.table->release(key).status().ignore();
     for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
     after_change(key);
     stats_.blocks_deduplicated.fetch_add(1, std::memory_order_relaxed);
-    return ok_status();
+    return content;
   }
   stats_.blocks_published.fetch_add(1, std::memory_order_relaxed);
   for (Tier t : kAllTiers) {
@@ -680,7 +691,11 @@ Status Scheduler::publish_block(Sequence& seq, uint64_t b, const BlockKey& conte
     sync_membership(content, t);
   }
   apply_write_policy(content);
-  return ok_status();
+  if (orphan) {
+    parts_.table->release(content).status().ignore();
+    after_change(content);
+  }
+  return content;
 }
 
 void Scheduler::apply_write_policy(const BlockKey& content) {
@@ -807,7 +822,7 @@ Status Scheduler::abort_step(StepId id) {
       seq.blocks.pop_back();
       for (uint32_t l = 0; l < step->layers; ++l) {
         // Only the fills the engine was to write; a load another sequence started goes on.
-        if (ops_.contains(PageKey{key, l, Tier::kHbm})) continue;
+        if (load_fills(key, l)) continue;
         parts_.table->abort_fill(key, CopyId::hbm(l)).ignore();
         end_engine_write(key, l);
       }

@@ -411,6 +411,230 @@ TEST(SchedulerSim, ADemandMovesItsQueuedNvmeBlockReadsAheadOfPrefetches) {
   expect_consistent(n);
 }
 
+// Puts `keys` on NVMe only, as a restart's recovered index would (cached, no copy in memory).
+void adopt_on_nvme(SimWorld& w, std::span<const BlockKey> keys) {
+  for (const BlockKey& k : keys) {
+    w.port().store_on_nvme(k);
+    ASSERT_TRUE(w.scheduler().adopt_nvme_block(k).ok()) << to_string(k);
+  }
+}
+
+// Runs the loop until every layer of `step` has finished (ready or failed); returns how long that
+// took in virtual time.
+Nanos time_to_all_layers(SimWorld& w, const StepInfo& step) {
+  const Nanos start = w.loop().now();
+  for (uint32_t l = 0; l < step.layers; ++l) {
+    auto ready = w.scheduler().layer_readiness(step.id, l);
+    EXPECT_TRUE(ready.ok());
+    if (!ready.ok()) return -1;
+    EXPECT_TRUE(w.loop().run_while_not([&] { return (*ready)->finished(); }))
+        << "layer " << l << " never became ready";
+    EXPECT_TRUE((*ready)->wait(0).ok()) << "layer " << l;
+  }
+  return w.loop().now() - start;
+}
+
+// The same when host memory has free frames: open_sequence's whole-block reads get their host
+// frames at once (the host pages are filling) and wait on the NVMe link as prefetches, behind
+// other prefetches. A step over the prefix must move them up: its layers are ready after its own
+// reads (and the one in flight), not after the whole prefetch queue.
+TEST(SchedulerSim, ADemandMovesItsNvmeBlockReadsWithFramesInHandAheadOfPrefetches) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = 256;  // every read gets its frames at once
+  setup.nvme_extents = 256;
+  setup.nvme_read_gbps = 0.1;                 // a block (16 KiB) reads in ~164 us
+  setup.max_inflight_bytes = 1;               // one job in flight per link
+  setup.policies.prefill_tokens_per_s = 100;  // loading is always chosen
+  SimWorld w(setup);
+  const std::vector<BlockKey> other = w.prompt(8, 1);
+  const std::vector<BlockKey> mine = w.prompt(2, 2);
+  adopt_on_nvme(w, other);
+  adopt_on_nvme(w, mine);
+  auto a = w.scheduler().open_sequence(other);  // 8 block reads queued as prefetches
+  auto b = w.scheduler().open_sequence(mine);   // 2 more behind them
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->reused_blocks, 8u);
+  ASSERT_EQ(b->reused_blocks, 2u);
+  const StepItem item{b->id, 1};
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  ASSERT_FALSE(step->windowed);
+  const Nanos took = time_to_all_layers(w, *step);
+  const Nanos block_read = LinkModel{setup.nvme_read_gbps * 1e9, 2 * kNanosPerMicro}.transfer_time(
+      4 * setup.geometry.page_bytes());
+  // Its 2 reads and the one in flight: 3 block reads (and the copies up); behind the whole
+  // prefetch queue it would be 10.
+  EXPECT_LT(took, 5 * block_read) << "the step waited " << took << " ns; a block reads in "
+                                  << block_read << " ns";
+  ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  for (auto id : {a->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// The HBM half of the same: the prefix's host copies arrived while HBM was full, so its loads'
+// HBM frame requests wait in the prefetch queue, behind another sequence's. A step over the
+// prefix moves them to the demand queue: as frames come free (slow demotions), the step's pages
+// get them before the other sequence's prefetches.
+TEST(SchedulerSim, ADemandMovesItsQueuedHbmFrameRequestsAheadOfPrefetches) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = 256;
+  setup.nvme_extents = 256;
+  setup.nvme_read_gbps = 1.0;  // the prefixes reach host memory in microseconds
+  setup.d2h_gbps = 0.004;      // ... but an HBM frame comes free every ~1 ms (a demotion)
+  setup.policies.prefill_tokens_per_s = 100;  // loading is always chosen
+  SimWorld w(setup);
+  const std::vector<BlockKey> other = w.prompt(4, 1);
+  const std::vector<BlockKey> mine = w.prompt(2, 2);
+  adopt_on_nvme(w, other);
+  adopt_on_nvme(w, mine);
+  auto a = w.scheduler().open_sequence(other);  // HBM loads issued as prefetches
+  auto b = w.scheduler().open_sequence(mine);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->reused_blocks, 4u);
+  ASSERT_EQ(b->reused_blocks, 2u);
+  // Another prompt takes every HBM frame before the reads land; cached, it leaves by demotion.
+  ASSERT_TRUE(w.prefill_and_close(w.prompt(16, 3), kNanosPerMicro).ok());
+  ASSERT_EQ(w.hbm().free_count(), 0u);
+  ASSERT_TRUE(w.loop().run_while_not([&] {
+    for (const BlockKey& k : mine) {
+      auto info = w.table().lookup(k);
+      if (!info.ok()) return false;
+      for (const PageInfo& p : info->pages) {
+        if (p.host != CopyState::kReady) return false;
+      }
+    }
+    return true;
+  }));
+  const StepItem item{b->id, 1};
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  ASSERT_FALSE(step->windowed);
+  const Nanos took = time_to_all_layers(w, *step);
+  const Nanos demotion = LinkModel{setup.d2h_gbps * 1e9, 2 * kNanosPerMicro}.transfer_time(
+      setup.geometry.page_bytes());
+  // 12 frames (8 loaded pages, 4 written); behind the other sequence's 16 it would be 28.
+  EXPECT_LT(took, 18 * demotion) << "the step waited " << took << " ns; a frame comes free every "
+                                 << demotion << " ns";
+  ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  for (auto id : {a->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// prefetch.on_late = recompute: the first step gives up the late part of the reused prefix and
+// the engine recomputes it; the step must not also wait for the load open_sequence started for
+// those blocks (it writes them: recomputing AND stalling would be the worst of both).
+TEST(SchedulerSim, ALatePrefixGivenUpForRecomputeIsNotWaitedFor) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = 256;
+  setup.nvme_extents = 256;
+  setup.nvme_read_gbps = 0.01;                // a block reads in ~1.6 ms: late for a 1 ms deadline
+  setup.policies.prefill_tokens_per_s = 100;  // loading is chosen at open
+  setup.policies.prefetch.on_late = LatePolicy::kRecompute;
+  setup.policies.prefetch.deadline_ms = 1;
+  SimWorld w(setup);
+  const std::vector<BlockKey> prefix = w.prompt(2, 1);
+  adopt_on_nvme(w, prefix);
+  auto s = w.scheduler().open_sequence(prefix);  // starts reading the prefix (prefetches)
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 2u);
+  const uint64_t recomputed_before = w.scheduler().stats().recompute_tokens.load();
+  const StepItem item{s->id, 1};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.info.items[0].recomputed_tokens, 2u * 16);
+  EXPECT_EQ(r.info.items[0].context_tokens, 0u);
+  EXPECT_EQ(w.scheduler().stats().recompute_tokens.load() - recomputed_before, 2u * 16);
+  expect_tables_valid(w, r);
+  const Nanos block_read = LinkModel{setup.nvme_read_gbps * 1e9, 2 * kNanosPerMicro}.transfer_time(
+      4 * setup.geometry.page_bytes());
+  EXPECT_LT(r.stall, block_read / 10)
+      << "the step waited " << r.stall << " ns for the load of what it recomputed";
+  w.settle();
+  // The recomputed blocks are cached (written into their entries), and the next step reads them.
+  EXPECT_EQ(w.scheduler().match(prefix).blocks, 2u);
+  const StepItem next{s->id, 1};
+  auto r2 = w.run_step(std::span(&next, 1), kNanosPerMicro);
+  ASSERT_TRUE(r2.status.ok()) << r2.status.to_string();
+  EXPECT_EQ(r2.info.items[0].context_tokens, 2u * 16 + 1);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// A step refills a prefix it gave up as late (on_late = recompute) while HBM is full: its frame
+// requests wait. A second sequence opens over the same prefix, which has reached host memory
+// meanwhile, and its step loads it: those loads' frame requests queue behind the first step's.
+// When the first step's requests are served, its engine writes the pages; the second step's
+// loads then find them filling, and must wait for that write (and read it), not fail.
+TEST(SchedulerSim, ALoadOvertakenByARefillWaitsForTheEnginesWriteInsteadOfFailing) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  setup.host_frames = 256;
+  setup.nvme_extents = 256;
+  setup.nvme_read_gbps = 0.01;                // a block reads in ~1.6 ms: late for a 1 ms deadline
+  setup.d2h_gbps = 0.004;                     // an HBM frame comes free every ~1 ms (a demotion)
+  setup.policies.prefill_tokens_per_s = 100;  // loading is always chosen at open
+  setup.policies.prefetch.on_late = LatePolicy::kRecompute;
+  setup.policies.prefetch.deadline_ms = 1;
+  SimWorld w(setup);
+  const std::vector<BlockKey> prefix = w.prompt(2, 1);
+  adopt_on_nvme(w, prefix);
+  // Every HBM frame holds a cached page with no copy below: each leaves by a slow demotion.
+  ASSERT_TRUE(w.prefill_and_close(w.prompt(8, 2), kNanosPerMicro).ok());
+  ASSERT_EQ(w.hbm().free_count(), 0u);
+  auto a = w.scheduler().open_sequence(prefix);
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(a->reused_blocks, 2u);
+  const StepItem ia{a->id, 1};
+  auto sa = w.scheduler().begin_step(std::span(&ia, 1));
+  ASSERT_TRUE(sa.ok()) << sa.status().to_string();
+  ASSERT_EQ(sa->items[0].recomputed_tokens, 2u * 16) << "the NVMe prefix is late: recomputed";
+  // The prefix reaches host memory (open_sequence's reads) while the refill waits for frames.
+  ASSERT_TRUE(w.loop().run_while_not([&] {
+    for (const BlockKey& k : prefix) {
+      auto info = w.table().lookup(k);
+      if (!info.ok()) return false;
+      for (const PageInfo& p : info->pages) {
+        if (p.host != CopyState::kReady) return false;
+      }
+    }
+    return true;
+  }));
+  auto b = w.scheduler().open_sequence(prefix);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->reused_blocks, 2u);
+  const StepItem ib{b->id, 1};
+  auto sb = w.scheduler().begin_step(std::span(&ib, 1));
+  ASSERT_TRUE(sb.ok()) << sb.status().to_string();
+  ASSERT_EQ(sb->items[0].recomputed_tokens, 0u) << "in host memory, the prefix is on time";
+  for (uint32_t l = 0; l < sa->layers; ++l) {
+    auto ready = w.scheduler().layer_readiness(sa->id, l);
+    ASSERT_TRUE(ready.ok());
+    ASSERT_TRUE(w.loop().run_while_not([&] { return (*ready)->finished(); }));
+    ASSERT_TRUE((*ready)->wait(0).ok()) << "first step, layer " << l;
+    ASSERT_TRUE(w.scheduler().end_layer(sa->id, l).ok());
+  }
+  ASSERT_TRUE(w.scheduler().end_step(sa->id, {}).ok());
+  for (uint32_t l = 0; l < sb->layers; ++l) {
+    auto ready = w.scheduler().layer_readiness(sb->id, l);
+    ASSERT_TRUE(ready.ok());
+    ASSERT_TRUE(w.loop().run_while_not([&] { return (*ready)->finished(); }))
+        << "second step, layer " << l << ": " << w.scheduler().pending_summary();
+    const Status s = (*ready)->wait(0);
+    EXPECT_TRUE(s.ok()) << "second step, layer " << l << ": " << s.to_string();
+  }
+  const Status ended = w.scheduler().end_step(sb->id, {});
+  EXPECT_TRUE(ended.ok()) << ended.to_string();
+  for (auto id : {a->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 TEST(SchedulerSim, OneLayerThatCannotFitIsAClearError) {
   SimSetup setup;
   setup.hbm_frames = 8;
@@ -524,6 +748,46 @@ TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
   EXPECT_EQ(st.prefetches.load() - prefetches, pages);
   EXPECT_EQ(st.late_prefetches.load() - late, 0u);
   expect_consistent(w);
+}
+
+// hint() replaces the waiting queue: a request hinted again with other keys or another expected
+// start is seen with its new ones (the lookahead evictor keeps what the queue will read, and,
+// among hinted blocks, lets go first those whose reader starts last).
+TEST(SchedulerSim, AHintedRequestHintedAgainIsSeenWithItsNewKeysAndStart) {
+  for (const bool change_keys : {true, false}) {
+    SCOPED_TRACE(change_keys ? "new keys" : "new expected start");
+    SimSetup setup;
+    setup.hbm_frames = 32;  // 8 blocks of 4 layers
+    setup.host_frames = 256;
+    setup.nvme_extents = 0;
+    setup.policies.eviction = EvictionPolicy::kLookahead;
+    SimWorld w(setup);
+    const std::vector<BlockKey> x = w.prompt(4, 1);  // the older prompt
+    const std::vector<BlockKey> y = w.prompt(4, 2);
+    ASSERT_TRUE(w.prefill_and_close(x, kNanosPerMicro).ok());
+    ASSERT_TRUE(w.prefill_and_close(y, kNanosPerMicro).ok());
+    w.settle();
+    ASSERT_EQ(w.hbm().free_count(), 0u);
+    if (change_keys) {
+      // Request 1 will read y; then, hinted again, x instead (y is read by no one).
+      const HintedRequest first{1, 100, y};
+      ASSERT_TRUE(w.scheduler().hint(std::span(&first, 1)).ok());
+      const HintedRequest again{1, 100, x};
+      ASSERT_TRUE(w.scheduler().hint(std::span(&again, 1)).ok());
+    } else {
+      // Both are read; x's reader starts last, until y's is hinted again to start after it.
+      const HintedRequest first[2] = {{1, 100, x}, {2, 50, y}};
+      ASSERT_TRUE(w.scheduler().hint(first).ok());
+      const HintedRequest again[2] = {{1, 100, x}, {2, 200, y}};
+      ASSERT_TRUE(w.scheduler().hint(again).ok());
+    }
+    // A third prompt needs half of HBM: x is kept, y goes.
+    ASSERT_TRUE(w.prefill_and_close(w.prompt(4, 3), kNanosPerMicro).ok());
+    w.settle();
+    EXPECT_EQ(w.scheduler().match(x).by_tier[tier_index(Tier::kHbm)], 4u);
+    EXPECT_EQ(w.scheduler().match(y).by_tier[tier_index(Tier::kHbm)], 0u);
+    expect_consistent(w);
+  }
 }
 
 TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
@@ -896,6 +1160,36 @@ TEST(SchedulerSim, WindowedStepsPublishTheirBlocks) {
   ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
   w.settle();
   EXPECT_EQ(w.scheduler().match(keys).blocks, 20u);
+  expect_consistent(w);
+}
+
+// A block whose publish waits for its transfers (a windowed step still demoting the pages it
+// wrote) and whose sequence closes meanwhile is published on its own later: as any other block,
+// it is then handed to the write policy (write_through: written to NVMe).
+TEST(SchedulerSim, ABlockPublishedAfterItsSequenceClosedGetsTheWritePolicy) {
+  SimSetup setup;  // 4 layers
+  setup.hbm_frames = 32;
+  setup.host_frames = 1024;
+  setup.nvme_extents = 256;
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld w(setup);
+  const std::vector<BlockKey> keys = w.prompt(10, 1);
+  auto s = w.scheduler().open_sequence({});  // no prompt keys: the blocks are private until full
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 10 * 16};
+  const StepCompletion done{s->id, keys};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro, std::span(&done, 1));
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  ASSERT_TRUE(r.info.windowed);
+  ASSERT_LT(w.scheduler().match(keys).blocks, 10u) << "the last layer's demotions are in flight";
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  ASSERT_EQ(w.scheduler().match(keys).blocks, 10u) << "published once the transfers ended";
+  for (const BlockKey& k : keys) {
+    auto info = w.table().lookup(k);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->nvme, CopyState::kReady) << to_string(k) << " was not written through";
+  }
   expect_consistent(w);
 }
 
