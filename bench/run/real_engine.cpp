@@ -468,6 +468,11 @@ Result<RunReport> run_real(const Config& base, const std::string& config_source,
     bar.stop();
     return calibration.status().with_context("calibration pass");
   }
+  // The emulated HBM the runtime got: a capacity it could not allocate falls back to less (with
+  // a warning), and the report states what the runs had, not what was asked for.
+  if (const uint64_t got = calibration->result.tier_bytes[tier_index(Tier::kHbm)]; got > 0) {
+    hbm = got;
+  }
   const double demand_gbps = demand_bytes_per_s(calibration->steps) / 1e9;
   const double link_gbps =
       demand_gbps > 0 ? std::max(0.01, options.link_factor * demand_gbps) : 0.0;

@@ -222,6 +222,20 @@ TEST(CliRun, ALinkFactorAtOrBelowZeroIsAnError) {
   }
 }
 
+// An emulated HBM larger than the machine can map runs with what it could map (a warning says
+// so); the report states that capacity, not the one asked for.
+TEST(CliRun, RealClockReportsTheEmulatedHbmItGotNotTheOneAskedFor) {
+  const ChildRun r =
+      run_bench({"run", "--clock", "real", "--real-requests", "1", "--no-progress", "--hbm", "1TiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("this machine: emulated HBM "));
+  if (r.err.find("could not allocate") != std::string::npos) {
+    EXPECT_THAT(r.out, Not(HasSubstr("emulated HBM 1 TiB")));
+  } else {  // a machine that maps it (overcommit without limit)
+    EXPECT_THAT(r.out, HasSubstr("emulated HBM 1 TiB"));
+  }
+}
+
 // ---- io -----------------------------------------------------------------------------------------
 
 // The smallest io run: 2 layers, queue depth 2 (a 512 KiB minimum pass), 1 MiB passes.
