@@ -5,6 +5,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <atomic>
+#include <chrono>
 #include <initializer_list>
 #include <string_view>
 #include <utility>
@@ -78,7 +79,10 @@ MetricsCollector::MetricsCollector(MetricsSources sources, LatencyBucketMap late
     : sources_(std::move(sources)),
       latency_(std::move(latency)),
       version_(kvtier::version()),
-      cuda_(cuda_compiled_in() ? "true" : "false") {}
+      cuda_(cuda_compiled_in() ? "true" : "false"),
+      start_time_seconds_(
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count()) {}
 
 std::vector<MetricFamily> MetricsCollector::Collect() const {
   std::vector<MetricFamily> out;
@@ -86,6 +90,9 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
                        "kvtier build: version, and whether CUDA support is compiled in (always 1)",
                        MetricType::Gauge),
             1.0, {{"cuda", cuda_}, {"version", version_}});
+  add_single(out, "kvtier_start_time_seconds",
+             "Unix time the runtime started; its counters count from then", MetricType::Gauge,
+             start_time_seconds_);
   if (sources_.scheduler != nullptr) collect_scheduler(*sources_.scheduler, out);
   if (sources_.transfer != nullptr) collect_transfer(*sources_.transfer, out);
   collect_occupancy(out);

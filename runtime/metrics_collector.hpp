@@ -15,7 +15,9 @@
 // rate(lookups), deliberately no ratio gauge), promotions/demotions/evictions per tier, prefetch,
 // stall, deadline, recompute and failed-load counters, per-link bytes, operations by result and a
 // latency histogram on the configured buckets (see metrics_latency.hpp for the mapping), NVMe and
-// copy-engine counters, used and capacity bytes per tier, and kvtier_build_info{version,cuda} = 1.
+// copy-engine counters, used and capacity bytes per tier, kvtier_build_info{version,cuda} = 1, and
+// kvtier_start_time_seconds (when the collector, made as the runtime opens, began: every counter
+// counts from there, so a restart shows as a new start time as well as counters back at 0).
 // The README's "Monitoring" section lists them all.
 //
 // Threading: Collect() is const and may run concurrently with itself and with every writer. Values
@@ -53,6 +55,7 @@ class MetricsCollector final : public prometheus::Collectable {
   LatencyBucketMap latency_;
   std::string version_;
   std::string cuda_;
+  double start_time_seconds_;  // Unix time
 };
 
 }  // namespace kvtier

@@ -198,10 +198,27 @@ TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
   EXPECT_THAT(t, HasSubstr("kvtier_build_info{cuda=\""));
 }
 
+TEST(MetricsExporter, StartTimeIsWhenTheExporterWasMade) {
+  const auto unix_now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const double before = unix_now();
+  auto e = make_exporter(local_config(""), MetricsSources{});
+  const double after = unix_now();
+  ASSERT_TRUE(e);
+  const double first = value_or_nan(e->scrape_text(), "kvtier_start_time_seconds");
+  EXPECT_GE(first, before);
+  EXPECT_LE(first, after);
+  EXPECT_EQ(value_or_nan(e->scrape_text(), "kvtier_start_time_seconds"), first)
+      << "the start time is fixed, not the scrape's time";
+}
+
 TEST(MetricsExporter, MissingSourcesLeaveTheirFamiliesOut) {
   auto e = make_exporter(local_config(""), MetricsSources{});
   ASSERT_TRUE(e);
-  EXPECT_THAT(testing::family_names(e->scrape_text()), ::testing::ElementsAre("kvtier_build_info"));
+  EXPECT_THAT(testing::family_names(e->scrape_text()),
+              ::testing::ElementsAre("kvtier_build_info", "kvtier_start_time_seconds"));
 }
 
 TEST(MetricsExporter, HttpScrapesShowExactCountsWhileCountersMove) {
