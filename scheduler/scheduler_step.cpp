@@ -581,6 +581,11 @@ Status Scheduler::publish_full_blocks(Sequence& seq, uint64_t old_tokens,
     if (block_busy(key)) {
       // A transfer still names the block by its private key (a windowed step demoting the pages
       // it just wrote): publish once it is done, so no transfer outlives the key it was given.
+      // A windowed decode moves some page of every block it reads nearly all the time, so its
+      // generated blocks are mostly published when it closes. Nothing waits on them sooner:
+      // prompt blocks are keyed as the prefill writes them, and a decode's own blocks are read
+      // by the next turn, which starts after this sequence ends. (Publishing under a running
+      // transfer would need every transfer to follow a renamed key.)
       pending_publish_.push_back(PendingPublish{seq.id, b, key, content});
       continue;
     }
