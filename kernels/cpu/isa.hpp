@@ -55,7 +55,9 @@ struct ItemArgs {
   uint32_t group;               // query heads per KV head
   uint32_t q_tokens;            // query tokens of this item
   const uint32_t* visible_end;  // [q_tokens] query token i sees KV tokens [0, visible_end[i])
-  const float* q;               // [kv_heads][q_tokens * group][head_dim], scaled
+  // [kv_heads][q_tokens * group][head_dim], scaled. The caller's scratch: the kernel may reorder
+  // the elements of each row in place (isa_core.inl, bf16_split), so it holds nothing useful after.
+  float* q;
   float* m;                     // [kv_heads][q_tokens * group] running max; start at -inf
   float* l;                     // [kv_heads][q_tokens * group] running sum; start at 0
   float* o;  // [kv_heads][q_tokens * group][head_dim] unnormalised output; start at 0

@@ -4,9 +4,14 @@
 //
 // Attention of a work item walks its KV range in tiles of kTileTokens tokens. A tile's K is scored
 // in address order: 4 tokens (four consecutive rows of a page) at a time, every KV head of them,
-// in register blocks of 4 rows x 4 tokens with K widened in registers as it is loaded, into the
-// scores of all heads; then one online-softmax rescale per row per tile (not per token), head by
-// head; then the weighted V sum head by head in blocks of 4 rows, each V vector widened once per
+// in register blocks of 4 rows x 4 tokens with K widened in registers as it is loaded (bf16 on
+// AVX-512: one load per 2 x lane-width values, split into even and odd elements, see
+// bf16_split), into the scores of all heads; on AVX-512 a block's 16 sums come out of one
+// transposing tree (reduce_add4x4) rather than 16 horizontal sums. Then one online-softmax
+// rescale per row per tile (not per token): on AVX-512, in tiles every row sees whole (all of
+// decode), 16 rows of all heads at a time with the maxima, alphas and sums lane-wise
+// (softmax_rows_wide), else row by row, head by head. Then the weighted V sum head by head in
+// blocks of 4 rows (x 64 dims for AVX-512 bf16, x 32 otherwise), each V vector widened once per
 // block. fp8 page scales are folded into the scores and the weights, never applied per element.
 // The causal mask leaves masked tokens out of the V sum (never weight 0 times a V that may be inf
 // or NaN) and is applied after the K scale (never -inf times a zero scale); tiles it does not cut,
@@ -32,6 +37,14 @@
 // 0.77 both on two, within noise). Two threads: 36.2 against 28.0-28.5 GiB/s for the head-by-head
 // kernel while other work shared the memory (streaming read 45 GiB/s); on a quiet machine (76
 // GiB/s) 43.5 GiB/s, 0.56-0.57.
+// With bf16_split, the wider P.V blocks, the score tree and softmax_rows_wide, on a 2-vCPU
+// Sapphire Rapids-class VM (bf16, 8 KV heads x 128, GQA 4, 32 x 4096 tokens; medians of 7 runs,
+// old and new builds alternating, while other work shared the machine): two threads 0.51 -> 0.58
+// of the streaming read, one thread 0.54 -> 0.60 (7.4 -> 8.1 GiB/s), GQA 8 0.35 -> 0.44, f16
+// 0.51 -> 0.54, fp8 unchanged (0.26; bound by its conversion, see below); with the pages in L2
+// 11.1 -> 13.5 GiB/s. What is left from DRAM: in L2 the kernel outruns a DRAM streaming read
+// (17-18 against 14 GiB/s on one core), yet from DRAM its time is close to the sum of the two,
+// not the larger: the L2 prefetches overlap the arithmetic poorly (see TilePrefetch).
 // Earlier, when the walk went head by head with one step of L1 prefetch, rejected: widening each
 // tile to an f32 scratch first (one compute path for every dtype, but an extra store and reload of
 // every element, with the misses exposed in the conversion loop), and prefetching a whole tile of
@@ -286,6 +299,11 @@ inline void prefetch_line_l2(const uint8_t* p) {
 // burst that fills the miss queues and stalls it. Frames are scattered, so the hardware
 // prefetchers lose the stream at every page (and, measured, barely follow it within one while
 // the arithmetic runs: without these prefetches decode runs at 0.30 of a streaming read).
+// Rejected on a Sapphire Rapids-class vCPU (bf16, GQA 4, one thread, 5 runs each, two builds
+// alternating): every other line only, leaving the pair line to the L2's adjacent-line
+// prefetcher (0.51 against 0.60); the same lines in half the calls, i.e. bursts twice as large
+// over the tile's first half (0.52 against 0.60); a second call half way through each P.V chunk,
+// bursts half as large (0.57 against 0.61).
 class TilePrefetch {
  public:
   TilePrefetch() = default;
@@ -345,9 +363,66 @@ constexpr bool has_bf16_dot() {
   }
 }
 
+// bf16 K and V on the exact fp32 path of lane types with load_bf16_split: a row's full chunks of
+// 2 x kWidth elements are loaded with one load each and split into even and odd elements (two
+// one-uop ALU ops, where load_bf16 needs a shuffle and a shift per kWidth elements). q and o are
+// kept in the same split order for the whole item (to_split_order at its start, o put back at its
+// end); a head_dim that is an odd multiple of kWidth keeps its last kWidth dims in natural order.
+// Each score then adds its products in another order (even dims, then odd ones, per lane); every
+// product and the fp32 accumulation stay exact-input fp32, within the tests' tolerances.
+// Measured alone (one Sapphire Rapids-class vCPU, GQA 4, head_dim 128, pages in L3, two builds
+// alternating): 13.3 -> 13.5 GiB/s; small, since the FMAs, not the widening, were the bulk.
+// Not on AVX2 (no load_bf16_split in vec_avx2.inl): the same machine with KVTIER_CPU_ISA=avx2,
+// 3 runs alternating, decode 0.56 -> 0.54 of the streaming read and prefill 70 -> 63 GFLOP/s.
+template <class V, Dtype D>
+constexpr bool bf16_split() {
+  if constexpr (D != Dtype::kBF16 || has_bf16_dot<V>()) {
+    return false;
+  } else {
+    return requires(const void* p, typename V::F& f) { V::load_bf16_split(p, f, f); };
+  }
+}
+
+// The 2 x kWidth floats at p from natural into split order (elements 0, 2, .., then 1, 3, ..)
+// and back, once per row and item: the lane type's permutes where it has them, else plain moves.
+template <class V>
+inline void to_split_order(float* p) {
+  if constexpr (requires(float* f) { V::to_split_order(f); }) {
+    V::to_split_order(p);
+    return;
+  }
+  constexpr int kW = V::kWidth;
+  float t[2 * kW];
+  for (int j = 0; j < kW; ++j) {
+    t[j] = p[2 * j];
+    t[kW + j] = p[2 * j + 1];
+  }
+  for (int j = 0; j < 2 * kW; ++j) p[j] = t[j];
+}
+
+template <class V>
+inline void from_split_order(float* p) {
+  if constexpr (requires(float* f) { V::from_split_order(f); }) {
+    V::from_split_order(p);
+    return;
+  }
+  constexpr int kW = V::kWidth;
+  float t[2 * kW];
+  for (int j = 0; j < kW; ++j) {
+    t[2 * j] = p[j];
+    t[2 * j + 1] = p[kW + j];
+  }
+  for (int j = 0; j < 2 * kW; ++j) p[j] = t[j];
+}
+
 // scores[r][t] = the horizontal sum of acc[r][t].
 template <class V, int RB, int TB>
 inline void store_scores(typename V::F (&acc)[RB][TB], float* scores) {
+  if constexpr (RB == 4 && TB == 4 &&
+                requires(float* out) { V::reduce_add4x4(acc, out, std::size_t{kTileTokens}); }) {
+    V::reduce_add4x4(acc, scores, kTileTokens);  // one transposing tree for the whole block
+    return;
+  }
   KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
     if constexpr (TB == 4) {
       V::reduce_add4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], scores + r * kTileTokens);
@@ -368,7 +443,20 @@ inline void score_sums(const float* q, const uint8_t* const* k, uint32_t dim,
   KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
     KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::zero();
   }
-  for (uint32_t d = 0; d < dim; d += V::kWidth) {
+  uint32_t d = 0;
+  if constexpr (bf16_split<V, D>()) {
+    for (; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
+      typename V::F ke[TB], ko[TB];
+      KVTIER_UNROLL for (int t = 0; t < TB; ++t) V::load_bf16_split(k[t] + d * kEs, ke[t], ko[t]);
+      KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
+        const auto qe = V::load(q + r * dim + d);
+        KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::fmadd(qe, ke[t], acc[r][t]);
+        const auto qo = V::load(q + r * dim + d + V::kWidth);
+        KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::fmadd(qo, ko[t], acc[r][t]);
+      }
+    }
+  }
+  for (; d < dim; d += V::kWidth) {
     typename V::F kv[TB];
     KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = load_kv<V, D, kNanCodes>(k[t] + d * kEs);
     KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
@@ -432,8 +520,14 @@ KVTIER_ALWAYS_INLINE void accumulate_chunk(const float* p, const float* alpha,
   }
   for (uint32_t t = 0; t < tokens; ++t) {
     typename V::F vv[DC];
-    KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
-      vv[c] = load_kv<V, D, kNanCodes>(v[t] + (d + c * V::kWidth) * kEs);
+    if constexpr (bf16_split<V, D>() && DC % 2 == 0) {
+      KVTIER_UNROLL for (int c = 0; c < DC; c += 2) {
+        V::load_bf16_split(v[t] + (d + c * V::kWidth) * kEs, vv[c], vv[c + 1]);
+      }
+    } else {
+      KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
+        vv[c] = load_kv<V, D, kNanCodes>(v[t] + (d + c * V::kWidth) * kEs);
+      }
     }
     KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
       const auto w = V::set1(p[r * kTileTokens + t]);
@@ -449,11 +543,21 @@ template <class V, Dtype D, int RB, bool kNanCodes>
 KVTIER_ALWAYS_INLINE void accumulate_rows(const float* p, const float* alpha,
                                           const uint8_t* const* v, uint32_t tokens, uint32_t dim,
                                           float* o, TilePrefetch& pf) {
-  constexpr uint32_t kDc = RB >= 4 ? 2 : 4;
+  // bf16_split: 4 x 4 accumulators for 4 rows too (21 of AVX-512's registers), so each chunk's
+  // setup (o loaded, rescaled, stored) is paid over twice the dims and 16 FMA chains hide the
+  // FMA latency where 8 only just did. Measured as bf16_split's: 13.3 -> 14.5 GiB/s in L3.
+  constexpr bool kWide = bf16_split<V, D>() && V::kRegisters >= 32;
+  constexpr uint32_t kDc = RB >= 4 && !kWide ? 2 : 4;
   uint32_t d = 0;
   for (; d + kDc * V::kWidth <= dim; d += kDc * V::kWidth) {
     pf.issue();
     accumulate_chunk<V, D, RB, kDc, kNanCodes>(p, alpha, v, tokens, dim, d, o);
+  }
+  if constexpr (bf16_split<V, D>()) {  // whole split chunks in split order (calls_rb* counts)
+    for (; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
+      pf.issue();
+      accumulate_chunk<V, D, RB, 2, kNanCodes>(p, alpha, v, tokens, dim, d, o);
+    }
   }
   for (; d < dim; d += V::kWidth) {
     pf.issue();
@@ -541,6 +645,72 @@ void softmax_rows(const TileRows& a, uint32_t tokens) {
     a.l[r] = a.l[r] * alpha + V::reduce_add(sum);
     a.m[r] = m_new;
     a.alpha[r] = alpha;
+  }
+}
+
+// softmax_rows for a tile every row sees whole (all of decode) on lane types with kTileTokens
+// lanes and 16-vector transposing reductions (vec_avx512.inl): 16 rows at a time, of every head
+// at once (the scores of a tile are [heads][rows][kTileTokens], one contiguous run of rows).
+// The rows' maxima come out of one max tree as one vector, so m, alpha (one exp2 for 16 rows)
+// and l are updated lane-wise, and the rows' sums out of one add tree: about 26 instructions a
+// row where softmax_rows takes about 60 (two horizontal reductions and a whole-vector exp2 for
+// its one alpha). Same semantics: scale before the -inf past the tile's end, m_new = max(m,
+// tile max) with the tile's max winning a NaN, weights times the V scale. Measured as
+// bf16_split's: 14.2 -> 15.2 GiB/s in L3 (the old softmax took 12 % of the kernel's samples).
+template <class V>
+constexpr bool has_wide_softmax() {
+  return V::kWidth == static_cast<int>(kTileTokens) && requires(const typename V::F(&x)[16]) {
+    V::reduce_add16(x);
+    V::reduce_max16(x);
+  };
+}
+
+template <class V, Dtype D>
+void softmax_rows_wide(float* scores, float* m, float* l, float* alpha, uint32_t all_rows,
+                       uint32_t tokens, const float* k_scale, const float* v_scale) {
+  constexpr bool kScaled = D == Dtype::kFP8E4M3;
+  constexpr float kNegInf = -__builtin_inff();
+  using F = typename V::F;
+  for (uint32_t g = 0; g < all_rows; g += kTileTokens) {
+    const uint32_t n = all_rows - g < kTileTokens ? all_rows - g : kTileTokens;
+    float* s = scores + static_cast<std::size_t>(g) * kTileTokens;
+    F x[16];
+    KVTIER_UNROLL for (uint32_t i = 0; i < kTileTokens; ++i) {
+      if (i >= n) {
+        x[i] = V::zero();  // a lane no row owns; its results are dropped
+        continue;
+      }
+      float* row = s + i * kTileTokens;
+      if constexpr (kScaled) V::store(row, V::mul(V::load(row), V::load(k_scale)));
+      for (uint32_t t = tokens; t < kTileTokens; ++t) row[t] = kNegInf;
+      x[i] = V::load(row);
+    }
+    alignas(64) float m_old[kTileTokens] = {};
+    alignas(64) float l_old[kTileTokens] = {};
+    alignas(64) float m_new[kTileTokens];
+    for (uint32_t i = 0; i < n; ++i) {
+      m_old[i] = m[g + i];
+      l_old[i] = l[g + i];
+    }
+    const F mo = V::load(m_old);
+    const F mn = V::max(mo, V::reduce_max16(x));
+    const F al = V::exp2(V::sub(mo, mn));
+    V::store(m_new, mn);
+    KVTIER_UNROLL for (uint32_t i = 0; i < kTileTokens; ++i) {
+      x[i] = V::exp2(V::sub(x[i], V::set1(m_new[i])));
+      if (i < n) {
+        V::store(s + i * kTileTokens, kScaled ? V::mul(x[i], V::load(v_scale)) : x[i]);
+      }
+    }
+    alignas(64) float l_new[kTileTokens];
+    alignas(64) float al_new[kTileTokens];
+    V::store(l_new, V::add(V::mul(V::load(l_old), al), V::reduce_add16(x)));
+    V::store(al_new, al);
+    for (uint32_t i = 0; i < n; ++i) {
+      m[g + i] = m_new[i];
+      l[g + i] = l_new[i];
+      alpha[g + i] = al_new[i];
+    }
   }
 }
 
@@ -823,11 +993,27 @@ void attend_item_t(const ItemArgs& a) {
   // pf.issue() calls a full tile makes: one per 4 tokens and head while scoring, and one per
   // chunk of V dims per row block and head (accumulate_rows / accumulate_rows_dot).
   const uint32_t chunk = kDot ? 32 : V::kWidth;
-  const uint32_t calls_rb4 = dim / (2 * chunk) + dim % (2 * chunk) / chunk;
-  const uint32_t calls_rb1 = dim / (4 * chunk) + dim % (4 * chunk) / chunk;
+  constexpr bool kSplit = bf16_split<V, D>();
+  const uint32_t rest_rb4 = dim % (4 * chunk);  // accumulate_rows' kWide
+  const uint32_t calls_rb4 =
+      kSplit && V::kRegisters >= 32
+          ? dim / (4 * chunk) + rest_rb4 / (2 * chunk) + rest_rb4 % (2 * chunk) / chunk
+          : dim / (2 * chunk) + dim % (2 * chunk) / chunk;
+  const uint32_t rest_rb1 = dim % (4 * chunk);  // bf16_split: whole split chunks, then the rest
+  const uint32_t calls_rb1 =
+      dim / (4 * chunk) +
+      (kSplit ? rest_rb1 / (2 * chunk) + rest_rb1 % (2 * chunk) / chunk : rest_rb1 / chunk);
   const uint32_t pf_calls = heads * (kTileTokens / 4 + rows / 4 * calls_rb4 + rows % 4 * calls_rb1);
 
   if (a.kv_begin >= a.kv_end) return;
+  if constexpr (kSplit) {
+    for (std::size_t i = 0; i < all_rows; ++i) {
+      for (uint32_t d = 0; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
+        to_split_order<V>(a.q + i * dim + d);
+        to_split_order<V>(a.o + i * dim + d);
+      }
+    }
+  }
   if constexpr (kDot) {
     for (std::size_t i = 0; i < all_rows * dim; i += V::kWidth) {
       V::store_bf16_rne(a.q_bf16 + i, V::load(a.q + i));
@@ -881,8 +1067,19 @@ void attend_item_t(const ItemArgs& a) {
                                   dim, scores + row0 * kTileTokens + t);
       }
     }
-    // The online softmax, head by head.
-    for (uint32_t h = 0; h < heads; ++h) {
+    const TileVisibility vis{a.visible_end, a.group, begin, tokens};
+    const bool masked = !vis.whole();
+    // The online softmax: every head's rows at once where the lane type can and the tile is
+    // whole, else head by head.
+    bool softmax_done = false;
+    if constexpr (has_wide_softmax<V>() && !kDot) {
+      if (!masked) {
+        softmax_rows_wide<V, D>(scores, a.m, a.l, alpha, static_cast<uint32_t>(all_rows), tokens,
+                                tile.k_scale, tile.v_scale);
+        softmax_done = true;
+      }
+    }
+    for (uint32_t h = 0; h < heads && !softmax_done; ++h) {
       const std::size_t row0 = static_cast<std::size_t>(h) * rows;
       const TileRows tr{a.q + row0 * dim, nullptr,          rows,
                         a.group,          a.visible_end,    begin,
@@ -896,8 +1093,6 @@ void attend_item_t(const ItemArgs& a) {
     // more than the order saves (0.56 against 0.60 of a streaming read, avx512_bf16).
     // Each row adds only the tokens it sees: tiles the mask cuts take the *_masked forms; decode
     // and the tiles below every row's visible end the unmasked loops (one check per tile).
-    const TileVisibility vis{a.visible_end, a.group, begin, tokens};
-    const bool masked = !vis.whole();
     [[maybe_unused]] bool v_clean = false;
     if constexpr (kScanNan) {
       v_clean = !rows_have_fp8_nan<V>(tile.row, tokens, v_offset, token_bytes);
@@ -949,6 +1144,13 @@ void attend_item_t(const ItemArgs& a) {
   if constexpr (kDot) {
     for (std::size_t i = 0; i < all_rows; ++i) {
       for (uint32_t d = 0; d + 32 <= dim; d += 32) V::from_pair_order(a.o + i * dim + d);
+    }
+  }
+  if constexpr (kSplit) {
+    for (std::size_t i = 0; i < all_rows; ++i) {
+      for (uint32_t d = 0; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
+        from_split_order<V>(a.o + i * dim + d);
+      }
     }
   }
 }

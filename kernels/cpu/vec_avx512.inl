@@ -41,6 +41,59 @@ struct VecAvx512 {
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
   }
 
+  // Lane L of the result = the horizontal op (add or max) of x[L], for 16 vectors at once, as a
+  // transposing tree: each step folds two vectors' halves (blocks of 8, 4, 2, then 1 lanes) into
+  // one vector, a's in the even blocks and b's in the odd ones, with one shuffle, one blend and one
+  // op: 15 steps, 45 instructions (15 shuffles), where 16 separate horizontal sums take about 76
+  // (44 shuffles; reduce_add4 four times). A step only ever combines two lanes of one input, so
+  // NaN or inf in one x[L] reaches lane L alone. After the four levels lane L holds what was fed
+  // in at position rev(L) (4-bit reversal), so x[L] goes in there. For the score blocks alone:
+  // 14.5 -> 14.7 GiB/s (isa_core.inl bf16_split's measurement); softmax_rows_wide uses it too.
+  template <class Op>
+  static F transpose_reduce16(const F (&x)[16], Op op) {
+    const auto step8 = [&](F a, F b) {
+      return op(_mm512_mask_blend_ps(0xFF00, a, b), _mm512_shuffle_f32x4(a, b, 0x4E));
+    };
+    const auto step4 = [&](F a, F b) {
+      const __m512i idx =
+          _mm512_setr_epi32(4, 5, 6, 7, 16, 17, 18, 19, 12, 13, 14, 15, 24, 25, 26, 27);
+      return op(_mm512_mask_blend_ps(0xF0F0, a, b), _mm512_permutex2var_ps(a, idx, b));
+    };
+    const auto step2 = [&](F a, F b) {
+      return op(_mm512_mask_blend_ps(0xCCCC, a, b), _mm512_shuffle_ps(a, b, 0x4E));
+    };
+    const auto step1 = [&](F a, F b) {
+      const __m512i idx =
+          _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30);
+      return op(_mm512_mask_blend_ps(0xAAAA, a, b), _mm512_permutex2var_ps(a, idx, b));
+    };
+    // Position n takes x[rev(n)]: 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15.
+    const F y0 = step8(x[0], x[8]), y1 = step8(x[4], x[12]);
+    const F y2 = step8(x[2], x[10]), y3 = step8(x[6], x[14]);
+    const F y4 = step8(x[1], x[9]), y5 = step8(x[5], x[13]);
+    const F y6 = step8(x[3], x[11]), y7 = step8(x[7], x[15]);
+    const F z0 = step4(y0, y1), z1 = step4(y2, y3), z2 = step4(y4, y5), z3 = step4(y6, y7);
+    return step1(step2(z0, z1), step2(z2, z3));
+  }
+  static F reduce_add16(const F (&x)[16]) {
+    return transpose_reduce16(x, [](F a, F b) { return _mm512_add_ps(a, b); });
+  }
+  static F reduce_max16(const F (&x)[16]) {
+    return transpose_reduce16(x, [](F a, F b) { return _mm512_max_ps(a, b); });
+  }
+
+  // out[r * stride + t] = the horizontal sum of acc[r][t], a 4 x 4 block of score sums.
+  static void reduce_add4x4(const F (&acc)[4][4], float* out, std::size_t stride) {
+    const F x[16] = {acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1],
+                     acc[1][2], acc[1][3], acc[2][0], acc[2][1], acc[2][2], acc[2][3],
+                     acc[3][0], acc[3][1], acc[3][2], acc[3][3]};
+    const F w = reduce_add16(x);
+    _mm_storeu_ps(out, _mm512_castps512_ps128(w));
+    _mm_storeu_ps(out + stride, _mm512_extractf32x4_ps(w, 1));
+    _mm_storeu_ps(out + 2 * stride, _mm512_extractf32x4_ps(w, 2));
+    _mm_storeu_ps(out + 3 * stride, _mm512_extractf32x4_ps(w, 3));
+  }
+
   // 2^x; 0 below -126 (so exp2(-inf) == 0), degree-7 Taylor on [-0.5, 0.5] (rel. error < 1e-8).
   static F exp2(F x) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
@@ -64,6 +117,35 @@ struct VecAvx512 {
   static F load_bf16(const void* p) {
     const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // 32 bf16 in one load, split without a shuffle: `even` gets elements 0, 2, .., 30 (shifted up
+  // into the high half of each 32-bit lane), `odd` elements 1, 3, .., 31 (already in the high
+  // half; the low one masked off). Two one-uop ALU ops per 32 values where load_bf16 takes a
+  // shuffle and a shift per 16 (see bf16_split in isa_core.inl).
+  static void load_bf16_split(const void* p, F& even, F& odd) {
+    const __m512i w = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+  }
+  // The 32 floats at p from natural into load_bf16_split's order (0, 2, .., 30, 1, 3, .., 31)
+  // and back: q and o once per item.
+  static void to_split_order(float* p) {
+    const F a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd =
+        _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    _mm512_storeu_ps(p, _mm512_permutex2var_ps(a, even, b));
+    _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(a, odd, b));
+  }
+  static void from_split_order(float* p) {
+    const F e = _mm512_loadu_ps(p), o = _mm512_loadu_ps(p + 16);
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    _mm512_storeu_ps(p, _mm512_permutex2var_ps(e, lo, o));
+    _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(e, hi, o));
   }
   static F load_f16(const void* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));

@@ -330,6 +330,39 @@ TEST(AttentionLong, PrefillChunkAgainst64kCachedTokens) {
   expect_matches(fx, Isa::kAuto, s.dtype, tolerance_for(s.dtype));
 }
 
+TEST(AttentionExactPaths, HeadDimsWithA16ElementTailEveryDtype) {
+  // The exact paths read bf16 K and V in split order (even, then odd elements of each
+  // 2 x lane-width chunk; isa_core.inl bf16_split); a head_dim that is an odd multiple of 16
+  // leaves AVX-512 a natural-order 16-element tail in both products and in q and o. Tiles of
+  // 1..16 tokens and 1..7-token chunks take the whole-tile and the masked softmax both.
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (cpu::isa_kernels(isa) == nullptr) continue;
+    CpuOptions o;
+    o.isa = isa;
+    for (Dtype dtype : kAllDtypes) {
+      for (uint32_t dim : {16u, 48u, 80u, 144u, 208u}) {
+        for (uint32_t group : {1u, 4u, 8u}) {
+          SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
+                       ", head_dim " + std::to_string(dim) + ", group " + std::to_string(group));
+          KvShape s;
+          s.dtype = dtype;
+          s.head_dim = dim;
+          s.group = group;
+          s.kv_heads = 2;
+          PagedKvFixture dec(s, {1, 2, 3, 17, 33, 129}, {}, 181 + dim + group);
+          o.min_split_tokens = 0;
+          ASSERT_TRUE(cpu::decode_attention(dec.params(), o).ok());
+          expect_matches_reference(dec, tolerance_for(dtype));
+          PagedKvFixture pre(s, {7, 40, 3}, {7, 5, 1}, 191 + dim + group);
+          o.min_split_tokens = 16;
+          ASSERT_TRUE(cpu::prefill_attention(pre.params(), o).ok());
+          expect_matches_reference(pre, tolerance_for(dtype));
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionBf16Dot, HeadDimsWithA16ElementTailAndOddTokenCounts) {
   // head_dim an odd multiple of 16 takes the natural-order half-vector tail in both products;
   // odd token counts pair the last token with a zero row; chunks of 1..7 query tokens make
