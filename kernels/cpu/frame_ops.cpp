@@ -129,10 +129,17 @@ Status dequantize_frames_fp8(const Fp8FramesParams& p, Isa isa_choice) {
     return resource_exhausted("fp8 dequantize: out of memory checking " + std::to_string(p.count) +
                               " frame ids");
   }
+  // As attention (validate_paged_kv): the quantizer only writes finite scales >= 0, so any other
+  // is a corrupt entry, refused before a frame is written (a negative one would flip every sign).
   for (uint32_t i = 0; i < p.count; ++i) {
-    if (!std::isfinite(p.scales[2 * i]) || !std::isfinite(p.scales[2 * i + 1])) {
-      return invalid_argument("fp8 dequantize: entry " + std::to_string(i) + " (frame " +
-                              std::to_string(p.frames[i]) + ") has a non-finite scale");
+    for (int part = 0; part < 2; ++part) {
+      const float scale = p.scales[2 * i + part];
+      if (!std::isfinite(scale) || scale < 0.0f) {
+        return invalid_argument("fp8 dequantize: entry " + std::to_string(i) + " (frame " +
+                                std::to_string(p.frames[i]) + ") has " + (part == 0 ? "K" : "V") +
+                                " scale " + std::to_string(scale) +
+                                "; fp8 scales must be finite and >= 0");
+      }
     }
   }
   const std::size_t half = p.half_elems();

@@ -231,6 +231,21 @@ TEST(Fp8FramesErrors, NonFiniteHalfIsReportedWithItsFrame) {
   EXPECT_EQ(cpu::dequantize_frames_fp8(fx.p).code(), StatusCode::kInvalidArgument);
 }
 
+// A negative scale (the quantizer never writes one) is a corrupt entry: refused, naming it, and no
+// frame is written.
+TEST(Fp8FramesErrors, NegativeScaleIsRefusedAndNoFrameIsWritten) {
+  Fp8Fixture fx(Dtype::kBF16, 6, 4, 9);
+  ASSERT_TRUE(cpu::quantize_frames_fp8(fx.p).ok());
+  const std::vector<uint8_t> before = fx.arena;
+  fx.scales[3] = -0.5f;  // entry 1, V
+  const Status st = cpu::dequantize_frames_fp8(fx.p);
+  ASSERT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("entry 1 (frame " + std::to_string(fx.frames[1]) + ") has V scale -"),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(fx.arena, before) << "no frame may be written";
+}
+
 // A half whose largest value is below 448 / FLT_MAX (only f32 and bf16 reach that range) would
 // overflow the inverse scale; it encodes as zeros (no NaN code), in every ISA alike.
 TEST(Fp8FramesErrors, HalfOfTinyValuesEncodesAsZerosNotNan) {
