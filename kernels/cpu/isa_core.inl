@@ -4,15 +4,16 @@
 //
 // Attention of a work item walks its KV range in tiles of kTileTokens tokens. A tile's K is scored
 // in address order: 4 tokens (four consecutive rows of a page) at a time, every KV head of them,
-// in register blocks of 4 rows x 4 tokens with K widened in registers as it is loaded (bf16 on
-// AVX-512: one load per 2 x lane-width values, split into even and odd elements, see
-// bf16_split), into the scores of all heads; on AVX-512 a block's 16 sums come out of one
-// transposing tree (reduce_add4x4) rather than 16 horizontal sums. Then one online-softmax
-// rescale per row per tile (not per token): on AVX-512, in tiles every row sees whole (all of
-// decode), 16 rows of all heads at a time with the maxima, alphas and sums lane-wise
-// (softmax_rows_wide), else row by row, head by head. Then the weighted V sum head by head in
-// blocks of 4 rows (x 64 dims for AVX-512 bf16, x 32 otherwise), each V vector widened once per
-// block. fp8 page scales are folded into the scores and the weights, never applied per element.
+// in register blocks of 4 rows x 4 tokens with K widened in registers as it is loaded (bf16 and
+// fp8 on AVX-512: one load per 2 x lane-width values, split into even and odd elements, see
+// bf16_split and fp8_split), into the scores of all heads; on AVX-512 a block's 16 sums come
+// out of one transposing tree (reduce_add4x4) rather than 16 horizontal sums. Then one
+// online-softmax rescale per row per tile (not per token): on AVX-512, in tiles every row sees
+// whole (all of decode), 16 rows of all heads at a time with the maxima, alphas and sums
+// lane-wise (softmax_rows_wide), else row by row, head by head. Then the weighted V sum head by
+// head in blocks of 4 rows (x 64 dims for AVX-512 bf16 and fp8, x 32 otherwise), each V vector
+// widened once per block. fp8 page scales are folded into the scores and the weights, never
+// applied per element.
 // The causal mask leaves masked tokens out of the V sum (never weight 0 times a V that may be inf
 // or NaN) and is applied after the K scale (never -inf times a zero scale); tiles it does not cut,
 // every decode tile among them, take the unmasked loops unchanged.
@@ -76,15 +77,26 @@
 // the kernel now does.
 
 // fp8 KV is bound by its conversion: e4m3 -> f16 bits -> f32 took eleven instructions per vector,
-// against the four FMAs (GQA 4) that use it. On lane types that provide the pieces (vec_avx2.inl;
-// see has_fp8_over_256 below) the conversion is cut to four (seven for rows holding a NaN code):
-// the values are loaded 2^-8 too small with the 256 folded into the per-page scales
-// (bit-identical), and rows that a cheap scan (two instructions per 32 bytes) finds free of NaN
-// codes skip the NaN step; a row holding one takes the exact conversion, so NaN still poisons what
-// it should. Measured on one AVX2-only Zen 3 core, two builds alternating in one process,
-// 4096-token items: 1.31x from the shorter conversion and the folded scale, 1.11-1.15x more from
-// the scan. Decode over fp8 now takes about as long as over bf16 for the same tokens (it took
-// 1.3-1.4x as long). Tried: converting 16 values per load (one load, two conversions: no gain).
+// against the four FMAs (GQA 4) that use it. On lane types that provide the pieces (vec_avx2.inl,
+// vec_avx512.inl; see has_fp8_over_256 below) the conversion is cut to four instructions (seven
+// for rows holding a NaN code; on AVX-512 five ALU uops and two conversions per 32 values, nine
+// and two with the NaN step, see fp8_split): the values are loaded 2^-8 too small with the 256
+// folded into the per-page scales (bit-identical), and rows that a cheap scan (two instructions
+// per 32 bytes, per 64 on AVX-512) finds free of NaN codes skip the NaN step; a row holding one
+// takes the exact conversion, so NaN still poisons what it should. Measured on one AVX2-only Zen 3
+// core, two builds alternating in one process, 4096-token items: 1.31x from the shorter conversion
+// and the folded scale, 1.11-1.15x more from the scan. Decode over fp8 now takes about as long as
+// over bf16 for the same tokens (it took 1.3-1.4x as long). Tried: converting 16 values per load
+// (one load, two conversions: no gain). AVX-512 took the exact conversion (nine ALU uops per 16
+// values) until it got the same pieces, with fp8 read in split order (fp8_split) and the NaN scan
+// 64 bytes at a time. On the 2-vCPU Sapphire Rapids-class VM (8 KV heads x 128, GQA 4, 32 x 4096
+// tokens; medians of 7 runs, old and new builds alternating, while other work shared the machine):
+// two threads 0.27 -> 0.34 of the streaming read (7.1 -> 9.0 GiB/s), one thread 0.30 -> 0.38 (4.0
+// -> 4.9 GiB/s, 5 runs), chunked prefill 75 -> 110 GFLOP/s (5 runs); bf16 unchanged (0.58 / 0.59, 3
+// runs). One pinned thread, pages in L3 (4 x 1024 tokens, best of 300 rounds, 8 pairs): 1.37x;
+// split order against the 16-value load (a broadcast and a byte shuffle per 16 values): 1.05x of
+// that. Per element fp8 now runs about as fast as bf16; what is left is the FMAs (each fp8 byte is
+// an element) and the rest of the kernel, not the conversion.
 
 // Register blocks must stay in registers: GCC at -O2 does not fully unroll the small constant
 // loops over them by itself and keeps the blocks in memory instead (measured 3x slower).
@@ -114,7 +126,7 @@ inline typename V::F load_elems(const uint8_t* p) {
   }
 }
 
-// fp8 KV in attention, on lane types that provide the pieces (vec_avx2.inl):
+// fp8 KV in attention, on lane types that provide the pieces (vec_avx2.inl, vec_avx512.inl):
 // - load_fp8_over_256 loads the values 2^-8 too small, one multiply fewer per vector; attention
 //   multiplies its per-page scales by kv_scale_factor<V, D>() instead. Scaling by a power of two
 //   commutes with rounding, so the scores and weights are bit for bit those of the exact load.
@@ -383,6 +395,37 @@ constexpr bool bf16_split() {
   }
 }
 
+// fp8 K and V in the same split order, on lane types with load_fp8_split_over_256 (AVX-512): 32
+// bytes in one load, the odd bytes already in the high half of each 16-bit lane (the position
+// the f16 trick of load_fp8_over_256 wants), the even ones one shift away, so no byte shuffle;
+// the values as load_kv gives them (2^-8 too small, the NaN step only where kNanCodes). With it
+// come the same 4 x 4 P.V blocks (accumulate_rows' kWide) and the q / o reordering as bf16's.
+// Measured (one pinned Sapphire Rapids-class vCPU, pages in L3, best of 300 rounds, 8 pairs of
+// runs): 1.05x against load_fp8_over_256 per 16 values in natural order.
+template <class V, Dtype D>
+constexpr bool fp8_split() {
+  return D == Dtype::kFP8E4M3 && has_fp8_over_256<V>() &&
+         requires(const void* p, typename V::F& f) {
+    V::template load_fp8_split_over_256<true>(p, f, f);
+  };
+}
+
+// Whether attention reads D in split order (bf16_split or fp8_split).
+template <class V, Dtype D>
+constexpr bool split_kv() {
+  return bf16_split<V, D>() || fp8_split<V, D>();
+}
+
+// 2 x kWidth elements at p, split into even and odd elements, as load_kv would widen them.
+template <class V, Dtype D, bool kNanCodes>
+KVTIER_ALWAYS_INLINE void load_kv_split(const uint8_t* p, typename V::F& even, typename V::F& odd) {
+  if constexpr (fp8_split<V, D>()) {
+    V::template load_fp8_split_over_256<kNanCodes>(p, even, odd);
+  } else {
+    V::load_bf16_split(p, even, odd);
+  }
+}
+
 // The 2 x kWidth floats at p from natural into split order (elements 0, 2, .., then 1, 3, ..)
 // and back, once per row and item: the lane type's permutes where it has them, else plain moves.
 template <class V>
@@ -444,10 +487,12 @@ inline void score_sums(const float* q, const uint8_t* const* k, uint32_t dim,
     KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::zero();
   }
   uint32_t d = 0;
-  if constexpr (bf16_split<V, D>()) {
+  if constexpr (split_kv<V, D>()) {
     for (; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
       typename V::F ke[TB], ko[TB];
-      KVTIER_UNROLL for (int t = 0; t < TB; ++t) V::load_bf16_split(k[t] + d * kEs, ke[t], ko[t]);
+      KVTIER_UNROLL for (int t = 0; t < TB; ++t) {
+        load_kv_split<V, D, kNanCodes>(k[t] + d * kEs, ke[t], ko[t]);
+      }
       KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
         const auto qe = V::load(q + r * dim + d);
         KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::fmadd(qe, ke[t], acc[r][t]);
@@ -520,9 +565,9 @@ KVTIER_ALWAYS_INLINE void accumulate_chunk(const float* p, const float* alpha,
   }
   for (uint32_t t = 0; t < tokens; ++t) {
     typename V::F vv[DC];
-    if constexpr (bf16_split<V, D>() && DC % 2 == 0) {
+    if constexpr (split_kv<V, D>() && DC % 2 == 0) {
       KVTIER_UNROLL for (int c = 0; c < DC; c += 2) {
-        V::load_bf16_split(v[t] + (d + c * V::kWidth) * kEs, vv[c], vv[c + 1]);
+        load_kv_split<V, D, kNanCodes>(v[t] + (d + c * V::kWidth) * kEs, vv[c], vv[c + 1]);
       }
     } else {
       KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
@@ -543,17 +588,18 @@ template <class V, Dtype D, int RB, bool kNanCodes>
 KVTIER_ALWAYS_INLINE void accumulate_rows(const float* p, const float* alpha,
                                           const uint8_t* const* v, uint32_t tokens, uint32_t dim,
                                           float* o, TilePrefetch& pf) {
-  // bf16_split: 4 x 4 accumulators for 4 rows too (21 of AVX-512's registers), so each chunk's
-  // setup (o loaded, rescaled, stored) is paid over twice the dims and 16 FMA chains hide the
-  // FMA latency where 8 only just did. Measured as bf16_split's: 13.3 -> 14.5 GiB/s in L3.
-  constexpr bool kWide = bf16_split<V, D>() && V::kRegisters >= 32;
+  // split_kv (bf16_split, fp8_split): 4 x 4 accumulators for 4 rows too (21 of AVX-512's
+  // registers), so each chunk's setup (o loaded, rescaled, stored) is paid over twice the dims
+  // and 16 FMA chains hide the FMA latency where 8 only just did. Measured as bf16_split's:
+  // 13.3 -> 14.5 GiB/s in L3.
+  constexpr bool kWide = split_kv<V, D>() && V::kRegisters >= 32;
   constexpr uint32_t kDc = RB >= 4 && !kWide ? 2 : 4;
   uint32_t d = 0;
   for (; d + kDc * V::kWidth <= dim; d += kDc * V::kWidth) {
     pf.issue();
     accumulate_chunk<V, D, RB, kDc, kNanCodes>(p, alpha, v, tokens, dim, d, o);
   }
-  if constexpr (bf16_split<V, D>()) {  // whole split chunks in split order (calls_rb* counts)
+  if constexpr (split_kv<V, D>()) {  // whole split chunks in split order (calls_rb* counts)
     for (; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
       pf.issue();
       accumulate_chunk<V, D, RB, 2, kNanCodes>(p, alpha, v, tokens, dim, d, o);
@@ -993,7 +1039,7 @@ void attend_item_t(const ItemArgs& a) {
   // pf.issue() calls a full tile makes: one per 4 tokens and head while scoring, and one per
   // chunk of V dims per row block and head (accumulate_rows / accumulate_rows_dot).
   const uint32_t chunk = kDot ? 32 : V::kWidth;
-  constexpr bool kSplit = bf16_split<V, D>();
+  constexpr bool kSplit = split_kv<V, D>();
   const uint32_t rest_rb4 = dim % (4 * chunk);  // accumulate_rows' kWide
   const uint32_t calls_rb4 =
       kSplit && V::kRegisters >= 32

@@ -150,6 +150,67 @@ struct VecAvx512 {
   static F load_f16(const void* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
   }
+  // e4m3 -> f16 bits -> f32, 2^-8 too small, as VecAvx2::fp8_to_f16_bits (see there for the
+  // bit layout): with each byte in the high half of a 16-bit lane, an arithmetic shift right by
+  // one and clearing bit 14 (the sign's copy) give an f16 whose exponent field is one bit wider.
+  // The 16 bytes go into the high halves with one broadcast load (no ALU uop) and one in-lane
+  // byte shuffle (bytes 0-7 to the low 128 bits, 8-15 to the high ones; zeros in the low
+  // halves). kNanCodes = false, for bytes known to hold no NaN code (has_fp8_nan), leaves out
+  // the NaN step: code 0x7F/0xFF is 0x3F80 after the and; adding 0x80 carries into bit 14 for
+  // that code alone, and one ternary-logic op (h | (carry & 0x4000)) makes it an f16 NaN.
+  // Three ALU uops and the conversion per 16 values clean (five with the NaN step), where
+  // load_fp8 takes nine; attention folds the 256 into its per-page scales (isa_core.inl, load_kv)
+  // and reads whole 32-value chunks through load_fp8_split_over_256 instead.
+  template <bool kNanCodes = true>
+  static F load_fp8_over_256(const void* p) {
+    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+    const __m256i to_high =
+        _mm256_setr_epi8(-1, 0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7, -1, 8, -1, 9, -1,
+                         10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15);
+    const __m256i w = _mm256_shuffle_epi8(x, to_high);
+    __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(-0x4001));
+    if constexpr (kNanCodes) {
+      const __m256i carry = _mm256_add_epi16(h, _mm256_set1_epi16(0x80));
+      h = _mm256_ternarylogic_epi32(h, carry, _mm256_set1_epi16(0x4000), 0xF8);  // a | (b & c)
+    }
+    return _mm512_cvtph_ps(h);
+  }
+  // 32 fp8 values in one load, split as load_bf16_split splits bf16 (even: elements 0, 2, ..,
+  // 30; odd: 1, 3, .., 31), each 2^-8 too small as load_fp8_over_256 gives them: the odd bytes
+  // are already in the high half of their 16-bit lane, the even ones shifted there; then the
+  // same shift, and and (optional) NaN step. Five ALU uops and two conversions per 32 values
+  // clean (nine with the NaN step), where load_fp8_over_256 takes six and two (isa_core.inl
+  // fp8_split).
+  template <bool kNanCodes = true>
+  static void load_fp8_split_over_256(const void* p, F& even, F& odd) {
+    const __m256i w = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+    const __m256i keep = _mm256_set1_epi16(static_cast<short>(0xBF80));  // sign, exp, mantissa
+    __m256i he = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), keep);
+    __m256i ho = _mm256_and_si256(_mm256_srai_epi16(w, 1), keep);
+    if constexpr (kNanCodes) {
+      const __m256i c80 = _mm256_set1_epi16(0x80), bit14 = _mm256_set1_epi16(0x4000);
+      he = _mm256_ternarylogic_epi32(he, _mm256_add_epi16(he, c80), bit14, 0xF8);
+      ho = _mm256_ternarylogic_epi32(ho, _mm256_add_epi16(ho, c80), bit14, 0xF8);
+    }
+    even = _mm512_cvtph_ps(he);
+    odd = _mm512_cvtph_ps(ho);
+  }
+  // Whether `bytes` (a multiple of 16) of fp8 hold a NaN code (0x7F or 0xFF): the byte-wise max
+  // of the magnitudes (sign cleared; 0x7F is the largest, see VecAvx2::max_magnitudes), an and
+  // and a max per 64 bytes, the tail through a masked (non-faulting) load.
+  static bool has_fp8_nan(const uint8_t* p, std::size_t bytes) {
+    const __m512i mask = _mm512_set1_epi8(0x7F);
+    __m512i acc = _mm512_setzero_si512();
+    std::size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+      acc = _mm512_max_epu8(acc, _mm512_and_si512(_mm512_loadu_si512(p + i), mask));
+    }
+    if (i < bytes) {
+      const __mmask64 tail = (uint64_t{1} << (bytes - i)) - 1;
+      acc = _mm512_max_epu8(acc, _mm512_and_si512(_mm512_maskz_loadu_epi8(tail, p + i), mask));
+    }
+    return _mm512_cmpeq_epi8_mask(acc, mask) != 0;
+  }
   // e4m3 -> f16 bits (exponent field widened by one bit, so the value is 2^-8 of the true one,
   // subnormals included) -> f32, times 256; code 0x7F/0xFF is NaN.
   static F load_fp8(const void* p) {

@@ -437,13 +437,17 @@ TEST(AttentionStability, LargeScoresDoNotOverflow) {
 
 TEST(AttentionStability, Fp8NanCodesPoisonTheirOwnOutputsOnly) {
   // A NaN code (0x7F / 0xFF) in fp8 K makes every output of its KV head's query heads NaN; in V,
-  // that dim of theirs. Everything else stays exact. The AVX2 kernel converts NaN-free rows
-  // without the NaN step, so this also checks that it finds the rows that hold one (the second
-  // shape's token rows are 80 bytes: the codes sit in the scan's 16-byte tail).
+  // that dim of theirs. Everything else stays exact. The AVX2 and AVX-512 kernels convert
+  // NaN-free rows without the NaN step, so this also checks that they find the rows that hold one
+  // (the second shape's token rows are 80 bytes: the codes sit in the scan's 16-byte tail, past
+  // AVX-512's one 64-byte block; the third's are 48, all of them AVX-512's masked tail). AVX-512
+  // reads fp8 in split order (isa_core.inl fp8_split): the first shape's K code is at an odd
+  // element, its V code at an even one, each in a whole 32-element chunk; the codes of the other
+  // two shapes sit in the natural-order 16-element tail of their head_dim.
   struct Case {
     uint32_t kv_heads, group, head_dim;
   };
-  for (const Case c : {Case{2, 4, 128}, Case{1, 8, 80}}) {
+  for (const Case c : {Case{2, 4, 128}, Case{1, 8, 80}, Case{1, 4, 48}}) {
     KvShape s;
     s.dtype = Dtype::kFP8E4M3;
     s.kv_heads = c.kv_heads;
