@@ -330,6 +330,31 @@ TEST(AttentionLong, PrefillChunkAgainst64kCachedTokens) {
   expect_matches(fx, Isa::kAuto, s.dtype, tolerance_for(s.dtype));
 }
 
+// Two KV heads of head_dim `dim`, `group` query heads each: decode over odd page counts (1..129
+// tokens: whole and partial tiles), then chunked prefill over 1..7-token chunks (masked tiles),
+// each checked against the reference by `check`. The head-dim tail tests' cases.
+template <class Check>
+void run_tail_cases(Isa isa, Dtype dtype, uint32_t dim, uint32_t group, uint32_t seed,
+                    Check check) {
+  SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
+               ", head_dim " + std::to_string(dim) + ", group " + std::to_string(group));
+  KvShape s;
+  s.dtype = dtype;
+  s.head_dim = dim;
+  s.group = group;
+  s.kv_heads = 2;
+  CpuOptions o;
+  o.isa = isa;
+  PagedKvFixture dec(s, {1, 2, 3, 17, 33, 129}, {}, seed);
+  o.min_split_tokens = 0;
+  ASSERT_TRUE(cpu::decode_attention(dec.params(), o).ok());
+  check(dec);
+  PagedKvFixture pre(s, {7, 40, 3}, {7, 5, 1}, seed + 10);
+  o.min_split_tokens = 16;
+  ASSERT_TRUE(cpu::prefill_attention(pre.params(), o).ok());
+  check(pre);
+}
+
 TEST(AttentionExactPaths, HeadDimsWithA16ElementTailEveryDtype) {
   // The exact paths read bf16 K and V in split order (even, then odd elements of each
   // 2 x lane-width chunk; isa_core.inl bf16_split); a head_dim that is an odd multiple of 16
@@ -337,26 +362,12 @@ TEST(AttentionExactPaths, HeadDimsWithA16ElementTailEveryDtype) {
   // 1..16 tokens and 1..7-token chunks take the whole-tile and the masked softmax both.
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (cpu::isa_kernels(isa) == nullptr) continue;
-    CpuOptions o;
-    o.isa = isa;
     for (Dtype dtype : kAllDtypes) {
       for (uint32_t dim : {16u, 48u, 80u, 144u, 208u}) {
         for (uint32_t group : {1u, 4u, 8u}) {
-          SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
-                       ", head_dim " + std::to_string(dim) + ", group " + std::to_string(group));
-          KvShape s;
-          s.dtype = dtype;
-          s.head_dim = dim;
-          s.group = group;
-          s.kv_heads = 2;
-          PagedKvFixture dec(s, {1, 2, 3, 17, 33, 129}, {}, 181 + dim + group);
-          o.min_split_tokens = 0;
-          ASSERT_TRUE(cpu::decode_attention(dec.params(), o).ok());
-          expect_matches_reference(dec, tolerance_for(dtype));
-          PagedKvFixture pre(s, {7, 40, 3}, {7, 5, 1}, 191 + dim + group);
-          o.min_split_tokens = 16;
-          ASSERT_TRUE(cpu::prefill_attention(pre.params(), o).ok());
-          expect_matches_reference(pre, tolerance_for(dtype));
+          run_tail_cases(isa, dtype, dim, group, 181 + dim + group, [&](const PagedKvFixture& fx) {
+            expect_matches_reference(fx, tolerance_for(dtype));
+          });
         }
       }
     }
@@ -370,24 +381,12 @@ TEST(AttentionBf16Dot, HeadDimsWithA16ElementTailAndOddTokenCounts) {
   if (cpu::isa_kernels(Isa::kAvx512Bf16) == nullptr) {
     GTEST_SKIP() << "this CPU cannot run the avx512_bf16 kernels";
   }
-  CpuOptions o;
-  o.isa = Isa::kAvx512Bf16;
   for (uint32_t dim : {16u, 48u, 80u, 144u, 208u}) {
     for (uint32_t group : {1u, 4u, 8u}) {
-      SCOPED_TRACE("head_dim " + std::to_string(dim) + ", group " + std::to_string(group));
-      KvShape s;
-      s.dtype = Dtype::kBF16;
-      s.head_dim = dim;
-      s.group = group;
-      s.kv_heads = 2;
-      PagedKvFixture dec(s, {1, 2, 3, 17, 33, 129}, {}, 81 + dim + group);
-      o.min_split_tokens = 0;
-      ASSERT_TRUE(cpu::decode_attention(dec.params(), o).ok());
-      expect_within_bf16_dot_bound(dec, tolerance_for(s.dtype));
-      PagedKvFixture pre(s, {7, 40, 3}, {7, 5, 1}, 91 + dim + group);
-      o.min_split_tokens = 16;
-      ASSERT_TRUE(cpu::prefill_attention(pre.params(), o).ok());
-      expect_within_bf16_dot_bound(pre, tolerance_for(s.dtype));
+      run_tail_cases(Isa::kAvx512Bf16, Dtype::kBF16, dim, group, 81 + dim + group,
+                     [](const PagedKvFixture& fx) {
+                       expect_within_bf16_dot_bound(fx, tolerance_for(Dtype::kBF16));
+                     });
     }
   }
 }
