@@ -251,6 +251,9 @@ class Scheduler {
   // whole block), issued as a prefetch, is bringing: the read moves up its link's queue, or, still
   // waiting for host frames, up the frame queue.
   void demand_host_read(const BlockKey& key, uint32_t layer);
+  // The host-page read of (key, layer), if one is in flight as a prefetch, becomes a demand and
+  // moves up its link's queue; true when it did (its frame requests are the caller's to move).
+  bool demand_host_op(const BlockKey& key, uint32_t layer);
   // The second half of an HBM load: host copy first, then an HBM frame and the copy up.
   void load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
   // The HBM load of `page` is given up before it took a frame because the page got a copy

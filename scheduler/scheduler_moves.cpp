@@ -389,14 +389,20 @@ void Scheduler::demand_prefetched(const BlockKey& key, uint32_t layer) {
   if (!has_frame) promote_frame_waiters(Tier::kHbm, key, TransferPriority::kDemand, layer);
 }
 
-void Scheduler::demand_host_read(const BlockKey& key, uint32_t layer) {
+bool Scheduler::demand_host_op(const BlockKey& key, uint32_t layer) {
   auto it = ops_.find(PageKey{key, layer, Tier::kHost});
-  if (it == ops_.end() || !it->second->prefetch) return;
+  if (it == ops_.end() || !it->second->prefetch) return false;
   PageOp& op = *it->second;
   op.prefetch = false;
   if (op.job != 0) links_.promote(op.job, TransferPriority::kDemand);
+  return true;
+}
+
+void Scheduler::demand_host_read(const BlockKey& key, uint32_t layer) {
   // A whole-block read starts once every layer has its frame: all of the block's requests move.
-  promote_frame_waiters(Tier::kHost, key, TransferPriority::kDemand);
+  if (demand_host_op(key, layer)) {
+    promote_frame_waiters(Tier::kHost, key, TransferPriority::kDemand);
+  }
 }
 
 void Scheduler::load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio) {
@@ -633,15 +639,9 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
   bool reading = false;
   bool promoted = false;
   for (uint32_t l = 0; l < layers; ++l) {
-    auto it = ops_.find(PageKey{key, l, Tier::kHost});
-    if (it == ops_.end()) continue;
+    if (!ops_.contains(PageKey{key, l, Tier::kHost})) continue;
     reading = true;
-    PageOp& op = *it->second;
-    if (op.prefetch && prio == TransferPriority::kDemand) {
-      op.prefetch = false;
-      promoted = true;
-      if (op.job != 0) links_.promote(op.job, prio);
-    }
+    if (prio == TransferPriority::kDemand && demand_host_op(key, l)) promoted = true;
   }
   if (promoted) promote_frame_waiters(Tier::kHost, key, prio);
   if (reading || nvme != CopyState::kReady || any_host) return;
@@ -990,57 +990,54 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
     reading_[key] += 1;
   }
   ops_.emplace(pk, std::make_unique<PageOp>());
-  links_.enqueue(Link::kHostToNvme, prio, nvme_block_bytes(),
-                 [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
-                   auto on_done = [this, key, layers, pk, keep_host,
-                                   finished](const Status& written) {
-                     finished();
-                     // kAlreadyExists: the store holds this block readable already (keys name
-                     // content), so the block is on NVMe as if this write had stored it.
-                     const Status s =
-                         written.code() == StatusCode::kAlreadyExists ? ok_status() : written;
-                     if (s.ok()) {
-                       parts_.table->complete_fill(key, CopyId::nvme()).ignore();
-                       stats_.demotions[tier_index(Tier::kNvme)].fetch_add(
-                           1, std::memory_order_relaxed);
-                     } else {
-                       parts_.table->abort_fill(key, CopyId::nvme()).ignore();
-                     }
-                     if (!keep_host) {
-                       for (uint32_t l = 0; l < layers; ++l) {
-                         if (s.ok()) {
-                           parts_.table->complete_drain(key, CopyId::host(l)).ignore();
-                         } else {
-                           parts_.table->cancel_drain(key, CopyId::host(l)).ignore();
-                         }
-                       }
-                       draining_[tier_index(Tier::kHost)] -= layers;
-                       if (s.ok()) {
-                         stats_.evictions[tier_index(Tier::kHost)].fetch_add(
-                             layers, std::memory_order_relaxed);
-                       }
-                       for (uint32_t l = 0; l < layers; ++l)
-                         finish_op(PageKey{key, l, Tier::kHost}, s);
-                     } else if (--reading_[key] == 0) {
-                       reading_.erase(key);
-                     }
-                     sync_membership(key, Tier::kNvme);
-                     sync_membership(key, Tier::kHost);
-                     finish_op(pk, s);
-                     // The store refused the block (an fp8 store and a page with NaN or inf) or
-                     // could not write it (an I/O error): it is not written again — a failing disk
-                     // would otherwise be hammered with the same block, at once when the failure
-                     // comes from the submit call — and its host pages go when nothing needs them,
-                     // as any victim's that cannot go down.
-                     if (!s.ok() && s.code() != StatusCode::kCancelled) {
-                       refused_by_tier(key, Tier::kNvme, s);
-                     }
-                     after_change(key);
-                     serve_memory_waiters();  // the block read is a victim again
-                   };
-                   Status submitted = parts_.port->write_block(key, host_frames, on_done);
-                   if (!submitted.ok()) on_done(submitted);
-                 });
+  links_.enqueue(
+      Link::kHostToNvme, prio, nvme_block_bytes(),
+      [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
+        auto on_done = [this, key, layers, pk, keep_host, finished](const Status& written) {
+          finished();
+          // kAlreadyExists: the store holds this block readable already (keys name
+          // content), so the block is on NVMe as if this write had stored it.
+          const Status s = written.code() == StatusCode::kAlreadyExists ? ok_status() : written;
+          if (s.ok()) {
+            parts_.table->complete_fill(key, CopyId::nvme()).ignore();
+            stats_.demotions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
+          } else {
+            parts_.table->abort_fill(key, CopyId::nvme()).ignore();
+          }
+          if (!keep_host) {
+            for (uint32_t l = 0; l < layers; ++l) {
+              if (s.ok()) {
+                parts_.table->complete_drain(key, CopyId::host(l)).ignore();
+              } else {
+                parts_.table->cancel_drain(key, CopyId::host(l)).ignore();
+              }
+            }
+            draining_[tier_index(Tier::kHost)] -= layers;
+            if (s.ok()) {
+              stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers,
+                                                                  std::memory_order_relaxed);
+            }
+            for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, s);
+          } else if (--reading_[key] == 0) {
+            reading_.erase(key);
+          }
+          sync_membership(key, Tier::kNvme);
+          sync_membership(key, Tier::kHost);
+          finish_op(pk, s);
+          // The store refused the block (an fp8 store and a page with NaN or inf) or
+          // could not write it (an I/O error): it is not written again — a failing disk
+          // would otherwise be hammered with the same block, at once when the failure
+          // comes from the submit call — and its host pages go when nothing needs them,
+          // as any victim's that cannot go down.
+          if (!s.ok() && s.code() != StatusCode::kCancelled) {
+            refused_by_tier(key, Tier::kNvme, s);
+          }
+          after_change(key);
+          serve_memory_waiters();  // the block read is a victim again
+        };
+        Status submitted = parts_.port->write_block(key, host_frames, on_done);
+        if (!submitted.ok()) on_done(submitted);
+      });
   return true;
 }
 

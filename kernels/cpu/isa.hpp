@@ -58,8 +58,8 @@ struct ItemArgs {
   // [kv_heads][q_tokens * group][head_dim], scaled. The caller's scratch: the kernel may reorder
   // the elements of each row in place (isa_core.inl, bf16_split), so it holds nothing useful after.
   float* q;
-  float* m;                     // [kv_heads][q_tokens * group] running max; start at -inf
-  float* l;                     // [kv_heads][q_tokens * group] running sum; start at 0
+  float* m;  // [kv_heads][q_tokens * group] running max; start at -inf
+  float* l;  // [kv_heads][q_tokens * group] running sum; start at 0
   float* o;  // [kv_heads][q_tokens * group][head_dim] unnormalised output; start at 0
   // Scratch, 64-byte aligned, for ISAs that take q in bf16: [kv_heads][q_tokens * group]
   // [head_dim] bf16 values.

@@ -399,7 +399,7 @@ constexpr bool bf16_split() {
 // bytes in one load, the odd bytes already in the high half of each 16-bit lane (the position
 // the f16 trick of load_fp8_over_256 wants), the even ones one shift away, so no byte shuffle;
 // the values as load_kv gives them (2^-8 too small, the NaN step only where kNanCodes). With it
-// come the same 4 x 4 P.V blocks (accumulate_rows' kWide) and the q / o reordering as bf16's.
+// come the same 4 x 4 P.V blocks (wide_pv_blocks) and the q / o reordering as bf16's.
 // Measured (one pinned Sapphire Rapids-class vCPU, pages in L3, best of 300 rounds, 8 pairs of
 // runs): 1.05x against load_fp8_over_256 per 16 values in natural order.
 template <class V, Dtype D>
@@ -410,10 +410,17 @@ constexpr bool fp8_split() {
   };
 }
 
-// Whether attention reads D in split order (bf16_split or fp8_split).
+// Whether attention reads D in split order (bf16_split or fp8_split). The lane type then also
+// puts 2 x kWidth floats into that order and back (V::to_split_order, V::from_split_order).
 template <class V, Dtype D>
 constexpr bool split_kv() {
   return bf16_split<V, D>() || fp8_split<V, D>();
+}
+
+// Whether accumulate_rows takes P.V in 4-row blocks of 4 x kWidth dims (see there) rather than 2.
+template <class V, Dtype D>
+constexpr bool wide_pv_blocks() {
+  return split_kv<V, D>() && V::kRegisters >= 32;
 }
 
 // 2 x kWidth elements at p, split into even and odd elements, as load_kv would widen them.
@@ -424,38 +431,6 @@ KVTIER_ALWAYS_INLINE void load_kv_split(const uint8_t* p, typename V::F& even, t
   } else {
     V::load_bf16_split(p, even, odd);
   }
-}
-
-// The 2 x kWidth floats at p from natural into split order (elements 0, 2, .., then 1, 3, ..)
-// and back, once per row and item: the lane type's permutes where it has them, else plain moves.
-template <class V>
-inline void to_split_order(float* p) {
-  if constexpr (requires(float* f) { V::to_split_order(f); }) {
-    V::to_split_order(p);
-    return;
-  }
-  constexpr int kW = V::kWidth;
-  float t[2 * kW];
-  for (int j = 0; j < kW; ++j) {
-    t[j] = p[2 * j];
-    t[kW + j] = p[2 * j + 1];
-  }
-  for (int j = 0; j < 2 * kW; ++j) p[j] = t[j];
-}
-
-template <class V>
-inline void from_split_order(float* p) {
-  if constexpr (requires(float* f) { V::from_split_order(f); }) {
-    V::from_split_order(p);
-    return;
-  }
-  constexpr int kW = V::kWidth;
-  float t[2 * kW];
-  for (int j = 0; j < kW; ++j) {
-    t[2 * j] = p[j];
-    t[2 * j + 1] = p[kW + j];
-  }
-  for (int j = 0; j < 2 * kW; ++j) p[j] = t[j];
 }
 
 // scores[r][t] = the horizontal sum of acc[r][t].
@@ -592,8 +567,7 @@ KVTIER_ALWAYS_INLINE void accumulate_rows(const float* p, const float* alpha,
   // registers), so each chunk's setup (o loaded, rescaled, stored) is paid over twice the dims
   // and 16 FMA chains hide the FMA latency where 8 only just did. Measured as bf16_split's:
   // 13.3 -> 14.5 GiB/s in L3.
-  constexpr bool kWide = split_kv<V, D>() && V::kRegisters >= 32;
-  constexpr uint32_t kDc = RB >= 4 && !kWide ? 2 : 4;
+  constexpr uint32_t kDc = RB >= 4 && !wide_pv_blocks<V, D>() ? 2 : 4;
   uint32_t d = 0;
   for (; d + kDc * V::kWidth <= dim; d += kDc * V::kWidth) {
     pf.issue();
@@ -1040,23 +1014,20 @@ void attend_item_t(const ItemArgs& a) {
   // chunk of V dims per row block and head (accumulate_rows / accumulate_rows_dot).
   const uint32_t chunk = kDot ? 32 : V::kWidth;
   constexpr bool kSplit = split_kv<V, D>();
-  const uint32_t rest_rb4 = dim % (4 * chunk);  // accumulate_rows' kWide
+  // Chunks of 4 x chunk dims, then (split order) whole split chunks of 2, then single ones.
+  const uint32_t rest = dim % (4 * chunk);
+  const uint32_t calls_4_2_1 = dim / (4 * chunk) + rest / (2 * chunk) + rest % (2 * chunk) / chunk;
   const uint32_t calls_rb4 =
-      kSplit && V::kRegisters >= 32
-          ? dim / (4 * chunk) + rest_rb4 / (2 * chunk) + rest_rb4 % (2 * chunk) / chunk
-          : dim / (2 * chunk) + dim % (2 * chunk) / chunk;
-  const uint32_t rest_rb1 = dim % (4 * chunk);  // bf16_split: whole split chunks, then the rest
-  const uint32_t calls_rb1 =
-      dim / (4 * chunk) +
-      (kSplit ? rest_rb1 / (2 * chunk) + rest_rb1 % (2 * chunk) / chunk : rest_rb1 / chunk);
+      wide_pv_blocks<V, D>() ? calls_4_2_1 : dim / (2 * chunk) + dim % (2 * chunk) / chunk;
+  const uint32_t calls_rb1 = kSplit ? calls_4_2_1 : dim / (4 * chunk) + rest / chunk;
   const uint32_t pf_calls = heads * (kTileTokens / 4 + rows / 4 * calls_rb4 + rows % 4 * calls_rb1);
 
   if (a.kv_begin >= a.kv_end) return;
   if constexpr (kSplit) {
     for (std::size_t i = 0; i < all_rows; ++i) {
       for (uint32_t d = 0; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
-        to_split_order<V>(a.q + i * dim + d);
-        to_split_order<V>(a.o + i * dim + d);
+        V::to_split_order(a.q + i * dim + d);
+        V::to_split_order(a.o + i * dim + d);
       }
     }
   }
@@ -1195,7 +1166,7 @@ void attend_item_t(const ItemArgs& a) {
   if constexpr (kSplit) {
     for (std::size_t i = 0; i < all_rows; ++i) {
       for (uint32_t d = 0; d + 2 * V::kWidth <= dim; d += 2 * V::kWidth) {
-        from_split_order<V>(a.o + i * dim + d);
+        V::from_split_order(a.o + i * dim + d);
       }
     }
   }

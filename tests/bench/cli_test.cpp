@@ -225,8 +225,8 @@ TEST(CliRun, ALinkFactorAtOrBelowZeroIsAnError) {
 // An emulated HBM larger than the machine can map runs with what it could map (a warning says
 // so); the report states that capacity, not the one asked for.
 TEST(CliRun, RealClockReportsTheEmulatedHbmItGotNotTheOneAskedFor) {
-  const ChildRun r =
-      run_bench({"run", "--clock", "real", "--real-requests", "1", "--no-progress", "--hbm", "1TiB"});
+  const ChildRun r = run_bench(
+      {"run", "--clock", "real", "--real-requests", "1", "--no-progress", "--hbm", "1TiB"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("this machine: emulated HBM "));
   if (r.err.find("could not allocate") != std::string::npos) {
