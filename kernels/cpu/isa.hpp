@@ -2,14 +2,15 @@
 //
 // Four implementations of the same template code (isa_core.inl) are compiled from separate files
 // with their own flags: scalar (plain x86-64 or any other target), AVX2+FMA+F16C, AVX-512
-// (F/BW/VL/DQ), and AVX-512 plus AVX512_BF16. best_isa() picks the widest exact one the CPU and OS
-// support (up to avx512), once; KVTIER_CPU_ISA=scalar|avx2|avx512 caps it (for comparisons),
-// KVTIER_CPU_ISA=avx512_bf16 opts into the fourth, and callers may ask for a given one (tests run
-// all).
+// (F/BW/VL/DQ), and AVX-512 plus AVX512_BF16 and AVX512_VBMI. best_isa() picks the widest exact one
+// the CPU and OS support (up to avx512), once; KVTIER_CPU_ISA=scalar|avx2|avx512 caps it (for
+// comparisons), KVTIER_CPU_ISA=avx512_bf16 opts into the fourth, and callers may ask for a given
+// one (tests run all).
 //
-// The first three compute attention in fp32 from exact inputs. avx512_bf16 differs for bf16 KV
-// only: it rounds q and the softmax weights to bf16 and multiplies with vdpbf16ps (fp32
-// accumulation), as GPU attention kernels do; isa_core.inl states the error this adds. It is not
+// The first three compute attention in fp32 from exact inputs. avx512_bf16 differs for bf16 and
+// fp8 KV only: it rounds q and the softmax weights to bf16 and multiplies with vdpbf16ps (fp32
+// accumulation), as GPU attention kernels do, fp8 widened to bf16 exactly by VBMI byte tables;
+// isa_core.inl states the error this adds. It is not
 // the default: the CPU kernels are the reference the CUDA kernels and engines are checked
 // against, and it speeds up prefill (1.37x) and in-cache decode, decode from memory only a little
 // (0.606 vs 0.579 of a streaming read on one core).

@@ -1,6 +1,7 @@
-// The CPU kernels compiled for AVX-512 plus AVX512_BF16; this file alone gets those flags. Only
-// bf16 attention differs from the AVX-512 table (vdpbf16ps, see isa_core.inl); the conversions,
-// abs_max and the streaming baseline are the same code compiled with one more flag.
+// The CPU kernels compiled for AVX-512 plus AVX512_BF16 and AVX512_VBMI; this file alone gets
+// those flags. Only bf16 and fp8 attention differ from the AVX-512 table (vdpbf16ps, fp8 widened
+// by vpermi2b tables, see isa_core.inl and vec_avx512bf16.inl); the conversions, abs_max and the
+// streaming baseline are the same code compiled with two more flags.
 #include <immintrin.h>
 
 #include <cstddef>

@@ -126,7 +126,21 @@ inline typename V::F load_elems(const uint8_t* p) {
   }
 }
 
-// fp8 KV in attention, on lane types that provide the pieces (vec_avx2.inl, vec_avx512.inl):
+// Whether attention over D KV takes the dot-product path (see the section before locate_tile):
+// bf16 on lane types that set kBf16Dot (vec_avx512bf16.inl), fp8 on those that also set kFp8Dot.
+template <class V, Dtype D>
+constexpr bool dot_kv() {
+  if constexpr (D == Dtype::kBF16 && requires { V::kBf16Dot; }) {
+    return V::kBf16Dot;
+  } else if constexpr (D == Dtype::kFP8E4M3 && requires { V::kFp8Dot; }) {
+    return V::kFp8Dot;
+  } else {
+    return false;
+  }
+}
+
+// fp8 KV in attention, on lane types that provide the pieces (vec_avx2.inl, vec_avx512.inl), off
+// the dot-product path (which widens fp8 exactly by table, NaN codes included):
 // - load_fp8_over_256 loads the values 2^-8 too small, one multiply fewer per vector; attention
 //   multiplies its per-page scales by kv_scale_factor<V, D>() instead. Scaling by a power of two
 //   commutes with rounding, so the scores and weights are bit for bit those of the exact load.
@@ -140,13 +154,15 @@ constexpr bool has_fp8_over_256() {
 
 template <class V, Dtype D>
 constexpr bool scans_fp8_nan() {
-  return D == Dtype::kFP8E4M3 && has_fp8_over_256<V>() &&
-         requires(const uint8_t* p, std::size_t n) { V::has_fp8_nan(p, n); };
+  return D == Dtype::kFP8E4M3 && has_fp8_over_256<V>() && !dot_kv<V, D>() &&
+         requires(const uint8_t* p, std::size_t n) {
+    V::has_fp8_nan(p, n);
+  };
 }
 
 template <class V, Dtype D>
 constexpr float kv_scale_factor() {
-  return D == Dtype::kFP8E4M3 && has_fp8_over_256<V>() ? 256.0f : 1.0f;
+  return D == Dtype::kFP8E4M3 && has_fp8_over_256<V>() && !dot_kv<V, D>() ? 256.0f : 1.0f;
 }
 
 // KV elements as attention reads them: load_elems, but fp8 kv_scale_factor() times too small.
@@ -365,16 +381,6 @@ class TilePrefetch {
   std::size_t offset_ = 0;
 };
 
-// Lane types that set kBf16Dot (vec_avx512bf16.inl) take bf16 KV through the dot-product path.
-template <class V>
-constexpr bool has_bf16_dot() {
-  if constexpr (requires { V::kBf16Dot; }) {
-    return V::kBf16Dot;
-  } else {
-    return false;
-  }
-}
-
 // bf16 K and V on the exact fp32 path of lane types with load_bf16_split: a row's full chunks of
 // 2 x kWidth elements are loaded with one load each and split into even and odd elements (two
 // one-uop ALU ops, where load_bf16 needs a shuffle and a shift per kWidth elements). q and o are
@@ -388,7 +394,7 @@ constexpr bool has_bf16_dot() {
 // 3 runs alternating, decode 0.56 -> 0.54 of the streaming read and prefill 70 -> 63 GFLOP/s.
 template <class V, Dtype D>
 constexpr bool bf16_split() {
-  if constexpr (D != Dtype::kBF16 || has_bf16_dot<V>()) {
+  if constexpr (D != Dtype::kBF16 || dot_kv<V, D>()) {
     return false;
   } else {
     return requires(const void* p, typename V::F& f) { V::load_bf16_split(p, f, f); };
@@ -404,7 +410,7 @@ constexpr bool bf16_split() {
 // runs): 1.05x against load_fp8_over_256 per 16 values in natural order.
 template <class V, Dtype D>
 constexpr bool fp8_split() {
-  return D == Dtype::kFP8E4M3 && has_fp8_over_256<V>() &&
+  return D == Dtype::kFP8E4M3 && has_fp8_over_256<V>() && !dot_kv<V, D>() &&
          requires(const void* p, typename V::F& f) {
     V::template load_fp8_split_over_256<true>(p, f, f);
   };
@@ -611,6 +617,9 @@ struct TileRows {
   uint32_t tile_begin;          // KV position of the tile's first token
   const float* k_scale;         // [kTileTokens] per-token (per-page) scales; fp8 only
   const float* v_scale;
+  // fp8 on the dot path only: 1 / v_scale, 0 where that is not finite, and 1 exactly there.
+  const float* v_scale_inverse;
+  const float* v_scale_unusable;
   float* m;
   float* l;
   float* o;       // [rows][dim]
@@ -626,7 +635,6 @@ template <class V, Dtype D, bool kPairs>
 void softmax_rows(const TileRows& a, uint32_t tokens) {
   constexpr float kNegInf = -__builtin_inff();
   constexpr bool kScaled = D == Dtype::kFP8E4M3;
-  static_assert(!(kPairs && kScaled), "the bf16 weight pairs carry no per-page V scale");
   const TileVisibility vis{a.visible_end, a.group, a.tile_begin, tokens};
   for (uint32_t r = 0; r < a.rows; ++r) {
     float* s = a.scores + r * kTileTokens;
@@ -653,7 +661,14 @@ void softmax_rows(const TileRows& a, uint32_t tokens) {
     const auto shift = V::set1(m_new);
     for (uint32_t t = 0; t < kTileTokens; t += V::kWidth) {
       const auto p = V::exp2(V::sub(V::load(s + t), shift));
-      if constexpr (kPairs) {
+      if constexpr (kPairs && kScaled) {
+        // The V scale rounds with the weight; l gets the rounded weight unscaled again, or the
+        // weight itself where the scale has no finite inverse (its V terms are 0 or negligible).
+        const auto rounded = V::store_bf16_rne_widen(reinterpret_cast<uint16_t*>(s) + t,
+                                                     V::mul(p, V::load(a.v_scale + t)));
+        sum = V::add(sum, V::fmadd(rounded, V::load(a.v_scale_inverse + t),
+                                   V::mul(p, V::load(a.v_scale_unusable + t))));
+      } else if constexpr (kPairs) {
         // Chunk t's bf16 land in bytes [2t, 2t + 2 kWidth), below every chunk not yet read.
         sum = V::add(sum, V::store_bf16_rne_widen(reinterpret_cast<uint16_t*>(s) + t, p));
       } else {
@@ -735,21 +750,53 @@ void softmax_rows_wide(float* scores, float* m, float* l, float* alpha, uint32_t
 }
 
 // ---------------------------------------------------------------------------------------------
-// bf16 KV with vdpbf16ps (lane types with kBf16Dot). Same tiles, register blocks, softmax and
-// prefetching as above; what changes is the arithmetic:
+// bf16 and fp8 KV with vdpbf16ps (dot_kv: lane types with kBf16Dot / kFp8Dot). Same tiles,
+// register blocks, softmax and prefetching as above; what changes is the arithmetic:
 // - scores: q rows rounded to bf16 once per item (ItemArgs::q_bf16), then 32 products per
 //   instruction against K rows read straight from the page (bf16 pairs along head_dim are K's
-//   memory layout), nothing widened;
+//   memory layout), nothing widened; fp8 rows are widened to bf16 exactly (load_fp8_pairs), and
+//   their page scales applied to the scores and weights as on the fp32 path;
 // - P.V: the rows of two consecutive tokens interleaved (vpunpcklwd/hwd within 128-bit lanes) so
 //   a 32-bit lane holds (v_t[d], v_t+1[d]), times the weights (p_t, p_t+1) rounded to bf16 and
 //   broadcast as one pair. The accumulators then hold d in interleave()'s order; o is kept in
 //   that order for the whole item (full 32-element chunks; a 16-element tail is interleaved in
 //   natural order instead) and put back at the item's end, so loads and stores of o stay plain.
 //   An odd token count pairs the last token with a zero row and a zero weight.
+// - fp8's per-page V scale goes into the weight before it is rounded; l then sums each rounded
+//   weight divided by its scale (one more f32 rounding), so o / l is still an average under
+//   weights perturbed by a factor within 2^-8 of 1, as for bf16 (softmax_rows).
+// fp8 on this path, measured on a 2-vCPU Zen 4 VM (8 KV heads x 128, GQA 4, 32 x 4096 tokens,
+// two threads; medians of 5 runs, old and new builds alternating, machine shared): decode 0.49
+// -> 0.54 of the streaming read (12.9 -> 14.0 GiB/s), chunked prefill 124 -> 132 GFLOP/s. Less
+// than the halved multiply-adds promise: per token, fp8 and bf16 now take about the same time
+// (in L3, 8 against 18 GiB/s, i.e. 8 and 9 G values/s), so what bounds both is the per-token
+// work outside the products (score sums, softmax, o loads and stores), not the KV arithmetic.
+// Tried: forcing reduce_add4x4 inline (GCC calls it out of line here, 9 % of the samples in
+// cache): no gain measurable over the noise.
 // ---------------------------------------------------------------------------------------------
 
+// 32 elements of a KV row from element d, as bf16 pairs: bf16 as stored, fp8 widened exactly.
+template <class V, Dtype D>
+KVTIER_ALWAYS_INLINE typename V::Pairs load_dot(const uint8_t* row, uint32_t d) {
+  if constexpr (D == Dtype::kFP8E4M3) {
+    return V::load_fp8_pairs(row + d);
+  } else {
+    return V::load_pairs(row + 2 * d);
+  }
+}
+
+// 16 elements from element d in the low half, zeros above.
+template <class V, Dtype D>
+KVTIER_ALWAYS_INLINE typename V::Pairs load_dot_half(const uint8_t* row, uint32_t d) {
+  if constexpr (D == Dtype::kFP8E4M3) {
+    return V::load_fp8_pairs_half(row + d);
+  } else {
+    return V::load_pairs_half(row + 2 * d);
+  }
+}
+
 // scores[r][t] = q_r . k_t for an RB x TB block: q rows are bf16, `dim` apart.
-template <class V, int RB, int TB>
+template <class V, Dtype D, int RB, int TB>
 inline void score_block_dot(const uint16_t* q, const uint8_t* const* k, uint32_t dim,
                             float* scores) {
   typename V::F acc[RB][TB];
@@ -759,7 +806,7 @@ inline void score_block_dot(const uint16_t* q, const uint8_t* const* k, uint32_t
   uint32_t d = 0;
   for (; d + 32 <= dim; d += 32) {
     typename V::Pairs kv[TB];
-    KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = V::load_pairs(k[t] + 2 * d);
+    KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = load_dot<V, D>(k[t], d);
     KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
       const auto qv = V::load_pairs(q + r * dim + d);
       KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::dot(acc[r][t], qv, kv[t]);
@@ -767,7 +814,7 @@ inline void score_block_dot(const uint16_t* q, const uint8_t* const* k, uint32_t
   }
   if (d < dim) {  // 16 left: the upper halves are zero in both operands
     typename V::Pairs kv[TB];
-    KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = V::load_pairs_half(k[t] + 2 * d);
+    KVTIER_UNROLL for (int t = 0; t < TB; ++t) kv[t] = load_dot_half<V, D>(k[t], d);
     KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
       const auto qv = V::load_pairs_half(q + r * dim + d);
       KVTIER_UNROLL for (int t = 0; t < TB; ++t) acc[r][t] = V::dot(acc[r][t], qv, kv[t]);
@@ -778,7 +825,7 @@ inline void score_block_dot(const uint16_t* q, const uint8_t* const* k, uint32_t
 
 // o_r = o_r * alpha_r + sum_t p[r][t] * v_t over DC chunks of 32 dims from d, o in pair order.
 // p rows hold the bf16 weights in pairs (softmax_rows<..., true>); v has an even number of rows.
-template <class V, int RB, int DC>
+template <class V, Dtype D, int RB, int DC>
 KVTIER_ALWAYS_INLINE void accumulate_chunk_dot(const float* p, const float* alpha,
                                                const uint8_t* const* v, uint32_t pairs,
                                                uint32_t dim, uint32_t d, float* o) {
@@ -792,8 +839,8 @@ KVTIER_ALWAYS_INLINE void accumulate_chunk_dot(const float* p, const float* alph
   for (uint32_t j = 0; j < pairs; ++j) {
     typename V::Pairs lo[DC], hi[DC];
     KVTIER_UNROLL for (int c = 0; c < DC; ++c) {
-      const uint32_t off = 2 * (d + 32 * c);
-      V::interleave(V::load_pairs(v[2 * j] + off), V::load_pairs(v[2 * j + 1] + off), lo[c], hi[c]);
+      const uint32_t e = d + 32 * c;
+      V::interleave(load_dot<V, D>(v[2 * j], e), load_dot<V, D>(v[2 * j + 1], e), lo[c], hi[c]);
     }
     KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
       const auto w = V::broadcast_pair(p + r * kTileTokens + j);
@@ -809,7 +856,7 @@ KVTIER_ALWAYS_INLINE void accumulate_chunk_dot(const float* p, const float* alph
 }
 
 // The last 16 dims of a head_dim that is an odd multiple of 16, in natural order.
-template <class V, int RB>
+template <class V, Dtype D, int RB>
 KVTIER_ALWAYS_INLINE void accumulate_half_dot(const float* p, const float* alpha,
                                               const uint8_t* const* v, uint32_t pairs, uint32_t dim,
                                               uint32_t d, float* o) {
@@ -818,7 +865,8 @@ KVTIER_ALWAYS_INLINE void accumulate_half_dot(const float* p, const float* alpha
     acc[r] = V::mul(V::load(o + r * dim + d), V::set1(alpha[r]));
   }
   for (uint32_t j = 0; j < pairs; ++j) {
-    const auto x = V::interleave_half(v[2 * j] + 2 * d, v[2 * j + 1] + 2 * d);
+    const auto x = V::interleave_low_halves(load_dot_half<V, D>(v[2 * j], d),
+                                            load_dot_half<V, D>(v[2 * j + 1], d));
     KVTIER_UNROLL for (int r = 0; r < RB; ++r) {
       acc[r] = V::dot(acc[r], x, V::broadcast_pair(p + r * kTileTokens + j));
     }
@@ -826,7 +874,7 @@ KVTIER_ALWAYS_INLINE void accumulate_half_dot(const float* p, const float* alpha
   KVTIER_UNROLL for (int r = 0; r < RB; ++r) V::store(o + r * dim + d, acc[r]);
 }
 
-template <class V, int RB>
+template <class V, Dtype D, int RB>
 KVTIER_ALWAYS_INLINE void accumulate_rows_dot(const float* p, const float* alpha,
                                               const uint8_t* const* v, uint32_t tokens,
                                               uint32_t dim, float* o, TilePrefetch& pf) {
@@ -835,13 +883,13 @@ KVTIER_ALWAYS_INLINE void accumulate_rows_dot(const float* p, const float* alpha
   uint32_t d = 0;
   for (; d + 32 * kDc <= dim; d += 32 * kDc) {
     pf.issue();
-    accumulate_chunk_dot<V, RB, kDc>(p, alpha, v, pairs, dim, d, o);
+    accumulate_chunk_dot<V, D, RB, kDc>(p, alpha, v, pairs, dim, d, o);
   }
   for (; d + 32 <= dim; d += 32) {
     pf.issue();
-    accumulate_chunk_dot<V, RB, 1>(p, alpha, v, pairs, dim, d, o);
+    accumulate_chunk_dot<V, D, RB, 1>(p, alpha, v, pairs, dim, d, o);
   }
-  if (d < dim) accumulate_half_dot<V, RB>(p, alpha, v, pairs, dim, d, o);
+  if (d < dim) accumulate_half_dot<V, D, RB>(p, alpha, v, pairs, dim, d, o);
 }
 
 // The partner of an odd last token, and of tokens a row must not see, in the bf16 pair products.
@@ -853,7 +901,7 @@ alignas(64) constexpr uint8_t kZeroBf16Row[2 * kMaxHeadDim] = {};
 // row's remainder starts at the pair holding token `common`, with the zero row for the tokens the
 // block pass already added and for the partner past its own end. v_rows has kTileTokens + 1
 // entries, v_rows[tokens] the zero row.
-template <class V>
+template <class V, Dtype D>
 [[gnu::noinline]] void accumulate_head_dot_masked(const float* p, const float* alpha,
                                                   const uint8_t** v_rows, uint32_t rows,
                                                   const TileVisibility& vis, uint32_t dim, float* o,
@@ -864,7 +912,8 @@ template <class V>
     const uint32_t common = vis.of_row(r);
     const uint8_t* partner = v_rows[common];
     if (common % 2 != 0) v_rows[common] = kZeroBf16Row;
-    accumulate_rows_dot<V, 4>(p + r * kTileTokens, alpha + r, v_rows, common, dim, o + r * dim, pf);
+    accumulate_rows_dot<V, D, 4>(p + r * kTileTokens, alpha + r, v_rows, common, dim, o + r * dim,
+                                 pf);
     v_rows[common] = partner;
     const uint32_t first = common & ~1u;
     for (uint32_t rr = r + 1; rr < r + 4; ++rr) {
@@ -876,15 +925,15 @@ template <class V>
         rest[t - first] = t >= common && t < end ? v_rows[t] : kZeroBf16Row;
       }
       TilePrefetch none;
-      accumulate_rows_dot<V, 1>(p + rr * kTileTokens + first / 2, &kOne, rest, n, dim, o + rr * dim,
-                                none);
+      accumulate_rows_dot<V, D, 1>(p + rr * kTileTokens + first / 2, &kOne, rest, n, dim,
+                                   o + rr * dim, none);
     }
   }
   for (; r < rows; ++r) {
     const uint32_t end = vis.of_row(r);
     const uint8_t* partner = v_rows[end];
     if (end % 2 != 0) v_rows[end] = kZeroBf16Row;
-    accumulate_rows_dot<V, 1>(p + r * kTileTokens, alpha + r, v_rows, end, dim, o + r * dim, pf);
+    accumulate_rows_dot<V, D, 1>(p + r * kTileTokens, alpha + r, v_rows, end, dim, o + r * dim, pf);
     v_rows[end] = partner;
   }
 }
@@ -894,12 +943,15 @@ struct TileAddresses {
   const uint8_t* row[kTileTokens];
   alignas(64) float k_scale[kTileTokens];
   alignas(64) float v_scale[kTileTokens];
+  // With `inverses` only (fp8 on the dot path, see TileRows).
+  alignas(64) float v_scale_inverse[kTileTokens];
+  alignas(64) float v_scale_unusable[kTileTokens];
   uint32_t tokens;
 };
 
 // The scales are the pages' (1 without a.scales) times `scale_factor` (kv_scale_factor).
 inline void locate_tile(const ItemArgs& a, std::size_t token_bytes, uint32_t begin,
-                        float scale_factor, TileAddresses& t) {
+                        float scale_factor, bool inverses, TileAddresses& t) {
   t.tokens = a.kv_end - begin < kTileTokens ? a.kv_end - begin : kTileTokens;
   for (uint32_t j = 0; j < kTileTokens; ++j) {
     t.k_scale[j] = scale_factor;
@@ -915,6 +967,13 @@ inline void locate_tile(const ItemArgs& a, std::size_t token_bytes, uint32_t beg
       t.v_scale[j] = a.scales[2 * static_cast<std::size_t>(frame) + 1] * scale_factor;
     }
   }
+  if (!inverses) return;
+  for (uint32_t j = 0; j < kTileTokens; ++j) {
+    const float inverse = 1.0f / t.v_scale[j];
+    const bool usable = __builtin_isfinite(inverse);
+    t.v_scale_inverse[j] = usable ? inverse : 0.0f;
+    t.v_scale_unusable[j] = usable ? 0.0f : 1.0f;
+  }
 }
 
 // scores[r][t..t+TB) = q_r . k for every row r of one head, in register blocks of 4 rows.
@@ -924,14 +983,14 @@ inline void score_head(const float* q, const uint16_t* q_bf16, uint32_t rows,
   uint32_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     if constexpr (kDot) {
-      score_block_dot<V, 4, TB>(q_bf16 + r * dim, k, dim, scores + r * kTileTokens);
+      score_block_dot<V, D, 4, TB>(q_bf16 + r * dim, k, dim, scores + r * kTileTokens);
     } else {
       score_block<V, D, 4, TB, kNanCodes>(q + r * dim, k, dim, scores + r * kTileTokens);
     }
   }
   for (; r < rows; ++r) {
     if constexpr (kDot) {
-      score_block_dot<V, 1, TB>(q_bf16 + r * dim, k, dim, scores + r * kTileTokens);
+      score_block_dot<V, D, 1, TB>(q_bf16 + r * dim, k, dim, scores + r * kTileTokens);
     } else {
       score_block<V, D, 1, TB, kNanCodes>(q + r * dim, k, dim, scores + r * kTileTokens);
     }
@@ -998,7 +1057,7 @@ inline bool rows_have_fp8_nan(const uint8_t* const* rows, uint32_t count, std::s
 
 template <class V, Dtype D>
 void attend_item_t(const ItemArgs& a) {
-  constexpr bool kDot = has_bf16_dot<V>() && D == Dtype::kBF16;
+  constexpr bool kDot = dot_kv<V, D>();
   constexpr bool kScanNan = scans_fp8_nan<V, D>();
   constexpr std::size_t kEs = elem_bytes<D>();
   const uint32_t dim = a.head_dim;
@@ -1042,14 +1101,15 @@ void attend_item_t(const ItemArgs& a) {
   TileAddresses tiles[2];
   int cur = 0;
   constexpr float kScaleFactor = kv_scale_factor<V, D>();
-  locate_tile(a, token_bytes, a.kv_begin, kScaleFactor, tiles[cur]);
+  constexpr bool kInverses = kDot && D == Dtype::kFP8E4M3;
+  locate_tile(a, token_bytes, a.kv_begin, kScaleFactor, kInverses, tiles[cur]);
   for (uint32_t begin = a.kv_begin; begin < a.kv_end; begin += kTileTokens, cur ^= 1) {
     const TileAddresses& tile = tiles[cur];
     const uint32_t tokens = tile.tokens;
     TilePrefetch pf;
     if (begin + kTileTokens < a.kv_end) {
       TileAddresses& next = tiles[cur ^ 1];
-      locate_tile(a, token_bytes, begin + kTileTokens, kScaleFactor, next);
+      locate_tile(a, token_bytes, begin + kTileTokens, kScaleFactor, kInverses, next);
       pf = TilePrefetch(next.row, next.tokens, token_bytes, v_offset, pf_calls);
     }
     // K in address order: 4 tokens (four consecutive rows of a page) at a time, every head of
@@ -1098,10 +1158,20 @@ void attend_item_t(const ItemArgs& a) {
     }
     for (uint32_t h = 0; h < heads && !softmax_done; ++h) {
       const std::size_t row0 = static_cast<std::size_t>(h) * rows;
-      const TileRows tr{a.q + row0 * dim, nullptr,          rows,
-                        a.group,          a.visible_end,    begin,
-                        tile.k_scale,     tile.v_scale,     a.m + row0,
-                        a.l + row0,       a.o + row0 * dim, scores + row0 * kTileTokens,
+      const TileRows tr{a.q + row0 * dim,
+                        nullptr,
+                        rows,
+                        a.group,
+                        a.visible_end,
+                        begin,
+                        tile.k_scale,
+                        tile.v_scale,
+                        tile.v_scale_inverse,
+                        tile.v_scale_unusable,
+                        a.m + row0,
+                        a.l + row0,
+                        a.o + row0 * dim,
+                        scores + row0 * kTileTokens,
                         alpha + row0};
       softmax_rows<V, D, kDot>(tr, tokens);
     }
@@ -1126,17 +1196,17 @@ void attend_item_t(const ItemArgs& a) {
       if constexpr (kDot) {
         v_rows[tokens] = kZeroBf16Row;
         if (masked) {
-          accumulate_head_dot_masked<V>(p, al, v_rows, rows, vis, dim, o, pf);
+          accumulate_head_dot_masked<V, D>(p, al, v_rows, rows, vis, dim, o, pf);
           continue;
         }
         uint32_t r = 0;
         for (; r + 4 <= rows; r += 4) {
-          accumulate_rows_dot<V, 4>(p + r * kTileTokens, al + r, v_rows, tokens, dim, o + r * dim,
-                                    pf);
+          accumulate_rows_dot<V, D, 4>(p + r * kTileTokens, al + r, v_rows, tokens, dim,
+                                       o + r * dim, pf);
         }
         for (; r < rows; ++r) {
-          accumulate_rows_dot<V, 1>(p + r * kTileTokens, al + r, v_rows, tokens, dim, o + r * dim,
-                                    pf);
+          accumulate_rows_dot<V, D, 1>(p + r * kTileTokens, al + r, v_rows, tokens, dim,
+                                       o + r * dim, pf);
         }
       } else {
         if constexpr (kScanNan) {

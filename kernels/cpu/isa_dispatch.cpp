@@ -47,7 +47,8 @@ bool cpu_can_run(Isa isa) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::kAvx512Bf16:
-      return avx512_bf16_kernels() != nullptr && cpu_can_run(Isa::kAvx512) && cpu_has_avx512_bf16();
+      return avx512_bf16_kernels() != nullptr && cpu_can_run(Isa::kAvx512) &&
+             cpu_has_avx512_bf16() && __builtin_cpu_supports("avx512vbmi");
     case Isa::kAuto: return true;
   }
   return false;
