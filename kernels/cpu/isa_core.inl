@@ -692,6 +692,9 @@ void softmax_rows(const TileRows& a, uint32_t tokens) {
 // its one alpha). Same semantics: scale before the -inf past the tile's end, m_new = max(m,
 // tile max) with the tile's max winning a NaN, weights times the V scale. Measured as
 // bf16_split's: 14.2 -> 15.2 GiB/s in L3 (the old softmax took 12 % of the kernel's samples).
+// kPairs (the dot path) stores the weights as softmax_rows<..., true> does, and sums them as
+// rounded; fp8's V scale then goes in before the rounding and out again for l (v_scale_inverse,
+// v_scale_unusable: see TileRows).
 template <class V>
 constexpr bool has_wide_softmax() {
   return V::kWidth == static_cast<int>(kTileTokens) && requires(const typename V::F(&x)[16]) {
@@ -700,9 +703,10 @@ constexpr bool has_wide_softmax() {
   };
 }
 
-template <class V, Dtype D>
+template <class V, Dtype D, bool kPairs>
 void softmax_rows_wide(float* scores, float* m, float* l, float* alpha, uint32_t all_rows,
-                       uint32_t tokens, const float* k_scale, const float* v_scale) {
+                       uint32_t tokens, const float* k_scale, const float* v_scale,
+                       const float* v_scale_inverse, const float* v_scale_unusable) {
   constexpr bool kScaled = D == Dtype::kFP8E4M3;
   constexpr float kNegInf = -__builtin_inff();
   using F = typename V::F;
@@ -733,7 +737,14 @@ void softmax_rows_wide(float* scores, float* m, float* l, float* alpha, uint32_t
     V::store(m_new, mn);
     KVTIER_UNROLL for (uint32_t i = 0; i < kTileTokens; ++i) {
       x[i] = V::exp2(V::sub(x[i], V::set1(m_new[i])));
-      if (i < n) {
+      if (i >= n) continue;
+      auto* pairs = reinterpret_cast<uint16_t*>(s + i * kTileTokens);
+      if constexpr (kPairs && kScaled) {
+        const F rounded = V::store_bf16_rne_widen(pairs, V::mul(x[i], V::load(v_scale)));
+        x[i] = V::fmadd(rounded, V::load(v_scale_inverse), V::mul(x[i], V::load(v_scale_unusable)));
+      } else if constexpr (kPairs) {
+        x[i] = V::store_bf16_rne_widen(pairs, x[i]);
+      } else {
         V::store(s + i * kTileTokens, kScaled ? V::mul(x[i], V::load(v_scale)) : x[i]);
       }
     }
@@ -772,7 +783,10 @@ void softmax_rows_wide(float* scores, float* m, float* l, float* alpha, uint32_t
 // (in L3, 8 against 18 GiB/s, i.e. 8 and 9 G values/s), so what bounds both is the per-token
 // work outside the products (score sums, softmax, o loads and stores), not the KV arithmetic.
 // Tried: forcing reduce_add4x4 inline (GCC calls it out of line here, 9 % of the samples in
-// cache): no gain measurable over the noise.
+// cache): no gain measurable over the noise. What did help: the 16-row softmax of the fp32 path
+// (softmax_rows_wide with kPairs) on this path too, same VM, old and new builds alternating: fp8
+// decode on one thread 0.42 -> 0.48 of the streaming read (medians of 7), bf16 unchanged (0.70 /
+// 0.69); chunked prefill bf16 143 -> 186 and fp8 114 -> 134 GFLOP/s (medians of 3).
 // ---------------------------------------------------------------------------------------------
 
 // 32 elements of a KV row from element d, as bf16 pairs: bf16 as stored, fp8 widened exactly.
@@ -1149,10 +1163,11 @@ void attend_item_t(const ItemArgs& a) {
     // The online softmax: every head's rows at once where the lane type can and the tile is
     // whole, else head by head.
     bool softmax_done = false;
-    if constexpr (has_wide_softmax<V>() && !kDot) {
+    if constexpr (has_wide_softmax<V>()) {
       if (!masked) {
-        softmax_rows_wide<V, D>(scores, a.m, a.l, alpha, static_cast<uint32_t>(all_rows), tokens,
-                                tile.k_scale, tile.v_scale);
+        softmax_rows_wide<V, D, kDot>(scores, a.m, a.l, alpha, static_cast<uint32_t>(all_rows),
+                                      tokens, tile.k_scale, tile.v_scale, tile.v_scale_inverse,
+                                      tile.v_scale_unusable);
         softmax_done = true;
       }
     }
