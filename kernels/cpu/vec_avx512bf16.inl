@@ -20,9 +20,10 @@
 constexpr uint16_t bf16_of_e4m3(uint32_t c) {
   if (c == 0x7F) return 0x7FC0;
   const uint32_t e = c >> 3, m = c & 7u;
-  float v = e == 0 ? static_cast<float>(m) * 0x1p-9f : (1.0f + static_cast<float>(m) / 8.0f);
-  for (uint32_t i = 1; i < e && e != 0; ++i) v *= 2.0f;  // (1 + m/8) * 2^(e-1), then / 64
-  if (e != 0) v *= 0x1p-6f;
+  // Subnormal (e = 0): m * 2^-9; normal: (1 + m/8) * 2^(e-7). Powers of two: exact.
+  float v =
+      e == 0 ? static_cast<float>(m) * 0x1p-9f : (1.0f + static_cast<float>(m) / 8.0f) * 0x1p-7f;
+  for (uint32_t i = 0; i < e; ++i) v *= 2.0f;
   return static_cast<uint16_t>(__builtin_bit_cast(uint32_t, v) >> 16);
 }
 
