@@ -627,6 +627,33 @@ struct TileRows {
   float* alpha;   // [rows]
 };
 
+// Stores the weights p of tokens [t, t + kWidth) of the row whose scores start at s, as the V sum
+// reads them, and returns what l sums for them:
+// - the fp32 paths: p, times the per-page V scale for fp8 (p * (v * s) == (p * s) * v); l sums p;
+// - kPairs (the dot path): p rounded to bf16, packed in pairs at the start of the row (chunk t's
+//   land in bytes [2t, 2t + 2 kWidth), below every chunk not yet read); l sums the rounded values,
+//   for fp8 with the V scale rounded in and divided out again (v_scale_inverse), or the weight
+//   itself where the scale has no finite inverse (its V terms are 0 or negligible).
+template <class V, Dtype D, bool kPairs>
+KVTIER_ALWAYS_INLINE typename V::F store_weights(float* s, uint32_t t, typename V::F p,
+                                                 const float* v_scale, const float* v_scale_inverse,
+                                                 const float* v_scale_unusable) {
+  constexpr bool kScaled = D == Dtype::kFP8E4M3;
+  if constexpr (kPairs) {
+    uint16_t* pairs = reinterpret_cast<uint16_t*>(s) + t;
+    if constexpr (kScaled) {
+      const auto rounded = V::store_bf16_rne_widen(pairs, V::mul(p, V::load(v_scale + t)));
+      return V::fmadd(rounded, V::load(v_scale_inverse + t),
+                      V::mul(p, V::load(v_scale_unusable + t)));
+    } else {
+      return V::store_bf16_rne_widen(pairs, p);
+    }
+  } else {
+    V::store(s + t, kScaled ? V::mul(p, V::load(v_scale + t)) : p);
+    return p;
+  }
+}
+
 // The online-softmax step of every row of a tile: scores become weights in place, m and l are
 // updated and alpha (the rescale of the row's o) is set. kPairs (the bf16-dot path) stores each
 // row's weights rounded to bf16, packed in pairs at the start of its scores, and sums the rounded
@@ -661,21 +688,8 @@ void softmax_rows(const TileRows& a, uint32_t tokens) {
     const auto shift = V::set1(m_new);
     for (uint32_t t = 0; t < kTileTokens; t += V::kWidth) {
       const auto p = V::exp2(V::sub(V::load(s + t), shift));
-      if constexpr (kPairs && kScaled) {
-        // The V scale rounds with the weight; l gets the rounded weight unscaled again, or the
-        // weight itself where the scale has no finite inverse (its V terms are 0 or negligible).
-        const auto rounded = V::store_bf16_rne_widen(reinterpret_cast<uint16_t*>(s) + t,
-                                                     V::mul(p, V::load(a.v_scale + t)));
-        sum = V::add(sum, V::fmadd(rounded, V::load(a.v_scale_inverse + t),
-                                   V::mul(p, V::load(a.v_scale_unusable + t))));
-      } else if constexpr (kPairs) {
-        // Chunk t's bf16 land in bytes [2t, 2t + 2 kWidth), below every chunk not yet read.
-        sum = V::add(sum, V::store_bf16_rne_widen(reinterpret_cast<uint16_t*>(s) + t, p));
-      } else {
-        sum = V::add(sum, p);
-        // Per-page V scale folds into the weight: p * (v * s) == (p * s) * v.
-        V::store(s + t, kScaled ? V::mul(p, V::load(a.v_scale + t)) : p);
-      }
+      sum = V::add(sum, store_weights<V, D, kPairs>(s, t, p, a.v_scale, a.v_scale_inverse,
+                                                    a.v_scale_unusable));
     }
     a.l[r] = a.l[r] * alpha + V::reduce_add(sum);
     a.m[r] = m_new;
@@ -692,9 +706,7 @@ void softmax_rows(const TileRows& a, uint32_t tokens) {
 // its one alpha). Same semantics: scale before the -inf past the tile's end, m_new = max(m,
 // tile max) with the tile's max winning a NaN, weights times the V scale. Measured as
 // bf16_split's: 14.2 -> 15.2 GiB/s in L3 (the old softmax took 12 % of the kernel's samples).
-// kPairs (the dot path) stores the weights as softmax_rows<..., true> does, and sums them as
-// rounded; fp8's V scale then goes in before the rounding and out again for l (v_scale_inverse,
-// v_scale_unusable: see TileRows).
+// Weights are stored and summed by store_weights, as in softmax_rows.
 template <class V>
 constexpr bool has_wide_softmax() {
   return V::kWidth == static_cast<int>(kTileTokens) && requires(const typename V::F(&x)[16]) {
@@ -738,15 +750,8 @@ void softmax_rows_wide(float* scores, float* m, float* l, float* alpha, uint32_t
     KVTIER_UNROLL for (uint32_t i = 0; i < kTileTokens; ++i) {
       x[i] = V::exp2(V::sub(x[i], V::set1(m_new[i])));
       if (i >= n) continue;
-      auto* pairs = reinterpret_cast<uint16_t*>(s + i * kTileTokens);
-      if constexpr (kPairs && kScaled) {
-        const F rounded = V::store_bf16_rne_widen(pairs, V::mul(x[i], V::load(v_scale)));
-        x[i] = V::fmadd(rounded, V::load(v_scale_inverse), V::mul(x[i], V::load(v_scale_unusable)));
-      } else if constexpr (kPairs) {
-        x[i] = V::store_bf16_rne_widen(pairs, x[i]);
-      } else {
-        V::store(s + i * kTileTokens, kScaled ? V::mul(x[i], V::load(v_scale)) : x[i]);
-      }
+      x[i] = store_weights<V, D, kPairs>(s + i * kTileTokens, 0, x[i], v_scale, v_scale_inverse,
+                                         v_scale_unusable);
     }
     alignas(64) float l_new[kTileTokens];
     alignas(64) float al_new[kTileTokens];
