@@ -1,8 +1,9 @@
 // CPU paged attention against the naive fp64 reference (paged_kv_fixture.hpp), for every ISA this
 // CPU runs, every KV dtype, GQA group 1/4/8 and head_dim 64/128/256; plus one-token and 64k-token
 // contexts, odd page counts, partial last pages, split-K merging, numerically hard inputs, the
-// residency guard and input validation. The avx512_bf16 path for bf16 KV is checked against the
-// same reference within a bound derived from its roundings (see expect_within_bf16_dot_bound).
+// residency guard and input validation. The avx512_bf16 path for bf16 and fp8 KV is checked
+// against the same reference within a bound derived from its roundings (see
+// expect_within_bf16_dot_bound).
 #include "kernels/cpu/attention.hpp"
 
 #include <gtest/gtest.h>
