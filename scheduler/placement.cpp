@@ -91,8 +91,14 @@ uint64_t Placement::watermark_deficit(uint64_t capacity, uint64_t used, const Wa
   return used > low ? used - low : 0;
 }
 
-bool Placement::admit_new(Tier tier, const BlockFacts& block) const {
-  Evictor* ev = evictors_[static_cast<std::size_t>(tier_index(tier))];
+bool Placement::admit_new(const BlockFacts& block,
+                          std::array<uint64_t, kNumTiers> free_frames) const {
+  Tier decides = Tier::kHbm;
+  for (std::optional<Tier> t = next_tier(Tier::kHbm); t; t = next_tier(*t)) {
+    if (free_frames[static_cast<std::size_t>(tier_index(*t))] > 0) return true;
+    decides = *t;
+  }
+  Evictor* ev = evictors_[static_cast<std::size_t>(tier_index(decides))];
   return ev != nullptr && ev->admit(block);
 }
 
@@ -170,14 +176,17 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
     } else {
       const std::size_t ni = static_cast<std::size_t>(tier_index(*next));
       bool admitted = true;
+      bool ask_evictor = true;  // the last tier's bypass, asked only when that tier is full
       uint64_t need = 0;
       if (*next == Tier::kNvme) {
-        admitted = s.nvme_absent && s.all_in_memory && admission_.admits(s.hits) &&
-                   evictors_[ni]->admit(move.block);
+        admitted = s.nvme_absent && s.all_in_memory && admission_.admits(s.hits);
         need = 1;
       } else {  // host, from HBM
-        admitted = evictors_[ni]->contains(key) || evictors_[ni]->admit(move.block);
+        ask_evictor = !evictors_[ni]->contains(key) && !next_tier(*next);
         need = s.host_missing;
+      }
+      if (admitted && ask_evictor && budget.free[ni] < need) {
+        admitted = evictors_[ni]->admit(move.block);
       }
       if (admitted && budget.free[ni] < need) {
         // Arriving there already while that tier makes the room: a block with pages in both

@@ -12,8 +12,11 @@
 //   - plain drop: a ready copy already exists in a slower tier (clean below), or the strategy
 //     does not write down evicted blocks;
 //   - demote to the next configured slower tier when that tier admits it: for NVMe, NvmeAdmission
-//     (hits) and then the NVMe evictor's admit(); for host, the host evictor's admit(); a block can
-//     go to NVMe only when every page has a ready copy in memory (the extent holds all layers);
+//     (hits) and then the NVMe evictor's admit(); for host, the host evictor's admit() when host
+//     is the last tier, and always above NVMe: its own victim then moves on down, and only the
+//     last tier decides what leaves the cache (a middle tier that refused would drop a block the
+//     tier below would have kept); a block can go to NVMe only when every page has a ready copy
+//     in memory (the extent holds all layers);
 //     the destination's room is planned first, recursively (host -> NVMe -> drop), and those
 //     moves come earlier in the plan;
 //   - otherwise drop: a cache may lose a block; the next request recomputes it.
@@ -98,11 +101,14 @@ class Placement {
   // 0 below the high watermark.
   static uint64_t watermark_deficit(uint64_t capacity, uint64_t used, const Watermarks& marks);
 
-  // Whether a new block may take a frame in `tier` when the tier is full (the tier's evictor's
-  // admit()). The replay uses it for bypass: a new block HBM refuses is not retained. The
-  // scheduler does not: a block its step computed stays in HBM until a plan evicts it, and only
-  // the tiers it is demoted into are asked (free_in).
-  bool admit_new(Tier tier, const BlockFacts& block) const;
+  // Whether a new block is worth keeping when HBM is full, given the frames free per tier as in
+  // plan_room. Its frame pushes HBM's victim down the cascade (or, written through, its copies
+  // take frames below), and only the last configured tier drops a block out of the cache for
+  // it, once every tier is full: so that tier's evictor is asked (admit()), and every block is
+  // admitted while a slower tier has a free frame. The replay uses it for bypass (a refused
+  // block is not retained). The scheduler does not: a block its step computed stays in HBM until
+  // a plan evicts it.
+  bool admit_new(const BlockFacts& block, std::array<uint64_t, kNumTiers> free_frames) const;
 
   const PlacementCounters& counters() const { return counters_; }
 

@@ -280,7 +280,7 @@ class PolicyRun {
       if (!exists) KVTIER_RETURN_IF_ERROR(table_->create_block(facts.key, facts.parent));
       bool keep = true;
       if (hbm_->free_count() == 0) {
-        keep = placement_->admit_new(Tier::kHbm, facts);
+        keep = placement_->admit_new(facts, free_frames());
         if (!keep) ++bypassed_;
         if (keep) {
           KVTIER_ASSIGN_OR_RETURN(keep, ensure_room(Tier::kHbm, 1));

@@ -54,17 +54,24 @@ std::optional<CarriedRank> LookaheadEvictor::arrival_rank(const BlockFacts& bloc
 
 void LookaheadEvictor::insert_ranked(uint32_t list, uint32_t slot) {
   if (list < kArrivedLists) return lists_.push_front(list, slot);
-  // Newest first: past the blocks that rank from a later time. Ties go in front, as a chain
-  // demoted from its tail arrives child first and its parent must stay ahead of it.
-  uint32_t newer = SlotLists::kNil;
-  uint32_t steps = 0;
-  for (uint32_t s = lists_.front(list);
-       s != SlotLists::kNil && rank_time_[s] > rank_time_[slot] && steps < kMaxOrderWalk;
-       s = lists_.older(s), ++steps) {
-    newer = s;
-  }
+  // Behind every block that ranks from a later time, or from the same time (one run) and is
+  // shallower: a chain leaves from its tail whatever order its blocks arrive in.
+  std::set<ArrivalKey>& order = arrival_order_[list - kArrivedLists];
+  const ArrivalKey key = arrival_key(slot);
+  const auto behind = order.upper_bound(key);  // the first block that ranks after this one
+  order.insert(key);
+  if (behind == order.end()) return lists_.push_back(list, slot);
+  const uint32_t newer = lists_.newer(behind->slot);
   if (newer == SlotLists::kNil) return lists_.push_front(list, slot);
   lists_.insert_older_than(list, newer, slot);
+}
+
+void LookaheadEvictor::unlink(uint32_t slot) {
+  const uint32_t list = list_[slot];
+  lists_.remove(list, slot);
+  if (list >= kArrivedLists && list < kRankLists) {
+    arrival_order_[list - kArrivedLists].erase(arrival_key(slot));
+  }
 }
 
 void LookaheadEvictor::place(uint32_t slot, uint64_t time) {
@@ -76,7 +83,11 @@ void LookaheadEvictor::place_in(uint32_t slot, uint32_t list, uint32_t parent_sl
   list_[slot] = static_cast<uint8_t>(list);
   if (parent_slot != KeyIndex::kNone && parent_slot == last_placed_ && list_[parent_slot] == list) {
     rank_time_[slot] = rank_time_[parent_slot];
-    lists_.insert_older_than(list, parent_slot, slot);
+    if (list >= kArrivedLists) {
+      insert_ranked(list, slot);  // behind its parent, by depth
+    } else {
+      lists_.insert_older_than(list, parent_slot, slot);
+    }
   } else {
     rank_time_[slot] = time;
     insert_ranked(list, slot);
@@ -100,7 +111,7 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     const uint32_t list = list_for(to, links_.parent_slot(index_, slot)) +
                           (list_[slot] >= kArrivedLists ? kArrivedLists : 0);
     if (list != list_[slot]) {
-      lists_.remove(list_[slot], slot);
+      unlink(slot);
       list_[slot] = static_cast<uint8_t>(list);
       insert_ranked(list, slot);
     }
@@ -112,8 +123,14 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
   }
 }
 
+void LookaheadEvictor::note_reference(const BlockKey& parent, const BlockKey& key) {
+  if (parent.is_null() || parent != last_reference_) run_start_ = now_;
+  last_reference_ = key;
+}
+
 void LookaheadEvictor::on_miss(const BlockFacts& block) {
   tick();
+  note_reference(block.parent, block.key);
   if (index_.find(block.key) != KeyIndex::kNone) return;  // present here: not a miss
   settle_pending(block.parent);
   uint32_t uses = 1;
@@ -140,6 +157,7 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
     uses_.resize(limit, 0);
     class_.resize(limit, 0);
     list_.resize(limit, 0);
+    depth_.resize(limit, 0);
   }
   // The interval this tier has open for the block (from its last reference here, or the miss
   // just recorded) goes on; a block it never saw opens one. A block demoted with the rank of the
@@ -160,11 +178,12 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
   }
   uses_[slot] = uses;
   class_[slot] = static_cast<uint8_t>(cls);
+  depth_[slot] = block.depth;
   links_.attach(index_, slot, block.parent);
   if (const std::optional<CarriedRank> carried = arrival_rank(block)) {
     place_in(slot, kArrivedLists + carried->cls, links_.parent_slot(index_, slot), carried->time);
   } else {
-    place(slot, now_);
+    place(slot, placement_time(block.key));
   }
 }
 
@@ -172,6 +191,7 @@ void LookaheadEvictor::on_access(const BlockKey& key) {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return count_misuse();
   tick();
+  note_reference(links_.parent(slot), key);
   settle_pending(links_.parent(slot));
   model_.reused(class_[slot], now_ - ref_time_[slot]);
   uses_[slot] = saturating_increment(uses_[slot]);
@@ -179,8 +199,8 @@ void LookaheadEvictor::on_access(const BlockKey& key) {
   model_.entered(cls);
   class_[slot] = static_cast<uint8_t>(cls);
   ref_time_[slot] = now_;
-  lists_.remove(list_[slot], slot);
-  place(slot, now_);
+  unlink(slot);
+  place(slot, run_start_);
   pending_ = key;
 }
 
@@ -189,7 +209,7 @@ void LookaheadEvictor::on_erase(const BlockKey& key) {
   if (slot == KeyIndex::kNone) return count_misuse();
   ghost_.put(key, GhostTable::Entry{ref_time_[slot], uses_[slot], class_[slot]}, now_);
   links_.detach(index_, slot);
-  lists_.remove(list_[slot], slot);
+  unlink(slot);
   if (last_placed_ == slot) last_placed_ = KeyIndex::kNone;
   index_.erase(slot);
 }
@@ -221,7 +241,7 @@ uint32_t LookaheadEvictor::best_tail() {
     if (best == SlotLists::kNil) return last_resort();
     if (!hinted(index_.key(best))) return best;
     // A waiting request reads it: out of the ranking until that request touches it.
-    lists_.remove(list_[best], best);
+    unlink(best);
     list_[best] = static_cast<uint8_t>(kHintedList);
     lists_.push_front(kHintedList, best);
     if (last_placed_ == best) last_placed_ = KeyIndex::kNone;
@@ -293,7 +313,7 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   const uint32_t ps = block.parent.is_null() ? KeyIndex::kNone : index_.find(block.parent);
   const uint32_t list = list_for(class_of(uses, false), ps);
-  return rank_at(now_, list) > rank(victim);
+  return rank_at(placement_time(block.key), list) > rank(victim);
 }
 
 std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
@@ -341,6 +361,7 @@ void LookaheadEvictor::describe(const BlockKey& key, BlockFacts& facts) const {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return;
   facts.hits = std::max(facts.hits, uses_[slot] > 0 ? uses_[slot] - 1 : 0);
+  if (facts.depth == 0) facts.depth = depth_[slot];
   facts.rank = CarriedRank{rank_time_[slot], static_cast<uint8_t>(rank_class(slot))};
 }
 
@@ -352,9 +373,12 @@ uint32_t LookaheadEvictor::uses_of(const BlockKey& key) const {
 }
 
 std::size_t LookaheadEvictor::memory_bytes() const {
+  std::size_t arrivals = 0;
+  for (const std::set<ArrivalKey>& order : arrival_order_) arrivals += order.size();
   return index_.memory_bytes() + lists_.memory_bytes() + links_.memory_bytes() +
+         arrivals * kArrivalNodeBytes +
          (rank_time_.capacity() + ref_time_.capacity()) * sizeof(uint64_t) +
-         uses_.capacity() * sizeof(uint32_t) + class_.capacity() + list_.capacity() +
+         (uses_.capacity() + depth_.capacity()) * sizeof(uint32_t) + class_.capacity() + list_.capacity() +
          ghost_.memory_bytes() + model_.memory_bytes();
 }
 

@@ -76,6 +76,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "scheduler/policies/chain_links.hpp"
@@ -99,9 +100,6 @@ class LookaheadEvictor final : public Evictor {
   static constexpr uint32_t kRankLists = 2 * kClasses;
   // The list of blocks a waiting request reads, outside the ranking (after the ranked lists).
   static constexpr uint32_t kHintedList = kRankLists;
-  // An arrival out of rank order walks at most this many blocks towards its place (the loop's
-  // cost per insert stays bounded; a block further out of order ranks a little late).
-  static constexpr uint32_t kMaxOrderWalk = 256;
   // When only hinted blocks can go, the one whose reader starts last among this many of the
   // longest-hinted goes first (Belady within the queue, at bounded cost).
   static constexpr uint32_t kHintedScan = 16;
@@ -174,12 +172,38 @@ class LookaheadEvictor final : public Evictor {
   // takes the parent's time and goes just behind it.
   void place_in(uint32_t slot, uint32_t list, uint32_t parent_slot, uint64_t time);
   // Links `slot` into `list` where its rank time belongs: the front of a class list; in an
-  // arrived list, behind every block ranking from a later time. Blocks demoted from a tier that
-  // ranks alike leave it in rank order, so that walk ends at once; its length is the disorder.
+  // arrived list, behind every block ranking from a later time or, from the same time (one run),
+  // shallower in its chain, found in arrival_order_ (O(log n)).
   void insert_ranked(uint32_t list, uint32_t slot);
+  // Takes `slot` out of its list (and an arrived list's order).
+  void unlink(uint32_t slot);
+  // An arrived block's place in its list: later rank times first, then shallower blocks.
+  struct ArrivalKey {
+    uint64_t time;
+    uint32_t depth;
+    uint32_t slot;
+    bool operator<(const ArrivalKey& o) const {
+      if (time != o.time) return time > o.time;
+      if (depth != o.depth) return depth < o.depth;
+      return slot < o.slot;
+    }
+  };
+  ArrivalKey arrival_key(uint32_t slot) const {
+    return ArrivalKey{rank_time_[slot], depth_[slot], slot};
+  }
+  // What one entry of arrival_order_ costs: the key and a red-black tree node's links.
+  static constexpr std::size_t kArrivalNodeBytes = sizeof(ArrivalKey) + 32;
   // A new reference arrived whose parent is `parent`: settles the ended-request flag of the
   // previous reference (ended unless this one continues it).
   void settle_pending(const BlockKey& parent);
+  // Records a reference to `key` (child of `parent`): it continues the run when its parent was
+  // the reference just before, else starts one.
+  void note_reference(const BlockKey& parent, const BlockKey& key);
+  // The time a block placed now ranks from: its run's start when it was the last reference (a
+  // block just read, computed or promoted), else now.
+  uint64_t placement_time(const BlockKey& key) const {
+    return key == last_reference_ ? run_start_ : now_;
+  }
   void tick();
 
   const HintBoard* hints_;
@@ -199,6 +223,12 @@ class LookaheadEvictor final : public Evictor {
   ReuseModel model_;
   uint32_t last_placed_ = KeyIndex::kNone;
   BlockKey pending_;  // the last referenced key, its ended flag not settled yet (null: none)
+  // The current run: references each continuing the previous one's chain (parent, then child).
+  BlockKey last_reference_;
+  uint64_t run_start_ = 0;  // the clock at the run's first reference
+  std::vector<uint32_t> depth_;  // blocks before the slot's block in its chain
+  // Per arrived list, its blocks in list order (front first): where an arrival goes in O(log n).
+  std::array<std::set<ArrivalKey>, kClasses> arrival_order_;
 };
 
 }  // namespace kvtier

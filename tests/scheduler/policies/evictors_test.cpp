@@ -195,8 +195,9 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
   return hits;
 }
 
-// Lookahead: a naive re-statement over maps. Ranks are last_touch - G(list), G the truncated mean
-// gap of ReuseModel's formula, recomputed here from plain per-class sums; list order is kept as
+// Lookahead: a naive re-statement over maps. Ranks are run_start - G(list), run_start the time of
+// the first reference of the run (references each the child of the one before) that last touched
+// the block, G the truncated mean gap of ReuseModel's formula, recomputed here from plain per-class sums; list order is kept as
 // (major, minor) pairs: a push to a list's front takes a new major, a child placed behind its
 // parent takes the parent's major and the next minor, so a list's tail is its smallest major and,
 // within it, its largest minor. Victims are the k-way merge of the lists by rank, as the policy
@@ -222,7 +223,8 @@ struct LookaheadRef {
   std::map<uint64_t, Block> c;
   std::map<uint64_t, Ghost> ghost;
   std::array<double, kClasses> entries{}, reuses{}, gaps{};
-  std::optional<uint64_t> last_placed, pending;
+  std::optional<uint64_t> last_placed, pending, last_ref;
+  uint64_t run_start = 0;
 
   explicit LookaheadRef(uint64_t capacity, const HintBoard* board) : cap(capacity), hints(board) {
     horizon = LookaheadEvictor::kHorizonCapacities * std::max<uint64_t>(capacity, 1);
@@ -395,7 +397,7 @@ struct LookaheadRef {
     const auto g = ghost.find(id);
     const uint32_t uses = std::max<uint32_t>(g == ghost.end() ? 0 : g->second.count, 1);
     const Block* p = parent && c.count(*parent) ? &c.at(*parent) : nullptr;
-    const double mine = static_cast<double>(now) - gap(list_for(cls_of(uses, false), p));
+    const double mine = static_cast<double>(run_start) - gap(list_for(cls_of(uses, false), p));
     return mine > rank(c[*v]);
   }
 
@@ -413,6 +415,8 @@ struct LookaheadRef {
         const std::optional<uint64_t> parent =
             j > 0 ? std::optional<uint64_t>(r[j - 1]) : std::nullopt;
         tick();
+        if (!parent || last_ref != parent) run_start = now;
+        last_ref = id;
         if (auto it = c.find(id); it != c.end()) {  // access
           Block& b = it->second;
           settle(b.parent);
@@ -421,7 +425,7 @@ struct LookaheadRef {
           b.cls = cls_of(b.uses, false);
           entries[b.cls] += 1;
           b.ref_time = now;
-          place(id, now);
+          place(id, run_start);
           pending = id;
           continue;
         }
@@ -455,7 +459,7 @@ struct LookaheadRef {
         b.cls = cls_of(b.uses, g.tag & 1);
         if (b.cls != g.tag) moved(g.tag, b.cls);
         b.ref_time = g.time;
-        place(id, g.time);
+        place(id, run_start);
       }
     }
     return hits;
@@ -1232,10 +1236,85 @@ TEST(Evictors, LookaheadOrdersDemotedArrivalsByTheirRank) {
   EXPECT_EQ(e.misuse(), 0u);
 }
 
-// The walk into place is bounded: an arrival older than kMaxOrderWalk + 1 newer arrivals stops
-// after kMaxOrderWalk of them, and ranks after the ones it did not walk past.
-TEST(Evictors, LookaheadOrderWalkIsBounded) {
-  constexpr uint32_t kNewer = LookaheadEvictor::kMaxOrderWalk + 2;
+// Chains demoted with one rank time (one run) leave from their tails however their blocks
+// arrive: a tier above may send a head down first (it ran out of room while the chain was still
+// being computed), a tail first, or two chains' blocks alternately. Arriving head first between
+// other blocks, each block used to go in front of those before it, so the head left first and
+// stranded its children.
+TEST(Evictors, LookaheadDemotedChainLeavesFromItsTailInAnyArrivalOrder) {
+  const uint8_t cls = static_cast<uint8_t>(LookaheadEvictor::class_of(1, false));
+  // Chains 1 -> 2 -> 3 and 21 -> 22 -> 23, one run (rank time 5).
+  const auto facts = [](uint64_t id) {
+    const uint64_t depth = id % 20 - 1;
+    return depth == 0 ? facts_of(id) : facts_of(id, id - 1, static_cast<uint32_t>(depth));
+  };
+  for (const std::vector<uint64_t>& order :
+       {std::vector<uint64_t>{1, 21, 2, 22, 3, 23}, std::vector<uint64_t>{3, 23, 2, 22, 1, 21},
+        std::vector<uint64_t>{2, 21, 3, 1, 23, 22}}) {
+    EvictorOptions o;
+    o.capacity_blocks = 8;
+    LookaheadEvictor e(o);
+    for (uint64_t id : order) {
+      BlockFacts f = facts(id);
+      f.demoted = true;
+      f.rank = CarriedRank{5, cls};
+      e.on_insert(f);
+    }
+    std::vector<BlockKey> out;
+    ASSERT_EQ(e.select_victims(6, KeyFilter::none(), out), 6u);
+    const auto at = [&](uint64_t id) { return std::find(out.begin(), out.end(), key_of(id)); };
+    std::string arrival;
+    for (uint64_t id : order) arrival += std::to_string(id) + " ";
+    EXPECT_LT(at(3), at(2)) << "arrival order " << arrival;
+    EXPECT_LT(at(2), at(1)) << "arrival order " << arrival;
+    EXPECT_LT(at(23), at(22)) << "arrival order " << arrival;
+    EXPECT_LT(at(22), at(21)) << "arrival order " << arrival;
+    EXPECT_EQ(e.misuse(), 0u);
+  }
+}
+
+// A run of references (each the child of the one before) ranks from its first reference, also
+// where this tier holds only part of it: a chain whose middle block is elsewhere keeps one rank
+// time here, as it would in one cache of the tiers' summed size. describe() carries it on, with
+// the block's depth.
+TEST(Evictors, LookaheadARunRanksFromItsStartWhereThisTierHoldsPartOfIt) {
+  EvictorOptions o;
+  o.capacity_blocks = 8;
+  LookaheadEvictor e(o);
+  e.on_miss(facts_of(1));  // t = 1: the run starts
+  e.on_insert(facts_of(1));
+  e.on_miss(facts_of(2, 1, 1));  // t = 2: held by another tier
+  e.on_miss(facts_of(3, 2, 2));  // t = 3
+  e.on_insert(facts_of(3, 2, 2));
+  e.on_miss(facts_of(10));  // t = 4: a new run
+  e.on_insert(facts_of(10));
+  BlockFacts three;  // as the placement fills it: key and parent
+  three.key = key_of(3);
+  three.parent = key_of(2);
+  e.describe(key_of(3), three);
+  ASSERT_TRUE(three.rank.has_value());
+  EXPECT_EQ(three.rank->time, 1u);
+  EXPECT_EQ(three.depth, 2u);
+  BlockFacts ten = facts_of(10);
+  e.describe(key_of(10), ten);
+  ASSERT_TRUE(ten.rank.has_value());
+  EXPECT_EQ(ten.rank->time, 4u);
+  // Read again, 1 starts a run at t = 5, and 3 read after an unrelated block starts its own.
+  e.on_access(key_of(1));
+  e.on_access(key_of(10));
+  e.on_access(key_of(3));
+  BlockFacts one = facts_of(1);
+  e.describe(key_of(1), one);
+  e.describe(key_of(3), three);
+  EXPECT_EQ(one.rank->time, 5u);
+  EXPECT_EQ(three.rank->time, 7u);
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
+// An arrival however far out of order goes to its place: one older than 600 arrivals before it
+// leaves first (the list's order is indexed, not walked).
+TEST(Evictors, LookaheadArrivalFarOutOfOrderGoesToItsPlace) {
+  constexpr uint32_t kNewer = 600;
   EvictorOptions o;
   o.capacity_blocks = kNewer + 1;
   LookaheadEvictor e(o);
@@ -1250,11 +1329,17 @@ TEST(Evictors, LookaheadOrderWalkIsBounded) {
   late.demoted = true;
   late.rank = CarriedRank{1, cls};
   e.on_insert(late);
+  BlockFacts middle = facts_of(2);
+  middle.demoted = true;
+  middle.rank = CarriedRank{10 + kNewer / 2, cls};
+  e.on_insert(middle);
   std::vector<BlockKey> out;
-  ASSERT_EQ(e.select_victims(3, KeyFilter::none(), out), 3u);
-  EXPECT_EQ(out[0], key_of(100));
-  EXPECT_EQ(out[1], key_of(101));
-  EXPECT_EQ(out[2], key_of(1));
+  ASSERT_EQ(e.select_victims(kNewer + 2, KeyFilter::none(), out), kNewer + 2);
+  EXPECT_EQ(out[0], key_of(1));
+  EXPECT_EQ(out[1], key_of(100));
+  // 2 ties with 100 + kNewer / 2 (same time, same depth): either order, next to it.
+  const auto at = [&](uint64_t id) { return std::find(out.begin(), out.end(), key_of(id)); };
+  EXPECT_EQ(std::abs(at(2) - at(100 + kNewer / 2)), 1);
   EXPECT_EQ(e.misuse(), 0u);
 }
 
