@@ -378,8 +378,8 @@ std::size_t LookaheadEvictor::memory_bytes() const {
   return index_.memory_bytes() + lists_.memory_bytes() + links_.memory_bytes() +
          arrivals * kArrivalNodeBytes +
          (rank_time_.capacity() + ref_time_.capacity()) * sizeof(uint64_t) +
-         (uses_.capacity() + depth_.capacity()) * sizeof(uint32_t) + class_.capacity() + list_.capacity() +
-         ghost_.memory_bytes() + model_.memory_bytes();
+         (uses_.capacity() + depth_.capacity()) * sizeof(uint32_t) + class_.capacity() +
+         list_.capacity() + ghost_.memory_bytes() + model_.memory_bytes();
 }
 
 }  // namespace kvtier

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "scheduler/page_table.hpp"
-#include "tests/scheduler/page_table_test_util.hpp"
 #include "scheduler/policies/admission.hpp"
 #include "scheduler/policies/evictor.hpp"
 #include "scheduler/policies/write_strategy.hpp"
+#include "tests/scheduler/page_table_test_util.hpp"
 #include "tiers/frame_allocator.hpp"
 
 namespace kvtier {

@@ -197,12 +197,12 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
 
 // Lookahead: a naive re-statement over maps. Ranks are run_start - G(list), run_start the time of
 // the first reference of the run (references each the child of the one before) that last touched
-// the block, G the truncated mean gap of ReuseModel's formula, recomputed here from plain per-class sums; list order is kept as
-// (major, minor) pairs: a push to a list's front takes a new major, a child placed behind its
-// parent takes the parent's major and the next minor, so a list's tail is its smallest major and,
-// within it, its largest minor. Victims are the k-way merge of the lists by rank, as the policy
-// walks them; hinted blocks reaching a tail move to a hinted list (index 10) and are offered last,
-// the one whose reader starts last among the 16 longest-hinted first.
+// the block, G the truncated mean gap of ReuseModel's formula, recomputed here from plain per-class
+// sums; list order is kept as (major, minor) pairs: a push to a list's front takes a new major, a
+// child placed behind its parent takes the parent's major and the next minor, so a list's tail is
+// its smallest major and, within it, its largest minor. Victims are the k-way merge of the lists by
+// rank, as the policy walks them; hinted blocks reaching a tail move to a hinted list (index 10)
+// and are offered last, the one whose reader starts last among the 16 longest-hinted first.
 struct LookaheadRef {
   static constexpr uint32_t kClasses = 10;
   static constexpr uint32_t kHinted = 10;
