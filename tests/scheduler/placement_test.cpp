@@ -23,6 +23,23 @@ namespace {
 
 BlockKey key_of(uint64_t id) { return BlockKey{id, uint64_t{7} << 40}; }
 
+// A new one-layer block `id` with a ready page in `tier`, tracked by `evictor`.
+void fill_block(PageTable& table, Tier tier, uint64_t id, Evictor& evictor) {
+  const BlockKey key = key_of(id);
+  ASSERT_TRUE(table.create_block(key, BlockKey{}).ok());
+  ASSERT_TRUE(table
+                  .update(key,
+                          [&](EntryView& v) -> Status {
+                            const CopyId copy = CopyId::page(tier, 0);
+                            KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
+                            return v.complete_fill(copy);
+                          })
+                  .ok());
+  BlockFacts f;
+  f.key = key;
+  evictor.on_insert(f);
+}
+
 // An evictor that forwards to another and counts how it is asked for victims and admissions
 // (refusing every newcomer when `refuse` is set).
 class CountingEvictor final : public Evictor {
@@ -87,21 +104,7 @@ class PlacementCost : public ::testing::Test {
     }
   }
 
-  void fill(Tier tier, uint64_t id, Evictor& evictor) {
-    const BlockKey key = key_of(id);
-    ASSERT_TRUE(table_->create_block(key, BlockKey{}).ok());
-    ASSERT_TRUE(table_
-                    ->update(key,
-                             [&](EntryView& v) -> Status {
-                               const CopyId copy = CopyId::page(tier, 0);
-                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
-                               return v.complete_fill(copy);
-                             })
-                    .ok());
-    BlockFacts f;
-    f.key = key;
-    evictor.on_insert(f);
-  }
+  void fill(Tier tier, uint64_t id, Evictor& evictor) { fill_block(*table_, tier, id, evictor); }
 
   std::unique_ptr<FrameAllocator> hbm_, host_;
   std::unique_ptr<PageTable> table_;
@@ -217,19 +220,7 @@ class PlacementAdmission : public ::testing::Test {
   }
 
   void fill(Tier tier, uint64_t id) {
-    const BlockKey key = key_of(id);
-    ASSERT_TRUE(rig_.table->create_block(key, BlockKey{}).ok());
-    ASSERT_TRUE(rig_.table
-                    ->update(key,
-                             [&](EntryView& v) -> Status {
-                               const CopyId copy = CopyId::page(tier, 0);
-                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
-                               return v.complete_fill(copy);
-                             })
-                    .ok());
-    BlockFacts f;
-    f.key = key;
-    evictors_[static_cast<std::size_t>(tier_index(tier))]->on_insert(f);
+    fill_block(*rig_.table, tier, id, *evictors_[static_cast<std::size_t>(tier_index(tier))]);
   }
 
   // Where the plan sends `id`'s copy in `from`; nullopt for a drop, or when it does not move.
