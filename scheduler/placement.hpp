@@ -12,11 +12,11 @@
 //   - plain drop: a ready copy already exists in a slower tier (clean below), or the strategy
 //     does not write down evicted blocks;
 //   - demote to the next configured slower tier when that tier admits it: for NVMe, NvmeAdmission
-//     (hits) and then the NVMe evictor's admit(); for host, the host evictor's admit() when host
-//     is the last tier, and always above NVMe: its own victim then moves on down, and only the
-//     last tier decides what leaves the cache (a middle tier that refused would drop a block the
-//     tier below would have kept); a block can go to NVMe only when every page has a ready copy
-//     in memory (the extent holds all layers);
+//     (hits); then, only when the destination is the last tier and it is full, that tier's
+//     evictor's admit(). Host above NVMe takes every demotion: its own victim moves on down, and
+//     only the last tier decides what leaves the cache (a middle tier that refused would drop a
+//     block the tier below would have kept); a block can go to NVMe only when every page has a
+//     ready copy in memory (the extent holds all layers);
 //     the destination's room is planned first, recursively (host -> NVMe -> drop), and those
 //     moves come earlier in the plan;
 //   - otherwise drop: a cache may lose a block; the next request recomputes it.

@@ -59,7 +59,7 @@ void LookaheadEvictor::insert_ranked(uint32_t list, uint32_t slot) {
   std::set<ArrivalKey>& order = arrival_order_[list - kArrivedLists];
   const ArrivalKey key = arrival_key(slot);
   const auto behind = order.upper_bound(key);  // the first block that ranks after this one
-  order.insert(key);
+  order.emplace_hint(behind, key);
   if (behind == order.end()) return lists_.push_back(list, slot);
   const uint32_t newer = lists_.newer(behind->slot);
   if (newer == SlotLists::kNil) return lists_.push_front(list, slot);
@@ -81,16 +81,13 @@ void LookaheadEvictor::place(uint32_t slot, uint64_t time) {
 
 void LookaheadEvictor::place_in(uint32_t slot, uint32_t list, uint32_t parent_slot, uint64_t time) {
   list_[slot] = static_cast<uint8_t>(list);
-  if (parent_slot != KeyIndex::kNone && parent_slot == last_placed_ && list_[parent_slot] == list) {
-    rank_time_[slot] = rank_time_[parent_slot];
-    if (list >= kArrivedLists) {
-      insert_ranked(list, slot);  // behind its parent, by depth
-    } else {
-      lists_.insert_older_than(list, parent_slot, slot);
-    }
+  const bool behind_parent =
+      parent_slot != KeyIndex::kNone && parent_slot == last_placed_ && list_[parent_slot] == list;
+  rank_time_[slot] = behind_parent ? rank_time_[parent_slot] : time;
+  if (behind_parent && list < kArrivedLists) {
+    lists_.insert_older_than(list, parent_slot, slot);
   } else {
-    rank_time_[slot] = time;
-    insert_ranked(list, slot);
+    insert_ranked(list, slot);  // an arrived list puts a child behind its parent by depth
   }
   last_placed_ = slot;
 }

@@ -62,19 +62,19 @@
 // ranked no better than the truncated mean over the same classes; and exact Belady over the
 // hinted window alone (the queue covers a few seconds, most reuse is minutes apart).
 // Also rejected: choosing per tier, online, how much the class gaps count (rank time - a x G(c),
-// a in {1, 0}), since recency alone suits the bottom of the configuration's three tiny tiers on
-// the public trace (2.93 % against 2.68 %; LRU 2.86 %) and costs 2.2 points on the chat workload.
-// By regret (LeCaR: each disagreeing eviction drawn by weight, a ranking's weight cut when a block
-// it evicted comes back), learning rates 0.01-0.45, discounts 0.005-0.5: 2.7-2.8 % on the trace
-// but chat 21.1 -> 18.9-19.1 % in every setting, even learning in the bottom tier only: regret
-// counts quick returns, and the blocks the gaps evict (young, of classes rarely reused) come back
-// soon more often than the old ones they keep, whose value shows only later. By miniature
-// simulations (two copies of the tier on a key sample, 256-1024 blocks each, one per a; the tier
-// follows the one with more hits, decayed, with a 2 % or 2-sigma margin): 2.75-2.88 % on the trace
-// only with the copies in the bottom tier alone, and there a wrong switch cost 1.1 points of the
-// 3e6-token single tier (32.1 -> 31.0 %); in upper tiers a copy counts its own hits, while a's
-// effect is on what the tiers below then hold (a = 0 in HBM: chat +0.3, agent +0.6 overall, though
-// the copies rated it far worse).
+// a in {1, 0}), since recency alone suited the bottom of the configuration's three tiny tiers on
+// the public trace before the hierarchy's order was mended (2.93 % against 2.68 %; LRU 2.86 %) and
+// costs 2.2 points on the chat workload. By regret (LeCaR: each disagreeing eviction drawn by
+// weight, a ranking's weight cut when a block it evicted comes back), learning rates 0.01-0.45,
+// discounts 0.005-0.5: 2.7-2.8 % on the trace but chat 21.1 -> 18.9-19.1 % in every setting, even
+// learning in the bottom tier only: regret counts quick returns, and the blocks the gaps evict
+// (young, of classes rarely reused) come back soon more often than the old ones they keep, whose
+// value shows only later. By miniature simulations (two copies of the tier on a key sample,
+// 256-1024 blocks each, one per a; the tier follows the one with more hits, decayed, with a 2 % or
+// 2-sigma margin): 2.75-2.88 % on the trace only with the copies in the bottom tier alone, and
+// there a wrong switch cost 1.1 points of the 3e6-token single tier (32.1 -> 31.0 %); in upper
+// tiers a copy counts its own hits, while a's effect is on what the tiers below then hold (a = 0 in
+// HBM: chat +0.3, agent +0.6 overall, though the copies rated it far worse).
 #pragma once
 
 #include <array>
