@@ -9,15 +9,17 @@
 // parent that left and came back, into any slot, is a new incarnation, the link is seen as stale
 // and the child is counted again instead of being taken as counted. Rejected: a generation per
 // slot (a parent back in another slot can carry the very number the link recorded).
-// Counts are settled lazily: a child that arrived before its parent (lower tiers receive chains
-// leaf first, by demotion) or whose parent came back is counted the next time parent_slot() is
-// asked for it. Such a child is always older in recency than its parent (the parent was placed
-// after it), so a victim walk from the tail that asks for each block it passes (prefix_aware)
-// has counted it before it reaches the parent. 36 bytes per slot.
+// A child that arrived before its parent (lower tiers receive chains leaf first, by demotion)
+// waits in a table keyed by the parent's key and is counted when the parent arrives, so a parent
+// knows its children here whatever their order of arrival or rank. A child whose parent left and
+// came back is counted lazily, the next time parent_slot() is asked for it (a victim walk asks for
+// each block it passes). 36 bytes per slot, plus ~56 per waiting child.
 // Not thread-safe (evictors run on the scheduler's loop).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "kvtier/block_key.hpp"
@@ -36,13 +38,25 @@ class ChainLinks {
     }
   }
 
-  // A new incarnation in `slot` whose parent is `parent`; links it when the parent is tracked.
+  // A new incarnation in `slot` whose parent is `parent`: links it when the parent is tracked,
+  // else leaves it waiting for the parent; counts the children that were waiting for this block.
   void attach(const KeyIndex& index, uint32_t slot, const BlockKey& parent) {
     incarnation_[slot] = ++incarnations_;
     children_[slot] = 0;
     parent_[slot] = parent;
     link_[slot] = kUnlinked;
-    parent_slot(index, slot);  // links it now when the parent is tracked
+    if (parent_slot(index, slot) == KeyIndex::kNone && !parent.is_null()) {
+      waiting_.emplace(parent, slot);
+    }
+    const auto [first, last] = waiting_.equal_range(index.key(slot));
+    for (auto it = first; it != last; ++it) {
+      const uint32_t child = it->second;
+      if (link_[child] == kUnlinked && parent_[child] == index.key(slot)) {
+        ++children_[slot];
+        link_[child] = incarnation_[slot];
+      }
+    }
+    waiting_.erase(first, last);
   }
 
   // The tracked parent's slot, linking (and counting) the block now if it was not linked to the
@@ -58,8 +72,17 @@ class ChainLinks {
     return ps;
   }
 
-  // The slot's block is leaving: uncount it from its parent.
+  // The slot's block is leaving: uncount it from its parent, or stop it waiting for one.
   void detach(const KeyIndex& index, uint32_t slot) {
+    if (link_[slot] == kUnlinked && !parent_[slot].is_null()) {
+      const auto [first, last] = waiting_.equal_range(parent_[slot]);
+      for (auto it = first; it != last; ++it) {
+        if (it->second == slot) {
+          waiting_.erase(it);
+          break;
+        }
+      }
+    }
     if (link_[slot] != kUnlinked && !parent_[slot].is_null()) {
       const uint32_t ps = index.find(parent_[slot]);
       if (ps != KeyIndex::kNone && link_[slot] == incarnation_[ps] && children_[ps] > 0) {
@@ -74,18 +97,24 @@ class ChainLinks {
   std::size_t memory_bytes() const {
     return parent_.capacity() * sizeof(BlockKey) +
            (link_.capacity() + incarnation_.capacity()) * sizeof(uint64_t) +
-           children_.capacity() * sizeof(uint32_t);
+           children_.capacity() * sizeof(uint32_t) + waiting_.size() * kWaitingEntryBytes +
+           waiting_.bucket_count() * sizeof(void*);
   }
 
  private:
   // Incarnations start at 1: a link of 0 names none.
   static constexpr uint64_t kUnlinked = 0;
+  // One waiting child: a hash node (the parent's key, the slot, next pointer, cached hash) and
+  // its allocation header; each bucket adds a pointer.
+  static constexpr std::size_t kWaitingEntryBytes = sizeof(BlockKey) + 2 * sizeof(uint64_t) + 16;
 
   std::vector<BlockKey> parent_;
   std::vector<uint64_t> link_;         // the parent's incarnation the slot is counted in
   std::vector<uint64_t> incarnation_;  // the slot's current incarnation
   std::vector<uint32_t> children_;
   uint64_t incarnations_ = 0;
+  // Children attached while their parent was not tracked, by the parent's key.
+  std::unordered_multimap<BlockKey, uint32_t, BlockKeyHash> waiting_;
 };
 
 }  // namespace kvtier

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <optional>
+#include <unordered_map>
 
 #include "scheduler/policies/hint_board.hpp"
 
@@ -323,6 +324,25 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   std::size_t added = 0;
   std::size_t hinted_seen = 0;
   std::vector<BlockKey> hinted_victims;
+  // A parent goes after its children here, whatever the ranks say: every hit on a child is a hit
+  // on its parent too, so keeping the child instead is never better. A parent met while children
+  // of it are still tracked waits; it goes right after the last of them leaves the walk (taken,
+  // or refused by `skip`: leaving already, or pinned with it), else after every other unhinted
+  // block.
+  std::vector<uint32_t> parents;                  // waiting, in walk order
+  std::unordered_map<uint32_t, uint32_t> passed;  // per parent slot: its children walked past
+  std::unordered_map<uint32_t, bool> waiting;     // parent slot -> still waiting
+  const auto pass = [&](uint32_t slot) {
+    for (uint32_t ps = links_.parent_slot(index_, slot); ps != KeyIndex::kNone;
+         ps = links_.parent_slot(index_, ps)) {
+      if (++passed[ps] < links_.children(ps)) return;
+      const auto w = waiting.find(ps);
+      if (w == waiting.end() || !w->second || added == count) return;
+      w->second = false;
+      out.push_back(index_.key(ps));
+      ++added;
+    }
+  };
   while (added < count) {
     uint32_t best_l = kRankLists;
     double best_rank = 0;
@@ -338,13 +358,28 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
     const uint32_t s = cursor[best_l];
     cursor[best_l] = lists_.newer(s);
     const BlockKey& key = index_.key(s);
-    if (skip(key)) continue;
+    if (skip(key)) {
+      pass(s);
+      continue;
+    }
     if (hinted(key)) {
       // Kept while anything else can go; a last resort otherwise.
       if (hinted_seen++ < count) hinted_victims.push_back(key);
       continue;
     }
+    links_.parent_slot(index_, s);  // counts the block in its parent if it arrived first
+    if (links_.children(s) > passed[s]) {
+      parents.push_back(s);
+      waiting[s] = true;
+      continue;
+    }
     out.push_back(key);
+    ++added;
+    pass(s);
+  }
+  for (std::size_t i = 0; added < count && i < parents.size(); ++i) {
+    if (!waiting[parents[i]]) continue;
+    out.push_back(index_.key(parents[i]));
     ++added;
   }
   for (std::size_t i = 0; added < count && i < hinted_victims.size(); ++i, ++added) {

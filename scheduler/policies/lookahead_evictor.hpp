@@ -23,7 +23,12 @@
 // Chains: accesses arrive parent first; a child touched right after its parent in the same list
 // takes the parent's time and sits just behind it, so a chain leaves from its tail and its cached
 // part stays a usable prefix. A child never ranks above its parent: when its own class has the
-// smaller gap it joins its parent's list, since it is useless without it.
+// smaller gap it joins its parent's list, since it is useless without it. Ranks can still put a
+// parent first (its class's gap learned smaller since, or both demoted with the ranks of two
+// different runs), so the victim walk makes it a rule: a block whose children this tier holds
+// waits until they have left the walk, and goes right after the last of them (every hit on a
+// child is a hit on its parent, so keeping the child instead is never better). ChainLinks counts
+// a child that arrived first (demotion sends chains down tail first) when its parent arrives.
 // Hierarchy: every tier's evictor hears every reference, so the tiers' clocks agree. A block
 // demoted into this tier brings the rank the tier above gave it (BlockFacts::rank: its rank time
 // and class) and keeps it, in a second list per class; ranking it from its arrival instead, as
@@ -35,7 +40,8 @@
 // tier holds only part of it. Only the last tier refuses blocks (Placement).
 // Measured on the public trace, 512-token blocks, online: default tiny tiers 2.64 -> 2.88 %
 // (LRU 2.86), 8/4/9 GiB 2.02 -> 2.99 (LRU 2.78); 16-token blocks, default tiers 2.68 -> 2.83
-// (LRU 2.86): at that grain the tiers still break chains the one-tier policy keeps whole.
+// with that order, 3.05 with the parents-after-children rule (LRU 2.86): at that grain a chain
+// is 32 blocks per trace block, and the ranks alone let tiers drop heads before tails.
 // Ended-request flag: a reference ends its request unless the next reference this tier sees is
 // to its child; it is settled on that next reference (the block ranks as "continued" meanwhile).
 // Final partial blocks, rewritten by the next turn, land in the ended classes and the model learns
@@ -43,8 +49,8 @@
 // the opposite. A lower tier sees only part of each request, so there the flag means "the last
 // block of a run this tier saw"; the model learns whatever that predicts.
 // Memory per tracked block: ~97 bytes (index, lists, chain links, two times, count, class, list,
-// depth), plus ~56 per block in an arrived list's index,
-// plus 16 bytes per ghost entry at kGhostFactor entries per frame of the tier.
+// depth), plus ~56 per block in an arrived list's index, ~56 per block waiting for its parent
+// (ChainLinks), plus 16 bytes per ghost entry at kGhostFactor entries per frame of the tier.
 //
 // What it cannot do (measured on the public Mooncake trace, 512-token blocks, --lookahead 32):
 // most blocks are referenced once, and among prefixes that did come back, nothing observable

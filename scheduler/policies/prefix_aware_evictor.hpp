@@ -6,9 +6,8 @@
 // parent newest and its descendants just behind it, so the victim walk meets a chain's tail
 // before its head and a partly evicted chain is still a usable prefix. Plain LRU does the
 // opposite: it evicts the head first and leaves the rest of the chain as dead weight.
-// A chain can arrive leaf first (a lower tier receives it by demotion, tail first): a child is
-// counted in its parent when the victim walk passes it, which is before the walk reaches the
-// newer parent (see ChainLinks).
+// A chain can arrive leaf first (a lower tier receives it by demotion, tail first): a child waits
+// for its parent and is counted in it when the parent arrives (see ChainLinks).
 // Per block: the LRU links and ChainLinks (parent, child count).
 #pragma once
 
@@ -31,8 +30,8 @@ class PrefixAwareEvictor final : public Evictor {
   bool contains(const BlockKey& key) const override { return index_.find(key) != KeyIndex::kNone; }
   std::size_t size() const override { return index_.size(); }
   std::size_t memory_bytes() const override;
-  // Children of a tracked block that are tracked here too, as counted so far: one that arrived
-  // before its parent counts once it was accessed or the victim walk passed it.
+  // Children of a tracked block that are tracked here too, as counted so far: one whose parent
+  // left and came back counts once it was accessed or the victim walk passed it.
   uint32_t cached_children(const BlockKey& key) const;
 
  private:

@@ -201,8 +201,9 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
 // sums; list order is kept as (major, minor) pairs: a push to a list's front takes a new major, a
 // child placed behind its parent takes the parent's major and the next minor, so a list's tail is
 // its smallest major and, within it, its largest minor. Victims are the k-way merge of the lists by
-// rank, as the policy walks them; hinted blocks reaching a tail move to a hinted list (index 10)
-// and are offered last, the one whose reader starts last among the 16 longest-hinted first.
+// rank, as the policy walks them, an unhinted block with a child cached after every unhinted one
+// without; hinted blocks reaching a tail move to a hinted list (index 10) and are offered last,
+// the one whose reader starts last among the 16 longest-hinted first.
 struct LookaheadRef {
   static constexpr uint32_t kClasses = 10;
   static constexpr uint32_t kHinted = 10;
@@ -372,10 +373,18 @@ struct LookaheadRef {
       if (last_placed == *best) last_placed.reset();
     }
   }
+  bool has_child(uint64_t id) const {
+    for (const auto& [other, b] : c) {
+      if (b.parent == id) return true;
+    }
+    return false;
+  }
+  // In rank order, the first unhinted block with no child cached (a parent goes after its
+  // children), else the first unhinted parent, else the first hinted one.
   uint64_t victim() {
     best_tail();
     std::set<uint64_t> walked;
-    std::optional<uint64_t> first_hinted;
+    std::optional<uint64_t> first_hinted, first_parent;
     while (true) {
       std::optional<uint64_t> best;
       for (uint32_t l = 0; l < kClasses; ++l) {
@@ -384,9 +393,15 @@ struct LookaheadRef {
       }
       if (!best) break;
       walked.insert(*best);
-      if (!hinted(*best)) return *best;
-      if (!first_hinted) first_hinted = best;
+      if (hinted(*best)) {
+        if (!first_hinted) first_hinted = best;
+      } else if (has_child(*best)) {
+        if (!first_parent) first_parent = best;
+      } else {
+        return *best;
+      }
     }
+    if (first_parent) return *first_parent;
     return first_hinted ? *first_hinted : *last_resort();
   }
   bool admit(uint64_t id, std::optional<uint64_t> parent) {
@@ -734,6 +749,34 @@ TEST(Evictors, ChainLinksParentBackInAnotherSlotRecountsItsChild) {
   links.detach(index, c);
   EXPECT_EQ(links.children(p2), 0u);
   EXPECT_EQ(links.children(p), 0u);
+}
+
+// A child that arrives before its parent waits for it and is counted the moment the parent
+// arrives, with no walk asking for the child; a waiting child that leaves first is not counted.
+TEST(Evictors, ChainLinksCountAChildThatArrivedFirstWhenItsParentArrives) {
+  KeyIndex index;
+  ChainLinks links;
+  const auto add = [&](uint64_t id, BlockKey parent) {
+    const uint32_t slot = index.insert(key_of(id));
+    links.reserve_slots(index.slot_limit());
+    links.attach(index, slot, parent);
+    return slot;
+  };
+  add(2, key_of(1));  // children of 1, before it
+  add(3, key_of(1));
+  const uint32_t gone = add(4, key_of(1));
+  links.detach(index, gone);
+  index.erase(gone);
+  const uint32_t grandchild = add(5, key_of(2));  // linked at once: 2 is here
+  EXPECT_EQ(links.children(index.find(key_of(2))), 1u);
+  const uint32_t p = add(1, BlockKey{});
+  EXPECT_EQ(links.children(p), 2u);
+  EXPECT_EQ(links.parent_slot(index, index.find(key_of(2))), p);
+  EXPECT_EQ(links.children(p), 2u);  // asking again counts nothing twice
+  links.detach(index, index.find(key_of(3)));
+  EXPECT_EQ(links.children(p), 1u);
+  links.detach(index, grandchild);
+  EXPECT_EQ(links.children(index.find(key_of(2))), 0u);
 }
 
 TEST(Evictors, PrefixAwareParentBackInAnotherSlotIsNotAVictim) {
@@ -1269,6 +1312,44 @@ TEST(Evictors, LookaheadDemotedChainLeavesFromItsTailInAnyArrivalOrder) {
     EXPECT_LT(at(2), at(1)) << "arrival order " << arrival;
     EXPECT_LT(at(23), at(22)) << "arrival order " << arrival;
     EXPECT_LT(at(22), at(21)) << "arrival order " << arrival;
+    EXPECT_EQ(e.misuse(), 0u);
+  }
+}
+
+// A parent goes after its children, whatever their ranks: one demoted with an older rank than its
+// child's, in either order of arrival, waits while the child is here and leaves right after it;
+// a block between them in rank goes first; a child the caller refuses (leaving already) no longer
+// holds its parent back.
+TEST(Evictors, LookaheadParentGoesAfterItsChildrenWhateverTheirRanks) {
+  const uint8_t cls = static_cast<uint8_t>(LookaheadEvictor::class_of(1, false));
+  const auto demote = [&](LookaheadEvictor& e, BlockFacts f, uint64_t time) {
+    f.demoted = true;
+    f.rank = CarriedRank{time, cls};
+    e.on_insert(f);
+  };
+  for (bool child_first : {true, false}) {
+    EvictorOptions o;
+    o.capacity_blocks = 8;
+    LookaheadEvictor e(o);
+    for (int i = 0; i < 20; ++i) e.on_miss(facts_of(1000 + i));  // the clock reaches 20
+    // Parent first, the child does not arrive right behind it (it would take the parent's time).
+    if (child_first) demote(e, facts_of(2, 1, 1), 10);
+    demote(e, facts_of(1), 5);
+    demote(e, facts_of(7), 7);
+    if (!child_first) demote(e, facts_of(2, 1, 1), 10);
+    demote(e, facts_of(9), 12);
+    std::vector<BlockKey> out;
+    ASSERT_EQ(e.select_victims(4, KeyFilter::none(), out), 4u);
+    const std::vector<BlockKey> expected = {key_of(7), key_of(2), key_of(1), key_of(9)};
+    EXPECT_EQ(out, expected) << (child_first ? "child first" : "parent first");
+    out.clear();
+    ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
+    EXPECT_EQ(out[0], key_of(7));
+    e.on_erase(key_of(7));
+    out.clear();
+    const auto child_leaving = [](const BlockKey& k) { return k == key_of(2); };
+    ASSERT_EQ(e.select_victims(1, KeyFilter(child_leaving), out), 1u);
+    EXPECT_EQ(out[0], key_of(1));
     EXPECT_EQ(e.misuse(), 0u);
   }
 }
