@@ -75,6 +75,21 @@ void LookaheadEvictor::unlink(uint32_t slot) {
   }
 }
 
+void LookaheadEvictor::hold(uint32_t slot) {
+  const uint32_t cls = rank_class(slot);
+  unlink(slot);
+  held_class_[slot] = static_cast<uint8_t>(cls);
+  list_[slot] = static_cast<uint8_t>(kHeldList);
+  lists_.push_front(kHeldList, slot);
+  if (last_placed_ == slot) last_placed_ = KeyIndex::kNone;
+}
+
+void LookaheadEvictor::release(uint32_t slot) {
+  lists_.remove(kHeldList, slot);
+  list_[slot] = static_cast<uint8_t>(kArrivedLists + held_class_[slot]);
+  insert_ranked(list_[slot], slot);
+}
+
 void LookaheadEvictor::place(uint32_t slot, uint64_t time) {
   const uint32_t ps = links_.parent_slot(index_, slot);
   place_in(slot, list_for(class_[slot], ps), ps, time);
@@ -105,7 +120,7 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     const uint32_t to = from | 1u;
     model_.moved(from, to);
     class_[slot] = static_cast<uint8_t>(to);
-    if (list_[slot] == kHintedList) return;  // ranked again when it leaves that list
+    if (list_[slot] >= kHintedList) return;  // ranked again when it leaves that list
     const uint32_t list = list_for(to, links_.parent_slot(index_, slot)) +
                           (list_[slot] >= kArrivedLists ? kArrivedLists : 0);
     if (list != list_[slot]) {
@@ -155,6 +170,7 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
     uses_.resize(limit, 0);
     class_.resize(limit, 0);
     list_.resize(limit, 0);
+    held_class_.resize(limit, 0);
     depth_.resize(limit, 0);
   }
   // The interval this tier has open for the block (from its last reference here, or the miss
@@ -206,10 +222,14 @@ void LookaheadEvictor::on_erase(const BlockKey& key) {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return count_misuse();
   ghost_.put(key, GhostTable::Entry{ref_time_[slot], uses_[slot], class_[slot]}, now_);
+  const uint32_t parent = links_.parent_slot(index_, slot);
   links_.detach(index_, slot);
   unlink(slot);
   if (last_placed_ == slot) last_placed_ = KeyIndex::kNone;
   index_.erase(slot);
+  if (parent != KeyIndex::kNone && list_[parent] == kHeldList && links_.children(parent) == 0) {
+    release(parent);
+  }
 }
 
 uint32_t LookaheadEvictor::best_tail() {
@@ -237,7 +257,12 @@ uint32_t LookaheadEvictor::best_tail() {
       }
     }
     if (best == SlotLists::kNil) return last_resort();
-    if (!hinted(index_.key(best))) return best;
+    if (!hinted(index_.key(best))) {
+      links_.parent_slot(index_, best);  // counts it in its parent if it arrived first
+      if (links_.children(best) == 0) return best;
+      hold(best);  // its children go first
+      continue;
+    }
     // A waiting request reads it: out of the ranking until that request touches it.
     unlink(best);
     list_[best] = static_cast<uint8_t>(kHintedList);
@@ -328,7 +353,7 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   // on its parent too, so keeping the child instead is never better. A parent met while children
   // of it are still tracked waits; it goes right after the last of them leaves the walk (taken,
   // or refused by `skip`: leaving already, or pinned with it), else after every other unhinted
-  // block.
+  // block. One still waiting when the walk ends is held out of the ranking (kHeldList).
   std::vector<uint32_t> parents;                  // waiting, in walk order
   std::unordered_map<uint32_t, uint32_t> passed;  // per parent slot: its children walked past
   std::unordered_map<uint32_t, bool> waiting;     // parent slot -> still waiting
@@ -377,9 +402,13 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
     ++added;
     pass(s);
   }
-  for (std::size_t i = 0; added < count && i < parents.size(); ++i) {
-    if (!waiting[parents[i]]) continue;
-    out.push_back(index_.key(parents[i]));
+  for (uint32_t p : parents) {
+    if (waiting[p]) hold(p);
+  }
+  for (uint32_t h = lists_.back(kHeldList); added < count && h != SlotLists::kNil;
+       h = lists_.newer(h)) {
+    if (skip(index_.key(h))) continue;
+    out.push_back(index_.key(h));
     ++added;
   }
   for (std::size_t i = 0; added < count && i < hinted_victims.size(); ++i, ++added) {
@@ -411,7 +440,7 @@ std::size_t LookaheadEvictor::memory_bytes() const {
          arrivals * kArrivalNodeBytes +
          (rank_time_.capacity() + ref_time_.capacity()) * sizeof(uint64_t) +
          (uses_.capacity() + depth_.capacity()) * sizeof(uint32_t) + class_.capacity() +
-         list_.capacity() + ghost_.memory_bytes() + model_.memory_bytes();
+         list_.capacity() + held_class_.capacity() + ghost_.memory_bytes() + model_.memory_bytes();
 }
 
 }  // namespace kvtier

@@ -27,7 +27,9 @@
 // parent first (its class's gap learned smaller since, or both demoted with the ranks of two
 // different runs), so the victim walk makes it a rule: a block whose children this tier holds
 // waits until they have left the walk, and goes right after the last of them (every hit on a
-// child is a hit on its parent, so keeping the child instead is never better). ChainLinks counts
+// child is a hit on its parent, so keeping the child instead is never better); one whose
+// children stay is held out of the ranking until the last of them leaves (O(1) per hold, where
+// walking past it at every decision made replays of long chains quadratic). ChainLinks counts
 // a child that arrived first (demotion sends chains down tail first) when its parent arrives.
 // Hierarchy: every tier's evictor hears every reference, so the tiers' clocks agree. A block
 // demoted into this tier brings the rank the tier above gave it (BlockFacts::rank: its rank time
@@ -110,6 +112,9 @@ class LookaheadEvictor final : public Evictor {
   static constexpr uint32_t kRankLists = 2 * kClasses;
   // The list of blocks a waiting request reads, outside the ranking (after the ranked lists).
   static constexpr uint32_t kHintedList = kRankLists;
+  // The list of parents held back while children of theirs are tracked here, outside the ranking
+  // (last): each is ranked again, by its rank time, when its last child leaves.
+  static constexpr uint32_t kHeldList = kRankLists + 1;
   // When only hinted blocks can go, the one whose reader starts last among this many of the
   // longest-hinted goes first (Belady within the queue, at bounded cost).
   static constexpr uint32_t kHintedScan = 16;
@@ -147,7 +152,9 @@ class LookaheadEvictor final : public Evictor {
  private:
   // The class whose gap shifts the slot's rank: its list's, or its own in the hinted list.
   uint32_t rank_class(uint32_t slot) const {
-    return list_[slot] == kHintedList ? class_[slot] : list_[slot] % kClasses;
+    if (list_[slot] == kHintedList) return class_[slot];
+    if (list_[slot] == kHeldList) return held_class_[slot];
+    return list_[slot] % kClasses;
   }
   // The rank of a block ranking from `time` in class `cls`; lowest first (the next victim).
   double rank_at(uint64_t time, uint32_t cls) const {
@@ -187,6 +194,11 @@ class LookaheadEvictor final : public Evictor {
   void insert_ranked(uint32_t list, uint32_t slot);
   // Takes `slot` out of its list (and an arrived list's order).
   void unlink(uint32_t slot);
+  // Moves a parent whose children are tracked here out of the ranking, into kHeldList.
+  void hold(uint32_t slot);
+  // Ranks a held parent again (its last child left): by its rank time, in the arrived list of the
+  // class it ranked in.
+  void release(uint32_t slot);
   // An arrived block's place in its list: later rank times first, then shallower blocks.
   struct ArrivalKey {
     uint64_t time;
@@ -219,16 +231,17 @@ class LookaheadEvictor final : public Evictor {
   const HintBoard* hints_;
   uint64_t now_ = 0;
   KeyIndex index_;
-  SlotLists lists_{kRankLists + 1};
+  SlotLists lists_{kRankLists + 2};
   ChainLinks links_;
   // List order: when placed here (now, or when it left the hinted list), or the carried rank.
   std::vector<uint64_t> rank_time_;
   std::vector<uint64_t> ref_time_;  // last reference (the model's intervals)
   std::vector<uint32_t> uses_;
   std::vector<uint8_t> class_;  // the learning class of the last reference
-  // The slot's list: a class list (class_'s or its parent's), that plus kArrivedLists, or
-  // kHintedList.
+  // The slot's list: a class list (class_'s or its parent's), that plus kArrivedLists,
+  // kHintedList or kHeldList.
   std::vector<uint8_t> list_;
+  std::vector<uint8_t> held_class_;  // the class a held parent ranked in
   GhostTable ghost_;
   ReuseModel model_;
   uint32_t last_placed_ = KeyIndex::kNone;

@@ -207,9 +207,11 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
 struct LookaheadRef {
   static constexpr uint32_t kClasses = 10;
   static constexpr uint32_t kHinted = 10;
+  static constexpr uint32_t kHeld = 11;         // parents held while a child is cached
+  static constexpr uint32_t kArrivedBase = 12;  // released parents, by rank time, per class
   struct Block {
-    uint64_t rank_time = 0, ref_time = 0, major = 0;
-    uint32_t minor = 0, uses = 0, cls = 0, list = 0;
+    uint64_t rank_time = 0, ref_time = 0, major = 0, held_seq = 0;
+    uint32_t minor = 0, uses = 0, cls = 0, list = 0, held_cls = 0, depth = 0;
     std::optional<uint64_t> parent;
   };
   struct Ghost {
@@ -264,14 +266,20 @@ struct LookaheadRef {
     entries[to] += 1;
   }
   bool hinted(uint64_t id) const { return hints && hints->contains(key_of(id)); }
-  double rank(const Block& b) const { return static_cast<double>(b.rank_time) - gap(b.list); }
+  static uint32_t list_cls(const Block& b) {
+    if (b.list == kHinted) return b.cls;
+    if (b.list == kHeld) return b.held_cls;
+    return b.list >= kArrivedBase ? b.list - kArrivedBase : b.list;
+  }
+  double rank(const Block& b) const { return static_cast<double>(b.rank_time) - gap(list_cls(b)); }
   const Block* parent_of(const Block& b) const {
     if (!b.parent) return nullptr;
     auto it = c.find(*b.parent);
     return it == c.end() ? nullptr : &it->second;
   }
   uint32_t list_for(uint32_t k, const Block* parent) const {
-    return parent && parent->list != kHinted && gap(parent->list) > gap(k) ? parent->list : k;
+    return parent && parent->list != kHinted && gap(list_cls(*parent)) > gap(k) ? list_cls(*parent)
+                                                                                : k;
   }
   void place(uint64_t id, uint64_t time) {
     Block& b = c[id];
@@ -298,12 +306,15 @@ struct LookaheadRef {
       if (b.cls & 1) return;
       moved(b.cls, b.cls | 1);
       b.cls |= 1;
-      if (b.list == kHinted) return;
-      const uint32_t l = list_for(b.cls, parent_of(b));
+      if (b.list == kHinted || b.list == kHeld) return;
+      const uint32_t base = b.list >= kArrivedBase ? kArrivedBase : 0;
+      const uint32_t l = list_for(b.cls, parent_of(b)) + base;
       if (l != b.list) {
         b.list = l;
-        b.major = ++seq;
-        b.minor = 0;
+        if (base == 0) {
+          b.major = ++seq;
+          b.minor = 0;
+        }
       }
       return;
     }
@@ -322,7 +333,13 @@ struct LookaheadRef {
         continue;
       }
       const Block& x = c.at(*best);
-      if (b.major < x.major || (b.major == x.major && b.minor > x.minor)) best = id;
+      if (l >= kArrivedBase) {  // the oldest rank time, then the deepest
+        if (b.rank_time < x.rank_time || (b.rank_time == x.rank_time && b.depth > x.depth)) {
+          best = id;
+        }
+      } else if (b.major < x.major || (b.major == x.major && b.minor > x.minor)) {
+        best = id;
+      }
     }
     return best;
   }
@@ -360,18 +377,44 @@ struct LookaheadRef {
     }
     while (true) {
       std::optional<uint64_t> best;
-      for (uint32_t l = 0; l < kClasses; ++l) {
+      for (uint32_t l : ranked_lists()) {
         const auto t = tail(l, {});
         if (t && (!best || rank(c[*t]) < rank(c[*best]))) best = t;
       }
       if (!best) return last_resort();
-      if (!hinted(*best)) return best;
+      if (!hinted(*best)) {
+        if (!has_child(*best)) return best;
+        hold(*best);
+        continue;
+      }
       Block& b = c[*best];
       b.list = kHinted;
       b.major = ++seq;
       b.minor = 0;
       if (last_placed == *best) last_placed.reset();
     }
+  }
+  static std::vector<uint32_t> ranked_lists() {
+    std::vector<uint32_t> ls;
+    for (uint32_t l = 0; l < kClasses; ++l) ls.push_back(l);
+    for (uint32_t l = 0; l < kClasses; ++l) ls.push_back(kArrivedBase + l);
+    return ls;
+  }
+  void hold(uint64_t id) {
+    Block& b = c[id];
+    b.held_cls = list_cls(b);
+    b.list = kHeld;
+    b.held_seq = ++seq;
+    if (last_placed == id) last_placed.reset();
+  }
+  // The block leaving: a held parent left without cached children is ranked again.
+  void erase(uint64_t id) {
+    const std::optional<uint64_t> parent = c[id].parent;
+    c.erase(id);
+    if (!parent) return;
+    auto it = c.find(*parent);
+    if (it == c.end() || it->second.list != kHeld || has_child(*parent)) return;
+    it->second.list = kArrivedBase + it->second.held_cls;
   }
   bool has_child(uint64_t id) const {
     for (const auto& [other, b] : c) {
@@ -384,10 +427,11 @@ struct LookaheadRef {
   uint64_t victim() {
     best_tail();
     std::set<uint64_t> walked;
-    std::optional<uint64_t> first_hinted, first_parent;
-    while (true) {
+    std::optional<uint64_t> first_hinted, leaf;
+    std::vector<uint64_t> parents;
+    while (!leaf) {
       std::optional<uint64_t> best;
-      for (uint32_t l = 0; l < kClasses; ++l) {
+      for (uint32_t l : ranked_lists()) {
         const auto t = tail(l, walked);
         if (t && (!best || rank(c[*t]) < rank(c[*best]))) best = t;
       }
@@ -396,12 +440,20 @@ struct LookaheadRef {
       if (hinted(*best)) {
         if (!first_hinted) first_hinted = best;
       } else if (has_child(*best)) {
-        if (!first_parent) first_parent = best;
+        parents.push_back(*best);
       } else {
-        return *best;
+        leaf = best;
       }
     }
-    if (first_parent) return *first_parent;
+    for (uint64_t p : parents) hold(p);
+    if (leaf) return *leaf;
+    std::optional<uint64_t> oldest_held;  // held longest
+    for (const auto& [id, b] : c) {
+      if (b.list == kHeld && (!oldest_held || b.held_seq < c.at(*oldest_held).held_seq)) {
+        oldest_held = id;
+      }
+    }
+    if (oldest_held) return *oldest_held;
     return first_hinted ? *first_hinted : *last_resort();
   }
   bool admit(uint64_t id, std::optional<uint64_t> parent) {
@@ -464,12 +516,13 @@ struct LookaheadRef {
           const Block& vb = c[v];
           ghost[v] = Ghost{vb.ref_time, vb.uses, vb.cls};
           if (last_placed == v) last_placed.reset();
-          c.erase(v);
+          erase(v);
         }
         const Ghost g = ghost[id];  // insert: takes the ghost entry of the miss
         ghost.erase(id);
         Block& b = c[id];
         b.parent = parent;
+        b.depth = static_cast<uint32_t>(j);
         b.uses = std::max<uint32_t>(g.count, 1);
         b.cls = cls_of(b.uses, g.tag & 1);
         if (b.cls != g.tag) moved(g.tag, b.cls);
@@ -1316,10 +1369,10 @@ TEST(Evictors, LookaheadDemotedChainLeavesFromItsTailInAnyArrivalOrder) {
   }
 }
 
-// A parent goes after its children, whatever their ranks: one demoted with an older rank than its
-// child's, in either order of arrival, waits while the child is here and leaves right after it;
-// a block between them in rank goes first; a child the caller refuses (leaving already) no longer
-// holds its parent back.
+// A parent goes after its children, whatever their ranks. Demoted with an older rank than its
+// child's, in either order of arrival: met in the walk, it waits and goes right after its child;
+// found at the ranking's tail, it is held out of the ranking (a child the caller refuses does not
+// free it) until its last child leaves, and then ranks by its own rank time again.
 TEST(Evictors, LookaheadParentGoesAfterItsChildrenWhateverTheirRanks) {
   const uint8_t cls = static_cast<uint8_t>(LookaheadEvictor::class_of(1, false));
   const auto demote = [&](LookaheadEvictor& e, BlockFacts f, uint64_t time) {
@@ -1328,6 +1381,7 @@ TEST(Evictors, LookaheadParentGoesAfterItsChildrenWhateverTheirRanks) {
     e.on_insert(f);
   };
   for (bool child_first : {true, false}) {
+    const std::string order = child_first ? "child first" : "parent first";
     EvictorOptions o;
     o.capacity_blocks = 8;
     LookaheadEvictor e(o);
@@ -1335,21 +1389,24 @@ TEST(Evictors, LookaheadParentGoesAfterItsChildrenWhateverTheirRanks) {
     // Parent first, the child does not arrive right behind it (it would take the parent's time).
     if (child_first) demote(e, facts_of(2, 1, 1), 10);
     demote(e, facts_of(1), 5);
-    demote(e, facts_of(7), 7);
+    demote(e, facts_of(7), 3);
     if (!child_first) demote(e, facts_of(2, 1, 1), 10);
     demote(e, facts_of(9), 12);
     std::vector<BlockKey> out;
     ASSERT_EQ(e.select_victims(4, KeyFilter::none(), out), 4u);
     const std::vector<BlockKey> expected = {key_of(7), key_of(2), key_of(1), key_of(9)};
-    EXPECT_EQ(out, expected) << (child_first ? "child first" : "parent first");
-    out.clear();
-    ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
-    EXPECT_EQ(out[0], key_of(7));
+    EXPECT_EQ(out, expected) << order;
     e.on_erase(key_of(7));
-    out.clear();
+    const auto one = [&](KeyFilter skip) {
+      std::vector<BlockKey> v;
+      EXPECT_EQ(e.select_victims(1, skip, v), 1u) << order;
+      return v.empty() ? BlockKey{} : v[0];
+    };
+    EXPECT_EQ(one(KeyFilter::none()), key_of(2)) << order;  // 1, at the tail now, is held
     const auto child_leaving = [](const BlockKey& k) { return k == key_of(2); };
-    ASSERT_EQ(e.select_victims(1, KeyFilter(child_leaving), out), 1u);
-    EXPECT_EQ(out[0], key_of(1));
+    EXPECT_EQ(one(KeyFilter(child_leaving)), key_of(9)) << order;
+    e.on_erase(key_of(2));
+    EXPECT_EQ(one(KeyFilter::none()), key_of(1)) << order;  // ranked again, below 9
     EXPECT_EQ(e.misuse(), 0u);
   }
 }
