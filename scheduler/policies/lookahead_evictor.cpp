@@ -393,7 +393,8 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
       continue;
     }
     links_.parent_slot(index_, s);  // counts the block in its parent if it arrived first
-    if (links_.children(s) > passed[s]) {
+    if (const uint32_t children = links_.children(s);
+        children != 0 && children > (passed.count(s) != 0 ? passed[s] : 0u)) {
       parents.push_back(s);
       waiting[s] = true;
       continue;
