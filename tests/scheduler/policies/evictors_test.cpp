@@ -777,16 +777,21 @@ TEST(Evictors, PrefixAwareParentArrivingAfterItsChildIsNotAVictim) {
   EXPECT_EQ(e.misuse(), 0u);
 }
 
+// Tracks block `id` (child of `parent`) in `index` and attaches it to `links`; its slot.
+uint32_t attach_block(KeyIndex& index, ChainLinks& links, uint64_t id, BlockKey parent) {
+  const uint32_t slot = index.insert(key_of(id));
+  links.reserve_slots(index.slot_limit());
+  links.attach(index, slot, parent);
+  return slot;
+}
+
 // A parent that left and came back into another slot whose per-slot generation matched the
 // stale link's: the link must be recognised as stale and the child counted again.
 TEST(Evictors, ChainLinksParentBackInAnotherSlotRecountsItsChild) {
   KeyIndex index;
   ChainLinks links;
   const auto add = [&](uint64_t id, BlockKey parent) {
-    const uint32_t slot = index.insert(key_of(id));
-    links.reserve_slots(index.slot_limit());
-    links.attach(index, slot, parent);
-    return slot;
+    return attach_block(index, links, id, parent);
   };
   const uint32_t p = add(1, BlockKey{});
   const uint32_t c = add(2, key_of(1));
@@ -810,10 +815,7 @@ TEST(Evictors, ChainLinksCountAChildThatArrivedFirstWhenItsParentArrives) {
   KeyIndex index;
   ChainLinks links;
   const auto add = [&](uint64_t id, BlockKey parent) {
-    const uint32_t slot = index.insert(key_of(id));
-    links.reserve_slots(index.slot_limit());
-    links.attach(index, slot, parent);
-    return slot;
+    return attach_block(index, links, id, parent);
   };
   add(2, key_of(1));  // children of 1, before it
   add(3, key_of(1));
