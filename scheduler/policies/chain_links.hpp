@@ -48,10 +48,11 @@ class ChainLinks {
     if (parent_slot(index, slot) == KeyIndex::kNone && !parent.is_null()) {
       waiting_.emplace(parent, slot);
     }
-    const auto [first, last] = waiting_.equal_range(index.key(slot));
+    const BlockKey& key = index.key(slot);
+    const auto [first, last] = waiting_.equal_range(key);
     for (auto it = first; it != last; ++it) {
       const uint32_t child = it->second;
-      if (link_[child] == kUnlinked && parent_[child] == index.key(slot)) {
+      if (link_[child] == kUnlinked && parent_[child] == key) {
         ++children_[slot];
         link_[child] = incarnation_[slot];
       }

@@ -4,6 +4,7 @@
 #include <bit>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "scheduler/policies/hint_board.hpp"
 
@@ -354,16 +355,18 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   // of it are still tracked waits; it goes right after the last of them leaves the walk (taken,
   // or refused by `skip`: leaving already, or pinned with it), else after every other unhinted
   // block. One still waiting when the walk ends is held out of the ranking (kHeldList).
-  std::vector<uint32_t> parents;                  // waiting, in walk order
+  std::vector<uint32_t> parents;                  // held back in this walk, in walk order
+  std::unordered_set<uint32_t> waiting;           // of those, the ones not emitted yet
   std::unordered_map<uint32_t, uint32_t> passed;  // per parent slot: its children walked past
-  std::unordered_map<uint32_t, bool> waiting;     // parent slot -> still waiting
+  const auto passed_children = [&](uint32_t slot) {
+    const auto it = passed.find(slot);
+    return it == passed.end() ? 0u : it->second;
+  };
+  // The block left the walk: its parent, once every child of it did, goes next if it waits.
   const auto pass = [&](uint32_t slot) {
-    for (uint32_t ps = links_.parent_slot(index_, slot); ps != KeyIndex::kNone;
+    for (uint32_t ps = links_.parent_slot(index_, slot); ps != KeyIndex::kNone && added < count;
          ps = links_.parent_slot(index_, ps)) {
-      if (++passed[ps] < links_.children(ps)) return;
-      const auto w = waiting.find(ps);
-      if (w == waiting.end() || !w->second || added == count) return;
-      w->second = false;
+      if (++passed[ps] < links_.children(ps) || waiting.erase(ps) == 0) return;
       out.push_back(index_.key(ps));
       ++added;
     }
@@ -393,10 +396,9 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
       continue;
     }
     links_.parent_slot(index_, s);  // counts the block in its parent if it arrived first
-    if (const uint32_t children = links_.children(s);
-        children != 0 && children > (passed.count(s) != 0 ? passed[s] : 0u)) {
+    if (links_.children(s) > passed_children(s)) {
       parents.push_back(s);
-      waiting[s] = true;
+      waiting.insert(s);
       continue;
     }
     out.push_back(key);
@@ -404,7 +406,7 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
     pass(s);
   }
   for (uint32_t p : parents) {
-    if (waiting[p]) hold(p);
+    if (waiting.count(p) != 0) hold(p);
   }
   for (uint32_t h = lists_.back(kHeldList); added < count && h != SlotLists::kNil;
        h = lists_.newer(h)) {

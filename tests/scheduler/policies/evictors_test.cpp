@@ -201,9 +201,11 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
 // sums; list order is kept as (major, minor) pairs: a push to a list's front takes a new major, a
 // child placed behind its parent takes the parent's major and the next minor, so a list's tail is
 // its smallest major and, within it, its largest minor. Victims are the k-way merge of the lists by
-// rank, as the policy walks them, an unhinted block with a child cached after every unhinted one
-// without; hinted blocks reaching a tail move to a hinted list (index 10) and are offered last,
-// the one whose reader starts last among the 16 longest-hinted first.
+// rank, as the policy walks them; an unhinted block with a child cached, met before the victim,
+// is held (index 11) until its last child leaves, then ranks by its rank time in its class's
+// arrived list (12 + class); held blocks are offered when no unhinted leaf is left, the one held
+// longest first; hinted blocks reaching a tail move to a hinted list (index 10) and are offered
+// last, the one whose reader starts last among the 16 longest-hinted first.
 struct LookaheadRef {
   static constexpr uint32_t kClasses = 10;
   static constexpr uint32_t kHinted = 10;
