@@ -74,6 +74,16 @@ uint32_t EntryView::copies(Tier tier) const {
   return 0;
 }
 
+bool EntryView::shadowed(Tier tier) const {
+  const BlockHeader& h = entry_.header();
+  switch (tier) {
+    case Tier::kHbm: return false;
+    case Tier::kHost: return h.hbm_ready == layers();
+    case Tier::kNvme: return h.mem_ready == layers();
+  }
+  return false;
+}
+
 std::optional<Tier> EntryView::match_tier() const {
   const BlockHeader& h = entry_.header();
   if (h.hbm_ready == layers()) return Tier::kHbm;

@@ -80,6 +80,9 @@ class EntryView {
   // The slowest tier a cached block must be loaded from: hbm when every page is ready in HBM, host
   // when every page is ready in HBM or host, else nvme; nullopt when not cached.
   std::optional<Tier> match_tier() const;
+  // Shadowed in `tier` (host or NVMe): every page has a ready copy in a faster tier, so the copy
+  // in `tier` could go without losing the block. Never true for HBM.
+  bool shadowed(Tier tier) const;
   // Dirty: the NVMe copy is not ready while some page holds valid data (ready or draining) in HBM
   // or host memory, i.e. losing the memory tiers would lose the block.
   bool dirty() const;

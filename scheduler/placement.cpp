@@ -1,6 +1,7 @@
 #include "scheduler/placement.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace kvtier {
@@ -10,6 +11,10 @@ struct Placement::Budget {
   // Keys already leaving, and keys arriving, per tier in this plan: neither may be chosen again.
   std::array<std::unordered_set<BlockKey, BlockKeyHash>, kNumTiers> leaving;
   std::array<std::unordered_set<BlockKey, BlockKeyHash>, kNumTiers> arriving;
+  // Keys dropped from some tier in this plan, and whether as shadowed. A shadowed drop relies on
+  // the copy above, so a block shadowed-dropped in one tier is dropped from no other in the same
+  // plan, nor is a block dropped elsewhere shadowed-dropped (moving it down stays allowed).
+  std::unordered_map<BlockKey, bool, BlockKeyHash> dropped;
   // Each tier's victims in its evictor's order, fetched in growing batches. The evictors do not
   // change while a plan is made, so a tier asked for room again (once per block demoted into it)
   // continues where it stopped. Rejected: asking the evictor afresh each time, which walks its
@@ -39,6 +44,7 @@ struct Snapshot {
   bool nvme_ready = false;
   bool nvme_absent = true;
   bool all_in_memory = false;  // every page ready in HBM or host (an NVMe copy can be written)
+  bool shadowed = false;       // every page ready in a faster tier (EntryView::shadowed)
 };
 
 Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier) {
@@ -53,6 +59,7 @@ Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier) {
     s.nvme_ready = nvme == CopyState::kReady;
     s.nvme_absent = nvme == CopyState::kAbsent;
     s.all_in_memory = v.memory_ready_pages() == v.layers();
+    s.shadowed = v.shadowed(tier);
     if (tier == Tier::kNvme) {
       s.evictable = s.nvme_ready ? 1 : 0;
       s.in_flight = nvme == CopyState::kFilling || nvme == CopyState::kDraining;
@@ -166,13 +173,11 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
       case Tier::kNvme: clean = false; break;
     }
     const std::optional<Tier> next = next_tier(tier);
-    if (clean || !write_.demote_on_evict() || !next) {
+    bool refused = false;  // a demotion the tier below refused: dropped instead
+    if (s.shadowed && !write_.keeps_shadowed_copies()) {
+      move.shadowed = true;  // a left-over copy: a faster tier holds every page
+    } else if (clean || !write_.demote_on_evict() || !next) {
       move.clean_below = clean;
-      if (clean) {
-        ++counters_.clean_drops;
-      } else {
-        ++counters_.drops;
-      }
     } else {
       const std::size_t ni = static_cast<std::size_t>(tier_index(*next));
       bool admitted = true;
@@ -202,11 +207,21 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
         budget.arriving[ni].insert(key);
         move.to = *next;
         move.frames_taken = static_cast<uint32_t>(need);
-        ++counters_.demotions;
       } else {
-        ++counters_.refused;
-        ++counters_.drops;
+        refused = true;
       }
+    }
+    if (move.to) {
+      ++counters_.demotions;
+    } else if (const auto [it, first] = budget.dropped.emplace(key, move.shadowed);
+               !first && (it->second || move.shadowed)) {
+      ++counters_.skipped;  // the copy this drop relies on is dropped in this plan: it stays
+      continue;
+    } else {
+      ++(move.shadowed      ? counters_.shadowed_drops
+         : move.clean_below ? counters_.clean_drops
+                            : counters_.drops);
+      if (refused) ++counters_.refused;
     }
     budget.free[ti] += move.frames_freed;
     freed += move.frames_freed;
@@ -276,8 +291,27 @@ Result<ExecutionResult> execute_plan_metadata(PageTable& table,
       Evictor* src = evictors[static_cast<std::size_t>(tier_index(m.from))];
       if (src != nullptr && src->contains(m.block.key)) src->on_erase(m.block.key);
     }
+    report_shadowed(table, evictors, m.block.key);
   }
   return result;
+}
+
+void report_shadowed(const PageTable& table, std::array<Evictor*, kNumTiers> evictors,
+                     const BlockKey& key) {
+  std::array<bool, kNumTiers> shadowed{};
+  if (!table
+           .visit(key,
+                  [&](const EntryView& v) {
+                    for (Tier t : {Tier::kHost, Tier::kNvme})
+                      shadowed[tier_index(t)] = v.shadowed(t);
+                  })
+           .ok()) {
+    return;  // gone: every copy left, and the evictors heard on_erase
+  }
+  for (Tier t : {Tier::kHost, Tier::kNvme}) {
+    Evictor* e = evictors[static_cast<std::size_t>(tier_index(t))];
+    if (e != nullptr && e->contains(key)) e->on_shadowed(key, shadowed[tier_index(t)]);
+  }
 }
 
 }  // namespace kvtier

@@ -9,8 +9,12 @@
 //   - skipped: a page pinned in that tier, a copy of the block in flight there (filling or
 //     draining), a block already in the plan; the evictor itself skips what its policy protects
 //     (prefix_aware: blocks whose children are still cached in the tier);
-//   - plain drop: a ready copy already exists in a slower tier (clean below), or the strategy
-//     does not write down evicted blocks;
+//   - plain drop: a faster tier holds every page and the write strategy keeps no copies below
+//     on purpose (shadowed: under write_back, a copy a promotion left below), a ready copy
+//     already exists in a slower tier (clean below), or the strategy does not write down
+//     evicted blocks;
+//   - a shadowed drop relies on the copy above: in one plan, a block shadowed-dropped from one
+//     tier is dropped from no other, and one dropped from a tier is not shadowed-dropped;
 //   - demote to the next configured slower tier when that tier admits it: for NVMe, NvmeAdmission
 //     (hits); then, only when the destination is the last tier and it is full, that tier's
 //     evictor's admit(). Host above NVMe takes every demotion: its own victim moves on down, and
@@ -62,6 +66,7 @@ struct PlannedMove {
   uint32_t frames_freed = 0;  // frames of `from` (pages; 1 extent for NVMe)
   uint32_t frames_taken = 0;  // frames of `to` (pages without a copy there yet; 1 NVMe extent)
   bool clean_below = false;   // dropped because a ready copy exists in a slower tier
+  bool shadowed = false;      // dropped because a faster tier holds every page
 };
 
 struct PlacementPlan {
@@ -80,6 +85,7 @@ struct PlacementCounters {
   uint64_t demotions = 0;    // moves to a slower tier
   uint64_t drops = 0;        // moves that dropped a copy with nothing written
   uint64_t clean_drops = 0;  // drops of copies that were safe below
+  uint64_t shadowed_drops = 0;  // drops of copies a faster tier holds in full
   uint64_t refused = 0;      // demotions refused by admission (dropped instead)
   uint64_t skipped = 0;      // victims proposed by an evictor but not movable now
 };
@@ -138,5 +144,12 @@ struct ExecutionResult {
 Result<ExecutionResult> execute_plan_metadata(PageTable& table,
                                               std::array<Evictor*, kNumTiers> evictors,
                                               const PlacementPlan& plan);
+
+// Tells the evictors of the tiers below HBM that track `key` whether it is shadowed there now
+// (EntryView::shadowed, Evictor::on_shadowed), as the page table says. Whoever changes a block's
+// copies calls it after the change (execute_plan_metadata does; the replay after its fills; the
+// scheduler reports from its own membership sync).
+void report_shadowed(const PageTable& table, std::array<Evictor*, kNumTiers> evictors,
+                     const BlockKey& key);
 
 }  // namespace kvtier

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "scheduler/policies/shadowed_first.hpp"
 #include "scheduler/scheduler_internal.hpp"
 
 namespace kvtier {
@@ -39,6 +40,8 @@ Status Scheduler::init() {
     }
     return 0;
   };
+  write_ = make_write_strategy(options_.policies.write, options_.policies.write_selective_hits);
+  if (write_ == nullptr) return invalid_argument("unknown write policy");
   std::array<Evictor*, kNumTiers> raw{};
   for (Tier t : kAllTiers) {
     const uint64_t cap = capacity_of(t);
@@ -49,14 +52,16 @@ Status Scheduler::init() {
         t == Tier::kNvme ? cap : cap / std::max<uint32_t>(1, options_.geometry.layers);
     eo.hints = &hints_;
     evictors_[tier_index(t)] = make_evictor(options_.policies.eviction, eo);
+    if (t != Tier::kHbm) {
+      evictors_[tier_index(t)] =
+          shadowed_first(std::move(evictors_[tier_index(t)]), !write_->keeps_shadowed_copies());
+    }
     if (evictors_[tier_index(t)] == nullptr) {
       return invalid_argument("no eviction policy named " +
                               std::string(eviction_policy_name(options_.policies.eviction)));
     }
     raw[tier_index(t)] = evictors_[tier_index(t)].get();
   }
-  write_ = make_write_strategy(options_.policies.write, options_.policies.write_selective_hits);
-  if (write_ == nullptr) return invalid_argument("unknown write policy");
   admission_ = std::make_unique<NvmeAdmission>(options_.policies.admission);
   placement_ = std::make_unique<Placement>(*parts_.table, raw, *admission_, *write_);
   return ok_status();

@@ -1219,6 +1219,7 @@ void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
   BlockFacts facts;
   facts.key = key;
   bool faster_copy = false;
+  bool shadowed = false;
   Status s = parts_.table->visit(key, [&](const EntryView& v) {
     facts.parent = v.parent();
     facts.hits = v.stats().hits;
@@ -1230,6 +1231,7 @@ void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
       }
     }
     faster_copy = tier != Tier::kHbm && v.copies(Tier::kHbm) > 0;
+    shadowed = v.shadowed(tier);
   });
   if (!s.ok()) has = false;
   if (has && !e->contains(key)) {
@@ -1250,6 +1252,7 @@ void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
   } else if (!has && e->contains(key)) {
     e->on_erase(key);
   }
+  if (has) e->on_shadowed(key, shadowed);
 }
 
 void Scheduler::after_change(const BlockKey& key) {

@@ -13,6 +13,7 @@
 #include "scheduler/policies/admission.hpp"
 #include "scheduler/policies/evictor.hpp"
 #include "scheduler/policies/hint_board.hpp"
+#include "scheduler/policies/shadowed_first.hpp"
 #include "scheduler/policies/write_strategy.hpp"
 #include "tiers/extent_allocator.hpp"
 #include "tiers/frame_allocator.hpp"
@@ -83,7 +84,7 @@ class PolicyRun {
     for (uint64_t f : frames) total += f;
     pt.expected_blocks = std::min<uint64_t>(total + 1024, w_.unique_blocks);
     KVTIER_ASSIGN_OR_RETURN(table_, PageTable::create(pt, allocators));
-
+    write_ = make_write_strategy(options_.write, options_.write_selective_hits);
     for (Tier t : kAllTiers) {
       if (frames[ti(t)] == 0 && t != Tier::kHbm) continue;
       EvictorOptions eo;
@@ -91,9 +92,12 @@ class PolicyRun {
       eo.expected_blocks = std::min<uint64_t>(frames[ti(t)] + 16, w_.unique_blocks);
       eo.hints = options_.lookahead > 0 ? &hints_ : nullptr;
       evictors_owned_[ti(t)] = make_evictor(spec_.eviction, eo);
+      if (t != Tier::kHbm) {
+        evictors_owned_[ti(t)] =
+            shadowed_first(std::move(evictors_owned_[ti(t)]), !write_->keeps_shadowed_copies());
+      }
       evictors_[ti(t)] = evictors_owned_[ti(t)].get();
     }
-    write_ = make_write_strategy(options_.write, options_.write_selective_hits);
     placement_ = std::make_unique<Placement>(*table_, evictors_, admission_, *write_);
     return ok_status();
   }
@@ -183,6 +187,7 @@ class PolicyRun {
     }));
     Evictor* e = evictors_[ti(tier)];
     if (e != nullptr && !e->contains(facts.key)) e->on_insert(facts);
+    report_shadowed(*table_, evictors_, facts.key);
     return ok_status();
   }
 

@@ -10,7 +10,9 @@
 //              it); the accesses of one request come in chain order, parent first;
 //   on_erase   the copy left this tier (evicted by a plan, or dropped for any other reason);
 //   on_miss    a request needed the block and this tier had no copy (before any insert): lets a
-//              policy learn reuse of blocks it does not hold (ghost histories).
+//              policy learn reuse of blocks it does not hold (ghost histories);
+//   on_shadowed  a faster tier gained or lost a full copy of a tracked block
+//   (ShadowedFirstEvictor).
 // A key is tracked from on_insert to on_erase; on_insert of a tracked key or on_erase/on_access
 // of an untracked one is a caller bug and is ignored (counted in `misuse()`), never a crash.
 //
@@ -107,6 +109,10 @@ class Evictor {
   virtual void on_access(const BlockKey& key) = 0;
   virtual void on_erase(const BlockKey& key) = 0;
   virtual void on_miss(const BlockFacts& block) {}
+  // A tier faster than this one now holds (true), or no longer holds (false), a ready copy of
+  // every page of this tracked block: this tier's copy could go without losing it. Reported
+  // where a policy orders such copies first (ShadowedFirstEvictor); the default ignores it.
+  virtual void on_shadowed(const BlockKey& key, bool shadowed) {}
 
   // Whether `block` (not yet tracked) should take a frame when the tier is full. The default
   // admits everything.
@@ -127,7 +133,7 @@ class Evictor {
   // Heap bytes of the policy's metadata.
   virtual std::size_t memory_bytes() const = 0;
   // Calls that broke the membership contract (see the header comment); 0 in a correct caller.
-  uint64_t misuse() const { return misuse_; }
+  virtual uint64_t misuse() const { return misuse_; }
 
  protected:
   void count_misuse() { ++misuse_; }

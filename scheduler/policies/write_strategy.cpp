@@ -24,6 +24,7 @@ class WriteBack final : public WriteStrategy {
   std::string_view name() const override { return "write_back"; }
   TierMask on_complete(const WriteContext&) const override { return TierMask(); }
   TierMask on_hit(const WriteContext&) const override { return TierMask(); }
+  bool keeps_shadowed_copies() const override { return false; }
 };
 
 class WriteThroughSelective final : public WriteStrategy {

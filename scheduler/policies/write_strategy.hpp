@@ -4,7 +4,8 @@
 //                            HBM is always a plain drop (a clean copy waits below);
 //   write_back               nothing is written until eviction: the placement demotes the
 //                            victim (a copy plus a drop), the cheapest on links when most blocks
-//                            are never reused;
+//                            are never reused; a copy left below a promoted block is the first
+//                            to go when its tier needs room (ShadowedFirstEvictor);
 //   write_through_selective  written down once the block has been hit `write_selective_hits`
 //                            times: blocks that proved popular get a clean copy below early, so
 //                            their later eviction is free, while one-off blocks cost nothing.
@@ -68,6 +69,11 @@ class WriteStrategy {
   // Whether an evicted copy with no clean copy below must be written down before it is dropped
   // (true for every strategy here; a cache that may lose unwritten blocks could say false).
   virtual bool demote_on_evict() const { return true; }
+  // Whether copies below a block that a faster tier holds are wanted there (true for the
+  // strategies that write blocks down ahead of eviction, so that eviction is a plain drop); false
+  // lets a lower tier give up such a shadowed copy before any block only it holds
+  // (ShadowedFirstEvictor): under write_back the copies below a promoted block are left-overs.
+  virtual bool keeps_shadowed_copies() const { return true; }
 };
 
 // `selective_hits` is policies.write_selective_hits (used by write_through_selective only).

@@ -14,6 +14,7 @@
 #include "scheduler/page_table.hpp"
 #include "scheduler/policies/admission.hpp"
 #include "scheduler/policies/evictor.hpp"
+#include "scheduler/policies/shadowed_first.hpp"
 #include "scheduler/policies/write_strategy.hpp"
 #include "tests/scheduler/page_table_test_util.hpp"
 #include "tiers/frame_allocator.hpp"
@@ -297,6 +298,112 @@ TEST_F(PlacementAdmission, ANewBlockIsAskedOfTheTierThatWouldDropOne) {
   EXPECT_FALSE(placement_->admit_new(fresh, {0, 0, 0}));
   EXPECT_EQ(evictor(Tier::kHost).admit_calls, 1u);
   EXPECT_EQ(evictor(Tier::kHbm).admit_calls, 0u);
+}
+
+// Copies a promotion left below (shadowed: HBM holds the block in full). Under write_back the
+// host tier drops such a copy first, without writing it down, and a block is never dropped from
+// two tiers by one plan: block 1 leaves HBM as a clean drop (its host copy is below), so its host
+// copy, though shadowed, stays, and host's room comes from block 2 instead.
+class PlacementShadowed : public ::testing::Test {
+ protected:
+  void make(WritePolicy policy) {
+    placement_.reset();
+    rig_.table.reset();  // before the allocators its copies hold frames of
+    rig_ = std::move(pt_test::TableRig::make(1, 1, 2, 2, 4)).value();
+    write_ = make_write_strategy(policy, 2);
+    EvictorOptions eo;
+    eo.capacity_blocks = 2;
+    for (Tier t : kAllTiers) {
+      evictor(t) = make_evictor(EvictionPolicy::kLru, eo);
+      if (t != Tier::kHbm) {
+        evictor(t) = shadowed_first(std::move(evictor(t)), !write_->keeps_shadowed_copies());
+      }
+    }
+    // Host memory: block 1 (the oldest), then block 2. HBM: block 1 again (promoted), then 3.
+    fill_block(*rig_.table, Tier::kHost, 1, *evictor(Tier::kHost));
+    fill_block(*rig_.table, Tier::kHost, 2, *evictor(Tier::kHost));
+    add_copy(Tier::kHbm, 1);
+    fill_block(*rig_.table, Tier::kHbm, 3, *evictor(Tier::kHbm));
+    std::array<Evictor*, kNumTiers> raw{};
+    for (Tier t : kAllTiers) raw[static_cast<std::size_t>(tier_index(t))] = evictor(t).get();
+    report_shadowed(*rig_.table, raw, key_of(1));
+    placement_ = std::make_unique<Placement>(*rig_.table, raw, admission_, *write_);
+  }
+
+  void add_copy(Tier tier, uint64_t id) {
+    ASSERT_TRUE(rig_.table
+                    ->update(key_of(id),
+                             [&](EntryView& v) -> Status {
+                               const CopyId copy = CopyId::page(tier, 0);
+                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
+                               return v.complete_fill(copy);
+                             })
+                    .ok());
+    BlockFacts f;
+    f.key = key_of(id);
+    evictor(tier)->on_insert(f);
+  }
+
+  std::unique_ptr<Evictor>& evictor(Tier t) {
+    return evictors_[static_cast<std::size_t>(tier_index(t))];
+  }
+
+  static const PlannedMove* move_of(const PlacementPlan& plan, uint64_t id, Tier from) {
+    for (const PlannedMove& m : plan.moves) {
+      if (m.block.key == key_of(id) && m.from == from) return &m;
+    }
+    return nullptr;
+  }
+
+  pt_test::TableRig rig_;
+  std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
+  std::unique_ptr<WriteStrategy> write_;
+  NvmeAdmission admission_{0u};
+  std::unique_ptr<Placement> placement_;
+};
+
+TEST_F(PlacementShadowed, AShadowedCopyGoesFirstAndIsDroppedNotWrittenDown) {
+  make(WritePolicy::kWriteBack);
+  const PlacementPlan plan = placement_->plan_room(Tier::kHost, 1, {0, 0, 4});
+  ASSERT_EQ(plan.moves.size(), 1u);
+  const PlannedMove* m = move_of(plan, 1, Tier::kHost);
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(m->shadowed);
+  EXPECT_EQ(m->to, std::nullopt);
+  EXPECT_EQ(placement_->counters().shadowed_drops, 1u);
+  // Carried out, block 1 lives on in HBM, and host no longer counts it shadowed.
+  std::array<Evictor*, kNumTiers> raw{};
+  for (Tier t : kAllTiers) raw[static_cast<std::size_t>(tier_index(t))] = evictor(t).get();
+  ASSERT_TRUE(execute_plan_metadata(*rig_.table, raw, plan).ok());
+  EXPECT_TRUE(evictor(Tier::kHbm)->contains(key_of(1)));
+  EXPECT_FALSE(evictor(Tier::kHost)->contains(key_of(1)));
+  EXPECT_EQ(static_cast<ShadowedFirstEvictor&>(*evictor(Tier::kHost)).shadowed(), 0u);
+}
+
+TEST_F(PlacementShadowed, WriteThroughKeepsItsCopiesBelowInTheirOrder) {
+  make(WritePolicy::kWriteThrough);
+  const PlacementPlan plan = placement_->plan_room(Tier::kHost, 1, {0, 0, 4});
+  const PlannedMove* m = move_of(plan, 1, Tier::kHost);  // the oldest, as LRU says
+  ASSERT_NE(m, nullptr);
+  EXPECT_FALSE(m->shadowed);
+  EXPECT_EQ(m->to, Tier::kNvme);
+  EXPECT_EQ(placement_->counters().shadowed_drops, 0u);
+}
+
+TEST_F(PlacementShadowed, ABlockIsNotDroppedFromTwoTiersInOnePlan) {
+  make(WritePolicy::kWriteBack);
+  // HBM needs both frames: block 1 leaves as a clean drop, block 3 goes down to host memory,
+  // which makes room without NVMe (full): its shadowed block 1 must stay, block 2 goes.
+  const PlacementPlan plan = placement_->plan_room(Tier::kHbm, 2, {0, 0, 0});
+  const PlannedMove* hbm1 = move_of(plan, 1, Tier::kHbm);
+  ASSERT_NE(hbm1, nullptr);
+  EXPECT_TRUE(hbm1->clean_below);
+  EXPECT_EQ(move_of(plan, 1, Tier::kHost), nullptr) << "block 1 would be lost";
+  const PlannedMove* hbm3 = move_of(plan, 3, Tier::kHbm);
+  ASSERT_NE(hbm3, nullptr);
+  EXPECT_EQ(hbm3->to, Tier::kHost);
+  EXPECT_NE(move_of(plan, 2, Tier::kHost), nullptr);
+  EXPECT_EQ(plan.shortfall, 0u);
 }
 
 }  // namespace

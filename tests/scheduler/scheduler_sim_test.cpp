@@ -97,6 +97,50 @@ TEST(SchedulerSim, BlocksEvictedDownTheTiersComeBackIntact) {
   expect_consistent(w);
 }
 
+// Under write_back, the NVMe copies left below a promoted prefix are the first to go when NVMe
+// needs room (its pages are all in memory, so nothing is lost), ahead of the older blocks only
+// NVMe holds; the prefix stays matched, from memory.
+TEST(SchedulerSim, CopiesLeftBelowAPromotedPrefixGoFirst) {
+  SimSetup setup;
+  setup.hbm_frames = 32;   // 8 blocks of 4 layers
+  setup.host_frames = 32;  // 8 blocks
+  setup.nvme_extents = 18;
+  SimWorld w(setup);
+  uint32_t next_prompt = 1;
+  const auto compute = [&](std::vector<BlockKey> prompt) {
+    auto s = w.scheduler().open_sequence(prompt);
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, static_cast<uint32_t>(prompt.size()) * 16};
+    auto r = w.run_step(std::span(&item, 1), 5 * kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+  };
+  const std::vector<BlockKey> first = w.prompt(4, next_prompt++);
+  compute(first);
+  for (int p = 0; p < 5; ++p) compute(w.prompt(4, next_prompt++));
+  ASSERT_EQ(w.scheduler().match(first).by_tier[tier_index(Tier::kNvme)], 4u);
+  // Promote the first prompt and keep its sequence open, then fill NVMe with new blocks.
+  auto s = w.scheduler().open_sequence(first);
+  ASSERT_TRUE(s.ok());
+  const StepItem decode{s->id, 1};
+  auto r = w.run_step(std::span(&decode, 1), 5 * kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  w.settle();
+  const uint64_t before = w.scheduler().placement_counters().shadowed_drops;
+  for (int p = 0; p < 2; ++p) compute(w.prompt(4, next_prompt++));
+  EXPECT_GT(w.scheduler().placement_counters().shadowed_drops, before);
+  auto info = w.table().lookup(first[0]);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->nvme, CopyState::kAbsent) << "its NVMe copy went first";
+  const MatchResult m = w.scheduler().match(first);
+  EXPECT_EQ(m.blocks, 4u);
+  EXPECT_EQ(m.by_tier[tier_index(Tier::kNvme)], 0u) << "served from memory";
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // The same workload with the tiers below HBM in fp8 (tiers.host.kv_dtype, tiers.nvme.kv_dtype):
 // the scheduler makes the same moves, and each link carries the pages in the format of the tier
 // it reaches or leaves, so its bytes shrink by exactly the page formats' ratio.
