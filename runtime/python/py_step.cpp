@@ -28,11 +28,12 @@ PyStep::~PyStep() {
     // Dropped by the garbage collector with the GIL held; the abort waits on the loop.
     std::optional<GilRelease> unlocked;
     if (holds_gil()) unlocked.emplace();
-    const bool open_runtime =
-        !state->closing.load(std::memory_order_acquire);  // else nothing is left to unpin
-    std::shared_lock runtime_lock(state->mu, std::defer_lock);
-    if (open_runtime) runtime_lock.lock();
-    if (open_runtime && !state->shut_down) {
+    // Waits out a shutdown in progress rather than trusting `closing`: a shutdown refused under
+    // its exclusive lock (a NumPy view made meanwhile) lowers `closing` again and leaves the
+    // runtime open, and skipping the abort then would leave this step's pages pinned. A shutdown
+    // that went through aborted every step itself (shut_down, nothing is left to unpin).
+    std::shared_lock runtime_lock(state->mu);
+    if (!state->shut_down) {
       Status s = state->runtime->abort_step(info.id);
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
         log(LogLevel::kWarn,
@@ -193,10 +194,10 @@ std::unique_ptr<PyStep> begin_step(PyRuntime& self,
   std::vector<StepItem> batch;
   batch.reserve(items.size());
   for (const auto& [sequence, new_tokens] : items) batch.push_back(StepItem{sequence, new_tokens});
-  StepInfo info =
-      with_runtime(self.state, [&](Runtime& rt) { return value_or_throw(rt.begin_step(batch)); });
+  // Made first: nothing that can throw comes between the begun step and its owner.
   auto step = std::make_unique<PyStep>();
-  step->info = std::move(info);
+  step->info =
+      with_runtime(self.state, [&](Runtime& rt) { return value_or_throw(rt.begin_step(batch)); });
   step->state = self.state;
   return step;
 }
