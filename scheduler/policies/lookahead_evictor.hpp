@@ -44,7 +44,9 @@
 // (LRU 2.86), 8/4/9 GiB 2.02 -> 2.99 (LRU 2.78); 16-token blocks, default tiers 2.68 -> 2.83
 // with that order, 2.95 with the parents-after-children rule (LRU 2.86), 16/64/256 GiB 29.06 ->
 // 29.27 (LRU 29.33): at that grain a chain is 32 blocks per trace block, and the ranks alone let
-// tiers drop heads before tails.
+// tiers drop heads before tails. With the copies a promotion leaves below going first
+// (ShadowedFirstEvictor, write_back): 3.08 and 29.94 (LRU 2.91 and 29.46); 512-token 16/64/256
+// GiB 30.65, what one tier of the summed size gets.
 // Ended-request flag: a reference ends its request unless the next reference this tier sees is
 // to its child; it is settled on that next reference (the block ranks as "continued" meanwhile).
 // Final partial blocks, rewritten by the next turn, land in the ended classes and the model learns
