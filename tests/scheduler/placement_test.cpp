@@ -24,21 +24,29 @@ namespace {
 
 BlockKey key_of(uint64_t id) { return BlockKey{id, uint64_t{7} << 40}; }
 
-// A new one-layer block `id` with a ready page in `tier`, tracked by `evictor`.
-void fill_block(PageTable& table, Tier tier, uint64_t id, Evictor& evictor) {
-  const BlockKey key = key_of(id);
-  ASSERT_TRUE(table.create_block(key, BlockKey{}).ok());
+// A ready copy of block `id`'s page `layer` in `tier` (the block exists already).
+void add_ready_page(PageTable& table, Tier tier, uint64_t id, uint32_t layer = 0) {
   ASSERT_TRUE(table
-                  .update(key,
+                  .update(key_of(id),
                           [&](EntryView& v) -> Status {
-                            const CopyId copy = CopyId::page(tier, 0);
+                            const CopyId copy = CopyId::page(tier, layer);
                             KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
                             return v.complete_fill(copy);
                           })
                   .ok());
+}
+
+void track(Evictor& evictor, uint64_t id) {
   BlockFacts f;
-  f.key = key;
+  f.key = key_of(id);
   evictor.on_insert(f);
+}
+
+// A new one-layer block `id` with a ready page in `tier`, tracked by `evictor`.
+void fill_block(PageTable& table, Tier tier, uint64_t id, Evictor& evictor) {
+  ASSERT_TRUE(table.create_block(key_of(id), BlockKey{}).ok());
+  add_ready_page(table, tier, id);
+  track(evictor, id);
 }
 
 // An evictor that forwards to another and counts how it is asked for victims and admissions
@@ -156,14 +164,7 @@ TEST(PlacementCascade, TheBlockBeingDemotedIsNotTheRoomMadeForIt) {
   auto write = make_write_strategy(WritePolicy::kWriteBack, 2);
   NvmeAdmission admission{0u};
   const auto page = [&](uint64_t id, Tier tier, uint32_t layer) {
-    ASSERT_TRUE(table
-                    ->update(key_of(id),
-                             [&](EntryView& v) -> Status {
-                               const CopyId copy = CopyId::page(tier, layer);
-                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
-                               return v.complete_fill(copy);
-                             })
-                    .ok());
+    add_ready_page(*table, tier, id, layer);
   };
   for (uint64_t id : {1, 2, 3}) ASSERT_TRUE(table->create_block(key_of(id), BlockKey{}).ok());
   // Block 1: layer 0 in host, layer 1 in HBM; the oldest in both tiers. Block 2 fills the rest
@@ -172,16 +173,8 @@ TEST(PlacementCascade, TheBlockBeingDemotedIsNotTheRoomMadeForIt) {
   page(1, Tier::kHbm, 1);
   page(2, Tier::kHost, 0);
   page(3, Tier::kHbm, 0);
-  for (uint64_t id : {1, 2}) {
-    BlockFacts f;
-    f.key = key_of(id);
-    host_evictor->on_insert(f);
-  }
-  for (uint64_t id : {1, 3}) {
-    BlockFacts f;
-    f.key = key_of(id);
-    hbm_evictor->on_insert(f);
-  }
+  for (uint64_t id : {1, 2}) track(*host_evictor, id);
+  for (uint64_t id : {1, 3}) track(*hbm_evictor, id);
   Placement placement(*table, {hbm_evictor.get(), host_evictor.get(), nullptr}, admission, *write);
   const PlacementPlan plan = placement.plan_room(Tier::kHbm, 1, {0, 0, 0});
   EXPECT_EQ(plan.shortfall, 0u);
@@ -194,15 +187,38 @@ TEST(PlacementCascade, TheBlockBeingDemotedIsNotTheRoomMadeForIt) {
   EXPECT_TRUE(demoted);
 }
 
+// Two one-layer blocks' room in HBM and host memory, and optionally NVMe, with their placement.
+class PlacementRig : public ::testing::Test {
+ protected:
+  // A fresh table (the old placement and table go first: its copies hold frames of the old
+  // allocators).
+  void reset_rig(bool with_nvme) {
+    placement_.reset();
+    rig_.table.reset();
+    rig_ = std::move(pt_test::TableRig::make(1, 1, 2, 2, with_nvme ? 4 : -1)).value();
+  }
+
+  // The plan's move of `id`'s copy in `from`; null when it does not move.
+  static const PlannedMove* move_of(const PlacementPlan& plan, uint64_t id, Tier from) {
+    for (const PlannedMove& m : plan.moves) {
+      if (m.block.key == key_of(id) && m.from == from) return &m;
+    }
+    return nullptr;
+  }
+
+  pt_test::TableRig rig_;
+  std::unique_ptr<WriteStrategy> write_;
+  NvmeAdmission admission_{0u};
+  std::unique_ptr<Placement> placement_;
+};
+
 // Admission in the cascade: only the last configured tier refuses blocks, and only when it is
 // full. A middle tier that refused a demotion would drop a block the tier below could keep (the
 // lookahead policy's host tier refused 15,000 of them on a trace, below LRU's hit rate).
-class PlacementAdmission : public ::testing::Test {
+class PlacementAdmission : public PlacementRig {
  protected:
   void make(bool with_nvme) {
-    placement_.reset();
-    rig_.table.reset();  // before the allocators its copies hold frames of
-    rig_ = std::move(pt_test::TableRig::make(1, 1, 2, 2, with_nvme ? 4 : -1)).value();
+    reset_rig(with_nvme);
     EvictorOptions eo;
     eo.capacity_blocks = 2;
     for (auto& e : evictors_) {
@@ -227,23 +243,14 @@ class PlacementAdmission : public ::testing::Test {
   // Where the plan sends `id`'s copy in `from`; nullopt for a drop, or when it does not move.
   static std::optional<Tier> destination(const PlacementPlan& plan, uint64_t id, Tier from,
                                          bool* moved) {
-    for (const PlannedMove& m : plan.moves) {
-      if (m.block.key == key_of(id) && m.from == from) {
-        *moved = true;
-        return m.to;
-      }
-    }
-    *moved = false;
-    return std::nullopt;
+    const PlannedMove* m = move_of(plan, id, from);
+    *moved = m != nullptr;
+    return m != nullptr ? m->to : std::nullopt;
   }
 
   CountingEvictor& evictor(Tier t) { return *evictors_[static_cast<std::size_t>(tier_index(t))]; }
 
-  pt_test::TableRig rig_;
   std::array<std::unique_ptr<CountingEvictor>, kNumTiers> evictors_;
-  std::unique_ptr<WriteStrategy> write_;
-  NvmeAdmission admission_{0u};
-  std::unique_ptr<Placement> placement_;
 };
 
 TEST_F(PlacementAdmission, HostAboveNvmeTakesEveryDemotion) {
@@ -304,12 +311,10 @@ TEST_F(PlacementAdmission, ANewBlockIsAskedOfTheTierThatWouldDropOne) {
 // host tier drops such a copy first, without writing it down, and a block is never dropped from
 // two tiers by one plan: block 1 leaves HBM as a clean drop (its host copy is below), so its host
 // copy, though shadowed, stays, and host's room comes from block 2 instead.
-class PlacementShadowed : public ::testing::Test {
+class PlacementShadowed : public PlacementRig {
  protected:
   void make(WritePolicy policy) {
-    placement_.reset();
-    rig_.table.reset();  // before the allocators its copies hold frames of
-    rig_ = std::move(pt_test::TableRig::make(1, 1, 2, 2, 4)).value();
+    reset_rig(/*with_nvme=*/true);
     write_ = make_write_strategy(policy, 2);
     EvictorOptions eo;
     eo.capacity_blocks = 2;
@@ -322,7 +327,8 @@ class PlacementShadowed : public ::testing::Test {
     // Host memory: block 1 (the oldest), then block 2. HBM: block 1 again (promoted), then 3.
     fill_block(*rig_.table, Tier::kHost, 1, *evictor(Tier::kHost));
     fill_block(*rig_.table, Tier::kHost, 2, *evictor(Tier::kHost));
-    add_copy(Tier::kHbm, 1);
+    add_ready_page(*rig_.table, Tier::kHbm, 1);
+    track(*evictor(Tier::kHbm), 1);
     fill_block(*rig_.table, Tier::kHbm, 3, *evictor(Tier::kHbm));
     std::array<Evictor*, kNumTiers> raw{};
     for (Tier t : kAllTiers) raw[static_cast<std::size_t>(tier_index(t))] = evictor(t).get();
@@ -330,36 +336,11 @@ class PlacementShadowed : public ::testing::Test {
     placement_ = std::make_unique<Placement>(*rig_.table, raw, admission_, *write_);
   }
 
-  void add_copy(Tier tier, uint64_t id) {
-    ASSERT_TRUE(rig_.table
-                    ->update(key_of(id),
-                             [&](EntryView& v) -> Status {
-                               const CopyId copy = CopyId::page(tier, 0);
-                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
-                               return v.complete_fill(copy);
-                             })
-                    .ok());
-    BlockFacts f;
-    f.key = key_of(id);
-    evictor(tier)->on_insert(f);
-  }
-
   std::unique_ptr<Evictor>& evictor(Tier t) {
     return evictors_[static_cast<std::size_t>(tier_index(t))];
   }
 
-  static const PlannedMove* move_of(const PlacementPlan& plan, uint64_t id, Tier from) {
-    for (const PlannedMove& m : plan.moves) {
-      if (m.block.key == key_of(id) && m.from == from) return &m;
-    }
-    return nullptr;
-  }
-
-  pt_test::TableRig rig_;
   std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
-  std::unique_ptr<WriteStrategy> write_;
-  NvmeAdmission admission_{0u};
-  std::unique_ptr<Placement> placement_;
 };
 
 TEST_F(PlacementShadowed, AShadowedCopyGoesFirstAndIsDroppedNotWrittenDown) {

@@ -657,19 +657,25 @@ TEST(Replay, ThreeTiersCascadeAndReportHitsPerTier) {
   EXPECT_EQ(r.hit_tokens_by_tier[2], 0u);
 }
 
+// Both generated workloads, `requests` each, by name.
+std::vector<std::pair<std::string, Trace>> generated_traces(uint64_t requests) {
+  ChatTraceOptions chat;
+  chat.requests = requests;
+  AgentTraceOptions agent;
+  agent.requests = requests;
+  std::vector<std::pair<std::string, Trace>> out;
+  out.emplace_back("chat", generate_chat_trace(chat));
+  out.emplace_back("agent", generate_agent_trace(agent));
+  return out;
+}
+
 // Under write_back a lower tier gives up a copy that a faster tier holds in full (a promotion's
 // left-over) before any block only it holds, so the tiers hold distinct blocks and rank as one
 // cache of their summed size: LRU in every tier hits exactly what one LRU cache does. Keeping
 // those copies instead (the earlier rule) lost 0.13 points of the public trace with LRU, 0.4 with
 // lookahead, at 16/64/256 GiB.
 TEST(Replay, ThreeLruTiersUnderWriteBackHitWhatOneLruCacheOfTheirSizeHits) {
-  ChatTraceOptions chat;
-  chat.requests = 1500;
-  AgentTraceOptions agent;
-  agent.requests = 1500;
-  const std::pair<std::string, Trace> traces[] = {{"chat", generate_chat_trace(chat)},
-                                                  {"agent", generate_agent_trace(agent)}};
-  for (const auto& [name, trace] : traces) {
+  for (const auto& [name, trace] : generated_traces(1500)) {
     auto w = build_workload(trace, 512);
     ASSERT_TRUE(w.ok());
     for (const std::array<uint64_t, kNumTiers> tiers :
@@ -907,13 +913,7 @@ TEST(SyntheticTrace, AgentLoopsAreDeterministicSortedAndReuseTheirContext) {
 // one tier and in three: the tiers rank alike (a demoted block keeps its rank), so the hierarchy
 // keeps the policy's gain.
 TEST(Replay, LookaheadBeatsLruOnGeneratedWorkloads) {
-  ChatTraceOptions chat;
-  chat.requests = 1500;
-  AgentTraceOptions agent;
-  agent.requests = 1500;
-  const std::pair<std::string, Trace> traces[] = {{"chat", generate_chat_trace(chat)},
-                                                  {"agent", generate_agent_trace(agent)}};
-  for (const auto& [name, trace] : traces) {
+  for (const auto& [name, trace] : generated_traces(1500)) {
     auto w = build_workload(trace, 512);
     ASSERT_TRUE(w.ok());
     for (const std::array<uint64_t, kNumTiers> tiers :
