@@ -11,8 +11,8 @@
 //   on_erase   the copy left this tier (evicted by a plan, or dropped for any other reason);
 //   on_miss    a request needed the block and this tier had no copy (before any insert): lets a
 //              policy learn reuse of blocks it does not hold (ghost histories);
-//   on_shadowed  a faster tier gained or lost a full copy of a tracked block
-//   (ShadowedFirstEvictor).
+//   on_shadowed  a faster tier gained or lost a ready copy of every page of a tracked block
+//                (policies that order such copies first: ShadowedFirstEvictor).
 // A key is tracked from on_insert to on_erase; on_insert of a tracked key or on_erase/on_access
 // of an untracked one is a caller bug and is ignored (counted in `misuse()`), never a crash.
 //
