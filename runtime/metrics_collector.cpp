@@ -123,6 +123,10 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_per_tier(out, "kvtier_evictions_total",
                "Copies given up to make room, by tier (pages in hbm and host, blocks in nvme)",
                s.evictions);
+  add_per_tier(out, "kvtier_shadowed_evictions_total",
+               "Of the evictions, copies a faster tier held in full, given up without a write "
+               "(write_back); a block that leaves the faster tier later is written down again",
+               s.shadowed_evictions);
   add_single(out, "kvtier_prefetches_total",
              "Prefetches into HBM, counted as they arrive or as a step needs them in flight",
              kCounter, read(s.prefetches));

@@ -294,6 +294,8 @@ class Scheduler {
   void after_change(const BlockKey& key);  // evictor membership, erase of empty blocks
   void sync_membership(const BlockKey& key, Tier tier);
   bool may_lose_last_copy(const BlockKey& key, Tier tier) const;
+  // Every page of the block has a ready copy in a tier faster than `tier` (EntryView::shadowed).
+  bool shadowed_in(const BlockKey& key, Tier tier) const;
   void attach(const PageKey& page, Done done);
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;

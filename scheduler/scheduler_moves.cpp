@@ -808,6 +808,12 @@ void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& wh
   after_change(key);
 }
 
+bool Scheduler::shadowed_in(const BlockKey& key, Tier tier) const {
+  bool shadowed = false;
+  parts_.table->visit(key, [&](const EntryView& v) { shadowed = v.shadowed(tier); }).ignore();
+  return shadowed;
+}
+
 void Scheduler::drop_nvme_copy(const BlockKey& key) {
   const PageSnapshot p = page_snapshot(key, 0);
   if (p.nvme != CopyState::kReady) return;
@@ -873,6 +879,10 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
         if (safe || !must_keep) {
           if (parts_.table->drop(key, CopyId::host(l)).ok()) {
             stats_.evictions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+            if (move.shadowed && p.hbm == CopyState::kReady) {
+              stats_.shadowed_evictions[tier_index(Tier::kHost)].fetch_add(
+                  1, std::memory_order_relaxed);
+            }
           }
         }
       }
@@ -882,8 +892,13 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
       if (!may_lose_last_copy(key, Tier::kNvme)) {
         const PageSnapshot p = page_snapshot(key, 0);
         if (p.nvme == CopyState::kReady) {
+          const bool shadowed = move.shadowed && shadowed_in(key, Tier::kNvme);
           drop_nvme_copy(key);
           stats_.evictions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
+          if (shadowed) {
+            stats_.shadowed_evictions[tier_index(Tier::kNvme)].fetch_add(1,
+                                                                         std::memory_order_relaxed);
+          }
         }
       }
       break;

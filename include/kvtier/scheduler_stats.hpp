@@ -33,6 +33,9 @@ struct SchedulerStats {
   std::array<Counter, kNumTiers> demotions{};
   // Copies given up to make room (pages for HBM/host, blocks for NVMe), per tier.
   std::array<Counter, kNumTiers> evictions{};
+  // Of those, copies a faster tier held in full (a promotion's left-overs, which write_back gives
+  // up first, writing nothing): a block that leaves the faster tier later is written down again.
+  std::array<Counter, kNumTiers> shadowed_evictions{};
 
   // Loads into HBM issued ahead of a step (from hints, at open_sequence, for the next layers),
   // counted as they resolve: arrived first (or failed, or never needed), or still in flight when

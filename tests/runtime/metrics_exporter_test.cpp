@@ -130,6 +130,7 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_tier_used_bytes",
                            "kvtier_tier_capacity_bytes",
                            "kvtier_evictions_total",
+                           "kvtier_shadowed_evictions_total",
                            "kvtier_promotions_total",
                            "kvtier_demotions_total",
                            "kvtier_late_prefetches_total",
@@ -152,6 +153,7 @@ TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
   ASSERT_TRUE(e);
   for (int i = 0; i < 5; ++i) rt.step();
   rt.scheduler.evictions[tier_index(Tier::kNvme)] = 7;
+  rt.scheduler.shadowed_evictions[tier_index(Tier::kNvme)] = 4;
   rt.scheduler.recompute_tokens = 48;
   rt.transfer.checksum_failures = 2;
   rt.transfer.link(Link::kHostToNvme).errors = 3;
@@ -163,6 +165,7 @@ TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
   EXPECT_EQ(value_or_nan(t, "kvtier_hit_tokens_total{tier=\"nvme\"}"), 0);
   EXPECT_EQ(value_or_nan(t, "kvtier_hit_blocks_total{tier=\"hbm\"}"), 10);
   EXPECT_EQ(value_or_nan(t, "kvtier_evictions_total{tier=\"nvme\"}"), 7);
+  EXPECT_EQ(value_or_nan(t, "kvtier_shadowed_evictions_total{tier=\"nvme\"}"), 4);
   EXPECT_EQ(value_or_nan(t, "kvtier_recompute_tokens_total"), 48);
   EXPECT_EQ(value_or_nan(t, "kvtier_checksum_failures_total"), 2);
   EXPECT_DOUBLE_EQ(value_or_nan(t, "kvtier_stall_seconds_total"), 5e-6);

@@ -130,6 +130,8 @@ TEST(SchedulerSim, CopiesLeftBelowAPromotedPrefixGoFirst) {
   const uint64_t before = w.scheduler().placement_counters().shadowed_drops;
   for (int p = 0; p < 2; ++p) compute(w.prompt(4, next_prompt++));
   EXPECT_GT(w.scheduler().placement_counters().shadowed_drops, before);
+  EXPECT_GT(w.scheduler().stats().shadowed_evictions[tier_index(Tier::kNvme)].load(), 0u);
+  EXPECT_EQ(w.scheduler().stats().shadowed_evictions[tier_index(Tier::kHbm)].load(), 0u);
   auto info = w.table().lookup(first[0]);
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->nvme, CopyState::kAbsent) << "its NVMe copy went first";
