@@ -106,19 +106,9 @@ TEST(SchedulerSim, CopiesLeftBelowAPromotedPrefixGoFirst) {
   setup.host_frames = 32;  // 8 blocks
   setup.nvme_extents = 18;
   SimWorld w(setup);
-  uint32_t next_prompt = 1;
-  const auto compute = [&](std::vector<BlockKey> prompt) {
-    auto s = w.scheduler().open_sequence(prompt);
-    ASSERT_TRUE(s.ok());
-    const StepItem item{s->id, static_cast<uint32_t>(prompt.size()) * 16};
-    auto r = w.run_step(std::span(&item, 1), 5 * kNanosPerMicro);
-    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
-    w.settle();
-  };
-  const std::vector<BlockKey> first = w.prompt(4, next_prompt++);
-  compute(first);
-  for (int p = 0; p < 5; ++p) compute(w.prompt(4, next_prompt++));
+  std::vector<std::vector<BlockKey>> prompts;  // prompt(4, 1), prompt(4, 2), ...
+  ASSERT_TRUE(w.compute_prompts(6, 4, 5 * kNanosPerMicro, prompts).ok());
+  const std::vector<BlockKey> first = prompts[0];
   ASSERT_EQ(w.scheduler().match(first).by_tier[tier_index(Tier::kNvme)], 4u);
   // Promote the first prompt and keep its sequence open, then fill NVMe with new blocks.
   auto s = w.scheduler().open_sequence(first);
@@ -128,7 +118,10 @@ TEST(SchedulerSim, CopiesLeftBelowAPromotedPrefixGoFirst) {
   ASSERT_TRUE(r.status.ok()) << r.status.to_string();
   w.settle();
   const uint64_t before = w.scheduler().placement_counters().shadowed_drops;
-  for (int p = 0; p < 2; ++p) compute(w.prompt(4, next_prompt++));
+  for (uint32_t p = 7; p <= 8; ++p) {
+    ASSERT_TRUE(w.prefill_and_close(w.prompt(4, p), 5 * kNanosPerMicro).ok());
+    w.settle();
+  }
   EXPECT_GT(w.scheduler().placement_counters().shadowed_drops, before);
   EXPECT_GT(w.scheduler().stats().shadowed_evictions[tier_index(Tier::kNvme)].load(), 0u);
   EXPECT_EQ(w.scheduler().stats().shadowed_evictions[tier_index(Tier::kHbm)].load(), 0u);
