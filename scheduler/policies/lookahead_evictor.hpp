@@ -70,8 +70,9 @@
 // a fixed penalty for blocks never reused (two turnovers: 1.3 points higher at 3e6 on that trace,
 // but down to LRU's level at 3e6 on the chat workload — a constant that suits one workload);
 // three quarters of the class gap (rank time - 0.75 G(c), as a gap distribution whose residual
-// grows with age would have it): on one tier of the trace it gains up to 0.35 points from 3e5
-// to 3e6 tokens (16-token blocks; still 0.13 below LRU at 3.5e5), but over 42 runs of three
+// grows with age would have it): on one tier of the trace, 16-token blocks, it gains 0.23-0.35
+// points at 3.5e5, 4e5 and 3e6 tokens and loses 0.07 at 1e6 (still 0.13 below LRU at 3.5e5);
+// with 512-token blocks over 42 runs of three
 // tiers, three workloads and both queue lengths it loses 0.76 points in all, chat in most;
 // a horizon of 4 turnovers instead of 8: 9 points lost over the same 42, chat in every one;
 // per-class hit-density or hazard tables by age (LHD-style): even fitted offline to the trace they
