@@ -72,8 +72,8 @@
 // three quarters of the class gap (rank time - 0.75 G(c), as a gap distribution whose residual
 // grows with age would have it): on one tier of the trace, 16-token blocks, it gains 0.23-0.35
 // points at 3.5e5, 4e5 and 3e6 tokens and loses 0.07 at 1e6 (still 0.13 below LRU at 3.5e5);
-// with 512-token blocks over 42 runs of three
-// tiers, three workloads and both queue lengths it loses 0.76 points in all, chat in most;
+// with 512-token blocks, over 42 runs of three tiers, three workloads and both queue lengths it
+// loses 0.76 points in all, chat in most;
 // a horizon of 4 turnovers instead of 8: 9 points lost over the same 42, chat in every one;
 // per-class hit-density or hazard tables by age (LHD-style): even fitted offline to the trace they
 // ranked no better than the truncated mean over the same classes; and exact Belady over the
