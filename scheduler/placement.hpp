@@ -82,12 +82,12 @@ struct PlacementPlan {
 
 struct PlacementCounters {
   uint64_t plans = 0;
-  uint64_t demotions = 0;    // moves to a slower tier
-  uint64_t drops = 0;        // moves that dropped a copy with nothing written
-  uint64_t clean_drops = 0;  // drops of copies that were safe below
+  uint64_t demotions = 0;       // moves to a slower tier
+  uint64_t drops = 0;           // moves that dropped a copy with nothing written
+  uint64_t clean_drops = 0;     // drops of copies that were safe below
   uint64_t shadowed_drops = 0;  // drops of copies a faster tier holds in full
-  uint64_t refused = 0;      // demotions refused by admission (dropped instead)
-  uint64_t skipped = 0;      // victims proposed by an evictor but not movable now
+  uint64_t refused = 0;         // demotions refused by admission (dropped instead)
+  uint64_t skipped = 0;         // victims proposed by an evictor but not movable now
 };
 
 class Placement {
