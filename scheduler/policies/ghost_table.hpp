@@ -4,9 +4,13 @@
 //
 // A fixed set-associative table: 16 bytes per entry (a 64-bit fingerprint and one packed word:
 // 40 bits of time, 16 of count, 8 of class), 8 entries per bucket (two cache lines); a key lives
-// in the bucket its fingerprint selects, and a full bucket gives up the entry referenced longest
-// ago. So the table keeps roughly the most recently referenced `capacity` blocks, at a fixed
-// footprint allocated once. Times are the owner's event clock; 40 bits hold gaps up to 10^12
+// in the bucket its fingerprint selects, and a full bucket gives up the entry with the longest
+// time since its last reference per reference it had (age / count): a block referenced c times is
+// remembered about c times as long as one referenced once. Most blocks are referenced once; with
+// plain recency (age alone) they pushed out the histories of the prefixes that do come back,
+// whose gaps between uses run to tens of turnovers of a tier, and a returning prefix counted as
+// new (one tier of the public trace, 16-token blocks, 3.5e5 / 4e5 tokens: 6.38 / 7.06 % with
+// recency, 6.69 / 7.21 with age per reference, at the same size). Fixed footprint, allocated once. Times are the owner's event clock; 40 bits hold gaps up to 10^12
 // events (ages are taken modulo 2^40 against the owner's clock). Counts saturate at 65535. A
 // fingerprint collision (2^-64 per pair) only misjudges one block. Not thread-safe (evictors run on
 // the scheduler's loop).
@@ -15,6 +19,7 @@
 // links per entry, for a replacement choice that only matters among 8 neighbours).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -51,15 +56,16 @@ class GhostTable {
     if (w == nullptr) return std::nullopt;
     return unpack(w->word, now);
   }
-  // Remembers the key (replacing its entry, or else an empty way, or else the bucket's entry
-  // referenced longest before `now`, the owner's clock).
+  // Remembers the key (replacing its entry, or else an empty way, or else the bucket's entry with
+  // the most time since its last reference, before `now` (the owner's clock), per reference).
   void put(const BlockKey& key, const Entry& entry, uint64_t now) {
     if (ways_.empty()) return;
     const uint64_t fp = fingerprint(key);
     Way* bucket = &ways_[(fp & mask_) * kWays];
     Way* empty = nullptr;
-    Way* oldest = nullptr;
-    uint64_t oldest_age = 0;
+    Way* stalest = nullptr;
+    uint64_t stalest_age = 0;
+    uint64_t stalest_count = 1;
     Way* target = nullptr;
     for (uint32_t i = 0; i < kWays && target == nullptr; ++i) {
       Way& w = bucket[i];
@@ -67,13 +73,18 @@ class GhostTable {
         target = &w;
       } else if (w.fp == 0) {
         if (empty == nullptr) empty = &w;
-      } else if (const uint64_t age = (now - time_of(w.word)) & kTimeMask;
-                 oldest == nullptr || age > oldest_age) {
-        oldest = &w;
-        oldest_age = age;
+      } else {
+        // age / count > stalest_age / stalest_count, exactly: ages < 2^40, counts < 2^16.
+        const uint64_t age = (now - time_of(w.word)) & kTimeMask;
+        const uint64_t count = std::max<uint64_t>(count_of(w.word), 1);
+        if (stalest == nullptr || age * stalest_count > stalest_age * count) {
+          stalest = &w;
+          stalest_age = age;
+          stalest_count = count;
+        }
       }
     }
-    if (target == nullptr) target = empty != nullptr ? empty : oldest;
+    if (target == nullptr) target = empty != nullptr ? empty : stalest;
     if (target->fp == 0) ++size_;
     target->fp = fp;
     target->word = pack(entry);
@@ -114,6 +125,7 @@ class GhostTable {
     return x == 0 ? 1 : x;
   }
   static uint64_t time_of(uint64_t word) { return word >> 24; }
+  static uint64_t count_of(uint64_t word) { return (word >> 8) & kMaxCount; }
   static uint64_t pack(const Entry& e) {
     const uint64_t count = e.count > kMaxCount ? kMaxCount : e.count;
     return ((e.time & kTimeMask) << 24) | (count << 8) | e.tag;
@@ -121,7 +133,7 @@ class GhostTable {
   static Entry unpack(uint64_t word, uint64_t now) {
     Entry e;
     e.time = now - ((now - time_of(word)) & kTimeMask);
-    e.count = static_cast<uint32_t>((word >> 8) & kMaxCount);
+    e.count = static_cast<uint32_t>(count_of(word));
     e.tag = static_cast<uint8_t>(word & 0xFF);
     return e;
   }

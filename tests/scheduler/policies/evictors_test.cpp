@@ -1626,7 +1626,7 @@ TEST(GhostTable, EntriesCarryTimeCountAndTag) {
   EXPECT_FALSE(none.find(key_of(1), 1).has_value());
 }
 
-TEST(GhostTable, AFullBucketForgetsTheEntryReferencedLongestAgo) {
+TEST(GhostTable, AFullBucketOfEqualCountsForgetsTheEntryReferencedLongestAgo) {
   GhostTable g(GhostTable::kWays);  // one bucket
   for (uint64_t id = 1; id <= GhostTable::kWays; ++id) {
     g.put(key_of(id), GhostTable::Entry{100 + id, 1, 0}, 100 + id);
@@ -1642,6 +1642,33 @@ TEST(GhostTable, AFullBucketForgetsTheEntryReferencedLongestAgo) {
   g.put(key_of(98), GhostTable::Entry{203, 1, 0}, 203);
   EXPECT_FALSE(g.find(key_of(3), 203).has_value());
   EXPECT_TRUE(g.find(key_of(4), 203).has_value());
+}
+
+TEST(GhostTable, AFullBucketKeepsAnEntryLongerPerReferenceItHad) {
+  GhostTable g(GhostTable::kWays);  // one bucket
+  // Block 1, referenced 4 times, last at 100; blocks 2..8 once each, later.
+  g.put(key_of(1), GhostTable::Entry{100, 4, 0}, 100);
+  for (uint64_t id = 2; id <= GhostTable::kWays; ++id) {
+    g.put(key_of(id), GhostTable::Entry{200 + id, 1, 0}, 200 + id);
+  }
+  // At 300: block 1 is 200 old over 4 references (50 each), block 2 is 98 old over 1.
+  g.put(key_of(99), GhostTable::Entry{300, 1, 0}, 300);
+  EXPECT_TRUE(g.find(key_of(1), 300).has_value());
+  EXPECT_FALSE(g.find(key_of(2), 300).has_value());
+  // At 700: block 1 is 600 / 4 = 150 per reference; block 3 is 497, the stalest once-used one.
+  g.put(key_of(98), GhostTable::Entry{700, 1, 0}, 700);
+  EXPECT_TRUE(g.find(key_of(1), 700).has_value());
+  EXPECT_FALSE(g.find(key_of(3), 700).has_value());
+  // It still goes when it is the stalest per reference: the others referenced again at 2000.
+  for (uint64_t id = 4; id <= GhostTable::kWays; ++id) {
+    g.put(key_of(id), GhostTable::Entry{2000, 8, 0}, 2000);
+  }
+  g.put(key_of(99), GhostTable::Entry{2000, 8, 0}, 2000);
+  g.put(key_of(98), GhostTable::Entry{2000, 8, 0}, 2000);
+  // At 2001 block 1 has 1901 / 4 against 1 / 8 for each of the others.
+  g.put(key_of(97), GhostTable::Entry{2001, 1, 0}, 2001);
+  EXPECT_FALSE(g.find(key_of(1), 2001).has_value());
+  EXPECT_EQ(g.size(), GhostTable::kWays);
 }
 
 TEST(GhostHistory, ASlotLeftByATakeNeverForgetsTheKeysNewerEntry) {
