@@ -22,7 +22,9 @@ uint32_t saturating_increment(uint32_t v) { return v == UINT32_MAX ? v : v + 1; 
 LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options)
     : hints_(options.hints),
       index_(options.expected_blocks),
-      ghost_(std::max<uint64_t>(kMinGhost, kGhostFactor * options.capacity_blocks)),
+      ghost_(std::clamp<uint64_t>(
+          std::min(options.capacity_blocks, kMaxGhost / kGhostFactor) * kGhostFactor, kMinGhost,
+          kMaxGhost)),
       model_(kClasses, horizon_of(options), kHalfLifeHorizons * horizon_of(options)) {}
 
 uint32_t LookaheadEvictor::class_of(uint32_t uses, bool ended) {

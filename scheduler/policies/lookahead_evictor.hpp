@@ -55,7 +55,8 @@
 // block of a run this tier saw"; the model learns whatever that predicts.
 // Memory per tracked block: ~97 bytes (index, lists, chain links, two times, count, class, list,
 // depth), plus ~56 per block in an arrived list's index, ~56 per block waiting for its parent
-// (ChainLinks), plus 16 bytes per ghost entry at kGhostFactor entries per frame of the tier.
+// (ChainLinks), plus 16 bytes per ghost entry at kGhostFactor entries per frame of the tier
+// (between kMinGhost and kMaxGhost entries).
 //
 // What it cannot do (measured on the public Mooncake trace, 512-token blocks, --lookahead 32):
 // most blocks are referenced once, and among prefixes that did come back, nothing observable
@@ -132,12 +133,17 @@ class LookaheadEvictor final : public Evictor {
   static constexpr uint64_t kHorizonCapacities = 8;
   // The model's counts halve every this many horizons.
   static constexpr uint64_t kHalfLifeHorizons = 16;
-  // The ghost remembers this many times the tier's capacity (at least kMinGhost keys; 16 bytes
-  // each, 512 bytes per frame): past the model's horizon, since the use counts that set a block's
-  // class build up over gaps of many turnovers (one tier of the public trace, 16-token blocks,
-  // 3.5e5 tokens: 6.21 % with 16 per frame, 6.69 with 32, 6.40 with 64; LRU 6.29).
-  static constexpr uint64_t kGhostFactor = 32;
+  // The ghost remembers this many times the tier's capacity, at least kMinGhost and at most
+  // kMaxGhost keys (16 bytes each: 2 KiB per frame, 0.1 % of a 16-token block of 128 KiB per
+  // token; 1 GiB at most per tier). Past the model's horizon: the use counts that set a block's
+  // class build up over gaps of many turnovers. One tier of the public trace, 16-token blocks,
+  // online, ten capacities from 3e5 to 5e5 tokens, with the ghost's age-per-reference rule:
+  // lookahead fell below LRU at two of them with 32 per frame (7.79 against 7.87 % at 4.6e5),
+  // at one with 64 (7.15 against 7.18 at 4e5), at none with 128 (6.44 and 7.44 against 6.29 and
+  // 7.18 at 3.5e5 and 4e5). 16 per frame with plain recency, before: 5.92 and 6.85.
+  static constexpr uint64_t kGhostFactor = 128;
   static constexpr uint64_t kMinGhost = 1u << 16;
+  static constexpr uint64_t kMaxGhost = 1u << 26;
 
   explicit LookaheadEvictor(const EvictorOptions& options);
 
