@@ -12,10 +12,10 @@
 // Measured with the lookahead policy's 128 keys per frame, 16-token blocks, online, recency ->
 // age per reference: default tiers, chat workload 20.94 -> 22.29 %, agent 49.16 -> 49.78, the
 // public trace 3.17 -> 3.04 (the one loss); one tier of the trace at 3.5e5 / 4e5 tokens 6.43 /
-// 7.38 -> 6.44 / 7.44. Fixed footprint, allocated once. Times are the owner's event clock; 40 bits hold gaps up to 10^12
-// events (ages are taken modulo 2^40 against the owner's clock). Counts saturate at 65535. A
-// fingerprint collision (2^-64 per pair) only misjudges one block. Not thread-safe (evictors run on
-// the scheduler's loop).
+// 7.38 -> 6.44 / 7.44. Fixed footprint, allocated once. Times are the owner's event clock; 40 bits
+// hold gaps up to 10^12 events (ages are taken modulo 2^40 against the owner's clock). Counts
+// saturate at 65535. A fingerprint collision (2^-64 per pair) only misjudges one block. Not
+// thread-safe (evictors run on the scheduler's loop).
 // Rejected: std::unordered_map with a FIFO ring (GhostHistory's layout; about 64 bytes per entry
 // with the node and the ring, four times this); and an exact LRU order over ghosts (two more
 // links per entry, for a replacement choice that only matters among 8 neighbours).
