@@ -51,11 +51,8 @@ Status Scheduler::init() {
     eo.capacity_blocks =
         t == Tier::kNvme ? cap : cap / std::max<uint32_t>(1, options_.geometry.layers);
     eo.hints = &hints_;
-    evictors_[tier_index(t)] = make_evictor(options_.policies.eviction, eo);
-    if (t != Tier::kHbm) {
-      evictors_[tier_index(t)] =
-          shadowed_first(std::move(evictors_[tier_index(t)]), !write_->keeps_shadowed_copies());
-    }
+    evictors_[tier_index(t)] =
+        shadowed_first(make_evictor(options_.policies.eviction, eo), t, *write_);
     if (evictors_[tier_index(t)] == nullptr) {
       return invalid_argument("no eviction policy named " +
                               std::string(eviction_policy_name(options_.policies.eviction)));

@@ -91,11 +91,7 @@ class PolicyRun {
       eo.capacity_blocks = t == Tier::kHbm ? frames[ti(t)] : spec_.capacity_blocks[ti(t)];
       eo.expected_blocks = std::min<uint64_t>(frames[ti(t)] + 16, w_.unique_blocks);
       eo.hints = options_.lookahead > 0 ? &hints_ : nullptr;
-      evictors_owned_[ti(t)] = make_evictor(spec_.eviction, eo);
-      if (t != Tier::kHbm) {
-        evictors_owned_[ti(t)] =
-            shadowed_first(std::move(evictors_owned_[ti(t)]), !write_->keeps_shadowed_copies());
-      }
+      evictors_owned_[ti(t)] = shadowed_first(make_evictor(spec_.eviction, eo), t, *write_);
       evictors_[ti(t)] = evictors_owned_[ti(t)].get();
     }
     placement_ = std::make_unique<Placement>(*table_, evictors_, admission_, *write_);

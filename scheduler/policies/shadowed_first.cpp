@@ -56,8 +56,9 @@ std::size_t ShadowedFirstEvictor::memory_bytes() const {
   return inner_->memory_bytes() + index_.memory_bytes() + order_.memory_bytes();
 }
 
-std::unique_ptr<Evictor> shadowed_first(std::unique_ptr<Evictor> inner, bool drop_shadowed_first) {
-  if (!drop_shadowed_first || inner == nullptr) return inner;
+std::unique_ptr<Evictor> shadowed_first(std::unique_ptr<Evictor> inner, Tier tier,
+                                        const WriteStrategy& write) {
+  if (tier == Tier::kHbm || write.keeps_shadowed_copies() || inner == nullptr) return inner;
   return std::make_unique<ShadowedFirstEvictor>(std::move(inner));
 }
 

@@ -22,6 +22,7 @@
 
 #include "scheduler/policies/evictor.hpp"
 #include "scheduler/policies/key_index.hpp"
+#include "scheduler/policies/write_strategy.hpp"
 
 namespace kvtier {
 
@@ -56,8 +57,10 @@ class ShadowedFirstEvictor final : public Evictor {
   SlotLists order_{1};  // shadowed keys, the most recently shadowed at the front
 };
 
-// `inner` wrapped so that shadowed copies go first, where `drop_shadowed_first` says so (the write
-// strategy keeps no copies below on purpose), else `inner` itself.
-std::unique_ptr<Evictor> shadowed_first(std::unique_ptr<Evictor> inner, bool drop_shadowed_first);
+// The evictor of `tier`: `inner` wrapped so that shadowed copies go first in a tier below HBM when
+// the write strategy keeps no copies below on purpose (!keeps_shadowed_copies), else `inner`
+// itself. The one place that rule lives (scheduler, replay and tests build their tiers with it).
+std::unique_ptr<Evictor> shadowed_first(std::unique_ptr<Evictor> inner, Tier tier,
+                                        const WriteStrategy& write);
 
 }  // namespace kvtier

@@ -319,10 +319,7 @@ class PlacementShadowed : public PlacementRig {
     EvictorOptions eo;
     eo.capacity_blocks = 2;
     for (Tier t : kAllTiers) {
-      evictor(t) = make_evictor(EvictionPolicy::kLru, eo);
-      if (t != Tier::kHbm) {
-        evictor(t) = shadowed_first(std::move(evictor(t)), !write_->keeps_shadowed_copies());
-      }
+      evictor(t) = shadowed_first(make_evictor(EvictionPolicy::kLru, eo), t, *write_);
     }
     // Host memory: block 1 (the oldest), then block 2. HBM: block 1 again (promoted), then 3.
     fill_block(*rig_.table, Tier::kHost, 1, *evictor(Tier::kHost));

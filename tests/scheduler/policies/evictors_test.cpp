@@ -28,6 +28,7 @@
 #include "scheduler/policies/reuse_model.hpp"
 #include "scheduler/policies/s3fifo_evictor.hpp"
 #include "scheduler/policies/shadowed_first.hpp"
+#include "scheduler/policies/write_strategy.hpp"
 #include "tests/scheduler/policies/policy_test_util.hpp"
 
 namespace kvtier::testing {
@@ -791,7 +792,8 @@ TEST(Evictors, ShadowedCopiesGoFirstOverAnyPolicy) {
   EvictorOptions o;
   auto lru = make_evictor(EvictionPolicy::kLru, o);
   Evictor* raw = lru.get();
-  EXPECT_EQ(shadowed_first(std::move(lru), /*drop_shadowed_first=*/false).get(), raw);
+  const auto write_through = make_write_strategy(WritePolicy::kWriteThrough, 2);
+  EXPECT_EQ(shadowed_first(std::move(lru), Tier::kNvme, *write_through).get(), raw);
 }
 
 TEST(Evictors, PrefixAwareNeverEvictsAParentBeforeItsChildren) {

@@ -809,7 +809,9 @@ TEST(Replay, ALowerTierBeyondTheTraceReplaysAsOneOfTheTracesSize) {
 // (LookaheadEvictor::kMaxGhost entries, 1 GiB).
 TEST(Replay, AnExceptionInARunIsAnErrorStatus) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's shadow memory needs the address space this test limits";
+  // A sanitizer maps its shadow memory in the address space this test limits, and reports an
+  // allocation past the limit as a fatal error rather than throwing std::bad_alloc.
+  GTEST_SKIP() << "not under a sanitizer: it turns the allocation failure into a fatal report";
 #endif
   const ReplayWorkload w = tiny_workload();
   RunSpec spec;
