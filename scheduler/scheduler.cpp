@@ -42,14 +42,21 @@ Status Scheduler::init() {
   };
   write_ = make_write_strategy(options_.policies.write, options_.policies.write_selective_hits);
   if (write_ == nullptr) return invalid_argument("unknown write policy");
-  std::array<Evictor*, kNumTiers> raw{};
+  // Evictors count blocks; memory tiers hold pages, `layers` of them per block.
+  std::array<uint64_t, kNumTiers> blocks{};
+  uint64_t cache_blocks = 0;
   for (Tier t : kAllTiers) {
     const uint64_t cap = capacity_of(t);
-    if (t != Tier::kHbm && cap == 0) continue;  // tier not configured
-    EvictorOptions eo;
-    // Evictors count blocks; memory tiers hold pages, `layers` of them per block.
-    eo.capacity_blocks =
+    blocks[tier_index(t)] =
         t == Tier::kNvme ? cap : cap / std::max<uint32_t>(1, options_.geometry.layers);
+    cache_blocks += blocks[tier_index(t)];
+  }
+  std::array<Evictor*, kNumTiers> raw{};
+  for (Tier t : kAllTiers) {
+    if (t != Tier::kHbm && capacity_of(t) == 0) continue;  // tier not configured
+    EvictorOptions eo;
+    eo.capacity_blocks = blocks[tier_index(t)];
+    eo.cache_blocks = cache_blocks;
     eo.hints = &hints_;
     evictors_[tier_index(t)] =
         shadowed_first(make_evictor(options_.policies.eviction, eo), t, *write_);

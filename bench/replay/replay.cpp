@@ -49,8 +49,8 @@ class PolicyRun {
     // HBM is full (to choose victims, and to admit a newcomer), which a clamped HBM never is, and
     // the lookahead policy sizes its ghost table by the capacity. A lower tier's evictor keeps the
     // requested capacity: it is asked to admit every block demoted into it, full or not, and the
-    // lookahead policy's answer depends on its capacity through its horizon (8 turnovers of the
-    // tier), so clamping it would change that policy's results. The references need no clamp
+    // lookahead policy's answer depends on the capacities through its horizon (8 turnovers of the
+    // whole cache), so clamping it would change that policy's results. The references need no clamp
     // (their memory follows the trace, not the capacity).
     std::array<uint64_t, kNumTiers> frames{};
     for (Tier t : kAllTiers) {
@@ -85,10 +85,18 @@ class PolicyRun {
     pt.expected_blocks = std::min<uint64_t>(total + 1024, w_.unique_blocks);
     KVTIER_ASSIGN_OR_RETURN(table_, PageTable::create(pt, allocators));
     write_ = make_write_strategy(options_.write, options_.write_selective_hits);
+    std::array<uint64_t, kNumTiers> evictor_blocks{};
+    uint64_t cache_blocks = 0;  // the whole cache, as its evictors count it
+    for (Tier t : kAllTiers) {
+      if (frames[ti(t)] == 0 && t != Tier::kHbm) continue;
+      evictor_blocks[ti(t)] = t == Tier::kHbm ? frames[ti(t)] : spec_.capacity_blocks[ti(t)];
+      cache_blocks += evictor_blocks[ti(t)];
+    }
     for (Tier t : kAllTiers) {
       if (frames[ti(t)] == 0 && t != Tier::kHbm) continue;
       EvictorOptions eo;
-      eo.capacity_blocks = t == Tier::kHbm ? frames[ti(t)] : spec_.capacity_blocks[ti(t)];
+      eo.capacity_blocks = evictor_blocks[ti(t)];
+      eo.cache_blocks = cache_blocks;
       eo.expected_blocks = std::min<uint64_t>(frames[ti(t)] + 16, w_.unique_blocks);
       eo.hints = options_.lookahead > 0 ? &hints_ : nullptr;
       evictors_owned_[ti(t)] = shadowed_first(make_evictor(spec_.eviction, eo), t, *write_);

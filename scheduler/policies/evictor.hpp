@@ -146,6 +146,10 @@ struct EvictorOptions {
   // Frames of the tier, used to size queues (S3-FIFO's small queue and ghost, the lookahead
   // policy's reuse estimates). 0 is allowed (a tier that holds nothing).
   uint64_t capacity_blocks = 0;
+  // Frames of the whole cache the tier belongs to: every configured tier's, summed (0: the tier
+  // alone). A block leaves the cache only from its last tier, so the tiers should rank as one
+  // cache of that size would: the lookahead policy measures its reuse horizon and its ghost in it.
+  uint64_t cache_blocks = 0;
   // Expected number of tracked blocks, to presize indexes (0: grow on demand).
   uint64_t expected_blocks = 0;
   // Future knowledge for `lookahead`: the keys of requests waiting in the engine's queue. Not

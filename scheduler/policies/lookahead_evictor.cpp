@@ -11,8 +11,21 @@
 namespace kvtier {
 namespace {
 
+// The frames the policy's horizon and ghost are measured in: the whole cache's.
+uint64_t span_of(const EvictorOptions& options) {
+  return std::max<uint64_t>({options.capacity_blocks, options.cache_blocks, 1});
+}
+
 uint64_t horizon_of(const EvictorOptions& options) {
-  return LookaheadEvictor::kHorizonCapacities * std::max<uint64_t>(options.capacity_blocks, 1);
+  return LookaheadEvictor::kHorizonCapacities * span_of(options);
+}
+
+// A class with little evidence ranks like the class of half its uses (same ended flag); one use
+// has none to follow.
+std::vector<uint32_t> class_fallbacks() {
+  std::vector<uint32_t> f(LookaheadEvictor::kClasses, ReuseModel::kNoFallback);
+  for (uint32_t c = 2; c < LookaheadEvictor::kClasses; ++c) f[c] = c - 2;
+  return f;
 }
 
 uint32_t saturating_increment(uint32_t v) { return v == UINT32_MAX ? v : v + 1; }
@@ -22,10 +35,11 @@ uint32_t saturating_increment(uint32_t v) { return v == UINT32_MAX ? v : v + 1; 
 LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options)
     : hints_(options.hints),
       index_(options.expected_blocks),
-      ghost_(std::clamp<uint64_t>(
-          std::min(options.capacity_blocks, kMaxGhost / kGhostFactor) * kGhostFactor, kMinGhost,
-          kMaxGhost)),
-      model_(kClasses, horizon_of(options), kHalfLifeHorizons * horizon_of(options)) {}
+      ghost_(
+          std::clamp<uint64_t>(std::min(span_of(options), kMaxGhost / kGhostFactor) * kGhostFactor,
+                               kMinGhost, kMaxGhost)),
+      model_(kClasses, horizon_of(options), kHalfLifeHorizons * horizon_of(options),
+             class_fallbacks()) {}
 
 uint32_t LookaheadEvictor::class_of(uint32_t uses, bool ended) {
   const uint32_t bucket =
@@ -121,7 +135,7 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     const uint32_t from = class_[slot];
     if ((from & 1u) != 0) return;
     const uint32_t to = from | 1u;
-    model_.moved(from, to);
+    model_.moved(from, to, ref_time_[slot]);
     class_[slot] = static_cast<uint8_t>(to);
     if (list_[slot] >= kHintedList) return;  // ranked again when it leaves that list
     const uint32_t list = list_for(to, links_.parent_slot(index_, slot)) +
@@ -134,7 +148,7 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     return;
   }
   if (const auto e = ghost_.find(previous, now_); e && (e->tag & 1u) == 0) {
-    model_.moved(e->tag, e->tag | 1u);
+    model_.moved(e->tag, e->tag | 1u, e->time);
     ghost_.set_tag(previous, static_cast<uint8_t>(e->tag | 1u));
   }
 }
@@ -186,7 +200,7 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
   uint32_t cls;
   if (remembered) {
     cls = class_of(uses, (remembered->tag & 1u) != 0);
-    if (cls != remembered->tag) model_.moved(remembered->tag, cls);
+    if (cls != remembered->tag) model_.moved(remembered->tag, cls, remembered->time);
     ref_time_[slot] = remembered->time;
   } else {
     cls = class_of(uses, false);

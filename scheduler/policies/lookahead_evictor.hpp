@@ -10,7 +10,10 @@
 //   - the block's class: its reuse count so far (1, 2-3, 4-7, 8-15, 16+ references, remembered
 //     across evictions by a GhostTable) and whether it ended the request that last referenced it.
 //     A ReuseModel learns each class's expected gap to the next reference, G(c), truncated at a
-//     horizon of kHorizonCapacities turnovers of the tier, from every hit and miss the tier sees.
+//     horizon of kHorizonCapacities turnovers of the whole cache (every tier's frames:
+//     EvictorOptions::cache_blocks), from every hit and miss the tier sees, as survival analysis
+//     does (an interval still open counts for the ages it reached); a class with little
+//     evidence ranks like the class of half its uses.
 // Clock: the count of references (on_access, on_miss) this evictor has seen.
 // Prediction: a block last referenced `age` references ago is expected back in age + G(c) —
 // gaps of KV reuse are heavy-tailed (a prefix not reused for a while is less and less likely to
@@ -31,9 +34,15 @@
 // children stay is held out of the ranking until the last of them leaves (O(1) per hold, where
 // walking past it at every decision made replays of long chains quadratic). ChainLinks counts
 // a child that arrived first (demotion sends chains down tail first) when its parent arrives.
-// Hierarchy: every tier's evictor hears every reference, so the tiers' clocks agree. A block
-// demoted into this tier brings the rank the tier above gave it (BlockFacts::rank: its rank time
-// and class) and keeps it, in a second list per class; ranking it from its arrival instead, as
+// Hierarchy: every tier's evictor hears every reference, so the tiers' clocks agree, and every
+// tier measures its horizon and its ghost in the whole cache, so they learn the same gaps and
+// their ranks are the same numbers: a block leaves the cache (from the last tier) about when it
+// would leave one cache of the summed size. Each measuring its own, an HBM of 16 blocks ranked by
+// a horizon of 128 references, almost by recency, and held newcomers that one cache would not
+// have; with a ghost of its own size only, the upper tiers forgot use counts (16/64/256 GiB at
+// 16-token blocks: 22.7 %, against 31.6 with the cache's ghost and 30.2 with both per tier). A
+// block demoted into this tier brings the rank the tier above gave it (BlockFacts::rank: its rank
+// time and class) and keeps it, in a second list per class; ranking it from its arrival instead, as
 // fresh as a block used just now, would count the upper tier's preference twice (a block that
 // tier kept long for its class arrives old). An arrived list is ordered by rank time, then by
 // depth (one run shares a time; the deeper block goes first), through an ordered index, so a
@@ -55,7 +64,7 @@
 // block of a run this tier saw"; the model learns whatever that predicts.
 // Memory per tracked block: ~97 bytes (index, lists, chain links, two times, count, class, list,
 // depth), plus ~56 per block in an arrived list's index, ~56 per block waiting for its parent
-// (ChainLinks), plus 16 bytes per ghost entry at kGhostFactor entries per frame of the tier
+// (ChainLinks), plus 16 bytes per ghost entry at kGhostFactor entries per frame of the cache
 // (between kMinGhost and kMaxGhost entries).
 //
 // What it cannot do (measured on the public Mooncake trace, 512-token blocks, --lookahead 32):
@@ -128,19 +137,20 @@ class LookaheadEvictor final : public Evictor {
   // When only hinted blocks can go, the one whose reader starts last among this many of the
   // longest-hinted goes first (Belady within the queue, at bounded cost).
   static constexpr uint32_t kHintedScan = 16;
-  // The model's horizon, in turnovers of the tier's capacity: a block back later than this is
+  // The model's horizon, in turnovers of the cache's capacity: a block back later than this is
   // worth no more to the tier than one that never comes back.
   static constexpr uint64_t kHorizonCapacities = 8;
   // The model's counts halve every this many horizons.
   static constexpr uint64_t kHalfLifeHorizons = 16;
-  // The ghost remembers this many times the tier's capacity, at least kMinGhost and at most
-  // kMaxGhost keys (16 bytes each: 2 KiB per frame, 0.1 % of a 16-token block of 128 KiB per
-  // token; 1 GiB at most per tier). Past the model's horizon: the use counts that set a block's
-  // class build up over gaps of many turnovers. One tier of the public trace, 16-token blocks,
-  // online, ten capacities from 3e5 to 5e5 tokens, with the ghost's age-per-reference rule:
-  // lookahead fell below LRU at two of them with 32 per frame (7.79 against 7.87 % at 4.6e5),
-  // at one with 64 (7.15 against 7.18 at 4e5), at none with 128 (6.44 and 7.44 against 6.29 and
-  // 7.18 at 3.5e5 and 4e5). 16 per frame with plain recency, before: 5.92 and 6.85.
+  // The ghost remembers this many times the cache's capacity, at least kMinGhost and at most
+  // kMaxGhost keys (16 bytes each: 2 KiB per frame of the cache in each tier's evictor, 0.1 % of
+  // a 16-token block of 128 KiB per token per tier; 1 GiB at most per tier). Past the model's
+  // horizon: the use counts that set a block's class build up over gaps of many turnovers. One tier
+  // of the public trace, 16-token blocks, online, ten capacities from 3e5 to 5e5 tokens, with the
+  // ghost's age-per-reference rule: lookahead fell below LRU at two of them with 32 per frame (7.79
+  // against 7.87 % at 4.6e5), at one with 64 (7.15 against 7.18 at 4e5), at none with 128 (6.44
+  // and 7.44 against 6.29 and 7.18 at 3.5e5 and 4e5). 16 per frame with plain recency, before: 5.92
+  // and 6.85.
   static constexpr uint64_t kGhostFactor = 128;
   static constexpr uint64_t kMinGhost = 1u << 16;
   static constexpr uint64_t kMaxGhost = 1u << 26;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -229,7 +230,15 @@ struct LookaheadRef {
   uint64_t horizon = 0, half_life = 0, next_decay = 0;
   std::map<uint64_t, Block> c;
   std::map<uint64_t, Ghost> ghost;
-  std::array<double, kClasses> entries{}, reuses{}, gaps{};
+  struct Interval {
+    uint64_t opened = 0;
+    uint32_t cls = 0;
+  };
+  static constexpr uint32_t kMaxBuckets = ReuseModel::kAgeBuckets;
+  uint64_t width = 1, buckets = 1;  // events per age bucket, age buckets over the horizon
+  std::array<std::array<double, kMaxBuckets>, kClasses> at_risk{}, reuses{}, gaps{}, hazard{};
+  std::array<double, kClasses> gap_of{};
+  std::list<Interval> open;
   std::optional<uint64_t> last_placed, pending, last_ref;
   uint64_t run_start = 0;
 
@@ -237,6 +246,9 @@ struct LookaheadRef {
     horizon = LookaheadEvictor::kHorizonCapacities * std::max<uint64_t>(capacity, 1);
     half_life = LookaheadEvictor::kHalfLifeHorizons * horizon;
     next_decay = half_life;
+    width = (horizon + kMaxBuckets - 1) / kMaxBuckets;
+    buckets = (horizon + width - 1) / width;
+    refresh();
   }
 
   static uint32_t cls_of(uint32_t uses, bool ended) {
@@ -244,30 +256,85 @@ struct LookaheadRef {
     while (b < 4 && (uint64_t{1} << (b + 1)) <= uses) ++b;
     return 2 * b + (ended ? 1 : 0);
   }
-  double gap(uint32_t k) const {
-    const double h = static_cast<double>(horizon);
-    const double e = std::max(entries[k], reuses[k]);
-    return (gaps[k] + (e - reuses[k] + 1.0) * h) / (e + 1.0);
+  // The reuse model, restated per interval: ages in buckets of `width` events, an interval at risk
+  // at each age it reaches open, hazards per (class, age), a class's pseudo-interval following the
+  // class with half its uses (same ended flag); gaps recomputed at each bucket boundary.
+  double gap(uint32_t k) const { return gap_of[k]; }
+  void refresh() {
+    const double h = static_cast<double>(width * buckets);
+    for (uint32_t k = 0; k < kClasses; ++k) {
+      double survive = 1.0, g = 0.0;
+      for (uint32_t a = 0; a < buckets; ++a) {
+        const double prior = k >= 2 ? 1.0 * hazard[k - 2][a] : 0.0;
+        const double closed = reuses[k][a] + prior;
+        hazard[k][a] = std::min(1.0, closed / (at_risk[k][a] + 1.0));
+        if (closed <= 0.0) continue;
+        const double mid = (static_cast<double>(a) + 0.5) * static_cast<double>(width);
+        g += survive * hazard[k][a] * ((gaps[k][a] + prior * mid) / closed);
+        survive *= 1.0 - hazard[k][a];
+      }
+      gap_of[k] = g + survive * h;
+    }
   }
+  uint64_t age(const Interval& iv) const { return now / width - iv.opened / width; }
   void tick() {
     ++now;
+    if (now % width == 0) {  // a bucket boundary: every open interval is a bucket older
+      for (auto it = open.begin(); it != open.end();) {
+        if (age(*it) >= buckets) {
+          it = open.erase(it);
+          continue;
+        }
+        at_risk[it->cls][age(*it)] += 1;
+        ++it;
+      }
+    }
     while (now >= next_decay) {
       for (uint32_t k = 0; k < kClasses; ++k) {
-        entries[k] *= 0.5;
-        reuses[k] *= 0.5;
-        gaps[k] *= 0.5;
+        for (uint32_t a = 0; a < buckets; ++a) {
+          at_risk[k][a] *= 0.5;
+          reuses[k][a] *= 0.5;
+          gaps[k][a] *= 0.5;
+        }
       }
       next_decay += half_life;
     }
+    if (now % width == 0) refresh();
+  }
+  void entered(uint32_t k) {
+    open.push_back(Interval{now, k});
+    at_risk[k][0] += 1;
+  }
+  // The open interval of class k opened in the bucket of time t, if any.
+  std::list<Interval>::iterator find_open(uint32_t k, uint64_t t) {
+    return std::find_if(open.begin(), open.end(), [&](const Interval& iv) {
+      return iv.cls == k && iv.opened / width == t / width;
+    });
   }
   void reused(uint32_t k, uint64_t g) {
-    if (g > horizon) return;
-    reuses[k] += 1;
-    gaps[k] += static_cast<double>(g);
+    if (g > now) return;
+    const auto it = find_open(k, now - g);
+    if (it == open.end()) return;  // past the horizon, or not this class's
+    reuses[k][age(*it)] += 1;
+    gaps[k][age(*it)] += static_cast<double>(g);
+    open.erase(it);
   }
-  void moved(uint32_t from, uint32_t to) {
-    entries[from] = std::max(0.0, entries[from] - 1.0);
-    entries[to] += 1;
+  // The interval opened at `t` in `from` belongs to `to`, with the ages it was at risk for (all of
+  // them once past the horizon).
+  void moved(uint32_t from, uint32_t to, uint64_t t) {
+    if (t > now) return;
+    uint64_t reached = buckets;
+    if (now / width - t / width < buckets) {
+      const auto it = find_open(from, t);
+      if (it == open.end()) return;
+      reached = age(*it) + 1;
+      it->cls = to;
+    }
+    for (uint64_t a = 0; a < reached; ++a) {
+      if (at_risk[from][a] < 1.0) break;
+      at_risk[from][a] -= 1.0;
+      at_risk[to][a] += 1.0;
+    }
   }
   bool hinted(uint64_t id) const { return hints && hints->contains(key_of(id)); }
   static uint32_t list_cls(const Block& b) {
@@ -308,7 +375,7 @@ struct LookaheadRef {
     if (auto it = c.find(prev); it != c.end()) {
       Block& b = it->second;
       if (b.cls & 1) return;
-      moved(b.cls, b.cls | 1);
+      moved(b.cls, b.cls | 1, b.ref_time);
       b.cls |= 1;
       if (b.list == kHinted || b.list == kHeld) return;
       const uint32_t base = b.list >= kArrivedBase ? kArrivedBase : 0;
@@ -323,7 +390,7 @@ struct LookaheadRef {
       return;
     }
     if (auto g = ghost.find(prev); g != ghost.end() && !(g->second.tag & 1)) {
-      moved(g->second.tag, g->second.tag | 1);
+      moved(g->second.tag, g->second.tag | 1, g->second.time);
       g->second.tag |= 1;
     }
   }
@@ -494,7 +561,7 @@ struct LookaheadRef {
           reused(b.cls, now - b.ref_time);
           b.uses = b.uses == UINT32_MAX ? b.uses : b.uses + 1;
           b.cls = cls_of(b.uses, false);
-          entries[b.cls] += 1;
+          entered(b.cls);
           b.ref_time = now;
           place(id, run_start);
           pending = id;
@@ -506,7 +573,7 @@ struct LookaheadRef {
           reused(g->second.tag, now - g->second.time);
           uses = g->second.count + 1;
         }
-        entries[cls_of(uses, false)] += 1;
+        entered(cls_of(uses, false));
         ghost[id] = Ghost{now, uses, cls_of(uses, false)};
         pending = id;
         if (dropped || cap == 0) continue;
@@ -529,7 +596,7 @@ struct LookaheadRef {
         b.depth = static_cast<uint32_t>(j);
         b.uses = std::max<uint32_t>(g.count, 1);
         b.cls = cls_of(b.uses, g.tag & 1);
-        if (b.cls != g.tag) moved(g.tag, b.cls);
+        if (b.cls != g.tag) moved(g.tag, b.cls, g.time);
         b.ref_time = g.time;
         place(id, run_start);
       }
@@ -674,7 +741,7 @@ TEST(EvictorsVsReference, LookaheadOnlineAndWithHints) {
 TEST(EvictorsVsReference, LookaheadOnChains) {
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     const auto chains = chain_trace(seed);
-    for (uint64_t cap : {3, 8, 20}) {
+    for (uint64_t cap : {3, 8, 20, 40}) {  // 40: a horizon of 320, buckets of 2 events
       for (uint32_t lookahead : {0u, 2u}) {
         expect_lookahead_matches_reference(cap, lookahead, chains,
                                            "chains seed " + std::to_string(seed));
@@ -1158,7 +1225,7 @@ TEST(Evictors, PlainLruEvictsAChainHeadFirst) {
 TEST(Evictors, LookaheadKeepsHintedBlocksAndReturningOnes) {
   HintBoard board;
   EvictorOptions o;
-  o.capacity_blocks = 100;  // horizon: 800 references
+  o.capacity_blocks = 100;  // horizon: 800 references, 806 in whole buckets of 13
   o.hints = &board;
   LookaheadEvictor e(o);
   // Block 5 comes back every second reference; the one-off blocks between never do.
@@ -1170,13 +1237,15 @@ TEST(Evictors, LookaheadKeepsHintedBlocksAndReturningOnes) {
   }
   EXPECT_EQ(e.uses_of(key_of(5)), 41u);
   EXPECT_EQ(e.uses_of(key_of(1000)), 1u);
-  // Every reference here ends its one-block request (settled by the next one). Once-used: 41
-  // intervals, one closed (5's first) after 2 references; 5 at 16-40 uses: 25 intervals, all
-  // closed after 2 (its 41st reference is not settled yet).
+  // Every reference here ends its one-block request (settled by the next one). The gaps are as
+  // of the last bucket boundary, the 78th reference. Once-used by then: 39 intervals, one closed
+  // (5's first) after 2 references, in the first age bucket; none of the others is back.
   EXPECT_DOUBLE_EQ(e.model().expected_gap(LookaheadEvictor::class_of(1, true)),
-                   (2.0 + 41.0 * 800) / 42);
-  EXPECT_DOUBLE_EQ(e.model().expected_gap(LookaheadEvictor::class_of(41, true)),
-                   (25.0 * 2 + 800) / 26);
+                   2.0 / 40 + 806.0 * 39 / 40);
+  // 5 at 16+ uses: 23 intervals closed after 2 references, one open; its prior is 8-15's hazard.
+  const double frequent = e.model().expected_gap(LookaheadEvictor::class_of(41, true));
+  EXPECT_GT(frequent, 2.0);
+  EXPECT_LT(frequent, 2.0 + 806.0 / 20);
   e.on_insert(facts_of(1));
   e.on_insert(facts_of(2));
   std::vector<BlockKey> out;
@@ -1232,6 +1301,16 @@ TEST(Evictors, LookaheadManyHintedVictimsInOneWalk) {
   EXPECT_TRUE(out[0] == key_of(3) || out[0] == key_of(4)) << to_string(out[0]);
 }
 
+TEST(Evictors, LookaheadMeasuresItsHorizonInTheWholeCache) {
+  EvictorOptions o;
+  o.capacity_blocks = 16;
+  EXPECT_EQ(LookaheadEvictor(o).model().horizon(), 8u * 16);
+  o.cache_blocks = 336;  // HBM's 16 frames of a 336-frame hierarchy
+  EXPECT_EQ(LookaheadEvictor(o).model().horizon(), 8u * 336);
+  o.cache_blocks = 4;  // never less than the tier itself
+  EXPECT_EQ(LookaheadEvictor(o).model().horizon(), 8u * 16);
+}
+
 TEST(Evictors, LookaheadHintedBlocksLeaveTheRankingUntilTouchedOrUnhinted) {
   HintBoard board;
   EvictorOptions o;
@@ -1253,14 +1332,14 @@ TEST(Evictors, LookaheadHintedBlocksLeaveTheRankingUntilTouchedOrUnhinted) {
   EXPECT_EQ(out[0], key_of(1));
   EXPECT_EQ(out[1], key_of(2));
   // The request starts and touches 3 only; 1 and 2 are ranked again, as if touched now (1 first,
-  // it waited longest). 3 ranks by its new class, which has seen no reuse yet: it goes first.
+  // it waited longest). 3 ranks by its new class.
   ASSERT_TRUE(board.remove(10).ok());
   e.on_access(key_of(3));
   out.clear();
   ASSERT_EQ(e.select_victims(3, KeyFilter::none(), out), 3u);
-  EXPECT_EQ(out[0], key_of(3));
-  EXPECT_EQ(out[1], key_of(1));
-  EXPECT_EQ(out[2], key_of(2));
+  const auto at = [&](uint64_t id) { return std::find(out.begin(), out.end(), key_of(id)); };
+  EXPECT_LT(at(1), at(2));
+  EXPECT_NE(at(3), out.end());
   // With a waiting request for 3 again, 3 is kept while 1 and 2 can go; a hinted newcomer enters.
   const BlockKey three = key_of(3);
   ASSERT_TRUE(board.add(11, 0, std::span(&three, 1)).ok());
@@ -1546,56 +1625,113 @@ TEST(Evictors, LookaheadArrivalFarOutOfOrderGoesToItsPlace) {
 // ---- The reuse model and the ghost history ----------------------------------------------------
 
 TEST(ReuseModel, UnseenClassesRankAsNeverBack) {
-  ReuseModel m(3, 100, 1000);
+  ReuseModel m(3, 64, 1000, {ReuseModel::kNoFallback, 0, 1});
+  m.advance(10);
   for (uint32_t c = 0; c < 3; ++c) {
-    EXPECT_EQ(m.expected_gap(c), 100.0);
+    EXPECT_EQ(m.expected_gap(c), 64.0);
     EXPECT_EQ(m.reuse_probability(c), 0.0);
   }
 }
 
-TEST(ReuseModel, TruncatedMeanGap) {
-  ReuseModel m(3, 100, 1000);
-  for (int i = 0; i < 3; ++i) {
-    m.entered(0);
-    m.reused(0, 10);
-  }
-  EXPECT_DOUBLE_EQ(m.expected_gap(0), (30.0 + 100) / 4);
-  EXPECT_DOUBLE_EQ(m.reuse_probability(0), 3.0 / 4);
-  // A reuse beyond the horizon counts as none; an open interval counts as "not yet".
-  m.entered(1);
-  m.entered(1);
-  m.entered(1);
-  m.reused(1, 150);
-  m.reused(1, 10);
-  EXPECT_DOUBLE_EQ(m.expected_gap(1), (10.0 + 3 * 100) / 4);
-  // More reuses than intervals (a class corrected after its reuse) never goes below the mean.
-  m.reused(2, 20);
-  EXPECT_DOUBLE_EQ(m.expected_gap(2), (20.0 + 100) / 2);
+// A horizon of 64 events: buckets of one event, so ages are exact.
+TEST(ReuseModel, WithEveryIntervalSettledItIsTheTruncatedMean) {
+  ReuseModel m(1, 64, 100000);
+  for (int i = 0; i < 4; ++i) m.entered(0);
+  m.advance(10);
+  for (int i = 0; i < 3; ++i) m.reused(0, 10);
+  EXPECT_EQ(m.expected_gap(0), 64.0);  // gaps change at the next bucket boundary
+  m.advance(100);                      // the fourth is past the horizon
+  // Three gaps of 10 and one "not within H", against one pseudo-interval that never closes.
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), (30.0 + 2 * 64) / 5);
+  EXPECT_DOUBLE_EQ(m.reuse_probability(0), 3.0 / 5);
+  // A reuse past the horizon is none.
+  m.reused(0, 95);
+  m.advance(101);
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), (30.0 + 2 * 64) / 5);
 }
 
-TEST(ReuseModel, MovedIntervalsAndDecay) {
-  ReuseModel m(2, 100, 1000);
+TEST(ReuseModel, OpenIntervalsCountOnlyForTheAgesTheyReached) {
+  ReuseModel m(1, 64, 100000);
   m.entered(0);
   m.entered(0);
-  m.moved(0, 1);
+  m.advance(30);
+  m.reused(0, 30);  // one of the two is back at age 30
+  m.advance(31);
+  for (int i = 0; i < 10; ++i) m.entered(0);
+  m.advance(40);
+  // The ten young intervals have not reached age 30: one in three came back there (the pseudo-
+  // interval is the third). Counted as "not within H" from the start, they would make it
+  // (30 + 12 x 64) / 13.
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), 30.0 / 3 + 64 * 2.0 / 3);
+  EXPECT_DOUBLE_EQ(m.reuse_probability(0), 1.0 / 3);
+}
+
+TEST(ReuseModel, AClassWithLittleEvidenceFollowsItsFallback) {
+  ReuseModel m(2, 64, 100000, {ReuseModel::kNoFallback, 0});
+  for (int i = 0; i < 3; ++i) m.entered(0);
+  m.advance(10);
+  for (int i = 0; i < 3; ++i) m.reused(0, 10);
+  m.advance(11);
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), 0.75 * 10 + 0.25 * 64);
+  // Class 1's pseudo-interval closes at class 0's hazard, at the middle of the bucket.
+  EXPECT_DOUBLE_EQ(m.expected_gap(1), 0.75 * 10.5 + 0.25 * 64);
+  // Its own evidence outweighs the fallback: twenty intervals, none back by age 20.
+  for (int i = 0; i < 20; ++i) m.entered(1);
+  m.advance(31);
+  EXPECT_GT(m.expected_gap(1), 60.0);
+}
+
+TEST(ReuseModel, MovedIntervalsTakeTheAgesTheyReached) {
+  ReuseModel m(2, 64, 100000);
+  m.entered(0);
+  m.entered(0);
+  m.advance(5);
+  m.moved(0, 1, 0);  // one of them is class 1's, at risk for ages 0-5 there
+  m.advance(10);
   m.reused(1, 10);
-  EXPECT_DOUBLE_EQ(m.expected_gap(1), (10.0 + 100) / 2);
-  EXPECT_DOUBLE_EQ(m.expected_gap(0), 2 * 100.0 / 2);
-  m.moved(0, 1);
-  m.moved(0, 1);  // nothing left in 0: it stays at zero
-  EXPECT_DOUBLE_EQ(m.expected_gap(0), 100.0);
-  // Halving every 1000 events: old evidence weighs half against the prior and new data.
-  ReuseModel d(1, 100, 1000);
-  for (int i = 0; i < 4; ++i) {
-    d.entered(0);
-    d.reused(0, 10);
-  }
-  d.advance(999);
-  EXPECT_DOUBLE_EQ(d.expected_gap(0), (40.0 + 100) / 5);
-  d.advance(1000);
-  EXPECT_DOUBLE_EQ(d.expected_gap(0), (20.0 + 100) / 3);
-  d.advance(3000);  // two more half-lives
-  EXPECT_DOUBLE_EQ(d.expected_gap(0), (5.0 + 100) / 1.5);
+  m.reused(0, 3);  // nothing of class 0 opened at 7: ignored
+  m.advance(11);
+  EXPECT_DOUBLE_EQ(m.expected_gap(1), 0.5 * 10 + 0.5 * 64);
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), 64.0);
+  m.moved(1, 0, 0);  // closed already: nothing to move
+  m.moved(0, 1, 3);  // nothing opened at 3
+  m.advance(12);
+  EXPECT_DOUBLE_EQ(m.expected_gap(1), 0.5 * 10 + 0.5 * 64);
+
+  // An interval moved once past the horizon brings "open at every age".
+  ReuseModel s(2, 64, 100000);
+  s.entered(0);
+  s.entered(1);
+  s.advance(10);
+  s.reused(1, 10);
+  s.advance(100);
+  EXPECT_DOUBLE_EQ(s.expected_gap(1), 0.5 * 10 + 0.5 * 64);
+  s.moved(0, 1, 0);
+  s.advance(101);
+  EXPECT_DOUBLE_EQ(s.expected_gap(1), 10.0 / 3 + 64 * 2.0 / 3);
+}
+
+TEST(ReuseModel, DecayHalvesOldEvidence) {
+  ReuseModel d(1, 64, 1000);
+  for (int i = 0; i < 4; ++i) d.entered(0);
+  d.advance(10);
+  for (int i = 0; i < 4; ++i) d.reused(0, 10);
+  d.advance(11);
+  EXPECT_DOUBLE_EQ(d.expected_gap(0), 0.8 * 10 + 0.2 * 64);  // 4 back of 4, with the prior
+  d.advance(1000);  // a half-life: 2 of 2 against the prior
+  EXPECT_DOUBLE_EQ(d.expected_gap(0), 10.0 * 2 / 3 + 64.0 / 3);
+}
+
+TEST(ReuseModel, AgesAreCutIntoBucketsOfTheHorizon) {
+  ReuseModel m(1, 1000, 100000);
+  EXPECT_EQ(m.bucket_events(), 16u);
+  EXPECT_EQ(m.horizon(), 1008u);  // 63 buckets of 16 events
+  m.entered(0);
+  m.advance(5);
+  m.reused(0, 5);
+  EXPECT_EQ(m.expected_gap(0), 1008.0);
+  m.advance(16);
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), 0.5 * 5 + 0.5 * 1008);
 }
 
 TEST(GhostTable, EntriesCarryTimeCountAndTag) {
