@@ -84,7 +84,9 @@
 // points at 3.5e5, 4e5 and 3e6 tokens and loses 0.07 at 1e6 (still 0.13 below LRU at 3.5e5);
 // with 512-token blocks, over 42 runs of three tiers, three workloads and both queue lengths it
 // loses 0.76 points in all, chat in most;
-// a horizon of 4 turnovers instead of 8: 9 points lost over the same 42, chat in every one;
+// a horizon of 4 turnovers instead of 8: 9 points lost over the same 42, chat in every one; 16
+// turnovers, with the survival estimate: +1.07 points over the same 42, but one tier of the trace
+// loses at 1e7 tokens (60.1 -> 59.4 %) and with the queue at 1e6 (19.2 -> 19.0);
 // per-class hit-density or hazard tables by age (LHD-style): even fitted offline to the trace they
 // ranked no better than the truncated mean over the same classes; and exact Belady over the
 // hinted window alone (the queue covers a few seconds, most reuse is minutes apart).

@@ -36,7 +36,7 @@ void ReuseModel::moved(uint32_t from, uint32_t to, uint64_t opened) {
   const uint64_t b = opened / width_;
   uint64_t reached = buckets_;  // ages it was counted at risk for: all, when settled
   if (age_of(b) < buckets_) {
-    uint32_t& n = open_[open_at(b, from)];
+    uint64_t& n = open_[open_at(b, from)];
     if (n == 0) return;  // closed already, or never opened in `from`
     --n;
     ++open_[open_at(b, to)];
@@ -54,7 +54,7 @@ void ReuseModel::reused(uint32_t cls, uint64_t gap) {
   if (gap > now_) return;
   const uint64_t b = (now_ - gap) / width_;
   if (age_of(b) >= buckets_) return;  // settled as open past the horizon
-  uint32_t& n = open_[open_at(b, cls)];
+  uint64_t& n = open_[open_at(b, cls)];
   if (n == 0) return;  // not an interval of this class
   --n;
   const uint32_t a = static_cast<uint32_t>(age_of(b));
@@ -90,8 +90,8 @@ void ReuseModel::next_bucket() {
     const uint64_t opened = bucket_ - a;
     if (opened > bucket_) break;  // before the clock started
     for (uint32_t c = 0; c < classes_; ++c) {
-      const uint32_t n = open_[open_at(opened, c)];
-      if (n != 0) at_risk_[at(c, a)] += n;
+      const uint64_t n = open_[open_at(opened, c)];
+      if (n != 0) at_risk_[at(c, a)] += static_cast<double>(n);
     }
   }
 }
@@ -124,7 +124,7 @@ std::size_t ReuseModel::memory_bytes() const {
   return (at_risk_.capacity() + reuses_.capacity() + gap_sum_.capacity() + hazard_.capacity() +
           gap_.capacity() + back_.capacity()) *
              sizeof(double) +
-         (open_.capacity() + fallback_.capacity()) * sizeof(uint32_t);
+         open_.capacity() * sizeof(uint64_t) + fallback_.capacity() * sizeof(uint32_t);
 }
 
 }  // namespace kvtier

@@ -29,7 +29,7 @@
 // lookahead policy only knows whether a block ended its request once the next reference arrives.
 //
 // Cost: per class and age bucket four doubles (at risk, reuses, gaps, hazard) and the open
-// intervals per bucket of opening (a ring), ~23 KiB for ten classes. Each bucket boundary of the
+// intervals per bucket of opening (a ring), ~25 KiB for ten classes. Each bucket boundary of the
 // clock ages every open interval and recomputes the gaps, O(classes x kAgeBuckets) per H /
 // kAgeBuckets events; every call is O(1) (moved: O(age buckets) when the interval is old). Gaps
 // change only at bucket boundaries. Not thread-safe (evictors run on one loop). Rejected: per-class
@@ -109,7 +109,9 @@ class ReuseModel {
   std::vector<double> at_risk_;  // [class][age]
   std::vector<double> reuses_;   // [class][age]
   std::vector<double> gap_sum_;  // [class][age]
-  std::vector<uint32_t> open_;   // [bucket of opening % buckets_][class]: still open
+  // [bucket of opening % buckets_][class]: still open; 64-bit, as a bucket of a huge tier spans
+  // more than 2^32 events.
+  std::vector<uint64_t> open_;
   std::vector<double> hazard_;   // [class][age], as of the last refresh
   std::vector<double> gap_;      // per class, as of the last refresh
   std::vector<double> back_;     // per class, as of the last refresh
