@@ -46,12 +46,13 @@ class PolicyRun {
     // more frames than blocks change nothing but the memory they take (a FrameAllocator has a
     // word per frame, written up front: 15 GB for 6e10 tokens in 16-token blocks). So each tier
     // gets at most that many frames. The HBM evictor is clamped too: it is consulted only when
-    // HBM is full (to choose victims, and to admit a newcomer), which a clamped HBM never is, and
-    // the lookahead policy sizes its ghost table by the capacity. A lower tier's evictor keeps the
-    // requested capacity: it is asked to admit every block demoted into it, full or not, and the
-    // lookahead policy's answer depends on the capacities through its horizon (8 turnovers of the
-    // whole cache), so clamping it would change that policy's results. The references need no clamp
-    // (their memory follows the trace, not the capacity).
+    // HBM is full (to choose victims, and to admit a newcomer), which a clamped HBM never is. A
+    // lower tier's evictor keeps the requested capacity: it is asked to admit every block demoted
+    // into it, full or not, and the lookahead policy's answer depends on the capacities through
+    // its horizon, so clamping it would change that policy's results. That policy measures its
+    // horizon and sizes its ghost in the whole cache (the evictors' capacities summed), so a huge
+    // lower tier gives every tier's evictor the largest ghost. The references need no clamp (their
+    // memory follows the trace, not the capacity).
     std::array<uint64_t, kNumTiers> frames{};
     for (Tier t : kAllTiers) {
       frames[ti(t)] = std::min<uint64_t>(spec_.capacity_blocks[ti(t)], w_.unique_blocks);
@@ -86,9 +87,8 @@ class PolicyRun {
     KVTIER_ASSIGN_OR_RETURN(table_, PageTable::create(pt, allocators));
     write_ = make_write_strategy(options_.write, options_.write_selective_hits);
     std::array<uint64_t, kNumTiers> evictor_blocks{};
-    uint64_t cache_blocks = 0;  // the whole cache, as its evictors count it
+    uint64_t cache_blocks = 0;  // the whole cache, as its evictors count it (0 per absent tier)
     for (Tier t : kAllTiers) {
-      if (frames[ti(t)] == 0 && t != Tier::kHbm) continue;
       evictor_blocks[ti(t)] = t == Tier::kHbm ? frames[ti(t)] : spec_.capacity_blocks[ti(t)];
       cache_blocks += evictor_blocks[ti(t)];
     }

@@ -112,9 +112,9 @@ class ReuseModel {
   // [bucket of opening % buckets_][class]: still open; 64-bit, as a bucket of a huge tier spans
   // more than 2^32 events.
   std::vector<uint64_t> open_;
-  std::vector<double> hazard_;   // [class][age], as of the last refresh
-  std::vector<double> gap_;      // per class, as of the last refresh
-  std::vector<double> back_;     // per class, as of the last refresh
+  std::vector<double> hazard_;  // [class][age], as of the last refresh
+  std::vector<double> gap_;     // per class, as of the last refresh
+  std::vector<double> back_;    // per class, as of the last refresh
 };
 
 }  // namespace kvtier
