@@ -961,6 +961,41 @@ TEST(Evictors, ChainLinksCountAChildThatArrivedFirstWhenItsParentArrives) {
   EXPECT_EQ(links.children(index.find(key_of(2))), 0u);
 }
 
+// Thousands of children waiting for one absent parent (a lower tier holding the branches of a
+// shared prompt) leave in any order, each in O(1): the parent then counts exactly the ones
+// left, and one that left never comes back through a reused slot.
+TEST(Evictors, ChainLinksChildrenWaitingForOneParentLeaveInAnyOrder) {
+  KeyIndex index;
+  ChainLinks links;
+  constexpr uint64_t kChildren = 4000;
+  std::vector<uint32_t> slots;
+  for (uint64_t id = 2; id < 2 + kChildren; ++id) {
+    slots.push_back(attach_block(index, links, id, key_of(1)));
+  }
+  attach_block(index, links, 100000, key_of(900000));  // waits for another parent
+  EXPECT_EQ(links.awaited_parents(), 2u);
+  std::mt19937_64 rng(7);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  const std::size_t leaving = kChildren / 2 + 1;
+  for (std::size_t i = 0; i < leaving; ++i) {
+    links.detach(index, slots[i]);
+    index.erase(slots[i]);
+  }
+  // Reused slots, children of nobody here: not counted for 1.
+  for (uint64_t id = 200000; id < 200010; ++id) attach_block(index, links, id, BlockKey{});
+  const uint32_t p = attach_block(index, links, 1, BlockKey{});
+  EXPECT_EQ(links.children(p), kChildren - leaving);
+  EXPECT_EQ(links.awaited_parents(), 1u);
+  for (std::size_t i = leaving; i < slots.size(); ++i) {
+    EXPECT_EQ(links.parent_slot(index, slots[i]), p);
+    links.detach(index, slots[i]);
+  }
+  EXPECT_EQ(links.children(p), 0u);
+  // Every child of 1 left before 1 did: the last waiting list empties too.
+  links.detach(index, index.find(key_of(100000)));
+  EXPECT_EQ(links.awaited_parents(), 0u);
+}
+
 TEST(Evictors, PrefixAwareParentBackInAnotherSlotIsNotAVictim) {
   EvictorOptions o;
   PrefixAwareEvictor e(o);
