@@ -9,6 +9,7 @@
 #include <deque>
 #include <optional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "kvtier/log.hpp"
@@ -49,6 +50,23 @@ uint64_t random_store_id() {
   uint64_t id = 0;
   while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
   return id;
+}
+
+// One page buffer per layer, none null, each aligned for O_DIRECT; `what` names the call.
+template <typename Page>
+Status check_page_buffers(const std::string& what, std::span<Page* const> pages, uint32_t layers,
+                          uint32_t io_align) {
+  if (pages.size() != layers) {
+    return invalid_argument(what + ": " + std::to_string(pages.size()) +
+                            " page buffers for a block of " + std::to_string(layers) + " layers");
+  }
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] == nullptr || reinterpret_cast<uintptr_t>(pages[i]) % io_align != 0) {
+      return invalid_argument(what + ": page buffer of layer " + std::to_string(i) +
+                              " is null or not aligned to " + std::to_string(io_align) + " bytes");
+    }
+  }
+  return Status();
 }
 
 }  // namespace
@@ -894,18 +912,7 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
                                         std::span<const std::byte* const> pages,
                                         TransferOptions options) {
   const std::string what = "write_block " + key_text(key);
-  if (pages.size() != layout_.layers) {
-    return invalid_argument(what + ": " + std::to_string(pages.size()) +
-                            " page buffers for a block of " + std::to_string(layout_.layers) +
-                            " layers");
-  }
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i] == nullptr || reinterpret_cast<uintptr_t>(pages[i]) % layout_.io_align != 0) {
-      return invalid_argument(what + ": page buffer of layer " + std::to_string(i) +
-                              " is null or not aligned to " + std::to_string(layout_.io_align) +
-                              " bytes");
-    }
-  }
+  KVTIER_RETURN_IF_ERROR(check_page_buffers(what, pages, layout_.layers, layout_.io_align));
   auto op = std::make_unique<Op>();
   op->kind = Op::Kind::kWrite;
   op->key = key;
@@ -963,18 +970,7 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
 Result<Transfer> NvmeStore::read_block(const BlockKey& key, std::span<std::byte* const> pages,
                                        TransferOptions options) {
   const std::string what = "read_block " + key_text(key);
-  if (pages.size() != layout_.layers) {
-    return invalid_argument(what + ": " + std::to_string(pages.size()) +
-                            " page buffers for a block of " + std::to_string(layout_.layers) +
-                            " layers");
-  }
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i] == nullptr || reinterpret_cast<uintptr_t>(pages[i]) % layout_.io_align != 0) {
-      return invalid_argument(what + ": page buffer of layer " + std::to_string(i) +
-                              " is null or not aligned to " + std::to_string(layout_.io_align) +
-                              " bytes");
-    }
-  }
+  KVTIER_RETURN_IF_ERROR(check_page_buffers(what, pages, layout_.layers, layout_.io_align));
   auto op = std::make_unique<Op>();
   op->kind = Op::Kind::kReadBlock;
   op->key = key;

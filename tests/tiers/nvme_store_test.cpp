@@ -389,7 +389,19 @@ TEST_F(NvmeStoreTest, ValidatesRequests) {
   // Misaligned buffer (O_DIRECT needs alignment).
   auto bad = p.const_pages();
   bad[1] += 8;
-  EXPECT_EQ(s->write_block(test_key(1), bad).status().code(), StatusCode::kInvalidArgument);
+  const auto misaligned = s->write_block(test_key(1), bad).status();
+  EXPECT_EQ(misaligned.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(misaligned.message().find("page buffer of layer 1"), std::string::npos)
+      << misaligned.to_string();
+  // Reads check their buffers the same way, before looking the key up.
+  auto read_pages = p.pages();
+  std::vector<std::byte*> read_three(read_pages.begin(), read_pages.begin() + 3);
+  const auto short_read = s->read_block(test_key(1), read_three).status();
+  EXPECT_EQ(short_read.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(short_read.message().find("3 page buffers"), std::string::npos)
+      << short_read.to_string();
+  read_pages[0] = nullptr;
+  EXPECT_EQ(s->read_block(test_key(1), read_pages).status().code(), StatusCode::kInvalidArgument);
   // Unknown key.
   EXPECT_EQ(s->read_block(test_key(1), p.pages()).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(s->erase(test_key(1)).code(), StatusCode::kNotFound);
