@@ -51,15 +51,19 @@ Status Scheduler::init() {
         t == Tier::kNvme ? cap : cap / std::max<uint32_t>(1, options_.geometry.layers);
     cache_blocks += blocks[tier_index(t)];
   }
-  std::array<Evictor*, kNumTiers> raw{};
+  std::array<std::optional<EvictorOptions>, kNumTiers> tier_options;
   for (Tier t : kAllTiers) {
     if (t != Tier::kHbm && capacity_of(t) == 0) continue;  // tier not configured
-    EvictorOptions eo;
+    EvictorOptions& eo = tier_options[tier_index(t)].emplace();
     eo.capacity_blocks = blocks[tier_index(t)];
     eo.cache_blocks = cache_blocks;
     eo.hints = &hints_;
-    evictors_[tier_index(t)] =
-        shadowed_first(make_evictor(options_.policies.eviction, eo), t, *write_);
+  }
+  auto tier_evictors = make_tier_evictors(options_.policies.eviction, tier_options);
+  std::array<Evictor*, kNumTiers> raw{};
+  for (Tier t : kAllTiers) {
+    if (!tier_options[tier_index(t)]) continue;
+    evictors_[tier_index(t)] = shadowed_first(std::move(tier_evictors[tier_index(t)]), t, *write_);
     if (evictors_[tier_index(t)] == nullptr) {
       return invalid_argument("no eviction policy named " +
                               std::string(eviction_policy_name(options_.policies.eviction)));

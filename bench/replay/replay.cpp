@@ -92,14 +92,19 @@ class PolicyRun {
       evictor_blocks[ti(t)] = t == Tier::kHbm ? frames[ti(t)] : spec_.capacity_blocks[ti(t)];
       cache_blocks += evictor_blocks[ti(t)];
     }
+    std::array<std::optional<EvictorOptions>, kNumTiers> tier_options;
     for (Tier t : kAllTiers) {
       if (frames[ti(t)] == 0 && t != Tier::kHbm) continue;
-      EvictorOptions eo;
+      EvictorOptions& eo = tier_options[ti(t)].emplace();
       eo.capacity_blocks = evictor_blocks[ti(t)];
       eo.cache_blocks = cache_blocks;
       eo.expected_blocks = std::min<uint64_t>(frames[ti(t)] + 16, w_.unique_blocks);
       eo.hints = options_.lookahead > 0 ? &hints_ : nullptr;
-      evictors_owned_[ti(t)] = shadowed_first(make_evictor(spec_.eviction, eo), t, *write_);
+    }
+    auto tier_evictors = make_tier_evictors(spec_.eviction, tier_options);
+    for (Tier t : kAllTiers) {
+      if (!tier_options[ti(t)]) continue;
+      evictors_owned_[ti(t)] = shadowed_first(std::move(tier_evictors[ti(t)]), t, *write_);
       evictors_[ti(t)] = evictors_owned_[ti(t)].get();
     }
     placement_ = std::make_unique<Placement>(*table_, evictors_, admission_, *write_);

@@ -19,6 +19,27 @@ std::unique_ptr<Evictor> make_evictor(EvictionPolicy policy, const EvictorOption
   return std::make_unique<LruEvictor>(options);
 }
 
+std::array<std::unique_ptr<Evictor>, kNumTiers> make_tier_evictors(
+    EvictionPolicy policy, const std::array<std::optional<EvictorOptions>, kNumTiers>& tiers) {
+  std::array<std::unique_ptr<Evictor>, kNumTiers> out;
+  int last = kNumTiers - 1;
+  while (last >= 0 && !tiers[last]) --last;
+  if (last < 0) return out;
+  if (policy != EvictionPolicy::kLookahead) {
+    for (int t = 0; t <= last; ++t) {
+      if (tiers[t]) out[t] = make_evictor(policy, *tiers[t]);
+    }
+    return out;
+  }
+  auto history = std::make_unique<LookaheadEvictor>(*tiers[last]);
+  const LookaheadEvictor* shared = history.get();
+  out[last] = std::move(history);
+  for (int t = 0; t < last; ++t) {
+    if (tiers[t]) out[t] = std::make_unique<LookaheadEvictor>(*tiers[t], shared);
+  }
+  return out;
+}
+
 std::string_view eviction_policy_name(EvictionPolicy policy) {
   switch (policy) {
     case EvictionPolicy::kLru: return "lru";

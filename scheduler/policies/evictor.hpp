@@ -33,6 +33,7 @@
 // lock per candidate).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -157,8 +158,17 @@ struct EvictorOptions {
   const HintBoard* hints = nullptr;
 };
 
-// The evictor named by the configuration (policies.eviction).
+// The evictor named by the configuration (policies.eviction), for a tier on its own.
 std::unique_ptr<Evictor> make_evictor(EvictionPolicy policy, const EvictorOptions& options);
+
+// The evictors of one cache's tiers, fastest first: the policy's evictor for each tier that has
+// options, null for the others. Tiers built together share what each would otherwise keep of the
+// whole cache: the lookahead policy's tiers above the last read the history of blocks they do not
+// hold (last reference, use count, class) from the last tier, which hears every reference just
+// after them, instead of each keeping a ghost of the whole cache's size. So they must live and die
+// together, and every reference must reach them in tier order (the callers' loops do both).
+std::array<std::unique_ptr<Evictor>, kNumTiers> make_tier_evictors(
+    EvictionPolicy policy, const std::array<std::optional<EvictorOptions>, kNumTiers>& tiers);
 
 // Config names ("lru", "lfu", "s3fifo", "prefix_aware", "lookahead").
 std::string_view eviction_policy_name(EvictionPolicy policy);

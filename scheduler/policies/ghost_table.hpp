@@ -1,6 +1,7 @@
 // GhostTable: the lookahead policy's memory of blocks its tier does not hold (evicted, refused, or
 // never admitted) — for each, the time of its last reference, how many references it had, and its
-// class — so a block that comes back is recognised and teaches the tier its reuse gap.
+// class — so a block that comes back is recognised and teaches the tier its reuse gap. One per
+// cache: the last tier's, which the tiers above read (LookaheadEvictor, "One history").
 //
 // A fixed set-associative table: 16 bytes per entry (a 64-bit fingerprint and one packed word:
 // 40 bits of time, 16 of count, 8 of class), 8 entries per bucket (two cache lines); a key lives

@@ -32,12 +32,15 @@ uint32_t saturating_increment(uint32_t v) { return v == UINT32_MAX ? v : v + 1; 
 
 }  // namespace
 
-LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options)
+LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options, const LookaheadEvictor* history)
     : hints_(options.hints),
+      history_(history),
       index_(options.expected_blocks),
-      ghost_(
-          std::clamp<uint64_t>(std::min(span_of(options), kMaxGhost / kGhostFactor) * kGhostFactor,
-                               kMinGhost, kMaxGhost)),
+      ghost_(history != nullptr
+                 ? 0
+                 : std::clamp<uint64_t>(
+                       std::min(span_of(options), kMaxGhost / kGhostFactor) * kGhostFactor,
+                       kMinGhost, kMaxGhost)),
       model_(kClasses, horizon_of(options), kHalfLifeHorizons * horizon_of(options),
              class_fallbacks()) {}
 
@@ -56,6 +59,39 @@ bool LookaheadEvictor::hinted(const BlockKey& key) const {
 void LookaheadEvictor::tick() {
   ++now_;
   model_.advance(now_);
+}
+
+std::optional<GhostTable::Entry> LookaheadEvictor::recall(const BlockKey& key) const {
+  if (const uint32_t slot = index_.find(key); slot != KeyIndex::kNone) {
+    return GhostTable::Entry{ref_time_[slot], uses_[slot], class_[slot]};
+  }
+  return recall_untracked(key);
+}
+
+std::optional<GhostTable::Entry> LookaheadEvictor::recall_untracked(const BlockKey& key) const {
+  if (history_ == nullptr) return ghost_.find(key, now_);
+  std::optional<GhostTable::Entry> e = history_->recall(key);
+  if (!e) return e;
+  // The tiers' clocks agree (each hears every reference); one that fell behind through a
+  // caller's misuse must not see a reference in its future.
+  e->time = std::min(e->time, now_);
+  // This tier hears a reference before the last tier: a request's end it settled just now is
+  // not in the history yet (the same block referenced next, as a new request's first block).
+  if (key == ended_key_ && e->time == ended_time_) e->tag |= 1u;
+  return e;
+}
+
+void LookaheadEvictor::remember(const BlockKey& key, const GhostTable::Entry& entry) {
+  if (history_ == nullptr) ghost_.put(key, entry, now_);
+}
+
+void LookaheadEvictor::remember_ended(const BlockKey& key, const GhostTable::Entry& entry) {
+  if (history_ == nullptr) {
+    ghost_.set_tag(key, static_cast<uint8_t>(entry.tag | 1u));
+    return;
+  }
+  ended_key_ = key;
+  ended_time_ = entry.time;
 }
 
 uint32_t LookaheadEvictor::list_for(uint32_t cls, uint32_t parent_slot) const {
@@ -147,9 +183,9 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
     }
     return;
   }
-  if (const auto e = ghost_.find(previous, now_); e && (e->tag & 1u) == 0) {
+  if (const auto e = recall_untracked(previous); e && (e->tag & 1u) == 0) {
     model_.moved(e->tag, e->tag | 1u, e->time);
-    ghost_.set_tag(previous, static_cast<uint8_t>(e->tag | 1u));
+    remember_ended(previous, *e);
   }
 }
 
@@ -164,13 +200,13 @@ void LookaheadEvictor::on_miss(const BlockFacts& block) {
   if (index_.find(block.key) != KeyIndex::kNone) return;  // present here: not a miss
   settle_pending(block.parent);
   uint32_t uses = 1;
-  if (const auto e = ghost_.find(block.key, now_); e) {
+  if (const auto e = recall_untracked(block.key); e) {
     model_.reused(e->tag, now_ - e->time);
     uses = saturating_increment(e->count);
   }
   const uint32_t cls = class_of(uses, false);
   model_.entered(cls);
-  ghost_.put(block.key, GhostTable::Entry{now_, uses, static_cast<uint8_t>(cls)}, now_);
+  remember(block.key, GhostTable::Entry{now_, uses, static_cast<uint8_t>(cls)});
   pending_ = block.key;
 }
 
@@ -194,7 +230,9 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
   // just recorded) goes on; a block it never saw opens one. A block demoted with the rank of the
   // tier above keeps that rank (one order over the hierarchy); any other ranks from its arrival:
   // a block computed or promoted into this tier is wanted now. Either brings its hit count.
-  const std::optional<GhostTable::Entry> remembered = ghost_.take(block.key, now_);
+  // (The slot is new: what is known of the block comes from before it arrived.)
+  const std::optional<GhostTable::Entry> remembered = recall_untracked(block.key);
+  if (remembered && history_ == nullptr) ghost_.take(block.key, now_);
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   uint32_t cls;
@@ -238,7 +276,7 @@ void LookaheadEvictor::on_access(const BlockKey& key) {
 void LookaheadEvictor::on_erase(const BlockKey& key) {
   const uint32_t slot = index_.find(key);
   if (slot == KeyIndex::kNone) return count_misuse();
-  ghost_.put(key, GhostTable::Entry{ref_time_[slot], uses_[slot], class_[slot]}, now_);
+  remember(key, GhostTable::Entry{ref_time_[slot], uses_[slot], class_[slot]});
   const uint32_t parent = links_.parent_slot(index_, slot);
   links_.detach(index_, slot);
   unlink(slot);
@@ -348,7 +386,7 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
   if (const std::optional<CarriedRank> carried = arrival_rank(block)) {
     return rank_at(carried->time, carried->cls) > rank(victim);
   }
-  const auto remembered = ghost_.find(block.key, now_);
+  const auto remembered = recall_untracked(block.key);
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   const uint32_t ps = block.parent.is_null() ? KeyIndex::kNone : index_.find(block.parent);
@@ -446,9 +484,7 @@ void LookaheadEvictor::describe(const BlockKey& key, BlockFacts& facts) const {
 }
 
 uint32_t LookaheadEvictor::uses_of(const BlockKey& key) const {
-  const uint32_t slot = index_.find(key);
-  if (slot != KeyIndex::kNone) return uses_[slot];
-  const auto remembered = ghost_.find(key, now_);
+  const auto remembered = recall(key);
   return remembered ? remembered->count : 0;
 }
 

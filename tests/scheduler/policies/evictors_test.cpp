@@ -1346,6 +1346,126 @@ TEST(Evictors, LookaheadMeasuresItsHorizonInTheWholeCache) {
   EXPECT_EQ(LookaheadEvictor(o).model().horizon(), 8u * 16);
 }
 
+// A toy hierarchy of three evictors, driven as the replay drives its tiers: every reference goes
+// to every tier in order (an access where it holds the block, else a miss); a block missing from
+// HBM is placed there, and each tier's victims go down to the next with their rank, the last
+// tier's out of the cache. Returns, per request, the victims and every tier's use count of every
+// key, so two hierarchies can be compared decision for decision.
+std::vector<std::vector<uint64_t>> drive_hierarchy(std::array<std::unique_ptr<Evictor>, 3>& tiers,
+                                                   const std::array<uint64_t, 3>& capacity,
+                                                   uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<uint64_t>> log;
+  std::function<void(std::size_t, const BlockFacts&)> place = [&](std::size_t t,
+                                                                  const BlockFacts& block) {
+    Evictor& e = *tiers[t];
+    if (e.contains(block.key)) return;
+    if (e.size() >= capacity[t]) {
+      std::vector<BlockKey> victims;
+      const auto keep = [&](const BlockKey& k) { return k == block.key; };
+      ASSERT_EQ(e.select_victims(1, KeyFilter(keep), victims), 1u);
+      // Ids are root * 10 + depth: a block's parent is the id before it, unless it is a root.
+      const uint64_t id = victims[0].lo;
+      BlockFacts down = id % 10 == 0 ? facts_of(id) : facts_of(id, id - 1, id % 10);
+      e.describe(victims[0], down);
+      down.demoted = true;
+      log.back().push_back(victims[0].lo + 1000 * t);
+      e.on_erase(victims[0]);
+      if (t + 1 < tiers.size()) place(t + 1, down);
+    }
+    e.on_insert(block);
+  };
+  for (int request = 0; request < 3000; ++request) {
+    log.emplace_back();
+    // A chain of 1-6 blocks under one of 40 roots; ids root * 10 + depth.
+    const uint64_t root = std::uniform_int_distribution<uint64_t>(1, 40)(rng);
+    const uint32_t length = std::uniform_int_distribution<uint32_t>(1, 6)(rng);
+    for (uint32_t depth = 0; depth < length; ++depth) {
+      const uint64_t id = root * 10 + depth;
+      const BlockFacts f = depth == 0 ? facts_of(id) : facts_of(id, id - 1, depth);
+      for (auto& e : tiers) {
+        if (e->contains(f.key)) {
+          e->on_access(f.key);
+        } else {
+          e->on_miss(f);
+        }
+      }
+      place(0, f);
+    }
+    for (auto& e : tiers) {
+      const auto& la = static_cast<const LookaheadEvictor&>(*e);
+      for (uint64_t id = 10; id < 410; ++id) log.back().push_back(la.uses_of(key_of(id)));
+    }
+  }
+  return log;
+}
+
+// The tiers of one cache share the last tier's history of blocks they do not hold instead of
+// keeping a ghost each: the hierarchy decides exactly as three tiers with their own ghosts do,
+// with one ghost in all.
+TEST(Evictors, LookaheadTiersReadTheLastTiersHistoryAndDecideAsWithGhostsOfTheirOwn) {
+  const std::array<uint64_t, 3> capacity = {6, 12, 30};
+  std::array<std::optional<EvictorOptions>, 3> options;
+  for (std::size_t t = 0; t < 3; ++t) {
+    options[t].emplace();
+    options[t]->capacity_blocks = capacity[t];
+    options[t]->cache_blocks = 48;
+  }
+  for (uint64_t seed : {1, 2, 3}) {
+    std::array<std::unique_ptr<Evictor>, 3> shared =
+        make_tier_evictors(EvictionPolicy::kLookahead, options);
+    std::array<std::unique_ptr<Evictor>, 3> own;
+    for (std::size_t t = 0; t < 3; ++t)
+      own[t] = make_evictor(EvictionPolicy::kLookahead, *options[t]);
+    EXPECT_EQ(drive_hierarchy(shared, capacity, seed), drive_hierarchy(own, capacity, seed));
+    for (std::size_t t = 0; t < 3; ++t) {
+      EXPECT_EQ(shared[t]->misuse(), 0u);
+      const auto& a = static_cast<const LookaheadEvictor&>(*shared[t]).model();
+      const auto& b = static_cast<const LookaheadEvictor&>(*own[t]).model();
+      for (uint32_t c = 0; c < LookaheadEvictor::kClasses; ++c) {
+        EXPECT_EQ(a.expected_gap(c), b.expected_gap(c)) << "tier " << t << " class " << c;
+      }
+    }
+    // The upper tiers hold no ghost (the smallest one has 65,536 entries of 16 bytes).
+    for (std::size_t t = 0; t < 2; ++t) {
+      EXPECT_LE(shared[t]->memory_bytes() + (1u << 20), own[t]->memory_bytes()) << "tier " << t;
+    }
+    EXPECT_EQ(shared[2]->memory_bytes(), own[2]->memory_bytes());
+  }
+  // A tier alone, or the policies without such a history, are what make_evictor builds.
+  std::array<std::optional<EvictorOptions>, 3> hbm_only;
+  hbm_only[0] = options[0];
+  const auto alone = make_tier_evictors(EvictionPolicy::kLookahead, hbm_only);
+  EXPECT_EQ(alone[0]->memory_bytes(),
+            make_evictor(EvictionPolicy::kLookahead, *options[0])->memory_bytes());
+  EXPECT_EQ(alone[1], nullptr);
+  EXPECT_EQ(alone[2], nullptr);
+  const auto lru = make_tier_evictors(EvictionPolicy::kLru, options);
+  for (const auto& e : lru) EXPECT_EQ(e->name(), "lru");
+}
+
+// A tier whose clock fell behind the last tier's (a caller that skipped it for some references)
+// never reads a reference from its future: a block's last reference is at most its own clock.
+TEST(Evictors, LookaheadTierBehindItsHistoryReadsNoFutureReference) {
+  std::array<std::optional<EvictorOptions>, 3> options;
+  options[0].emplace().capacity_blocks = 4;
+  options[2].emplace().capacity_blocks = 4;
+  auto tiers = make_tier_evictors(EvictionPolicy::kLookahead, options);
+  EXPECT_EQ(tiers[1], nullptr);
+  for (int i = 0; i < 5; ++i) tiers[2]->on_miss(facts_of(100 + i));  // HBM skipped
+  tiers[2]->on_miss(facts_of(1));                                    // the last tier at 6
+  tiers[0]->on_miss(facts_of(1));                                    // HBM at 1
+  tiers[2]->on_miss(facts_of(1));
+  const auto& hbm = static_cast<const LookaheadEvictor&>(*tiers[0]);
+  const std::optional<GhostTable::Entry> seen = hbm.recall(key_of(1));
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->time, 1u);
+  EXPECT_EQ(seen->count, 2u);
+  tiers[0]->on_insert(facts_of(1));
+  EXPECT_EQ(hbm.recall(key_of(1))->time, 1u);
+  EXPECT_EQ(hbm.misuse(), 0u);
+}
+
 TEST(Evictors, LookaheadHintedBlocksLeaveTheRankingUntilTouchedOrUnhinted) {
   HintBoard board;
   EvictorOptions o;
