@@ -148,8 +148,10 @@ struct EvictorOptions {
   // policy's reuse estimates). 0 is allowed (a tier that holds nothing).
   uint64_t capacity_blocks = 0;
   // Frames of the whole cache the tier belongs to: every configured tier's, summed (0: the tier
-  // alone). A block leaves the cache only from its last tier, so the tiers should rank as one
-  // cache of that size would: the lookahead policy measures its reuse horizon and its ghost in it.
+  // alone). A block leaves the cache only from its last tier, so that tier should rank as one
+  // cache of that size would: the lookahead policy measures the last tier's reuse horizon and the
+  // cache's one ghost in it (the tiers above, built by make_tier_evictors, their horizon in their
+  // own frames).
   uint64_t cache_blocks = 0;
   // Expected number of tracked blocks, to presize indexes (0: grow on demand).
   uint64_t expected_blocks = 0;

@@ -11,13 +11,17 @@
 namespace kvtier {
 namespace {
 
-// The frames the policy's horizon and ghost are measured in: the whole cache's.
+// The frames the ghost is measured in: the whole cache's.
 uint64_t span_of(const EvictorOptions& options) {
   return std::max<uint64_t>({options.capacity_blocks, options.cache_blocks, 1});
 }
 
-uint64_t horizon_of(const EvictorOptions& options) {
-  return LookaheadEvictor::kHorizonCapacities * span_of(options);
+// The model's horizon: turnovers of the whole cache for the last tier (or a tier alone), of the
+// tier itself for a tier above the last (one that reads its history from the last).
+uint64_t horizon_of(const EvictorOptions& options, bool above_last) {
+  const uint64_t frames =
+      above_last ? std::max<uint64_t>(options.capacity_blocks, 1) : span_of(options);
+  return LookaheadEvictor::kHorizonCapacities * frames;
 }
 
 // A class with little evidence ranks like the class of half its uses (same ended flag); one use
@@ -41,8 +45,8 @@ LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options, const Lookahea
                  : std::clamp<uint64_t>(
                        std::min(span_of(options), kMaxGhost / kGhostFactor) * kGhostFactor,
                        kMinGhost, kMaxGhost)),
-      model_(kClasses, horizon_of(options), kHalfLifeHorizons * horizon_of(options),
-             class_fallbacks()) {}
+      model_(kClasses, horizon_of(options, history != nullptr),
+             kHalfLifeHorizons * horizon_of(options, history != nullptr), class_fallbacks()) {}
 
 uint32_t LookaheadEvictor::class_of(uint32_t uses, bool ended) {
   const uint32_t bucket =

@@ -1336,14 +1336,27 @@ TEST(Evictors, LookaheadManyHintedVictimsInOneWalk) {
   EXPECT_TRUE(out[0] == key_of(3) || out[0] == key_of(4)) << to_string(out[0]);
 }
 
-TEST(Evictors, LookaheadMeasuresItsHorizonInTheWholeCache) {
+// What the last tier evicts leaves the cache: it measures its horizon in the whole cache. What a
+// tier above evicts moves down and stays cached: it measures its horizon in its own frames.
+TEST(Evictors, LookaheadMeasuresTheLastTiersHorizonInTheWholeCacheAndAnUpperTiersInItself) {
   EvictorOptions o;
   o.capacity_blocks = 16;
   EXPECT_EQ(LookaheadEvictor(o).model().horizon(), 8u * 16);
-  o.cache_blocks = 336;  // HBM's 16 frames of a 336-frame hierarchy
-  EXPECT_EQ(LookaheadEvictor(o).model().horizon(), 8u * 336);
   o.cache_blocks = 4;  // never less than the tier itself
   EXPECT_EQ(LookaheadEvictor(o).model().horizon(), 8u * 16);
+  std::array<std::optional<EvictorOptions>, 3> tiers;
+  for (uint64_t t = 0; t < 3; ++t) {
+    tiers[t].emplace().capacity_blocks = uint64_t{16} << (2 * t);  // 16, 64, 256 frames
+    tiers[t]->cache_blocks = 336;
+  }
+  const auto cache = make_tier_evictors(EvictionPolicy::kLookahead, tiers);
+  const auto horizon = [&](int t) {
+    return static_cast<const LookaheadEvictor&>(*cache[t]).model().horizon();
+  };
+  EXPECT_EQ(horizon(0), 8u * 16);
+  EXPECT_EQ(horizon(1), 8u * 64);
+  EXPECT_EQ(horizon(2), 8u * 336);
+  EXPECT_EQ(LookaheadEvictor(*tiers[0]).model().horizon(), 8u * 336);  // HBM as the last tier
 }
 
 // A toy hierarchy of three evictors, driven as the replay drives its tiers: every reference goes
@@ -1414,9 +1427,13 @@ TEST(Evictors, LookaheadTiersReadTheLastTiersHistoryAndDecideAsWithGhostsOfTheir
   for (uint64_t seed : {1, 2, 3}) {
     std::array<std::unique_ptr<Evictor>, 3> shared =
         make_tier_evictors(EvictionPolicy::kLookahead, options);
+    // Each with its own ghost; a tier above the last measures its horizon in its own frames.
     std::array<std::unique_ptr<Evictor>, 3> own;
-    for (std::size_t t = 0; t < 3; ++t)
-      own[t] = make_evictor(EvictionPolicy::kLookahead, *options[t]);
+    for (std::size_t t = 0; t < 3; ++t) {
+      EvictorOptions alone = *options[t];
+      if (t < 2) alone.cache_blocks = 0;
+      own[t] = make_evictor(EvictionPolicy::kLookahead, alone);
+    }
     EXPECT_EQ(drive_hierarchy(shared, capacity, seed), drive_hierarchy(own, capacity, seed));
     for (std::size_t t = 0; t < 3; ++t) {
       EXPECT_EQ(shared[t]->misuse(), 0u);
