@@ -36,6 +36,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -158,6 +159,11 @@ struct EvictorOptions {
   // Future knowledge for `lookahead`: the keys of requests waiting in the engine's queue. Not
   // owned; must outlive the evictor. Null: the lookahead policy runs purely online.
   const HintBoard* hints = nullptr;
+  // Present knowledge for `lookahead`: true for a block that an open sequence holds, which its
+  // next step reads (every step reads all of its sequence's KV). Empty: none is known (the trace
+  // replay, whose requests end as they start). Called on the scheduler's loop for victim
+  // candidates only.
+  std::function<bool(const BlockKey&)> in_use;
 };
 
 // The evictor named by the configuration (policies.eviction), for a tier on its own.

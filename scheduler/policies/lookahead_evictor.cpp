@@ -38,6 +38,7 @@ uint32_t saturating_increment(uint32_t v) { return v == UINT32_MAX ? v : v + 1; 
 
 LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options, const LookaheadEvictor* history)
     : hints_(options.hints),
+      in_use_(options.in_use),
       history_(history),
       index_(options.expected_blocks),
       ghost_(history != nullptr
@@ -57,7 +58,7 @@ uint32_t LookaheadEvictor::class_of(uint32_t uses, bool ended) {
 }
 
 bool LookaheadEvictor::hinted(const BlockKey& key) const {
-  return hints_ != nullptr && hints_->contains(key);
+  return (hints_ != nullptr && hints_->contains(key)) || (in_use_ && in_use_(key));
 }
 
 void LookaheadEvictor::tick() {
@@ -331,8 +332,9 @@ uint32_t LookaheadEvictor::best_tail() {
 }
 
 uint64_t LookaheadEvictor::reader_start(uint32_t slot) const {
-  const std::optional<HintBoard::Use> use =
-      hints_ != nullptr ? hints_->find(index_.key(slot)) : std::nullopt;
+  const BlockKey& key = index_.key(slot);
+  if (in_use_ && in_use_(key)) return 0;  // its sequence's next step reads it
+  const std::optional<HintBoard::Use> use = hints_ != nullptr ? hints_->find(key) : std::nullopt;
   return use ? use->earliest_start : 0;
 }
 

@@ -1483,6 +1483,40 @@ TEST(Evictors, LookaheadTierBehindItsHistoryReadsNoFutureReference) {
   EXPECT_EQ(hbm.misuse(), 0u);
 }
 
+// A block an open sequence holds (EvictorOptions::in_use) is wanted now: it goes after every
+// block no one is known to read, and after those a waiting request reads; when its sequence
+// closes it ranks again as if touched then.
+TEST(Evictors, LookaheadKeepsBlocksInUseLongestAndRanksThemAgainWhenReleased) {
+  HintBoard board;
+  std::set<uint64_t> held;
+  EvictorOptions o;
+  o.capacity_blocks = 4;
+  o.hints = &board;
+  o.in_use = [&](const BlockKey& k) { return held.count(k.lo) != 0; };
+  LookaheadEvictor e(o);
+  for (uint64_t id = 1; id <= 4; ++id) {
+    e.on_miss(facts_of(id));
+    e.on_insert(facts_of(id));
+  }
+  held = {1, 2};  // the two oldest: an open sequence's
+  const std::vector<BlockKey> queued = {key_of(3)};
+  ASSERT_TRUE(board.add(7, 1000, queued).ok());
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(4, KeyFilter::none(), out), 4u);
+  EXPECT_EQ(out[0], key_of(4));  // read by no one known
+  EXPECT_EQ(out[1], key_of(3));  // read by a waiting request
+  EXPECT_TRUE((out[2] == key_of(1) && out[3] == key_of(2)) ||
+              (out[2] == key_of(2) && out[3] == key_of(1)));
+  // The sequence closes and the request starts: 1, 2 and 3 rank again as if touched now, so the
+  // oldest, 1, is no longer first; 4 is.
+  held.clear();
+  ASSERT_TRUE(board.remove(7).ok());
+  out.clear();
+  ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
+  EXPECT_EQ(out[0], key_of(4));
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
 TEST(Evictors, LookaheadHintedBlocksLeaveTheRankingUntilTouchedOrUnhinted) {
   HintBoard board;
   EvictorOptions o;
