@@ -1277,14 +1277,20 @@ void Scheduler::sync_membership(const BlockKey& key, Tier tier) {
 }
 
 void Scheduler::after_change(const BlockKey& key) {
-  if (key.is_private()) {
+  uint32_t refs = 1;
+  const bool found =
+      parts_.table->visit(key, [&](const EntryView& v) { refs = v.refcount(); }).ok();
+  if (found && refs == 0) {
+    // No open sequence holds it (any more): a policy that kept it for one ranks it again.
+    for (Tier t : kAllTiers) {
+      Evictor* e = evictor(t);
+      if (e != nullptr && e->contains(key)) e->on_released(key);
+    }
+  }
+  if (key.is_private() && found && refs == 0) {
     // A private block nobody references any more (its sequence closed or its step was aborted
     // while a copy was in flight) holds K/V no one can match: give its copies back.
-    uint32_t refs = 1;
-    Status s = parts_.table->visit(key, [&](const EntryView& v) { refs = v.refcount(); });
-    if (s.ok() && refs == 0) {
-      for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
-    }
+    for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
   }
   for (Tier t : kAllTiers) sync_membership(key, t);
   // A block with no copy, no reference and no cached child is forgotten (its parent may follow).

@@ -12,7 +12,9 @@
 //   on_miss    a request needed the block and this tier had no copy (before any insert): lets a
 //              policy learn reuse of blocks it does not hold (ghost histories);
 //   on_shadowed  a faster tier gained or lost a ready copy of every page of a tracked block
-//                (policies that order such copies first: ShadowedFirstEvictor).
+//                (policies that order such copies first: ShadowedFirstEvictor);
+//   on_released  no open sequence holds a tracked block any more (policies that keep the blocks
+//                of open sequences, EvictorOptions::in_use, rank it again).
 // A key is tracked from on_insert to on_erase; on_insert of a tracked key or on_erase/on_access
 // of an untracked one is a caller bug and is ignored (counted in `misuse()`), never a crash.
 //
@@ -115,6 +117,9 @@ class Evictor {
   // every page of this tracked block: this tier's copy could go without losing it. Reported
   // where a policy orders such copies first (ShadowedFirstEvictor); the default ignores it.
   virtual void on_shadowed(const BlockKey& key, bool shadowed) {}
+  // The last open sequence that held this tracked block let it go (EvictorOptions::in_use now
+  // says false). The default ignores it.
+  virtual void on_released(const BlockKey& key) {}
 
   // Whether `block` (not yet tracked) should take a frame when the tier is full. The default
   // admits everything.

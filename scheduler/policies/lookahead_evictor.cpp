@@ -292,17 +292,28 @@ void LookaheadEvictor::on_erase(const BlockKey& key) {
   }
 }
 
+void LookaheadEvictor::unhint(uint32_t slot) {
+  lists_.remove(kHintedList, slot);
+  const uint32_t list = list_for(class_[slot], links_.parent_slot(index_, slot));
+  list_[slot] = static_cast<uint8_t>(list);
+  rank_time_[slot] = now_;
+  lists_.push_front(list, slot);
+  if (last_placed_ == slot) last_placed_ = KeyIndex::kNone;
+}
+
+void LookaheadEvictor::on_released(const BlockKey& key) {
+  // Its sequence closed: ranked again now, wherever it waits in the hinted list (found lazily at
+  // the list's back, it would wait behind every block a longer-lived sequence holds).
+  const uint32_t slot = index_.find(key);
+  if (slot != KeyIndex::kNone && list_[slot] == kHintedList && !hinted(key)) unhint(slot);
+}
+
 uint32_t LookaheadEvictor::best_tail() {
   // A block no waiting request reads any more (its request started without reaching it, or was
   // cancelled) leaves the hinted list as if touched now.
   for (uint32_t h = lists_.back(kHintedList); h != SlotLists::kNil && !hinted(index_.key(h));
        h = lists_.back(kHintedList)) {
-    lists_.remove(kHintedList, h);
-    const uint32_t list = list_for(class_[h], links_.parent_slot(index_, h));
-    list_[h] = static_cast<uint8_t>(list);
-    rank_time_[h] = now_;
-    lists_.push_front(list, h);
-    if (last_placed_ == h) last_placed_ = KeyIndex::kNone;
+    unhint(h);
   }
   while (true) {
     uint32_t best = SlotLists::kNil;
@@ -335,7 +346,7 @@ uint64_t LookaheadEvictor::reader_start(uint32_t slot) const {
   const BlockKey& key = index_.key(slot);
   if (in_use_ && in_use_(key)) return 0;  // its sequence's next step reads it
   const std::optional<HintBoard::Use> use = hints_ != nullptr ? hints_->find(key) : std::nullopt;
-  return use ? use->earliest_start : 0;
+  return use ? use->earliest_start : kNoReader;
 }
 
 uint32_t LookaheadEvictor::last_resort() const {

@@ -12,7 +12,9 @@
 //     make room. Without the open sequences, ranked by class, a decoding sequence's blocks (one
 //     use so far) were the first victims between its steps and were loaded back for the next:
 //     the Mooncake trace at its recorded rate in kvtier-bench run (virtual clock, H200) served
-//     0.84 requests/s, with stall 67 % of step time; with them 2.15 and 25 % (LRU 1.78, 38 %);
+//     0.84 requests/s, with stall 67 % of step time; with them 2.15 and 25 %, and 2.38 and 11 %
+//     once a block whose sequence closed leaves the hinted list at once (on_released) instead of
+//     waiting behind a longer-lived sequence's blocks at the list's back (LRU 1.78, 38 %);
 //   - the block's class: its reuse count so far (1, 2-3, 4-7, 8-15, 16+ references, remembered
 //     across evictions by a GhostTable) and whether it ended the request that last referenced it.
 //     A ReuseModel learns each class's expected gap to the next reference, G(c), truncated at a
@@ -198,6 +200,7 @@ class LookaheadEvictor final : public Evictor {
   void on_access(const BlockKey& key) override;
   void on_erase(const BlockKey& key) override;
   void on_miss(const BlockFacts& block) override;
+  void on_released(const BlockKey& key) override;
   bool admit(const BlockFacts& block) override;
   std::size_t select_victims(std::size_t count, KeyFilter skip,
                              std::vector<BlockKey>& out) override;
@@ -236,13 +239,17 @@ class LookaheadEvictor final : public Evictor {
   uint32_t list_for(uint32_t cls, uint32_t parent_slot) const;
   // The rank a demoted block brings from the tier above (kept); nullopt for any other arrival.
   static std::optional<CarriedRank> arrival_rank(const BlockFacts& block);
+  // Takes a block no longer hinted out of the hinted list and ranks it as if touched now.
+  void unhint(uint32_t slot);
   // Moves hinted blocks off the class lists' tails into the hinted list (and blocks no longer
   // hinted back); returns the best victim candidate: the lowest-rank unhinted tail, else the
   // hinted list's oldest, else kNil. Amortised O(1): a block enters the hinted list once per
   // waiting request that reads it.
   uint32_t best_tail();
   // When the slot's block is next read for sure: 0 (now) for a block an open sequence holds,
-  // else the expected start of the earliest waiting request that reads it (0: none).
+  // else the expected start of the earliest waiting request that reads it, kNoReader when no one
+  // is known to (a hinted-list block whose reader went away: the first to go).
+  static constexpr uint64_t kNoReader = UINT64_MAX;
   uint64_t reader_start(uint32_t slot) const;
   // Among the kHintedScan longest-hinted blocks, the one whose earliest waiting reader starts
   // last (the oldest on ties); kNil when the hinted list is empty. take_hinted's first pick

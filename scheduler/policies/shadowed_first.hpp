@@ -36,6 +36,7 @@ class ShadowedFirstEvictor final : public Evictor {
   void on_erase(const BlockKey& key) override;
   void on_miss(const BlockFacts& block) override { inner_->on_miss(block); }
   void on_shadowed(const BlockKey& key, bool shadowed) override;
+  void on_released(const BlockKey& key) override { inner_->on_released(key); }
   // A newcomer takes the place of a shadowed copy at no loss; else the inner policy decides.
   bool admit(const BlockFacts& block) override;
   std::size_t select_victims(std::size_t count, KeyFilter skip,

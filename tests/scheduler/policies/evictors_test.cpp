@@ -1517,6 +1517,36 @@ TEST(Evictors, LookaheadKeepsBlocksInUseLongestAndRanksThemAgainWhenReleased) {
   EXPECT_EQ(e.misuse(), 0u);
 }
 
+// A block whose sequence closed ranks again when the scheduler says so (on_released), not only
+// once it reaches the back of the hinted list, where a longer-lived sequence's blocks wait (and
+// where the last-resort scan, kHintedScan blocks deep, never reaches it).
+TEST(Evictors, LookaheadRanksAReleasedBlockAgainWhereverItWaits) {
+  std::set<uint64_t> held;
+  EvictorOptions o;
+  o.capacity_blocks = 40;
+  o.in_use = [&](const BlockKey& k) { return held.count(k.lo) != 0; };
+  LookaheadEvictor e(o);
+  for (uint64_t id = 1; id <= 40; ++id) {
+    e.on_miss(facts_of(id));
+    e.on_insert(facts_of(id));
+    if (id <= 30) held.insert(id);  // 1-20: a long decode; 21-30: sequences that close soon
+  }
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
+  EXPECT_EQ(out[0], key_of(31));  // 1-30 wait in the hinted list, 1 at its back
+  for (uint64_t id = 21; id <= 30; ++id) {
+    held.erase(id);
+    e.on_released(key_of(id));
+  }
+  e.on_released(key_of(1));  // still held: stays where it is
+  out.clear();
+  ASSERT_EQ(e.select_victims(20, KeyFilter::none(), out), 20u);
+  std::set<uint64_t> ids;
+  for (const BlockKey& k : out) ids.insert(k.lo);
+  for (uint64_t id = 21; id <= 40; ++id) EXPECT_EQ(ids.count(id), 1u) << id;  // not 1-20
+  EXPECT_EQ(e.misuse(), 0u);
+}
+
 TEST(Evictors, LookaheadHintedBlocksLeaveTheRankingUntilTouchedOrUnhinted) {
   HintBoard board;
   EvictorOptions o;
