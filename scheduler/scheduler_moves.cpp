@@ -1286,11 +1286,11 @@ void Scheduler::after_change(const BlockKey& key) {
       Evictor* e = evictor(t);
       if (e != nullptr && e->contains(key)) e->on_released(key);
     }
-  }
-  if (key.is_private() && found && refs == 0) {
     // A private block nobody references any more (its sequence closed or its step was aborted
     // while a copy was in flight) holds K/V no one can match: give its copies back.
-    for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
+    if (key.is_private()) {
+      for (Tier t : {Tier::kHbm, Tier::kHost}) parts_.table->drop_all(key, t).status().ignore();
+    }
   }
   for (Tier t : kAllTiers) sync_membership(key, t);
   // A block with no copy, no reference and no cached child is forgotten (its parent may follow).

@@ -88,8 +88,8 @@
 // referenced again at once, as the next request's first block). They record nothing. The tiers
 // decide exactly as with a ghost each as long as those ghosts forget nothing (a test checks it);
 // where they do, they forget different entries, and the Mooncake matrix moves by -0.04 points in
-// all over 42 runs (at most 0.1 in one). At 16/64/256 GiB, 16-token blocks: 731 MB resident for
-// the replay instead of 1.78 GB, 25.8 s instead of 33.3.
+// all over 42 runs (at most 0.1 in one). At 16/64/256 GiB, 16-token blocks: 736 MB resident for
+// the replay instead of 1.78 GB.
 // Memory per tracked block: ~97 bytes (index, lists, chain links, two times, count, class, list,
 // depth), plus ~56 per block in an arrived list's index, plus ChainLinks' waiting lists, plus 16
 // bytes per ghost entry at kGhostFactor entries per frame of the cache (between kMinGhost and
