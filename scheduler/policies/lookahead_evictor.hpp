@@ -315,7 +315,7 @@ class LookaheadEvictor final : public Evictor {
 
   const HintBoard* hints_;
   std::function<bool(const BlockKey&)> in_use_;  // EvictorOptions::in_use
-  const LookaheadEvictor* history_;  // null: this tier's own ghost
+  const LookaheadEvictor* history_;              // null: this tier's own ghost
   // With a history: the block (and the time of its reference) whose request end this tier
   // settled last; the history shows it once the last tier has heard the same reference.
   BlockKey ended_key_;
