@@ -17,11 +17,13 @@
 // Lifetimes. A Runtime, its Steps and every NumPy array over the HBM arena share one RuntimeState
 // (shared_ptr). kvtier::Runtime frees the arena at shutdown, so shutdown is refused with
 // BufferError while an array still views it (as mmap.close() is while a buffer is exported); each
-// such array holds an HbmLease, counted in `views`. Lock order: `mu` (shared for a call, exclusive
-// for shutdown) is never waited for with the GIL held (lock_open), so the GIL and `mu` never
-// deadlock and a shutdown holding `mu` never stalls the Python threads. Step.wait_layer, which
-// may block for wait_timeout_ms, holds `mu` only to check the runtime open, not for the wait:
-// shutdown would otherwise wait for the very wait its Runtime::shutdown wakes (py_step.cpp).
+// such array holds an HbmLease, counted in `views`. Calls and shutdown meet at a CallGate
+// (call_gate.hpp): a call is admitted shared, a shutdown decides exclusively, and a call arriving
+// while one decides waits for the decision, so a refused shutdown fails no call. Nothing waits at
+// the gate with the GIL held (lock_open), so the GIL and the gate never deadlock and a deciding
+// shutdown never stalls the Python threads. Step.wait_layer, which may block for
+// wait_timeout_ms, passes the gate only to check the runtime open, not for the wait: shutdown
+// would otherwise wait for the very wait its Runtime::shutdown wakes (py_step.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -29,12 +31,13 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kvtier/kvtier.hpp"
+#include "runtime/python/call_gate.hpp"
 
 namespace kvtier::python {
 
@@ -60,12 +63,8 @@ T value_or_throw(Result<T>&& r) {
 }
 
 struct RuntimeState {
-  mutable std::shared_mutex mu;  // shared: a call in progress; exclusive: shutdown
-  // Raised before shutdown waits for `mu`, so new calls fail at once and a stream of calls on
-  // other threads cannot starve it (glibc's rwlock prefers readers).
-  std::atomic<bool> closing{false};
+  CallGate gate;                     // admits calls; shut once a shutdown went through
   std::unique_ptr<Runtime> runtime;  // set at open, freed only with the state
-  bool shut_down = false;            // guarded by mu
   std::atomic<int> views{0};         // NumPy arrays over the HBM arena still alive
 };
 
@@ -133,26 +132,24 @@ struct PyStep {
 std::unique_ptr<PyStep> begin_step(PyRuntime& self,
                                    const std::vector<std::pair<SequenceId, uint32_t>>& items);
 
-// The runtime held shared for one call; FailedPreconditionError once a shutdown has begun.
-// Never waits for `mu` with the GIL held: only a shutdown holds it exclusively (for as long as
-// Runtime::shutdown takes), and a caller holding the GIL would stall every Python thread that long.
-// Such a caller waits without the GIL and without keeping `mu` while it re-takes the GIL, then
-// looks again (and finds `closing` raised).
-inline std::shared_lock<std::shared_mutex> lock_open(RuntimeState& state) {
-  while (!state.closing.load(std::memory_order_acquire)) {
-    std::shared_lock lock(state.mu, std::try_to_lock);
-    if (!lock.owns_lock()) {
-      if (holds_gil()) {
-        GilRelease unlocked;
-        std::shared_lock wait(state.mu);
-        continue;
-      }
-      lock.lock();
-    }
-    if (state.shut_down) break;
-    return lock;
+// Runs fn() without the GIL when this thread holds it: a wait at the CallGate. The lock that fn
+// waits for is let go inside fn, before the GIL is re-taken.
+template <typename Fn>
+void without_gil(Fn&& fn) {
+  if (!holds_gil()) {
+    fn();
+    return;
   }
-  throw StatusError(failed_precondition("the runtime was shut down"));
+  GilRelease unlocked;
+  fn();
+}
+
+// The runtime held open for one call; FailedPreconditionError once a shutdown went through. A
+// call that arrives while a shutdown decides waits for the decision without the GIL.
+inline CallGate::Call lock_open(RuntimeState& state) {
+  std::optional<CallGate::Call> call = state.gate.enter([](auto&& wait) { without_gil(wait); });
+  if (!call) throw StatusError(failed_precondition("the runtime was shut down"));
+  return std::move(*call);
 }
 
 // Runs fn(Runtime&) with the runtime held open (lock_open).

@@ -158,19 +158,14 @@ void shutdown(PyRuntime& self) {
   Status s;
   {
     GilRelease unlocked;
-    // Arrays are only made under the shared lock: checked before closing (the usual refusal
-    // leaves the runtime untouched) and again under the exclusive lock (one made meanwhile).
+    // Arrays are only made inside a call: checked before deciding (the usual refusal leaves the
+    // gate untouched) and again once every call in progress has left (one made meanwhile: the
+    // refusal lets the calls that waited go ahead).
     refuse_while_viewed();
-    const bool was_closing = state->closing.exchange(true, std::memory_order_acq_rel);
-    std::unique_lock lock(state->mu);
-    if (state->shut_down) return;
-    try {
-      refuse_while_viewed();
-    } catch (...) {
-      if (!was_closing) state->closing.store(false, std::memory_order_release);
-      throw;
-    }
-    state->shut_down = true;
+    CallGate::Closing closing(state->gate);
+    if (closing.already_shut()) return;
+    refuse_while_viewed();
+    closing.commit();
     s = state->runtime->shutdown();
   }
   throw_if_error(s);
@@ -290,9 +285,7 @@ void register_runtime(py::module_& m) {
       .def("shutdown", &shutdown,
            "Finishes or cancels transfers, persists cached blocks to NVMe and stops the runtime. "
            "Idempotent. BufferError while arrays from hbm_frames() are alive.")
-      .def_property_readonly(
-          "closed",
-          [](PyRuntime& self) { return self.state->closing.load(std::memory_order_acquire); })
+      .def_property_readonly("closed", [](PyRuntime& self) { return self.state->gate.shut_down(); })
       .def_property_readonly("geometry",
                              [](PyRuntime& self) {
                                return with_runtime(self.state,

@@ -28,12 +28,11 @@ PyStep::~PyStep() {
     // Dropped by the garbage collector with the GIL held; the abort waits on the loop.
     std::optional<GilRelease> unlocked;
     if (holds_gil()) unlocked.emplace();
-    // Waits out a shutdown in progress rather than trusting `closing`: a shutdown refused under
-    // its exclusive lock (a NumPy view made meanwhile) lowers `closing` again and leaves the
+    // Waits out a shutdown that is deciding: one refused (a NumPy view made meanwhile) leaves the
     // runtime open, and skipping the abort then would leave this step's pages pinned. A shutdown
-    // that went through aborted every step itself (shut_down, nothing is left to unpin).
-    std::shared_lock runtime_lock(state->mu);
-    if (!state->shut_down) {
+    // that went through aborted every step itself (the gate is shut, nothing is left to unpin).
+    std::optional<CallGate::Call> call = state->gate.enter([](auto&& wait) { wait(); });
+    if (call) {
       Status s = state->runtime->abort_step(info.id);
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
         log(LogLevel::kWarn,
@@ -104,15 +103,14 @@ void abort_step(PyStep& step) {
   mark_finished(step);
 }
 
-// Checked open under the runtime's lock, then waited for without it: shutdown takes that lock
-// exclusively, and must not wait for the wait that its Runtime::shutdown is about to wake. The
+// Checked open at the runtime's gate, then waited for outside it: a deciding shutdown waits for
+// the calls inside, and must not wait for the wait that its Runtime::shutdown is about to wake. The
 // Runtime outlives the wait: the step holds its RuntimeState, which never drops the Runtime
 // before it is freed, and Runtime::wait_layer is safe against a concurrent Runtime::shutdown.
 void wait_layer(PyStep& step, uint32_t layer) {
   { auto lock = lock_open(*step.state); }
   Status waited = step.state->runtime->wait_layer(step.info.id, layer);
-  if (waited.code() == StatusCode::kCancelled &&
-      step.state->closing.load(std::memory_order_acquire)) {
+  if (waited.code() == StatusCode::kCancelled && step.state->gate.shut_down()) {
     throw StatusError(cancelled(waited.message() + " (the runtime is shutting down)"));
   }
   throw_if_error(waited);

@@ -131,3 +131,55 @@ def test_shutdown_wakes_a_thread_blocked_in_wait_layer(tmp_path):
     assert elapsed < 20, f"shutdown and the woken wait took {elapsed:.1f} s"
     with pytest.raises(kvtier.FailedPreconditionError, match="shut down"):
         step.wait_layer(0)
+
+
+def test_a_refused_shutdown_fails_no_call_on_other_threads(tmp_path):
+    """Shutdowns refused while other threads make calls and NumPy views of the arena leave the
+    runtime open and fail no call: a call that arrives while a shutdown decides waits for the
+    decision (the order itself is tested deterministically in tests/runtime/call_gate_test.cpp;
+    here the module races it for real). A call may fail only once a shutdown went through: when
+    one fails, as many shutdowns were refused as in the end."""
+    rt = open_runtime(config_yaml(tmp_path, nvme=False))
+    stop = threading.Event()
+    refusals = [0]
+    failed_after = []  # refusals so far when a call failed as shut down
+    others = []
+
+    def racer(call):
+        while not stop.is_set():
+            try:
+                call()
+            except kvtier.FailedPreconditionError:
+                failed_after.append(refusals[0])
+                return
+            except Exception as e:  # anything else is a failure
+                others.append(e)
+                return
+
+    def make_view():
+        frames = rt.hbm_frames()
+        del frames
+
+    threads = [threading.Thread(target=racer, args=(c,))
+               for c in (make_view, make_view, rt.stats, rt.stats)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 3
+    shut = False
+    while time.monotonic() < deadline and not shut:
+        try:
+            rt.shutdown()
+            shut = True
+        except BufferError:
+            refusals[0] += 1
+    stop.set()
+    for t in threads:
+        t.join()
+    assert others == []
+    assert refusals[0] > 0
+    spurious = [n for n in failed_after if n != refusals[0]]
+    assert spurious == [], (f"calls failed as shut down during refused shutdowns (after "
+                            f"{spurious} of {refusals[0]} refusals)")
+    assert rt.closed == shut
+    rt.shutdown()
+    assert rt.closed
