@@ -239,6 +239,12 @@ bool PageTable::contains(const BlockKey& key) const {
   return find_slot(s, h, key) != FlatKeyMap::kNotFound;
 }
 
+bool PageTable::referenced(const BlockKey& key) const {
+  bool held = false;
+  visit(key, [&](const EntryView& v) { held = v.refcount() > 0; }).ignore();
+  return held;
+}
+
 Result<BlockInfo> PageTable::lookup(const BlockKey& key) const {
   const uint64_t h = hash_key(key);
   const Shard& s = shard_for(h);

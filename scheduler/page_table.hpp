@@ -155,6 +155,9 @@ class PageTable {
   // table the block is counted in its cached_children. kAlreadyExists when `key` is present.
   Status create_block(const BlockKey& key, const BlockKey& parent, uint32_t initial_refs = 0);
   bool contains(const BlockKey& key) const;
+  // Whether something references the block (refcount > 0): an open sequence, or a publish pending
+  // for one, whose next step reads it. False for a key not in the table.
+  bool referenced(const BlockKey& key) const;
   Result<BlockInfo> lookup(const BlockKey& key) const;
   // Removes a block with no references, pins, copies in flight or cached children; frees its ready
   // copies and uncounts it from its parent.

@@ -25,6 +25,7 @@ struct Placement::Budget {
     std::size_t next = 0;    // first key of `keys` not yet considered
     std::size_t asked = 0;   // size of the last batch asked for
     bool exhausted = false;  // the evictor had no more candidates
+    bool referenced_too = false;  // past the blocks no open sequence reads from here (free_in)
   };
   std::array<Candidates, kNumTiers> candidates;
 };
@@ -76,6 +77,15 @@ Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier) {
   });
   if (!st.ok()) s.found = false;
   return s;
+}
+
+// A block an open sequence holds, read from `tier` by its next step: one no faster tier holds in
+// full (in HBM, every such block).
+bool read_next_from(const PageTable& table, const BlockKey& key, Tier tier) {
+  bool wanted = false;
+  table.visit(key, [&](const EntryView& v) { wanted = v.refcount() > 0 && !v.shadowed(tier); })
+      .ignore();
+  return wanted;
 }
 
 }  // namespace
@@ -134,10 +144,19 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
   const auto taken = [&](const BlockKey& k) {
     return budget.leaving[ti].count(k) != 0 || budget.arriving[ti].count(k) != 0;
   };
-  const auto refuse = [&](const BlockKey& k) { return skip(k) || taken(k); };
   Budget::Candidates& c = budget.candidates[ti];
+  const auto refuse = [&](const BlockKey& k) {
+    return skip(k) || taken(k) || (!c.referenced_too && read_next_from(table_, k, tier));
+  };
   while (freed < frames) {
     if (c.next == c.keys.size()) {
+      if (c.exhausted && !c.referenced_too) {
+        // Every block no open sequence reads from this tier is leaving or refused: now those it
+        // does, in the evictor's order, from its cold end again.
+        c.referenced_too = true;
+        c.exhausted = false;
+        c.asked = 0;
+      }
       if (c.exhausted) break;
       // Twice the last batch: the walks past keys already leaving add up to a constant factor.
       const std::size_t want = std::max<std::size_t>(frames - freed, 2 * c.asked);
@@ -145,7 +164,10 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
       c.next = 0;
       c.asked = want;
       c.exhausted = ev->select_victims(want, KeyFilter(refuse), c.keys) < want;
-      if (c.keys.empty()) break;
+      if (c.keys.empty()) {
+        if (c.referenced_too) break;
+        continue;  // none but referenced blocks: walk again with them
+      }
     }
     const BlockKey key = c.keys[c.next++];
     if (taken(key)) continue;        // chosen or arriving since the batch was fetched

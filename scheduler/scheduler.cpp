@@ -58,7 +58,7 @@ Status Scheduler::init() {
     eo.capacity_blocks = blocks[tier_index(t)];
     eo.cache_blocks = cache_blocks;
     eo.hints = &hints_;
-    eo.in_use = [this](const BlockKey& key) { return held_by_sequence(key); };
+    eo.in_use = [table = parts_.table](const BlockKey& key) { return table->referenced(key); };
   }
   auto tier_evictors = make_tier_evictors(options_.policies.eviction, tier_options);
   std::array<Evictor*, kNumTiers> raw{};

@@ -321,9 +321,6 @@ class Scheduler {
     TimerId timer = 0;
   };
   bool host_pages_stuck(const BlockKey& key) const;
-  // An open sequence (or a publish pending for one) references the block: the sequence's next
-  // step reads it. The policies' EvictorOptions::in_use.
-  bool held_by_sequence(const BlockKey& key) const;
   // Copies HBM page `layer` of `key`, pinned in `hbm_frame`, into `host_frame` (its host fill
   // begun); then unpins it, completes or aborts the host copy, and calls done(copied).
   void copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint32_t hbm_frame,

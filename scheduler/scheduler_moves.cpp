@@ -197,12 +197,6 @@ bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
          (tier == Tier::kHost && scheduler->host_pages_stuck(key));
 }
 
-bool Scheduler::held_by_sequence(const BlockKey& key) const {
-  bool held = false;
-  parts_.table->visit(key, [&](const EntryView& v) { held = v.refcount() > 0; }).ignore();
-  return held;
-}
-
 bool Scheduler::host_pages_stuck(const BlockKey& key) const {
   // Mirrors execute_move for host memory: a block in use whose host pages are each the last copy
   // of their layer, and that can be neither written to NVMe whole nor staged there, frees nothing

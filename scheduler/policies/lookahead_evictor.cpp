@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 
+#include "scheduler/policies/chain_walk.hpp"
 #include "scheduler/policies/hint_board.hpp"
 
 namespace kvtier {
@@ -421,26 +420,13 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
   std::size_t added = 0;
   std::size_t hinted_seen = 0;
   std::vector<BlockKey> hinted_victims;
-  // A parent goes after its children here, whatever the ranks say: every hit on a child is a hit
-  // on its parent too, so keeping the child instead is never better. A parent met while children
-  // of it are still tracked waits; it goes right after the last of them leaves the walk (taken,
-  // or refused by `skip`: leaving already, or pinned with it), else after every other unhinted
-  // block. One still waiting when the walk ends is held out of the ranking (kHeldList).
-  std::vector<uint32_t> parents;                  // held back in this walk, in walk order
-  std::unordered_set<uint32_t> waiting;           // of those, the ones not emitted yet
-  std::unordered_map<uint32_t, uint32_t> passed;  // per parent slot: its children walked past
-  const auto passed_children = [&](uint32_t slot) {
-    const auto it = passed.find(slot);
-    return it == passed.end() ? 0u : it->second;
-  };
-  // The block left the walk: its parent, once every child of it did, goes next if it waits.
-  const auto pass = [&](uint32_t slot) {
-    for (uint32_t ps = links_.parent_slot(index_, slot); ps != KeyIndex::kNone && added < count;
-         ps = links_.parent_slot(index_, ps)) {
-      if (++passed[ps] < links_.children(ps) || waiting.erase(ps) == 0) return;
-      out.push_back(index_.key(ps));
-      ++added;
-    }
+  // A parent goes after its children here, whatever the ranks say (ChainWalk); one still waiting
+  // when the walk ends is held out of the ranking (kHeldList).
+  ChainWalk walk(links_, index_);
+  const auto room = [&] { return added < count; };
+  const auto emit = [&](uint32_t slot) {
+    out.push_back(index_.key(slot));
+    ++added;
   };
   while (added < count) {
     uint32_t best_l = kRankLists;
@@ -458,7 +444,7 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
     cursor[best_l] = lists_.newer(s);
     const BlockKey& key = index_.key(s);
     if (skip(key)) {
-      pass(s);
+      walk.left(s, room, emit);
       continue;
     }
     if (hinted(key)) {
@@ -466,19 +452,11 @@ std::size_t LookaheadEvictor::select_victims(std::size_t count, KeyFilter skip,
       if (hinted_seen++ < count) hinted_victims.push_back(key);
       continue;
     }
-    links_.parent_slot(index_, s);  // counts the block in its parent if it arrived first
-    if (links_.children(s) > passed_children(s)) {
-      parents.push_back(s);
-      waiting.insert(s);
-      continue;
-    }
-    out.push_back(key);
-    ++added;
-    pass(s);
+    if (walk.wait_for_children(s)) continue;
+    emit(s);
+    walk.left(s, room, emit);
   }
-  for (uint32_t p : parents) {
-    if (waiting.count(p) != 0) hold(p);
-  }
+  for (uint32_t p : walk.still_waiting()) hold(p);
   for (uint32_t h = lists_.back(kHeldList); added < count && h != SlotLists::kNil;
        h = lists_.newer(h)) {
     if (skip(index_.key(h))) continue;

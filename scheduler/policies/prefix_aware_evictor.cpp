@@ -1,5 +1,7 @@
 #include "scheduler/policies/prefix_aware_evictor.hpp"
 
+#include "scheduler/policies/chain_walk.hpp"
+
 namespace kvtier {
 
 PrefixAwareEvictor::PrefixAwareEvictor(const EvictorOptions& options)
@@ -46,15 +48,20 @@ void PrefixAwareEvictor::on_erase(const BlockKey& key) {
 std::size_t PrefixAwareEvictor::select_victims(std::size_t count, KeyFilter skip,
                                                std::vector<BlockKey>& out) {
   std::size_t added = 0;
-  for (uint32_t s = lists_.back(0); s != SlotLists::kNil && added < count; s = lists_.newer(s)) {
-    // Counts a child that arrived before its parent, or before the parent came back, in it now:
-    // the parent is newer, so the walk reaches it after this.
-    links_.parent_slot(index_, s);
-    if (links_.children(s) != 0) continue;
-    const BlockKey& key = index_.key(s);
-    if (skip(key)) continue;
-    out.push_back(key);
+  ChainWalk walk(links_, index_);
+  const auto room = [&] { return added < count; };
+  const auto emit = [&](uint32_t slot) {
+    out.push_back(index_.key(slot));
     ++added;
+  };
+  for (uint32_t s = lists_.back(0); s != SlotLists::kNil && added < count; s = lists_.newer(s)) {
+    if (skip(index_.key(s))) {
+      walk.left(s, room, emit);
+      continue;
+    }
+    if (walk.wait_for_children(s)) continue;
+    emit(s);
+    walk.left(s, room, emit);
   }
   return added;
 }

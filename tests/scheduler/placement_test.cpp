@@ -187,6 +187,98 @@ TEST(PlacementCascade, TheBlockBeingDemotedIsNotTheRoomMadeForIt) {
   EXPECT_TRUE(demoted);
 }
 
+// One-layer blocks in HBM and host memory (4 frames each), and a placement over them.
+class PlacementOrder : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    hbm_ = std::move(FrameAllocator::create(4)).value();
+    host_ = std::move(FrameAllocator::create(4)).value();
+    PageTableOptions o;
+    o.layers = 1;
+    o.shards = 1;
+    table_ =
+        std::move(PageTable::create(o, TierAllocators{hbm_.get(), host_.get(), nullptr})).value();
+    write_ = make_write_strategy(WritePolicy::kWriteBack, 2);
+  }
+
+  void use(EvictionPolicy policy) {
+    EvictorOptions eo;
+    eo.capacity_blocks = 4;
+    hbm_evictor_ = make_evictor(policy, eo);
+    host_evictor_ = make_evictor(policy, eo);
+    placement_.emplace(
+        *table_, std::array<Evictor*, kNumTiers>{hbm_evictor_.get(), host_evictor_.get(), nullptr},
+        admission_, *write_);
+  }
+
+  // Block `id` (child of `parent`, 0 for none, with `refs` references) with ready pages in
+  // `tiers`, tracked by their evictors in creation order.
+  void block(uint64_t id, std::vector<Tier> tiers, uint32_t refs = 0, uint64_t parent = 0) {
+    const BlockKey p = parent == 0 ? BlockKey{} : key_of(parent);
+    ASSERT_TRUE(table_->create_block(key_of(id), p, refs).ok());
+    for (Tier t : tiers) {
+      add_ready_page(*table_, t, id);
+      BlockFacts f;
+      f.key = key_of(id);
+      f.parent = p;
+      (t == Tier::kHbm ? *hbm_evictor_ : *host_evictor_).on_insert(f);
+    }
+  }
+
+  // The blocks the plan moves out of `tier`, in plan order.
+  static std::vector<BlockKey> leaving(const PlacementPlan& plan, Tier tier) {
+    std::vector<BlockKey> out;
+    for (const PlannedMove& m : plan.moves) {
+      if (m.from == tier) out.push_back(m.block.key);
+    }
+    return out;
+  }
+
+  std::unique_ptr<FrameAllocator> hbm_, host_;
+  std::unique_ptr<PageTable> table_;
+  std::unique_ptr<Evictor> hbm_evictor_, host_evictor_;
+  std::unique_ptr<WriteStrategy> write_;
+  NvmeAdmission admission_{0u};
+  std::optional<Placement> placement_;
+};
+
+// The oldest block, which an open sequence holds, leaves HBM only after every other block, whatever
+// the policy's order.
+TEST_F(PlacementOrder, ABlockAnOpenSequenceReadsLeavesOnlyWhenNothingElseCan) {
+  use(EvictionPolicy::kLru);
+  block(1, {Tier::kHbm}, /*refs=*/1);
+  block(2, {Tier::kHbm});
+  block(3, {Tier::kHbm});
+  EXPECT_EQ(leaving(placement_->plan_room(Tier::kHbm, 1, {0, 4, 0}), Tier::kHbm),
+            std::vector<BlockKey>{key_of(2)});
+  const PlacementPlan all = placement_->plan_room(Tier::kHbm, 3, {0, 4, 0});
+  EXPECT_EQ(all.shortfall, 0u);
+  EXPECT_EQ(leaving(all, Tier::kHbm), (std::vector<BlockKey>{key_of(2), key_of(3), key_of(1)}));
+}
+
+// Below HBM the rule keeps what the sequence's next step would load from there: a copy that HBM
+// shadows goes in the policy's order.
+TEST_F(PlacementOrder, ACopyBelowThatHbmShadowsGoesAsAnyOther) {
+  use(EvictionPolicy::kLru);
+  block(1, {Tier::kHost}, /*refs=*/1);              // read from host memory next: kept
+  block(2, {Tier::kHbm, Tier::kHost}, /*refs=*/1);  // shadowed by HBM
+  block(3, {Tier::kHost});
+  EXPECT_EQ(leaving(placement_->plan_room(Tier::kHost, 2, {3, 0, 0}), Tier::kHost),
+            (std::vector<BlockKey>{key_of(2), key_of(3)}));
+}
+
+// prefix_aware gives up a chain tail first, each parent right after its child, within one plan:
+// before, one plan offered only the chain's current tail and came up short.
+TEST_F(PlacementOrder, PrefixAwareGivesUpAWholeChainInOnePlan) {
+  use(EvictionPolicy::kPrefixAware);
+  block(1, {Tier::kHbm});
+  block(2, {Tier::kHbm}, 0, /*parent=*/1);
+  block(3, {Tier::kHbm}, 0, /*parent=*/2);
+  const PlacementPlan plan = placement_->plan_room(Tier::kHbm, 3, {0, 4, 0});
+  EXPECT_EQ(plan.shortfall, 0u);
+  EXPECT_EQ(leaving(plan, Tier::kHbm), (std::vector<BlockKey>{key_of(3), key_of(2), key_of(1)}));
+}
+
 // Two one-layer blocks' room in HBM and host memory, and optionally NVMe, with their placement.
 class PlacementRig : public ::testing::Test {
  protected:

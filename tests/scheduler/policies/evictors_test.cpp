@@ -873,33 +873,37 @@ TEST(Evictors, PrefixAwareNeverEvictsAParentBeforeItsChildren) {
   e.on_insert(facts_of(9));
   EXPECT_EQ(e.cached_children(key_of(1)), 1u);
   std::vector<BlockKey> out;
-  ASSERT_EQ(e.select_victims(4, KeyFilter::none(), out), 2u);  // only the leaves: 3 and 9
-  EXPECT_EQ(out[0], key_of(3));
-  EXPECT_EQ(out[1], key_of(9));
-  e.on_erase(key_of(3));
+  // One walk gives up the whole chain, tail first, each parent right after its child.
+  ASSERT_EQ(e.select_victims(4, KeyFilter::none(), out), 4u);
+  EXPECT_EQ(out, (std::vector<BlockKey>{key_of(3), key_of(2), key_of(1), key_of(9)}));
   out.clear();
   ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
-  EXPECT_EQ(out[0], key_of(2));  // the chain shrinks from its tail
+  EXPECT_EQ(out[0], key_of(3));  // the chain's tail first
+  // A child the walk's filter refuses (leaving in the same plan already) has left the walk: its
+  // parent follows it.
+  const auto tail_leaving = [](const BlockKey& k) { return k == key_of(3); };
+  out.clear();
+  ASSERT_EQ(e.select_victims(2, KeyFilter(tail_leaving), out), 2u);
+  EXPECT_EQ(out, (std::vector<BlockKey>{key_of(2), key_of(1)}));
 }
 
-// A child that arrived before its parent (lower tiers receive chains leaf first, by demotion)
-// still keeps the parent from being a victim.
-TEST(Evictors, PrefixAwareParentArrivingAfterItsChildIsNotAVictim) {
+// A child that arrived before its parent (lower tiers receive chains leaf first, by demotion) is
+// counted in the parent when it arrives: the parent, older in the walk, waits for its child.
+TEST(Evictors, PrefixAwareParentArrivingAfterItsChildGoesAfterIt) {
   EvictorOptions o;
   PrefixAwareEvictor e(o);
   e.on_insert(facts_of(2, 1, 1));  // the child, its parent not here yet
   e.on_insert(facts_of(1));
-  const auto child_pinned = [](const BlockKey& k) { return k == key_of(2); };
-  std::vector<BlockKey> out;
-  EXPECT_EQ(e.select_victims(2, KeyFilter(child_pinned), out), 0u);
-  EXPECT_TRUE(out.empty());
   EXPECT_EQ(e.cached_children(key_of(1)), 1u);
-  ASSERT_EQ(e.select_victims(2, KeyFilter::none(), out), 1u);
-  EXPECT_EQ(out[0], key_of(2));
+  e.on_insert(facts_of(9));
+  e.on_access(key_of(2));  // the child is now the newest: the walk meets its parent first
+  std::vector<BlockKey> out;
+  ASSERT_EQ(e.select_victims(3, KeyFilter::none(), out), 3u);
+  EXPECT_EQ(out, (std::vector<BlockKey>{key_of(9), key_of(2), key_of(1)}));
   e.on_erase(key_of(2));
   EXPECT_EQ(e.cached_children(key_of(1)), 0u);
   out.clear();
-  ASSERT_EQ(e.select_victims(2, KeyFilter::none(), out), 1u);
+  ASSERT_EQ(e.select_victims(1, KeyFilter::none(), out), 1u);
   EXPECT_EQ(out[0], key_of(1));
   EXPECT_EQ(e.misuse(), 0u);
 }
@@ -996,7 +1000,7 @@ TEST(Evictors, ChainLinksChildrenWaitingForOneParentLeaveInAnyOrder) {
   EXPECT_EQ(links.awaited_parents(), 0u);
 }
 
-TEST(Evictors, PrefixAwareParentBackInAnotherSlotIsNotAVictim) {
+TEST(Evictors, PrefixAwareParentBackInAnotherSlotWaitsForItsChild) {
   EvictorOptions o;
   PrefixAwareEvictor e(o);
   e.on_insert(facts_of(1));        // slot 0
@@ -1004,20 +1008,22 @@ TEST(Evictors, PrefixAwareParentBackInAnotherSlotIsNotAVictim) {
   e.on_erase(key_of(1));
   e.on_insert(facts_of(3));  // slot 0 again
   e.on_insert(facts_of(1));  // slot 2
-  e.on_access(key_of(2));
+  e.on_insert(facts_of(4));  // unrelated, touched last
+  e.on_access(key_of(2));    // the newest: the walk meets its parent first
   EXPECT_EQ(e.cached_children(key_of(1)), 1u);
-  const auto child_pinned = [](const BlockKey& k) { return k == key_of(2); };
   std::vector<BlockKey> out;
-  ASSERT_EQ(e.select_victims(3, KeyFilter(child_pinned), out), 1u);
-  EXPECT_EQ(out[0], key_of(3));
+  // Counted again, the parent waits for its child; taken as a leaf it would go second.
+  ASSERT_EQ(e.select_victims(4, KeyFilter::none(), out), 4u);
+  EXPECT_EQ(out, (std::vector<BlockKey>{key_of(3), key_of(4), key_of(2), key_of(1)}));
   e.on_erase(key_of(2));
   EXPECT_EQ(e.cached_children(key_of(1)), 0u);
   EXPECT_EQ(e.misuse(), 0u);
 }
 
 // Random inserts (parents before or after their children), accesses, erases and refusals against
-// a map of who is whose parent: a block with a tracked child is never offered, and every tracked
-// leaf the filter allows is (up to the count asked).
+// a map of who is whose parent: a block is never offered before a tracked child of it that the
+// filter allows, and every tracked block the filter allows is (up to the count asked: in chains,
+// each parent follows its child within the walk).
 TEST(Evictors, PrefixAwareRandomOpsOfferExactlyTheFreeLeaves) {
   for (uint64_t seed : {1, 2, 3, 4}) {
     std::mt19937_64 rng(seed);
@@ -1050,21 +1056,22 @@ TEST(Evictors, PrefixAwareRandomOpsOfferExactlyTheFreeLeaves) {
           const auto refused = [salt](const BlockKey& k) {
             return policy_key_hash(BlockKey{k.lo ^ salt, k.hi}) % 4 == 0;
           };
-          std::size_t free_leaves = 0;
-          for (uint64_t t : tracked) {
-            const bool has_child = tracked.count(t + 1) && parent_of(t + 1) == t;
-            if (!has_child && !refused(key_of(t))) ++free_leaves;
-          }
+          std::size_t allowed = 0;
+          for (uint64_t t : tracked) allowed += refused(key_of(t)) ? 0 : 1;
           const std::size_t want = 1 + rng() % 8;
           std::vector<BlockKey> out;
           const std::size_t got = e.select_victims(want, KeyFilter(refused), out);
-          ASSERT_EQ(got, std::min(want, free_leaves)) << "seed " << seed << " op " << op;
+          ASSERT_EQ(got, std::min(want, allowed)) << "seed " << seed << " op " << op;
+          std::set<uint64_t> offered;
           for (const BlockKey& k : out) {
             ASSERT_TRUE(tracked.count(k.lo));
             ASSERT_FALSE(refused(k));
-            ASSERT_FALSE(tracked.count(k.lo + 1) && parent_of(k.lo + 1) == k.lo)
-                << "seed " << seed << " op " << op << ": offered " << k.lo
-                << " while its child is cached";
+            const uint64_t child = k.lo + 1;
+            const bool child_first = !tracked.count(child) || parent_of(child) != k.lo ||
+                                     refused(key_of(child)) || offered.count(child) != 0;
+            ASSERT_TRUE(child_first) << "seed " << seed << " op " << op << ": offered " << k.lo
+                                     << " before its cached child";
+            offered.insert(k.lo);
           }
           // The caller evicts only some of what it was offered.
           for (const BlockKey& k : out) {
