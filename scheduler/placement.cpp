@@ -22,9 +22,9 @@ struct Placement::Budget {
   // most of the scheduler's time when links are saturated.
   struct Candidates {
     std::vector<BlockKey> keys;
-    std::size_t next = 0;    // first key of `keys` not yet considered
-    std::size_t asked = 0;   // size of the last batch asked for
-    bool exhausted = false;  // the evictor had no more candidates
+    std::size_t next = 0;         // first key of `keys` not yet considered
+    std::size_t asked = 0;        // size of the last batch asked for
+    bool exhausted = false;       // the evictor had no more candidates
     bool referenced_too = false;  // past the blocks no open sequence reads from here (free_in)
   };
   std::array<Candidates, kNumTiers> candidates;

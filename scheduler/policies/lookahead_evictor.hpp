@@ -14,7 +14,8 @@
 //     the Mooncake trace at its recorded rate in kvtier-bench run (virtual clock, H200) served
 //     0.84 requests/s, with stall 67 % of step time; with them 2.15 and 25 %, and 2.38 and 11 %
 //     once a block whose sequence closed leaves the hinted list at once (on_released) instead of
-//     waiting behind a longer-lived sequence's blocks at the list's back (LRU 1.78, 38 %);
+//     waiting behind a longer-lived sequence's blocks at the list's back (LRU then 1.78 and 38 %;
+//     2.26 and 11 % once Placement offered every policy's open-sequence blocks last);
 //   - the block's class: its reuse count so far (1, 2-3, 4-7, 8-15, 16+ references, remembered
 //     across evictions by a GhostTable) and whether it ended the request that last referenced it.
 //     A ReuseModel learns each class's expected gap to the next reference, G(c), truncated at a
