@@ -132,22 +132,24 @@ struct PyStep {
 std::unique_ptr<PyStep> begin_step(PyRuntime& self,
                                    const std::vector<std::pair<SequenceId, uint32_t>>& items);
 
-// Runs fn() without the GIL when this thread holds it: a wait at the CallGate. The lock that fn
-// waits for is let go inside fn, before the GIL is re-taken.
-template <typename Fn>
-void without_gil(Fn&& fn) {
-  if (!holds_gil()) {
-    fn();
-    return;
+// The CallGate's wait_with for every Python call: runs a wait without the GIL when this thread
+// holds it. The lock the wait takes is let go inside it, before the GIL is re-taken.
+struct WithoutGil {
+  template <typename Fn>
+  void operator()(Fn&& wait) const {
+    if (!holds_gil()) {
+      wait();
+      return;
+    }
+    GilRelease unlocked;
+    wait();
   }
-  GilRelease unlocked;
-  fn();
-}
+};
 
 // The runtime held open for one call; FailedPreconditionError once a shutdown went through. A
 // call that arrives while a shutdown decides waits for the decision without the GIL.
 inline CallGate::Call lock_open(RuntimeState& state) {
-  std::optional<CallGate::Call> call = state.gate.enter([](auto&& wait) { without_gil(wait); });
+  std::optional<CallGate::Call> call = state.gate.enter(WithoutGil{});
   if (!call) throw StatusError(failed_precondition("the runtime was shut down"));
   return std::move(*call);
 }

@@ -31,7 +31,7 @@ PyStep::~PyStep() {
     // Waits out a shutdown that is deciding: one refused (a NumPy view made meanwhile) leaves the
     // runtime open, and skipping the abort then would leave this step's pages pinned. A shutdown
     // that went through aborted every step itself (the gate is shut, nothing is left to unpin).
-    std::optional<CallGate::Call> call = state->gate.enter([](auto&& wait) { wait(); });
+    std::optional<CallGate::Call> call = state->gate.enter(WithoutGil{});
     if (call) {
       Status s = state->runtime->abort_step(info.id);
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
