@@ -9,7 +9,9 @@
 // reported per tier. A capacity beyond the trace costs no memory (replay.hpp). Runs are
 // independent and spread over --threads (default: every core); a run that fails, however, fails
 // the command with the policy and capacity named. Output: a table on stdout, or one JSON object
-// with --json; progress on stderr unless --no-progress.
+// with --json; progress on stderr unless --no-progress. Every result also tallies its hits by
+// reuse distance (bench/replay/workload.hpp): in the JSON always, in the table with --by-distance
+// (in place of the per-tier columns).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -111,6 +113,10 @@ std::string percent(double fraction) {
   return os.str();
 }
 
+double fraction(uint64_t part, uint64_t whole) {
+  return whole == 0 ? 0.0 : static_cast<double>(part) / static_cast<double>(whole);
+}
+
 std::string json_number(double v) {
   std::ostringstream os;
   os << std::setprecision(6) << v;
@@ -203,6 +209,9 @@ class ReplayCommand final : public Command {
                &block_tokens_);
     p.add_uint("threads", "N", "runs in parallel (default: every core)", &threads_);
     p.add_flag("json", "print one JSON object instead of a table", &json_);
+    p.add_flag("by-distance",
+               "table: hit rate by requests since each hit block's last use, not by tier",
+               &by_distance_);
     p.add_flag("no-progress", "no progress bar on stderr", &no_progress_);
     p.add_string("synthetic", "KIND", "replay a generated trace instead of a file (chat, agent)",
                  &synthetic_);
@@ -390,7 +399,7 @@ class ReplayCommand final : public Command {
     }
 
     if (json_) {
-      print_json(ctx.out, trace.source, block_tokens, results, requested);
+      print_json(ctx.out, trace.source, *workload, results, requested);
     } else {
       print_table(ctx.out, trace, *workload, tier_tokens, capacities, results, seconds);
     }
@@ -400,11 +409,25 @@ class ReplayCommand final : public Command {
  private:
   // capacity_tokens: the capacity replayed; requested_tokens: the one asked for (more when it
   // was not a whole number of blocks).
-  void print_json(std::ostream& os, const std::string& source, uint32_t block_tokens,
+  // hit_rate_by_reuse_distance: fractions of prompt tokens, by bucket name (workload.hpp);
+  // reusable_*: what a cache that never evicts hits.
+  void print_json(std::ostream& os, const std::string& source, const replay::ReplayWorkload& w,
                   const std::vector<Result<RunResult>>& results,
                   const std::vector<uint64_t>& requested) const {
+    const auto by_distance =
+        [&](const std::array<uint64_t, replay::kReuseDistanceBuckets>& tokens) {
+          std::string out = "{";
+          for (std::size_t b = 0; b < tokens.size(); ++b) {
+            out += (b ? ", \"" : "\"") + std::string(replay::kReuseDistanceNames[b]) +
+                   "\": " + json_number(fraction(tokens[b], w.total_input_tokens));
+          }
+          return out + "}";
+        };
     os << "{\"trace\": " << json_string(source) << ", \"lookahead\": " << lookahead_
-       << ", \"block_tokens\": " << block_tokens << ", \"results\": [";
+       << ", \"block_tokens\": " << w.block_tokens << ", \"reusable_hit_rate\": "
+       << json_number(fraction(w.reusable.tokens, w.total_input_tokens))
+       << ", \"reusable_by_reuse_distance\": " << by_distance(w.reusable.by_distance)
+       << ", \"results\": [";
     for (std::size_t k = 0; k < results.size(); ++k) {
       const RunResult& r = *results[k];
       os << (k ? ", " : "") << "{\"policy\": " << json_string(r.policy)
@@ -415,7 +438,7 @@ class ReplayCommand final : public Command {
         os << (t == Tier::kHbm ? "" : ", ") << "\"" << tier_name(t)
            << "\": " << (r.by_tier ? json_number(r.tier_hit_rate(t)) : "null");
       }
-      os << "}}";
+      os << "}, \"hit_rate_by_reuse_distance\": " << by_distance(r.hit_tokens_by_distance) << "}";
     }
     os << "]}\n";
   }
@@ -438,11 +461,26 @@ class ReplayCommand final : public Command {
       os << "tiers     hbm " << tiers[0] << ", host " << tiers[1] << ", nvme " << tiers[2]
          << " tokens (from the configuration)\n";
     }
+    if (by_distance_) {
+      os << "reuse     a cache that never evicts hits "
+         << percent(fraction(w.reusable.tokens, w.total_input_tokens))
+         << "; columns: hits by requests since the block's last use\n";
+    }
     os << "\n"
        << std::left << std::setw(14) << "policy" << std::right << std::setw(16) << "capacity(tok)"
-       << std::setw(10) << "hit rate" << std::setw(10) << "hbm" << std::setw(10) << "host"
-       << std::setw(10) << "nvme"
-       << "\n";
+       << std::setw(10) << "hit rate";
+    if (by_distance_) {
+      for (std::string_view name : replay::kReuseDistanceNames) os << std::setw(10) << name;
+      os << "\n"
+         << std::left << std::setw(14) << "(never evicts)" << std::right << std::setw(16) << "-"
+         << std::setw(10) << percent(fraction(w.reusable.tokens, w.total_input_tokens));
+      for (uint64_t t : w.reusable.by_distance) {
+        os << std::setw(10) << percent(fraction(t, w.total_input_tokens));
+      }
+    } else {
+      os << std::setw(10) << "hbm" << std::setw(10) << "host" << std::setw(10) << "nvme";
+    }
+    os << "\n";
     uint64_t last_capacity = ~uint64_t{0};
     for (const auto& res : results) {
       const RunResult& r = *res;
@@ -450,8 +488,14 @@ class ReplayCommand final : public Command {
       last_capacity = r.capacity_tokens;
       os << std::left << std::setw(14) << r.policy << std::right << std::setw(16)
          << r.capacity_tokens << std::setw(10) << percent(r.hit_rate());
-      for (Tier t : kAllTiers) {
-        os << std::setw(10) << (r.by_tier ? percent(r.tier_hit_rate(t)) : "-");
+      if (by_distance_) {
+        for (std::size_t b = 0; b < replay::kReuseDistanceBuckets; ++b) {
+          os << std::setw(10) << percent(r.distance_hit_rate(b));
+        }
+      } else {
+        for (Tier t : kAllTiers) {
+          os << std::setw(10) << (r.by_tier ? percent(r.tier_hit_rate(t)) : "-");
+        }
       }
       os << "\n";
     }
@@ -466,6 +510,7 @@ class ReplayCommand final : public Command {
   uint64_t block_tokens_ = 0;
   uint64_t threads_ = 0;
   bool json_ = false;
+  bool by_distance_ = false;
   bool no_progress_ = false;
   std::string synthetic_;
   uint64_t synthetic_requests_ = 4000;

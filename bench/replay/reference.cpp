@@ -9,14 +9,15 @@
 
 namespace kvtier::replay {
 
-uint64_t reference_lru_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks) {
+HitTally reference_lru_hits(const ReplayWorkload& w, uint64_t capacity_blocks) {
   constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
   const uint32_t n = w.unique_blocks;
   // A doubly linked list over dense ids; head = most recent.
   std::vector<uint32_t> prev(n, kNil), next(n, kNil);
   std::vector<uint8_t> cached(n, 0);
   uint32_t head = kNil, tail = kNil;
-  uint64_t size = 0, hits = 0;
+  uint64_t size = 0;
+  HitTally hits;
   const auto unlink = [&](uint32_t x) {
     if (prev[x] != kNil)
       next[prev[x]] = next[x];
@@ -39,7 +40,7 @@ uint64_t reference_lru_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blo
     const auto ids = w.request_dense(r);
     uint64_t k = 0;
     while (k < ids.size() && cached[ids[k]]) ++k;
-    hits += w.hit_tokens(r, k);
+    w.tally_hit(r, k, hits);
     if (capacity_blocks == 0) continue;
     for (uint32_t x : ids) {
       if (cached[x]) {
@@ -60,7 +61,7 @@ uint64_t reference_lru_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blo
   return hits;
 }
 
-uint64_t belady_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks) {
+HitTally belady_hits(const ReplayWorkload& w, uint64_t capacity_blocks) {
   constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
   const std::size_t accesses = w.dense.size();
   // next_use[j]: the position of the next access to the block accessed at j.
@@ -76,12 +77,13 @@ uint64_t belady_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks) {
   std::vector<uint8_t> cached(w.unique_blocks, 0);
   // Max-heap of (next use, id); entries whose next use is no longer current are stale.
   std::priority_queue<std::pair<uint64_t, uint32_t>> heap;
-  uint64_t size = 0, hits = 0;
+  uint64_t size = 0;
+  HitTally hits;
   for (std::size_t r = 0; r < w.requests(); ++r) {
     const auto ids = w.request_dense(r);
     uint64_t k = 0;
     while (k < ids.size() && cached[ids[k]]) ++k;
-    hits += w.hit_tokens(r, k);
+    w.tally_hit(r, k, hits);
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const uint32_t x = ids[i];
       const uint64_t nu = next_use[w.offsets[r] + i];
@@ -111,8 +113,7 @@ uint64_t belady_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks) {
   return hits;
 }
 
-uint64_t count_oracle_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks,
-                                 uint32_t lookahead) {
+HitTally count_oracle_hits(const ReplayWorkload& w, uint64_t capacity_blocks, uint32_t lookahead) {
   constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
   const std::size_t accesses = w.dense.size();
   // Per access j: the request of the block's next access, and how many accesses follow it.
@@ -145,7 +146,8 @@ uint64_t count_oracle_hit_tokens(const ReplayWorkload& w, uint64_t capacity_bloc
   const auto queued_rank = [](uint64_t next, int64_t depth) {
     return Rank{true, -static_cast<int64_t>(next), 0, -depth};
   };
-  uint64_t size = 0, hits = 0;
+  uint64_t size = 0;
+  HitTally hits;
   for (std::size_t r = 0; r < w.requests(); ++r) {
     // Request r + lookahead joins the queue: the cached blocks it reads rank as queued.
     if (lookahead > 0 && r + lookahead < w.requests()) {
@@ -160,7 +162,7 @@ uint64_t count_oracle_hit_tokens(const ReplayWorkload& w, uint64_t capacity_bloc
     const auto ids = w.request_dense(r);
     uint64_t k = 0;
     while (k < ids.size() && blocks[ids[k]].cached) ++k;
-    hits += w.hit_tokens(r, k);
+    w.tally_hit(r, k, hits);
     bool admitting = capacity_blocks > 0;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const uint32_t x = ids[i];

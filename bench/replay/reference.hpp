@@ -18,8 +18,8 @@
 //            Poisson process per prefix, about the best an online policy can aim for), so its gap
 //            to opt is the part of opt's advantage that lies in timing alone. Not a bound: where
 //            reuse follows soon after use (agent loops), recency beats it.
-// All return hit tokens (capped per request at its input_length). Single-threaded, O(accesses)
-// for LRU and O(accesses log capacity) for the others.
+// All return hit tokens (capped per request at its input_length), in all and by reuse distance.
+// Single-threaded, O(accesses) for LRU and O(accesses log capacity) for the others.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +28,8 @@
 
 namespace kvtier::replay {
 
-uint64_t reference_lru_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks);
-uint64_t belady_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks);
-uint64_t count_oracle_hit_tokens(const ReplayWorkload& w, uint64_t capacity_blocks,
-                                 uint32_t lookahead);
+HitTally reference_lru_hits(const ReplayWorkload& w, uint64_t capacity_blocks);
+HitTally belady_hits(const ReplayWorkload& w, uint64_t capacity_blocks);
+HitTally count_oracle_hits(const ReplayWorkload& w, uint64_t capacity_blocks, uint32_t lookahead);
 
 }  // namespace kvtier::replay

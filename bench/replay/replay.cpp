@@ -225,8 +225,12 @@ class PolicyRun {
   Status request(std::size_t r, RunResult& result) {
     const auto keys = w_.request_keys(r);
     const MatchResult m = table_->match(keys);
-    const uint64_t hit = w_.hit_tokens(r, m.blocks);
+    HitTally tally;
+    const uint64_t hit = w_.tally_hit(r, m.blocks, tally);
     result.hit_tokens += hit;
+    for (std::size_t b = 0; b < kReuseDistanceBuckets; ++b) {
+      result.hit_tokens_by_distance[b] += tally.by_distance[b];
+    }
     for (Tier t : kAllTiers) {
       result.hit_tokens_by_tier[ti(t)] += uint64_t{m.by_tier[ti(t)]} * w_.block_tokens;
     }
@@ -345,16 +349,17 @@ Result<RunResult> run_one(const ReplayWorkload& workload, const RunSpec& spec,
       blocks += c;
       tiers += c > 0 ? 1 : 0;
     }
+    HitTally hits;
     switch (spec.kind) {
-      case RunKind::kReferenceLru:
-        result.hit_tokens = reference_lru_hit_tokens(workload, blocks);
-        break;
-      case RunKind::kBelady: result.hit_tokens = belady_hit_tokens(workload, blocks); break;
+      case RunKind::kReferenceLru: hits = reference_lru_hits(workload, blocks); break;
+      case RunKind::kBelady: hits = belady_hits(workload, blocks); break;
       case RunKind::kCountOracle:
-        result.hit_tokens = count_oracle_hit_tokens(workload, blocks, options.lookahead);
+        hits = count_oracle_hits(workload, blocks, options.lookahead);
         break;
       case RunKind::kPolicy: break;
     }
+    result.hit_tokens = hits.tokens;
+    result.hit_tokens_by_distance = hits.by_distance;
     result.by_tier = tiers <= 1 && spec.capacity_blocks[ti(Tier::kNvme)] == 0 &&
                      spec.capacity_blocks[ti(Tier::kHost)] == 0;
     if (result.by_tier) result.hit_tokens_by_tier[ti(Tier::kHbm)] = result.hit_tokens;

@@ -62,12 +62,17 @@ struct RunResult {
   uint64_t capacity_tokens = 0;
   uint64_t hit_tokens = 0;
   std::array<uint64_t, kNumTiers> hit_tokens_by_tier{};
+  std::array<uint64_t, kReuseDistanceBuckets> hit_tokens_by_distance{};  // workload.hpp
   bool by_tier = true;  // false for references of a multi-tier run (one cache, no tiers)
   uint64_t total_tokens = 0;
   uint64_t bypassed_blocks = 0;  // newcomers an evictor refused
 
   double hit_rate() const {
     return total_tokens == 0 ? 0.0 : static_cast<double>(hit_tokens) / total_tokens;
+  }
+  double distance_hit_rate(std::size_t bucket) const {
+    return total_tokens == 0 ? 0.0
+                             : static_cast<double>(hit_tokens_by_distance[bucket]) / total_tokens;
   }
   double tier_hit_rate(Tier t) const {
     return total_tokens == 0

@@ -4,8 +4,18 @@
 #include <limits>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace kvtier::replay {
+namespace {
+
+uint8_t distance_bucket_of(uint64_t requests) {
+  uint8_t b = 0;
+  while (b < kReuseDistanceBounds.size() && requests > kReuseDistanceBounds[b]) ++b;
+  return b;
+}
+
+}  // namespace
 
 Result<ReplayWorkload> build_workload(const Trace& trace, uint32_t block_tokens) {
   if (block_tokens == 0 || kTraceBlockTokens % block_tokens != 0) {
@@ -20,12 +30,15 @@ Result<ReplayWorkload> build_workload(const Trace& trace, uint32_t block_tokens)
   for (const TraceRequest& r : trace.requests) total_blocks += r.hash_ids.size() * per_id;
   w.keys.reserve(total_blocks);
   w.dense.reserve(total_blocks);
+  w.distance_bucket.reserve(total_blocks);
   w.offsets.reserve(trace.requests.size() + 1);
   w.offsets.push_back(0);
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> ids;
   ids.reserve(total_blocks / 2 + 16);
   const BlockKey root = namespace_root("kvtier.replay");
+  std::vector<uint64_t> last_request;  // per dense id: the request that referenced it last
   for (const TraceRequest& r : trace.requests) {
+    const uint64_t request = w.input_tokens.size();
     BlockKey prev = root;
     for (uint64_t h : r.hash_ids) {
       for (uint32_t s = 0; s < per_id; ++s) {
@@ -38,6 +51,13 @@ Result<ReplayWorkload> build_workload(const Trace& trace, uint32_t block_tokens)
         }
         w.keys.push_back(key);
         w.dense.push_back(it->second);
+        if (inserted) {
+          last_request.push_back(request);
+          w.distance_bucket.push_back(ReplayWorkload::kFirstReference);
+        } else {
+          w.distance_bucket.push_back(distance_bucket_of(request - last_request[it->second]));
+          last_request[it->second] = request;
+        }
         prev = key;
       }
     }
@@ -47,7 +67,25 @@ Result<ReplayWorkload> build_workload(const Trace& trace, uint32_t block_tokens)
     w.total_input_tokens += r.input_length;
   }
   w.unique_blocks = static_cast<uint32_t>(ids.size());
+  // A block referenced before is cached in a cache that never evicts, and so is its prefix.
+  for (std::size_t i = 0; i < w.requests(); ++i) {
+    uint64_t k = w.offsets[i];
+    while (k < w.offsets[i + 1] && w.distance_bucket[k] != ReplayWorkload::kFirstReference) ++k;
+    w.tally_hit(i, k - w.offsets[i], w.reusable);
+  }
   return w;
+}
+
+uint64_t ReplayWorkload::tally_hit(std::size_t i, uint64_t blocks, HitTally& tally) const {
+  const uint64_t hit = hit_tokens(i, blocks);
+  tally.tokens += hit;
+  uint64_t left = hit;
+  for (uint64_t k = offsets[i]; left > 0; ++k) {
+    const uint64_t tokens = left < block_tokens ? left : block_tokens;
+    if (distance_bucket[k] != kFirstReference) tally.by_distance[distance_bucket[k]] += tokens;
+    left -= tokens;
+  }
+  return hit;
 }
 
 }  // namespace kvtier::replay

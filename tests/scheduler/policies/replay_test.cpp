@@ -9,6 +9,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -575,11 +577,11 @@ TEST(Replay, ReferencesMatchNaiveVersionsOnRandomTraces) {
     auto w = build_workload(t, 512);
     ASSERT_TRUE(w.ok());
     for (uint64_t cap : {0, 1, 2, 3, 5}) {
-      EXPECT_EQ(reference_lru_hit_tokens(*w, cap), naive_lru(*w, cap)) << trial << " " << cap;
+      EXPECT_EQ(reference_lru_hits(*w, cap).tokens, naive_lru(*w, cap)) << trial << " " << cap;
       // Belady with ties: "never used again" blocks tie; any choice among them gives the same
       // hits, so the totals must agree even where the evicted block differs.
-      EXPECT_EQ(belady_hit_tokens(*w, cap), naive_belady(*w, cap)) << trial << " " << cap;
-      EXPECT_LE(reference_lru_hit_tokens(*w, cap), naive_belady(*w, cap) + 0);
+      EXPECT_EQ(belady_hits(*w, cap).tokens, naive_belady(*w, cap)) << trial << " " << cap;
+      EXPECT_LE(reference_lru_hits(*w, cap).tokens, naive_belady(*w, cap) + 0);
     }
   }
 }
@@ -597,7 +599,7 @@ TEST(Replay, CountOracleMatchesItsNaiveVersionOnRandomTraces) {
     ASSERT_TRUE(w.ok());
     for (uint64_t cap : {0, 1, 3, 6, 10}) {
       for (uint32_t lookahead : {0u, 1u, 4u}) {
-        EXPECT_EQ(count_oracle_hit_tokens(*w, cap, lookahead),
+        EXPECT_EQ(count_oracle_hits(*w, cap, lookahead).tokens,
                   naive_count_oracle(*w, cap, lookahead))
             << trial << " " << cap << " " << lookahead;
       }
@@ -614,14 +616,14 @@ TEST(Replay, LruPolicyThroughThePageTableEqualsTheReference) {
   ASSERT_TRUE(w.ok());
   for (uint64_t blocks : {10, 200, 2000}) {
     EXPECT_EQ(run(*w, RunKind::kPolicy, EvictionPolicy::kLru, {blocks, 0, 0}).hit_tokens,
-              reference_lru_hit_tokens(*w, blocks))
+              reference_lru_hits(*w, blocks).tokens)
         << blocks;
     // Every policy stays below Belady's optimum of the same model... which holds for LRU-like
     // touch-everything models; check the weaker, always-true bound: at most the unbounded cache.
     for (EvictionPolicy p : {EvictionPolicy::kLfu, EvictionPolicy::kS3Fifo,
                              EvictionPolicy::kPrefixAware, EvictionPolicy::kLookahead}) {
       EXPECT_LE(run(*w, RunKind::kPolicy, p, {blocks, 0, 0}).hit_tokens,
-                reference_lru_hit_tokens(*w, w->unique_blocks));
+                reference_lru_hits(*w, w->unique_blocks).tokens);
     }
   }
 }
@@ -681,7 +683,7 @@ TEST(Replay, ThreeLruTiersUnderWriteBackHitWhatOneLruCacheOfTheirSizeHits) {
     ASSERT_TRUE(w.ok());
     for (const std::array<uint64_t, kNumTiers> tiers :
          {std::array<uint64_t, kNumTiers>{10, 30, 60}, {20, 60, 320}, {40, 10, 500}}) {
-      const uint64_t one = reference_lru_hit_tokens(*w, tiers[0] + tiers[1] + tiers[2]);
+      const uint64_t one = reference_lru_hits(*w, tiers[0] + tiers[1] + tiers[2]).tokens;
       EXPECT_EQ(run(*w, RunKind::kPolicy, EvictionPolicy::kLru, tiers).hit_tokens, one)
           << name << " tiers " << tiers[0] << "/" << tiers[1] << "/" << tiers[2];
     }
@@ -765,6 +767,99 @@ TEST(Replay, ACapacityBeyondTheTraceIsAnUnboundedCache) {
         EXPECT_EQ(r->hit_tokens_by_tier[0], unbounded) << spec.policy_name() << " " << blocks;
         EXPECT_EQ(r->bypassed_blocks, 0u) << spec.policy_name() << " " << blocks;
         EXPECT_EQ(r->capacity_tokens, blocks * 128) << spec.policy_name();
+      }
+    }
+  }
+}
+
+// A reference's reuse distance is the number of requests since the same block's last reference,
+// bucketed at 32, 128, 512 and 2048 inclusive; a first reference has none. One trace id comes
+// back at each bound and one past it, among requests of fresh ids; 16-token blocks, so each of its
+// 32 blocks carries the distance of the trace id. The cache that never evicts hits each return
+// in full (300 tokens, in the id's first 19 blocks: 18 of 16 and 12 of the 19th), under its bucket.
+TEST(Workload, ReuseDistancesCountRequestsSinceTheBlocksLastReference) {
+  const std::vector<uint64_t> gaps = {32, 33, 128, 129, 512, 513, 2048, 2049};
+  const std::vector<uint8_t> expected_bucket = {0, 1, 1, 2, 2, 3, 3, 4};
+  Trace t;
+  t.source = "gaps";
+  uint64_t fresh = 1000;
+  const auto add = [&](uint64_t id) {
+    TraceRequest q;
+    q.hash_ids = {id};
+    q.input_length = 300;
+    t.requests.push_back(q);
+  };
+  std::vector<std::size_t> returns;
+  add(7);
+  for (uint64_t gap : gaps) {
+    for (uint64_t k = 1; k < gap; ++k) add(fresh++);
+    returns.push_back(t.requests.size());
+    add(7);
+  }
+  auto w = build_workload(t, 16);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ASSERT_EQ(w->distance_bucket.size(), w->keys.size());
+  for (std::size_t r = 0; r < w->requests(); ++r) {
+    const auto at = std::find(returns.begin(), returns.end(), r);
+    for (uint64_t k = w->offsets[r]; k < w->offsets[r + 1]; ++k) {
+      if (at == returns.end()) {
+        EXPECT_EQ(w->distance_bucket[k], ReplayWorkload::kFirstReference) << r;
+      } else {
+        EXPECT_EQ(w->distance_bucket[k], expected_bucket[at - returns.begin()]) << r;
+      }
+    }
+  }
+  EXPECT_EQ(w->reusable.tokens, gaps.size() * 300);
+  const std::array<uint64_t, kReuseDistanceBuckets> by_bucket = {300, 600, 600, 600, 300};
+  EXPECT_EQ(w->reusable.by_distance, by_bucket);
+  // A tally of a request's first blocks: 16 tokens each, under the request's bucket.
+  HitTally tally;
+  EXPECT_EQ(w->tally_hit(returns[1], 3, tally), 48u);
+  EXPECT_EQ(tally.tokens, 48u);
+  EXPECT_EQ(tally.by_distance[1], 48u);
+}
+
+// Every policy's and reference's hits, at every capacity, split over the distance buckets with
+// nothing lost (the buckets sum to the hit) and none above what a cache that never evicts hits
+// there; the reusable tokens are that cache's hit. Random chains with partial last blocks and
+// 128-token replay blocks, so that the cap at input_length falls inside a trace id.
+TEST(Replay, HitsByReuseDistanceSumToTheHitAndStayWithinTheReusable) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 6; ++trial) {
+    const Trace t = random_chain_trace(rng, 5, 300, [&](std::vector<uint64_t>& c, uint64_t& next) {
+      if (rng() % 4 == 0) c.resize(rng() % (c.size() + 1));
+      for (uint64_t n = 1 + rng() % 2; n > 0; --n) c.push_back(next++);
+    });
+    auto w = build_workload(t, 128);
+    ASSERT_TRUE(w.ok());
+    uint64_t sum = 0;
+    for (uint64_t b : w->reusable.by_distance) sum += b;
+    EXPECT_EQ(sum, w->reusable.tokens);
+    EXPECT_EQ(w->reusable.tokens, infinite_cache_hit_tokens(*w));
+    std::vector<RunSpec> specs;
+    for (EvictionPolicy p : kEveryPolicy) {
+      RunSpec s;
+      s.eviction = p;
+      specs.push_back(s);
+    }
+    for (RunKind k : {RunKind::kReferenceLru, RunKind::kBelady, RunKind::kCountOracle}) {
+      RunSpec s;
+      s.kind = k;
+      specs.push_back(s);
+    }
+    for (RunSpec spec : specs) {
+      for (uint64_t blocks : {uint64_t{4}, uint64_t{40}, uint64_t{400}}) {
+        spec.capacity_blocks = {blocks, 0, 0};
+        RunOptions opt;
+        opt.lookahead = 4;
+        const RunResult r = run(*w, spec.kind, spec.eviction, spec.capacity_blocks, opt);
+        uint64_t total = 0;
+        for (std::size_t b = 0; b < kReuseDistanceBuckets; ++b) {
+          total += r.hit_tokens_by_distance[b];
+          EXPECT_LE(r.hit_tokens_by_distance[b], w->reusable.by_distance[b])
+              << spec.policy_name() << " " << blocks << " bucket " << b;
+        }
+        EXPECT_EQ(total, r.hit_tokens) << spec.policy_name() << " " << blocks;
       }
     }
   }
@@ -1022,8 +1117,16 @@ TEST(ReplayCli, JsonShape) {
     EXPECT_NE(entry.find("\"hit_rate_by_tier\": {\"hbm\": "), std::string::npos) << entry;
     EXPECT_NE(entry.find("\"host\": "), std::string::npos) << entry;
     EXPECT_NE(entry.find("\"nvme\": "), std::string::npos) << entry;
+    EXPECT_NE(entry.find("\"hit_rate_by_reuse_distance\": {\"1-32\": "), std::string::npos)
+        << entry;
+    EXPECT_NE(entry.find("\"2049+\": "), std::string::npos) << entry;
   }
-  EXPECT_EQ(entries, 2u * 8u);  // 2 capacities x (5 policies + ref_lru + opt + count_oracle)
+  EXPECT_EQ(entries, 2u * 8u);
+  // The tiny trace's reuses are all 1 or 2 requests apart: 1536 of 3824 tokens.
+  EXPECT_NE(out.find("\"reusable_hit_rate\": 0.401674, \"reusable_by_reuse_distance\": "
+                     "{\"1-32\": 0.401674, \"33-128\": 0, "),
+            std::string::npos)
+      << out;  // 2 capacities x (5 policies + ref_lru + opt + count_oracle)
   // The hand-computed LRU figure at 2 blocks: 1024 / 3824.
   EXPECT_NE(out.find("{\"policy\": \"ref_lru\", \"capacity_tokens\": 1024, \"hit_rate\": 0.267782"),
             std::string::npos)
@@ -1040,6 +1143,30 @@ std::pair<int, std::string> bench(const std::string& args) {
   while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// --by-distance replaces the per-tier columns with the reuse-distance buckets and adds the row of
+// a cache that never evicts; without it the table keeps its tier columns.
+TEST(ReplayCli, ByDistanceTableShowsHitsByReuseDistance) {
+  const std::string trace = std::string(KVTIER_TEST_DATA_DIR) + "/replay_tiny.jsonl";
+  const auto [status, out] = bench("replay " + trace +
+                                   " --capacities 1024 --block-tokens 512 --policies lru,opt"
+                                   " --by-distance --no-progress");
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("1-32    33-128   129-512  513-2048     2049+"), std::string::npos) << out;
+  EXPECT_EQ(out.find("nvme"), std::string::npos) << out;
+  EXPECT_NE(out.find("(never evicts)               -    40.2 %    40.2 %     0.0 %"),
+            std::string::npos)
+      << out;
+  // LRU at 2 blocks: 1024 of 3824 tokens, all from the request right after.
+  EXPECT_NE(out.find("lru                       1024    26.8 %    26.8 %     0.0 %"),
+            std::string::npos)
+      << out;
+  const auto [plain_status, plain] = bench(
+      "replay " + trace + " --capacities 1024 --block-tokens 512 --policies lru --no-progress");
+  ASSERT_EQ(plain_status, 0) << plain;
+  EXPECT_NE(plain.find("nvme"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("2049+"), std::string::npos) << plain;
 }
 
 // Options stored as 32 bits are refused above that range instead of wrapping (2^32 + 16 would
