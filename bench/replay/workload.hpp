@@ -50,11 +50,11 @@ struct ReplayWorkload {
   static constexpr uint8_t kFirstReference = 0xff;
 
   uint32_t block_tokens = 16;
-  std::vector<BlockKey> keys;          // every request's blocks, concatenated in request order
-  std::vector<uint32_t> dense;         // dense id of each entry of `keys`
+  std::vector<BlockKey> keys;            // every request's blocks, concatenated in request order
+  std::vector<uint32_t> dense;           // dense id of each entry of `keys`
   std::vector<uint8_t> distance_bucket;  // reuse-distance bucket of each entry of `keys`
-  std::vector<uint64_t> offsets;       // request i owns [offsets[i], offsets[i + 1])
-  std::vector<uint64_t> input_tokens;  // per request
+  std::vector<uint64_t> offsets;         // request i owns [offsets[i], offsets[i + 1])
+  std::vector<uint64_t> input_tokens;    // per request
   std::vector<uint64_t> timestamps_ms;
   uint32_t unique_blocks = 0;
   uint64_t total_input_tokens = 0;
