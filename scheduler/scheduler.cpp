@@ -345,6 +345,10 @@ Status Scheduler::close_sequence(SequenceId id) {
   for (PendingPublish& p : pending_publish_) {
     if (p.sequence == id) p.orphaned = true;
   }
+  // What the request was, for policies that learn from it: its chain and how much it generated.
+  for (const auto& e : evictors_) {
+    if (e != nullptr) e->on_request_end(seq->blocks, seq->generated_tokens);
+  }
   for (const BlockKey& key : seq->blocks) {
     const bool pending =
         std::any_of(pending_publish_.begin(), pending_publish_.end(),

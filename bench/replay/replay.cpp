@@ -317,6 +317,10 @@ class PolicyRun {
       KVTIER_RETURN_IF_ERROR(fill(Tier::kHbm, facts));
       KVTIER_RETURN_IF_ERROR(write_down(facts, 0, true));
     }
+    // The request ends as it starts: its output is generated (in no time) before the next one.
+    for (Evictor* e : evictors_) {
+      if (e != nullptr) e->on_request_end(keys, w_.output_tokens[r]);
+    }
     return ok_status();
   }
 

@@ -64,6 +64,7 @@ Result<ReplayWorkload> build_workload(const Trace& trace, uint32_t block_tokens)
     w.offsets.push_back(w.keys.size());
     w.input_tokens.push_back(r.input_length);
     w.timestamps_ms.push_back(r.timestamp_ms);
+    w.output_tokens.push_back(r.output_length);
     w.total_input_tokens += r.input_length;
   }
   w.unique_blocks = static_cast<uint32_t>(ids.size());

@@ -14,7 +14,9 @@
 //   on_shadowed  a faster tier gained or lost a ready copy of every page of a tracked block
 //                (policies that order such copies first: ShadowedFirstEvictor);
 //   on_released  no open sequence holds a tracked block any more (policies that keep the blocks
-//                of open sequences, EvictorOptions::in_use, rank it again).
+//                of open sequences, EvictorOptions::in_use, rank it again);
+//   on_request_end  a request that referenced a chain of blocks ended, having generated so many
+//                   tokens (the lookahead policy classes the blocks it used first by that).
 // A key is tracked from on_insert to on_erase; on_insert of a tracked key or on_erase/on_access
 // of an untracked one is a caller bug and is ignored (counted in `misuse()`), never a crash.
 //
@@ -41,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -120,6 +123,10 @@ class Evictor {
   // The last open sequence that held this tracked block let it go (EvictorOptions::in_use now
   // says false). The default ignores it.
   virtual void on_released(const BlockKey& key) {}
+  // A request ended: it referenced `keys` (its chain, parent first; tracked or not) and generated
+  // `output_tokens` tokens after its prompt. Reported once per request, after its references.
+  // The default ignores it.
+  virtual void on_request_end(std::span<const BlockKey> keys, uint64_t output_tokens) {}
 
   // Whether `block` (not yet tracked) should take a frame when the tier is full. The default
   // admits everything.

@@ -23,12 +23,27 @@ uint64_t horizon_of(const EvictorOptions& options, bool above_last) {
   return LookaheadEvictor::kHorizonCapacities * frames;
 }
 
-// A class with little evidence ranks like the class of half its uses (same ended flag); one use
-// has none to follow.
+constexpr uint32_t kFirstUse = 0;  // the kind of a first use whose request is open
+constexpr uint32_t kFirstReused = LookaheadEvictor::kOutputBuckets + 1;  // the kind of 2-3 uses
+
+// A class with little evidence ranks like the class of half its uses (same ended flag): a first
+// use of a known output bucket, or a block of 2-3 uses, like every first use; one use has none.
 std::vector<uint32_t> class_fallbacks() {
   std::vector<uint32_t> f(LookaheadEvictor::kClasses, ReuseModel::kNoFallback);
-  for (uint32_t c = 2; c < LookaheadEvictor::kClasses; ++c) f[c] = c - 2;
+  for (uint32_t c = 2; c < LookaheadEvictor::kClasses; ++c) {
+    const uint32_t kind = c / 2;
+    f[c] = 2 * (kind <= kFirstReused ? kFirstUse : kind - 1) + c % 2;
+  }
   return f;
+}
+
+// Every first use counts in the estimate of the first-use class, whatever its output bucket.
+std::vector<uint32_t> class_pools() {
+  std::vector<uint32_t> p(LookaheadEvictor::kClasses, ReuseModel::kNoFallback);
+  for (uint32_t kind = 1; kind <= LookaheadEvictor::kOutputBuckets; ++kind) {
+    for (uint32_t ended = 0; ended < 2; ++ended) p[2 * kind + ended] = 2 * kFirstUse + ended;
+  }
+  return p;
 }
 
 uint32_t saturating_increment(uint32_t v) { return v == UINT32_MAX ? v : v + 1; }
@@ -46,14 +61,31 @@ LookaheadEvictor::LookaheadEvictor(const EvictorOptions& options, const Lookahea
                        std::min(span_of(options), kMaxGhost / kGhostFactor) * kGhostFactor,
                        kMinGhost, kMaxGhost)),
       model_(kClasses, horizon_of(options, history != nullptr),
-             kHalfLifeHorizons * horizon_of(options, history != nullptr), class_fallbacks()) {}
+             kHalfLifeHorizons * horizon_of(options, history != nullptr), class_fallbacks(),
+             class_pools()) {}
 
 uint32_t LookaheadEvictor::class_of(uint32_t uses, bool ended) {
-  const uint32_t bucket =
+  const uint32_t kind =
       uses <= 1
-          ? 0
-          : std::min<uint32_t>(kUseBuckets - 1, static_cast<uint32_t>(std::bit_width(uses)) - 1);
-  return 2 * bucket + (ended ? 1 : 0);
+          ? kFirstUse
+          : kOutputBuckets + std::min<uint32_t>(kUseBuckets - 1,
+                                                static_cast<uint32_t>(std::bit_width(uses)) - 1);
+  return 2 * kind + (ended ? 1 : 0);
+}
+
+uint32_t LookaheadEvictor::class_after(uint32_t uses,
+                                       const std::optional<GhostTable::Entry>& remembered,
+                                       bool ended) {
+  if (uses <= 1 && remembered && remembered->tag / 2 <= kOutputBuckets) {
+    return 2 * (remembered->tag / 2) + (ended ? 1 : 0);
+  }
+  return class_of(uses, ended);
+}
+
+uint32_t LookaheadEvictor::first_use_class(uint64_t output_tokens, bool ended) {
+  uint32_t bucket = 0;
+  while (bucket < kOutputBounds.size() && output_tokens >= kOutputBounds[bucket]) ++bucket;
+  return 2 * (1 + bucket) + (ended ? 1 : 0);
 }
 
 bool LookaheadEvictor::hinted(const BlockKey& key) const {
@@ -87,6 +119,10 @@ std::optional<GhostTable::Entry> LookaheadEvictor::recall_untracked(const BlockK
 
 void LookaheadEvictor::remember(const BlockKey& key, const GhostTable::Entry& entry) {
   if (history_ == nullptr) ghost_.put(key, entry, now_);
+}
+
+void LookaheadEvictor::remember_class(const BlockKey& key, uint32_t cls) {
+  if (history_ == nullptr) ghost_.set_tag(key, static_cast<uint8_t>(cls));
 }
 
 void LookaheadEvictor::remember_ended(const BlockKey& key, const GhostTable::Entry& entry) {
@@ -172,24 +208,45 @@ void LookaheadEvictor::settle_pending(const BlockKey& parent) {
   if (!parent.is_null() && parent == previous) return;  // continued by its child
   const uint32_t slot = index_.find(previous);
   if (slot != KeyIndex::kNone) {
-    const uint32_t from = class_[slot];
-    if ((from & 1u) != 0) return;
-    const uint32_t to = from | 1u;
-    model_.moved(from, to, ref_time_[slot]);
-    class_[slot] = static_cast<uint8_t>(to);
-    if (list_[slot] >= kHintedList) return;  // ranked again when it leaves that list
-    const uint32_t list = list_for(to, links_.parent_slot(index_, slot)) +
-                          (list_[slot] >= kArrivedLists ? kArrivedLists : 0);
-    if (list != list_[slot]) {
-      unlink(slot);
-      list_[slot] = static_cast<uint8_t>(list);
-      insert_ranked(list, slot);
-    }
+    if ((class_[slot] & 1u) == 0) reclass(slot, class_[slot] | 1u);
     return;
   }
   if (const auto e = recall_untracked(previous); e && (e->tag & 1u) == 0) {
     model_.moved(e->tag, e->tag | 1u, e->time);
     remember_ended(previous, *e);
+  }
+}
+
+void LookaheadEvictor::reclass(uint32_t slot, uint32_t to) {
+  model_.moved(class_[slot], to, ref_time_[slot]);
+  class_[slot] = static_cast<uint8_t>(to);
+  if (list_[slot] >= kHintedList) return;  // ranked again when it leaves that list
+  const uint32_t list = list_for(to, links_.parent_slot(index_, slot)) +
+                        (list_[slot] >= kArrivedLists ? kArrivedLists : 0);
+  if (list != list_[slot]) {
+    unlink(slot);
+    list_[slot] = static_cast<uint8_t>(list);
+    insert_ranked(list, slot);
+  }
+}
+
+void LookaheadEvictor::on_request_end(std::span<const BlockKey> keys, uint64_t output_tokens) {
+  // Deepest first: each block moved to the front of a class list goes in front of its children,
+  // so the chain still leaves from its tail.
+  for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
+    const BlockKey& key = *it;
+    if (key.is_null()) continue;
+    if (const uint32_t slot = index_.find(key); slot != KeyIndex::kNone) {
+      if (class_[slot] / 2 == kFirstUse) {
+        reclass(slot, first_use_class(output_tokens, (class_[slot] & 1u) != 0));
+      }
+      continue;
+    }
+    const std::optional<GhostTable::Entry> e = recall_untracked(key);
+    if (!e || e->tag / 2 != kFirstUse) continue;
+    const uint32_t to = first_use_class(output_tokens, (e->tag & 1u) != 0);
+    model_.moved(e->tag, to, e->time);
+    remember_class(key, to);
   }
 }
 
@@ -241,7 +298,7 @@ void LookaheadEvictor::on_insert(const BlockFacts& block) {
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   uint32_t cls;
   if (remembered) {
-    cls = class_of(uses, (remembered->tag & 1u) != 0);
+    cls = class_after(uses, remembered, (remembered->tag & 1u) != 0);
     if (cls != remembered->tag) model_.moved(remembered->tag, cls, remembered->time);
     ref_time_[slot] = remembered->time;
   } else {
@@ -406,7 +463,7 @@ bool LookaheadEvictor::admit(const BlockFacts& block) {
   const uint32_t uses =
       std::max<uint32_t>({remembered ? remembered->count : 0u, block.hits + 1u, 1u});
   const uint32_t ps = block.parent.is_null() ? KeyIndex::kNone : index_.find(block.parent);
-  const uint32_t list = list_for(class_of(uses, false), ps);
+  const uint32_t list = list_for(class_after(uses, remembered, false), ps);
   return rank_at(placement_time(block.key), list) > rank(victim);
 }
 

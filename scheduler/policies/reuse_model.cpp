@@ -5,13 +5,14 @@
 namespace kvtier {
 
 ReuseModel::ReuseModel(uint32_t classes, uint64_t horizon, uint64_t half_life,
-                       std::vector<uint32_t> fallback)
+                       std::vector<uint32_t> fallback, std::vector<uint32_t> pooled_into)
     : classes_(classes),
       width_((std::max<uint64_t>(horizon, 1) + kAgeBuckets - 1) / kAgeBuckets),
       buckets_(static_cast<uint32_t>((std::max<uint64_t>(horizon, 1) + width_ - 1) / width_)),
       half_life_(std::max<uint64_t>(half_life, 1)),
       next_decay_(half_life_),
       fallback_(std::move(fallback)),
+      pooled_into_(std::move(pooled_into)),
       at_risk_(std::size_t{classes} * buckets_, 0.0),
       reuses_(at_risk_.size(), 0.0),
       gap_sum_(at_risk_.size(), 0.0),
@@ -20,8 +21,11 @@ ReuseModel::ReuseModel(uint32_t classes, uint64_t horizon, uint64_t half_life,
       gap_(classes, 0.0),
       back_(classes, 0.0) {
   fallback_.resize(classes, kNoFallback);
+  pooled_into_.resize(classes, kNoFallback);
   for (uint32_t c = 0; c < classes; ++c) {
     if (fallback_[c] >= c) fallback_[c] = kNoFallback;
+    const uint32_t p = pooled_into_[c];
+    if (p >= classes || p == c || pooled_into_[p] != kNoFallback) pooled_into_[c] = kNoFallback;
   }
   refresh();
 }
@@ -104,14 +108,23 @@ void ReuseModel::refresh() {
     double gap = 0.0;
     for (uint32_t a = 0; a < buckets_; ++a) {
       const std::size_t i = at(c, a);
+      double risk = at_risk_[i];
+      double reuses = reuses_[i];
+      double gaps = gap_sum_[i];
+      for (uint32_t q = 0; q < classes_; ++q) {  // the classes pooled into c
+        if (pooled_into_[q] != c) continue;
+        risk += at_risk_[at(q, a)];
+        reuses += reuses_[at(q, a)];
+        gaps += gap_sum_[at(q, a)];
+      }
       const double prior = fb == kNoFallback ? 0.0 : kPrior * hazard_[at(fb, a)];
-      const double closed = reuses_[i] + prior;
-      const double hazard = std::min(1.0, closed / (at_risk_[i] + kPrior));
+      const double closed = reuses + prior;
+      const double hazard = std::min(1.0, closed / (risk + kPrior));
       hazard_[i] = hazard;
       if (closed <= 0.0) continue;
       // The mean gap of the closings at this age; the prior's at the bucket's middle.
       const double mid = (static_cast<double>(a) + 0.5) * static_cast<double>(width_);
-      const double mean = (gap_sum_[i] + prior * mid) / closed;
+      const double mean = (gaps + prior * mid) / closed;
       gap += survive * hazard * mean;
       survive *= 1.0 - hazard;
     }
@@ -124,7 +137,8 @@ std::size_t ReuseModel::memory_bytes() const {
   return (at_risk_.capacity() + reuses_.capacity() + gap_sum_.capacity() + hazard_.capacity() +
           gap_.capacity() + back_.capacity()) *
              sizeof(double) +
-         open_.capacity() * sizeof(uint64_t) + fallback_.capacity() * sizeof(uint32_t);
+         open_.capacity() * sizeof(uint64_t) +
+         (fallback_.capacity() + pooled_into_.capacity()) * sizeof(uint32_t);
 }
 
 }  // namespace kvtier

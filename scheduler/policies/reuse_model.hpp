@@ -20,10 +20,15 @@
 // Priors: each age bucket starts with kPrior pseudo-intervals at risk, which follow the hazard of a
 // fallback class when one is given (the lookahead policy's next smaller use count) and never
 // close otherwise: a class with little evidence ranks like its neighbour, one nobody has seen ranks
-// as "never". H is the distance beyond which a reuse is worth nothing to this tier (a few turnovers
-// of the cache it is part of), so a class whose blocks never come back and one whose blocks come
-// back after 10 H rank alike. Counts halve every `half_life` events so the model follows a workload
-// that changes.
+// as "never".
+// Pools: a class may be pooled into another (`pooled_into`), whose estimate then counts the
+// pooled class's intervals with its own, while the pooled class keeps an estimate of its own. The
+// lookahead policy opens a block's first interval in a class of every first use and moves it to
+// the class of its request's output length once the request ends: the first-use class, whose own
+// intervals are only those of requests still open, answers for all first uses. H is the distance
+// beyond which a reuse is worth nothing to this tier (a few turnovers of the cache it is part of),
+// so a class whose blocks never come back and one whose blocks come back after 10 H rank alike.
+// Counts halve every `half_life` events so the model follows a workload that changes.
 //
 // A reference's class can be corrected after the fact (moved, given when the interval opened): the
 // lookahead policy only knows whether a block ended its request once the next reference arrives.
@@ -58,9 +63,10 @@ class ReuseModel {
 
   // `horizon` is rounded up to whole buckets (horizon()). `fallback[c]`, when given (one per
   // class), is the class whose hazard c's pseudo-intervals follow, or kNoFallback; one not smaller
-  // than c is ignored.
+  // than c is ignored. `pooled_into[c]`, when given, is the class whose estimate also counts c's
+  // intervals, or kNoFallback; one that is c itself or is pooled in turn is ignored.
   ReuseModel(uint32_t classes, uint64_t horizon, uint64_t half_life,
-             std::vector<uint32_t> fallback = {});
+             std::vector<uint32_t> fallback = {}, std::vector<uint32_t> pooled_into = {});
 
   // A reference opened an interval in `cls` now.
   void entered(uint32_t cls);
@@ -106,6 +112,7 @@ class ReuseModel {
   uint64_t now_ = 0;
   uint64_t bucket_ = 0;  // now_ / width_
   std::vector<uint32_t> fallback_;
+  std::vector<uint32_t> pooled_into_;
   std::vector<double> at_risk_;  // [class][age]
   std::vector<double> reuses_;   // [class][age]
   std::vector<double> gap_sum_;  // [class][age]

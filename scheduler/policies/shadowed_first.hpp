@@ -37,6 +37,9 @@ class ShadowedFirstEvictor final : public Evictor {
   void on_miss(const BlockFacts& block) override { inner_->on_miss(block); }
   void on_shadowed(const BlockKey& key, bool shadowed) override;
   void on_released(const BlockKey& key) override { inner_->on_released(key); }
+  void on_request_end(std::span<const BlockKey> keys, uint64_t output_tokens) override {
+    inner_->on_request_end(keys, output_tokens);
+  }
   // A newcomer takes the place of a shadowed copy at no loss; else the inner policy decides.
   bool admit(const BlockFacts& block) override;
   std::size_t select_victims(std::size_t count, KeyFilter skip,

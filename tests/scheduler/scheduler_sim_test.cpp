@@ -907,6 +907,55 @@ TEST(SchedulerSim, EveryPolicyKeepsTheBlocksAnOpenSequenceReadsInHbm) {
   }
 }
 
+// Prefills `keys`, decodes `answer` tokens one step each, and closes the sequence.
+void answer_and_close(SimWorld& w, const std::vector<BlockKey>& keys, uint32_t answer) {
+  auto s = w.scheduler().open_sequence(keys);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const StepItem prefill{
+      s->id, static_cast<uint32_t>(keys.size()) * 16 - static_cast<uint32_t>(s->reused_tokens)};
+  ASSERT_TRUE(w.run_step(std::span(&prefill, 1), kNanosPerMicro).status.ok());
+  for (uint32_t t = 0; t < answer; ++t) {
+    const StepItem decode{s->id, 1};
+    ASSERT_TRUE(w.run_step(std::span(&decode, 1), kNanosPerMicro).status.ok());
+  }
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+}
+
+// close_sequence tells the policies how much the request generated: lookahead learns that here
+// the prompts answered in a few tokens come back (asked again at once) and those answered at
+// length do not, and then keeps a prompt answered shortly over a newer one answered at length.
+// Without the report both rank as first uses, and the older goes first, as it does when both
+// answers are short.
+TEST(SchedulerSim, LookaheadLearnsWhichPromptsComeBackFromHowMuchTheirRequestsGenerated) {
+  for (const uint32_t newer_answer : {64u, 2u}) {
+    SCOPED_TRACE("newer prompt answered in " + std::to_string(newer_answer) + " tokens");
+    SimWorld w(lookahead_over_a_small_hbm());  // HBM: 8 blocks
+    uint32_t salt = 1;
+    for (int round = 0; round < 12; ++round) {
+      const std::vector<BlockKey> asked_again = w.prompt(2, salt++);
+      answer_and_close(w, asked_again, 2);
+      auto again = w.scheduler().open_sequence(asked_again);
+      ASSERT_TRUE(again.ok());
+      ASSERT_EQ(again->matched_blocks, 2u);
+      ASSERT_TRUE(w.scheduler().close_sequence(again->id).ok());
+      answer_and_close(w, w.prompt(2, salt++), 64);  // never asked again
+    }
+    const std::vector<BlockKey> older = w.prompt(2, salt++);
+    answer_and_close(w, older, 2);
+    const std::vector<BlockKey> newer = w.prompt(2, salt++);
+    answer_and_close(w, newer, newer_answer);
+    // A prompt of 6 blocks leaves HBM room for one of the two.
+    answer_and_close(w, w.prompt(6, salt++), 0);
+    const bool keeps_older = newer_answer >= 64;
+    EXPECT_EQ(w.scheduler().match(older).by_tier[tier_index(Tier::kHbm)], keeps_older ? 2u : 0u);
+    EXPECT_EQ(w.scheduler().match(newer).by_tier[tier_index(Tier::kHbm)], keeps_older ? 0u : 2u);
+    EXPECT_EQ(w.scheduler().match(older).blocks, 2u);  // the other one is in host memory
+    EXPECT_EQ(w.scheduler().match(newer).blocks, 2u);
+    expect_consistent(w);
+  }
+}
+
 TEST(SchedulerSim, ComputeOrLoadRecomputesWhatIsSlowerToLoad) {
   SimSetup setup;
   setup.hbm_frames = 16;

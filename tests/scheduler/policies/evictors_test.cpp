@@ -205,15 +205,19 @@ uint64_t ref_prefix_aware(uint64_t cap, const std::vector<Request>& reqs) {
 // child placed behind its parent takes the parent's major and the next minor, so a list's tail is
 // its smallest major and, within it, its largest minor. Victims are the k-way merge of the lists by
 // rank, as the policy walks them; an unhinted block with a child cached, met before the victim,
-// is held (index 11) until its last child leaves, then ranks by its rank time in its class's
-// arrived list (12 + class); held blocks are offered when no unhinted leaf is left, the one held
-// longest first; hinted blocks reaching a tail move to a hinted list (index 10) and are offered
-// last, the one whose reader starts last among the 16 longest-hinted first.
+// is held (kHeld) until its last child leaves, then ranks by its rank time in its class's
+// arrived list (kArrivedBase + class); held blocks are offered when no unhinted leaf is left, the
+// one held longest first; hinted blocks reaching a tail move to a hinted list (kHinted) and are
+// offered last, the one whose reader starts last among the 16 longest-hinted first. At a
+// request's end its first uses move to the class of its output (output_of), deepest first.
 struct LookaheadRef {
-  static constexpr uint32_t kClasses = 10;
-  static constexpr uint32_t kHinted = 10;
-  static constexpr uint32_t kHeld = 11;         // parents held while a child is cached
-  static constexpr uint32_t kArrivedBase = 12;  // released parents, by rank time, per class
+  // Classes 2 x kind + ended: kind 0 a first use whose request is open, 1-4 a first use whose
+  // request generated < 16, < 64, < 256 or more tokens, 5-8 2-3, 4-7, 8-15, 16+ uses.
+  static constexpr uint32_t kClasses = 18;
+  static constexpr uint32_t kHinted = kClasses;
+  static constexpr uint32_t kHeld = kClasses + 1;  // parents held while a child is cached
+  static constexpr uint32_t kArrivedBase =
+      kClasses + 2;  // released parents, by rank time, per class
   struct Block {
     uint64_t rank_time = 0, ref_time = 0, major = 0, held_seq = 0;
     uint32_t minor = 0, uses = 0, cls = 0, list = 0, held_cls = 0, depth = 0;
@@ -254,23 +258,44 @@ struct LookaheadRef {
   static uint32_t cls_of(uint32_t uses, bool ended) {
     uint32_t b = 0;
     while (b < 4 && (uint64_t{1} << (b + 1)) <= uses) ++b;
-    return 2 * b + (ended ? 1 : 0);
+    return 2 * (b == 0 ? 0 : 4 + b) + (ended ? 1 : 0);
+  }
+  static uint32_t shape_cls(uint64_t output, bool ended) {
+    const uint32_t kind = output < 16 ? 1 : output < 64 ? 2 : output < 256 ? 3 : 4;
+    return 2 * kind + (ended ? 1 : 0);
+  }
+  // The class whose estimate counts class k's intervals: every first use counts in kind 0's.
+  static uint32_t pool_of(uint32_t k) { return k / 2 >= 1 && k / 2 <= 4 ? k % 2 : k; }
+  // The class whose hazard k's pseudo-intervals follow: kinds 1-5 follow kind 0, the use buckets
+  // above the one of half their uses.
+  static std::optional<uint32_t> fallback_of(uint32_t k) {
+    if (k / 2 == 0) return std::nullopt;
+    return k / 2 <= 5 ? k % 2 : k - 2;
   }
   // The reuse model, restated per interval: ages in buckets of `width` events, an interval at risk
-  // at each age it reaches open, hazards per (class, age), a class's pseudo-interval following the
-  // class with half its uses (same ended flag); gaps recomputed at each bucket boundary.
+  // at each age it reaches open, hazards per (class, age) over the class's intervals and those
+  // pooled into it, a class's pseudo-interval following its fallback's hazard (same ended flag);
+  // gaps recomputed at each bucket boundary.
   double gap(uint32_t k) const { return gap_of[k]; }
   void refresh() {
     const double h = static_cast<double>(width * buckets);
     for (uint32_t k = 0; k < kClasses; ++k) {
       double survive = 1.0, g = 0.0;
       for (uint32_t a = 0; a < buckets; ++a) {
-        const double prior = k >= 2 ? 1.0 * hazard[k - 2][a] : 0.0;
-        const double closed = reuses[k][a] + prior;
-        hazard[k][a] = std::min(1.0, closed / (at_risk[k][a] + 1.0));
+        double risk = 0.0, closed_here = 0.0, gap_sum = 0.0;
+        for (uint32_t q = 0; q < kClasses; ++q) {
+          if (q != k && pool_of(q) != k) continue;
+          risk += at_risk[q][a];
+          closed_here += reuses[q][a];
+          gap_sum += gaps[q][a];
+        }
+        const auto fb = fallback_of(k);
+        const double prior = fb ? 1.0 * hazard[*fb][a] : 0.0;
+        const double closed = closed_here + prior;
+        hazard[k][a] = std::min(1.0, closed / (risk + 1.0));
         if (closed <= 0.0) continue;
         const double mid = (static_cast<double>(a) + 0.5) * static_cast<double>(width);
-        g += survive * hazard[k][a] * ((gaps[k][a] + prior * mid) / closed);
+        g += survive * hazard[k][a] * ((gap_sum + prior * mid) / closed);
         survive *= 1.0 - hazard[k][a];
       }
       gap_of[k] = g + survive * h;
@@ -367,31 +392,49 @@ struct LookaheadRef {
     }
     last_placed = id;
   }
+  // A cached block's interval moves to class `to`; it joins that class's list (at the front of a
+  // class list, by its rank time in an arrived one) unless it waits in the hinted or held list.
+  void reclass(Block& b, uint32_t to) {
+    moved(b.cls, to, b.ref_time);
+    b.cls = to;
+    if (b.list == kHinted || b.list == kHeld) return;
+    const uint32_t base = b.list >= kArrivedBase ? kArrivedBase : 0;
+    const uint32_t l = list_for(b.cls, parent_of(b)) + base;
+    if (l != b.list) {
+      b.list = l;
+      if (base == 0) {
+        b.major = ++seq;
+        b.minor = 0;
+      }
+    }
+  }
   void settle(std::optional<uint64_t> parent) {
     if (!pending) return;
     const uint64_t prev = *pending;
     pending.reset();
     if (parent && *parent == prev) return;
     if (auto it = c.find(prev); it != c.end()) {
-      Block& b = it->second;
-      if (b.cls & 1) return;
-      moved(b.cls, b.cls | 1, b.ref_time);
-      b.cls |= 1;
-      if (b.list == kHinted || b.list == kHeld) return;
-      const uint32_t base = b.list >= kArrivedBase ? kArrivedBase : 0;
-      const uint32_t l = list_for(b.cls, parent_of(b)) + base;
-      if (l != b.list) {
-        b.list = l;
-        if (base == 0) {
-          b.major = ++seq;
-          b.minor = 0;
-        }
-      }
+      if (!(it->second.cls & 1)) reclass(it->second, it->second.cls | 1);
       return;
     }
     if (auto g = ghost.find(prev); g != ghost.end() && !(g->second.tag & 1)) {
       moved(g->second.tag, g->second.tag | 1, g->second.time);
       g->second.tag |= 1;
+    }
+  }
+  // The request's first uses (kind 0), deepest first, move to the class of its output.
+  void request_end(const Request& r, uint64_t output) {
+    for (auto id = r.rbegin(); id != r.rend(); ++id) {
+      if (auto it = c.find(*id); it != c.end()) {
+        Block& b = it->second;
+        if (b.cls / 2 == 0) reclass(b, shape_cls(output, b.cls & 1));
+        continue;
+      }
+      if (auto g = ghost.find(*id); g != ghost.end() && g->second.tag / 2 == 0) {
+        const uint32_t to = shape_cls(output, g->second.tag & 1);
+        moved(g->second.tag, to, g->second.time);
+        g->second.tag = to;
+      }
     }
   }
   // The oldest block of list l not yet walked past.
@@ -600,6 +643,7 @@ struct LookaheadRef {
         b.ref_time = g.time;
         place(id, run_start);
       }
+      request_end(r, output_of(i));
     }
     return hits;
   }
@@ -1369,8 +1413,9 @@ TEST(Evictors, LookaheadMeasuresTheLastTiersHorizonInTheWholeCacheAndAnUpperTier
 // A toy hierarchy of three evictors, driven as the replay drives its tiers: every reference goes
 // to every tier in order (an access where it holds the block, else a miss); a block missing from
 // HBM is placed there, and each tier's victims go down to the next with their rank, the last
-// tier's out of the cache. Returns, per request, the victims and every tier's use count of every
-// key, so two hierarchies can be compared decision for decision.
+// tier's out of the cache; then the request ends. Returns, per request, the victims and every
+// tier's use count and class of every key, so two hierarchies can be compared decision for
+// decision.
 std::vector<std::vector<uint64_t>> drive_hierarchy(std::array<std::unique_ptr<Evictor>, 3>& tiers,
                                                    const std::array<uint64_t, 3>& capacity,
                                                    uint64_t seed) {
@@ -1412,9 +1457,18 @@ std::vector<std::vector<uint64_t>> drive_hierarchy(std::array<std::unique_ptr<Ev
       }
       place(0, f);
     }
+    // The request ends, having generated 0-400 tokens: its first uses take that output's class.
+    std::vector<BlockKey> keys;
+    for (uint32_t depth = 0; depth < length; ++depth) keys.push_back(key_of(root * 10 + depth));
+    const uint64_t output = std::uniform_int_distribution<uint64_t>(0, 400)(rng);
+    for (auto& e : tiers) e->on_request_end(keys, output);
     for (auto& e : tiers) {
       const auto& la = static_cast<const LookaheadEvictor&>(*e);
-      for (uint64_t id = 10; id < 410; ++id) log.back().push_back(la.uses_of(key_of(id)));
+      for (uint64_t id = 10; id < 410; ++id) {
+        const std::optional<GhostTable::Entry> known = la.recall(key_of(id));
+        log.back().push_back(known ? known->count : 0);
+        log.back().push_back(known ? known->tag : 0xff);
+      }
     }
   }
   return log;
@@ -1466,6 +1520,43 @@ TEST(Evictors, LookaheadTiersReadTheLastTiersHistoryAndDecideAsWithGhostsOfTheir
   EXPECT_EQ(alone[2], nullptr);
   const auto lru = make_tier_evictors(EvictionPolicy::kLru, options);
   for (const auto& e : lru) EXPECT_EQ(e->name(), "lru");
+}
+
+// A request's end classes its first uses by what it generated, in every tier: a block HBM tracks,
+// the last tier's memory of it, and the block once demoted (it keeps that class, not the one of a
+// first use whose request is still open).
+TEST(Evictors, LookaheadFirstUsesKeepTheirRequestsOutputClassDownTheTiers) {
+  std::array<std::optional<EvictorOptions>, 3> options;
+  options[0].emplace().capacity_blocks = 2;
+  options[2].emplace().capacity_blocks = 8;
+  options[0]->cache_blocks = options[2]->cache_blocks = 10;
+  auto tiers = make_tier_evictors(EvictionPolicy::kLookahead, options);
+  const auto& hbm = static_cast<const LookaheadEvictor&>(*tiers[0]);
+  const auto& nvme = static_cast<const LookaheadEvictor&>(*tiers[2]);
+  const uint32_t open = LookaheadEvictor::class_of(1, false);
+  const uint32_t long_answer = LookaheadEvictor::first_use_class(300, false);
+  ASSERT_NE(open, long_answer);
+  EXPECT_EQ(LookaheadEvictor::first_use_class(15, false),
+            LookaheadEvictor::first_use_class(0, false));
+  EXPECT_NE(LookaheadEvictor::first_use_class(16, false),
+            LookaheadEvictor::first_use_class(15, false));
+  for (std::size_t t : {0, 2}) tiers[t]->on_miss(facts_of(1));
+  tiers[0]->on_insert(facts_of(1));
+  EXPECT_EQ(hbm.recall(key_of(1))->tag, open);
+  const std::vector<BlockKey> keys = {key_of(1)};
+  for (std::size_t t : {0, 2}) tiers[t]->on_request_end(keys, 300);
+  EXPECT_EQ(hbm.recall(key_of(1))->tag, long_answer);
+  EXPECT_EQ(nvme.recall(key_of(1))->tag, long_answer);
+  for (std::size_t t : {0, 2}) tiers[t]->on_request_end(keys, 3);  // once per request: kept
+  EXPECT_EQ(hbm.recall(key_of(1))->tag, long_answer);
+  BlockFacts down = facts_of(1);
+  tiers[0]->describe(key_of(1), down);
+  down.demoted = true;
+  tiers[0]->on_erase(key_of(1));
+  tiers[2]->on_insert(down);
+  EXPECT_EQ(nvme.recall(key_of(1))->tag, long_answer);
+  EXPECT_EQ(hbm.recall(key_of(1))->tag, long_answer);  // read from the last tier
+  EXPECT_EQ(hbm.misuse() + nvme.misuse(), 0u);
 }
 
 // A tier whose clock fell behind the last tier's (a caller that skipped it for some references)
@@ -1922,6 +2013,31 @@ TEST(ReuseModel, AClassWithLittleEvidenceFollowsItsFallback) {
   for (int i = 0; i < 20; ++i) m.entered(1);
   m.advance(31);
   EXPECT_GT(m.expected_gap(1), 60.0);
+}
+
+// Class 0 pools classes 1 and 2: its estimate counts their intervals (and its own), while each
+// keeps an estimate of its own evidence.
+TEST(ReuseModel, APoolCountsTheIntervalsOfItsMembers) {
+  ReuseModel m(3, 64, 100000, {}, {ReuseModel::kNoFallback, 0, 0});
+  for (int i = 0; i < 3; ++i) m.entered(1);
+  m.entered(2);
+  m.advance(10);
+  for (int i = 0; i < 3; ++i) m.reused(1, 10);
+  m.advance(100);  // class 2's interval is past the horizon
+  // Class 1: three gaps of 10 and its pseudo-interval; class 2: nothing back.
+  EXPECT_DOUBLE_EQ(m.expected_gap(1), (30.0 + 64) / 4);
+  EXPECT_DOUBLE_EQ(m.expected_gap(2), 64.0);
+  // Class 0: the four intervals of its members and its own pseudo-interval.
+  EXPECT_DOUBLE_EQ(m.expected_gap(0), (30.0 + 2 * 64) / 5);
+  EXPECT_DOUBLE_EQ(m.reuse_probability(0), 3.0 / 5);
+  // A pool into a class that is pooled itself, or into itself, is ignored.
+  ReuseModel chained(3, 64, 100000, {}, {1, 2, 2});
+  chained.entered(0);
+  chained.advance(10);
+  chained.reused(0, 10);
+  chained.advance(11);
+  EXPECT_DOUBLE_EQ(chained.expected_gap(0), (10.0 + 64) / 2);
+  EXPECT_DOUBLE_EQ(chained.expected_gap(1), 64.0);
 }
 
 TEST(ReuseModel, MovedIntervalsTakeTheAgesTheyReached) {

@@ -1,6 +1,7 @@
 // Shared helpers of the policy tests: small keys, and a driver that replays hand-made requests
 // through one evictor the way the trace replay does (hits = leading cached blocks; then every
-// block in order: access, or miss -> admit? -> evict one victim when full -> insert).
+// block in order: access, or miss -> admit? -> evict one victim when full -> insert; then the
+// request's end, with output_of(i) generated tokens).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,10 @@ inline BlockFacts facts_of(uint64_t id, uint64_t parent, uint32_t depth) {
 }
 
 using Request = std::vector<uint64_t>;  // a chain of block ids, parent first
+
+// The tokens request i of a hand-made trace generated: a spread over the lookahead policy's output
+// buckets (below 16, 64, 256 and above), the same for every policy and reference.
+inline uint64_t output_of(std::size_t i) { return (i * 97) % 400; }
 
 struct DriveResult {
   uint64_t hits = 0;  // blocks of matched prefixes
@@ -74,6 +79,9 @@ DriveResult drive(Evictor& e, uint64_t capacity, const std::vector<Request>& req
       e.on_insert(f);
       cached.insert(r[j]);
     }
+    std::vector<BlockKey> keys;
+    for (uint64_t id : r) keys.push_back(key_of(id));
+    e.on_request_end(keys, output_of(i));
   }
   return out;
 }
