@@ -391,6 +391,14 @@ kvt_status kvt_sequence_close(kvt_runtime* runtime, kvt_sequence_id sequence) {
   });
 }
 
+kvt_status kvt_sequence_finish(kvt_runtime* runtime, kvt_sequence_id sequence,
+                               uint64_t generated_tokens) {
+  return guarded("kvt_sequence_finish", [&] {
+    return with_runtime(runtime,
+                        [&](Runtime& rt) { return rt.close_sequence(sequence, generated_tokens); });
+  });
+}
+
 kvt_status kvt_runtime_hint(kvt_runtime* runtime, const kvt_hinted_request* requests,
                             size_t n_requests) {
   return guarded("kvt_runtime_hint", [&] {

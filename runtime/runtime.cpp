@@ -266,8 +266,9 @@ Result<OpenedSequence> Runtime::open_sequence(std::span<const BlockKey> prompt_k
   return out;
 }
 
-Status Runtime::close_sequence(SequenceId sequence) {
-  return impl_->on_loop([&] { return impl_->scheduler->close_sequence(sequence); });
+Status Runtime::close_sequence(SequenceId sequence, std::optional<uint64_t> generated_tokens) {
+  return impl_->on_loop(
+      [&] { return impl_->scheduler->close_sequence(sequence, generated_tokens); });
 }
 
 Result<StepInfo> Runtime::begin_step(std::span<const StepItem> batch) {

@@ -335,7 +335,7 @@ Result<Scheduler::Sequence*> Scheduler::find_sequence(SequenceId id) {
   return it->second.get();
 }
 
-Status Scheduler::close_sequence(SequenceId id) {
+Status Scheduler::close_sequence(SequenceId id, std::optional<uint64_t> generated_tokens) {
   KVTIER_ASSIGN_OR_RETURN(Sequence * seq, find_sequence(id));
   if (seq->active_step != 0) {
     return failed_precondition("sequence " + std::to_string(id) + " is in step " +
@@ -346,8 +346,10 @@ Status Scheduler::close_sequence(SequenceId id) {
     if (p.sequence == id) p.orphaned = true;
   }
   // What the request was, for policies that learn from it: its chain and how much it generated.
-  for (const auto& e : evictors_) {
-    if (e != nullptr) e->on_request_end(seq->blocks, seq->generated_tokens);
+  if (generated_tokens) {
+    for (const auto& e : evictors_) {
+      if (e != nullptr) e->on_request_end(seq->blocks, *generated_tokens);
+    }
   }
   for (const BlockKey& key : seq->blocks) {
     const bool pending =

@@ -17,7 +17,9 @@
 //   that became
 //                        full under their content keys (deduplicating against the cache) and
 //                        applies the write policy;
-//   close_sequence       releases the sequence; its full blocks stay cached until evicted.
+//   close_sequence       releases the sequence; its full blocks stay cached until evicted. Given
+//                        how many tokens the request generated, the policies learn from it
+//                        which prompts come back (Evictor::on_request_end).
 //
 // Threading. Every method except wait_layer/layer_table/stats runs on the EventLoop's thread: the
 // runtime marshals engine calls with EventLoop::run_sync (bounded), and the simulated engine of the
@@ -107,7 +109,8 @@ class Scheduler {
   // lookup and its hits, once. Any thread.
   MatchResult match(std::span<const BlockKey> keys) const;
   Result<OpenedSequence> open_sequence(std::span<const BlockKey> prompt_keys);
-  Status close_sequence(SequenceId id);
+  // `generated_tokens`: what the request generated after its prompt, when the engine knows it.
+  Status close_sequence(SequenceId id, std::optional<uint64_t> generated_tokens = std::nullopt);
   Result<StepInfo> begin_step(std::span<const StepItem> batch);
   // The engine is done reading and writing `layer` of the step (windowed steps: releases it and
   // plans the next layer). Optional when the step is not windowed. kFailedPrecondition, changing

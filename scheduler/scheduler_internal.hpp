@@ -29,9 +29,6 @@ struct Scheduler::Sequence {
   // recomputed yet: each begin_step reports them as recomputed_tokens until one ends, so a
   // begin_step that fails after giving them up, or an aborted step, does not lose them.
   uint64_t owed_recompute = 0;
-  // Tokens written from the sequence's first step of one token on: what it generated after its
-  // prompt (a prefill chunk is longer; its last one may be a single token, one too many here).
-  uint64_t generated_tokens = 0;
 };
 
 // Shared with engine threads: written by the loop before a layer is sealed; read after it is ready.

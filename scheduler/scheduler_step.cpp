@@ -772,9 +772,6 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
     const uint64_t old = step->tokens_before[i];
     seq.tokens = step->items[i].context_tokens + step->items[i].recomputed_tokens +
                  step->items[i].new_tokens;
-    if (seq.generated_tokens > 0 || step->items[i].new_tokens == 1) {
-      seq.generated_tokens += step->items[i].new_tokens;
-    }
     seq.owed_recompute = 0;
     const StepCompletion* c = nullptr;
     for (const StepCompletion& comp : completions) {

@@ -396,7 +396,7 @@ Status ReferenceEngine::forward(const StepInfo& info, const std::vector<Planned>
 }
 
 Status ReferenceEngine::finish_sequence(Running& seq) {
-  Status closed = runtime_.close_sequence(seq.sequence);
+  Status closed = runtime_.close_sequence(seq.sequence, seq.out.tokens.size());
   seq.out.finished_step = step_no_;
   outputs_.push_back(std::move(seq.out));
   ++stats_.finished_requests;

@@ -256,7 +256,7 @@ std::vector<StepCompletion> Batcher::completions(const StepPlan& plan, const Ste
 }
 
 Status Batcher::complete(const StepPlan& plan, Nanos end,
-                         const std::function<Status(SequenceId)>& close) {
+                         const std::function<Status(SequenceId, uint64_t)>& close) {
   const auto at = [&](int iteration) {
     return end - (plan.model_time - plan.ends[static_cast<std::size_t>(iteration)]);
   };
@@ -270,7 +270,7 @@ Status Batcher::complete(const StepPlan& plan, Nanos end,
       ++it;
       continue;
     }
-    KVTIER_RETURN_IF_ERROR(close(it->seq).with_context("close_sequence"));
+    KVTIER_RETURN_IF_ERROR(close(it->seq, it->out_done).with_context("close_sequence"));
     running_frames_ -= it->frames;
     finish_one();
     it = running_.erase(it);

@@ -119,7 +119,9 @@ class Batcher {
   std::vector<StepCompletion> completions(const StepPlan& plan, const StepInfo& info) const;
   // After end_step at `end`: token times (iteration i ends at end - (model_time - ends[i]), or
   // at `end` when unmodeled), then closes finished requests with `close`.
-  Status complete(const StepPlan& plan, Nanos end, const std::function<Status(SequenceId)>& close);
+  // `close` releases a finished request's sequence, given how many tokens it generated.
+  Status complete(const StepPlan& plan, Nanos end,
+                  const std::function<Status(SequenceId, uint64_t)>& close);
 
   const std::vector<LiveRequest>& running() const { return running_; }
 

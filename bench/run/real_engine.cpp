@@ -165,7 +165,9 @@ class RealPass {
 
   Result<PassResult> run() {
     const OpenFn open = [this](std::span<const BlockKey> keys) { return rt_.open_sequence(keys); };
-    const auto close = [this](SequenceId id) { return rt_.close_sequence(id); };
+    const auto close = [this](SequenceId id, uint64_t generated) {
+      return rt_.close_sequence(id, generated);
+    };
     while (!batcher_.finished()) {
       batcher_.take_arrivals(clock_.now());
       KVTIER_RETURN_IF_ERROR(batcher_.admit(open));
@@ -280,7 +282,7 @@ class RealPass {
 
   uint64_t loaded_pages() const { return rt_.stats().promotions[tier_index(Tier::kHbm)]; }
 
-  Status step(const std::function<Status(SequenceId)>& close) {
+  Status step(const std::function<Status(SequenceId, uint64_t)>& close) {
     const uint64_t pages_before = loaded_pages();
     const Nanos compute_before = compute_ns_;
     StepPlan plan = batcher_.plan(clock_.now(), 1, [](const IterationWork&) { return Nanos{0}; });

@@ -41,7 +41,9 @@ class Engine {
     const OpenFn open = [this](std::span<const BlockKey> keys) {
       return sched_.open_sequence(keys);
     };
-    const auto close = [this](SequenceId id) { return sched_.close_sequence(id); };
+    const auto close = [this](SequenceId id, uint64_t generated) {
+      return sched_.close_sequence(id, generated);
+    };
     // A request may run once none of its reused blocks is only on NVMe any more.
     const auto ready = [this](const LiveRequest& r) {
       const auto keys = std::span(r.req->keys).first(r.reused_blocks);
@@ -101,7 +103,7 @@ class Engine {
     return c;
   }
 
-  Status step(const std::function<Status(SequenceId)>& close) {
+  Status step(const std::function<Status(SequenceId, uint64_t)>& close) {
     const Nanos now = loop_.now();
     const uint32_t max_iterations =
         batcher_.windowed_batch() ? 1 : std::max<uint32_t>(1, model_.gpu().max_step_iterations);

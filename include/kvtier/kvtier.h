@@ -347,6 +347,10 @@ KVT_API kvt_status kvt_sequence_open(kvt_runtime* runtime, const kvt_block_key* 
                                      kvt_opened_sequence* out);
 /* Releases the sequence; its full blocks stay cached until evicted. */
 KVT_API kvt_status kvt_sequence_close(kvt_runtime* runtime, kvt_sequence_id sequence);
+/* kvt_sequence_close, telling the policies how many tokens the request generated after its prompt
+   (the lookahead policy learns from it which prompts come back). */
+KVT_API kvt_status kvt_sequence_finish(kvt_runtime* runtime, kvt_sequence_id sequence,
+                                       uint64_t generated_tokens);
 /* The requests waiting in the engine's queue (replaces the previous hint). */
 KVT_API kvt_status kvt_runtime_hint(kvt_runtime* runtime, const kvt_hinted_request* requests,
                                     size_t n_requests);

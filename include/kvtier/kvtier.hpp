@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -124,8 +125,12 @@ class Runtime {
   // Opens a sequence over a prompt's keys: takes references on the prefix it reuses (as much of the
   // match as is cheaper to load than to recompute) and starts loading it.
   Result<OpenedSequence> open_sequence(std::span<const BlockKey> prompt_keys);
-  // Releases the sequence; its full blocks stay cached until evicted.
-  Status close_sequence(SequenceId sequence);
+  // Releases the sequence; its full blocks stay cached until evicted. `generated_tokens`, when the
+  // engine gives it, is how many tokens the request generated after its prompt: the lookahead
+  // policy learns from it which prompts come back (a document asked about in a few tokens comes
+  // back more often than a prompt answered at length, on many workloads).
+  Status close_sequence(SequenceId sequence,
+                        std::optional<uint64_t> generated_tokens = std::nullopt);
 
   // ---- Steps ----
   Result<StepInfo> begin_step(std::span<const StepItem> batch);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -342,11 +343,14 @@ void register_runtime(py::module_& m) {
           "Opens a sequence over a prompt's keys, reusing and loading its cached prefix.")
       .def(
           "close_sequence",
-          [](PyRuntime& self, SequenceId sequence) {
-            with_runtime(self.state,
-                         [&](Runtime& rt) { throw_if_error(rt.close_sequence(sequence)); });
+          [](PyRuntime& self, SequenceId sequence, std::optional<uint64_t> generated_tokens) {
+            with_runtime(self.state, [&](Runtime& rt) {
+              throw_if_error(rt.close_sequence(sequence, generated_tokens));
+            });
           },
-          release, py::arg("sequence"))
+          release, py::arg("sequence"), py::arg("generated_tokens") = py::none(),
+          "Releases the sequence. generated_tokens: how many tokens the request generated after "
+          "its prompt, when known (the lookahead policy learns which prompts come back).")
       .def(
           "hint",
           [](PyRuntime& self,

@@ -64,9 +64,13 @@ def test_bad_calls_are_errors_and_nothing_leaks(tmp_path):
     step.abort()
     with pytest.raises(kvtier.NotFoundError):
         step.end()
-    rt.close_sequence(seq.id)
+    rt.close_sequence(seq.id, generated_tokens=3)
     with pytest.raises(kvtier.NotFoundError):
         rt.close_sequence(seq.id)  # closed already
+    with pytest.raises(kvtier.NotFoundError):
+        rt.close_sequence(seq.id, generated_tokens=3)
+    with pytest.raises(TypeError):
+        rt.close_sequence(seq.id, generated_tokens=-1)
     with pytest.raises(kvtier.NotFoundError):
         rt.begin_step([(seq.id, 1)])
 

@@ -316,7 +316,11 @@ static void test_prefill_and_reuse(kvt_runtime* rt, const uint32_t* tokens) {
   CHECK(seq.reused_blocks == kBlocks && seq.reused_tokens == kTokens, "reused %u blocks",
         seq.reused_blocks);
   run_step(rt, seq.id, tokens, seq.reused_tokens, 1); /* reads the reused bytes back */
-  MUST(kvt_sequence_close(rt, seq.id));
+  /* Closed telling how much the request generated (one token): as kvt_sequence_close. */
+  MUST(kvt_sequence_finish(rt, seq.id, 1));
+  EXPECT_ERROR(kvt_sequence_finish(rt, seq.id, 1), KVT_NOT_FOUND, "kvt_sequence_finish", "");
+  MUST(kvt_runtime_match(rt, keys, kBlocks, &m));
+  CHECK(m.blocks == kBlocks, "the finished prompt stays cached (%u blocks)", m.blocks);
 
   kvt_pin_id pin = 0;
   MUST(kvt_prefix_pin(rt, keys, kBlocks, 60000, &pin));

@@ -907,8 +907,10 @@ TEST(SchedulerSim, EveryPolicyKeepsTheBlocksAnOpenSequenceReadsInHbm) {
   }
 }
 
-// Prefills `keys`, decodes `answer` tokens one step each, and closes the sequence.
-void answer_and_close(SimWorld& w, const std::vector<BlockKey>& keys, uint32_t answer) {
+// Prefills `keys`, decodes `answer` tokens one step each, and closes the sequence, telling the
+// scheduler the request generated `answer` tokens when `tell` says so.
+void answer_and_close(SimWorld& w, const std::vector<BlockKey>& keys, uint32_t answer,
+                      bool tell = true) {
   auto s = w.scheduler().open_sequence(keys);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   const StepItem prefill{
@@ -918,36 +920,38 @@ void answer_and_close(SimWorld& w, const std::vector<BlockKey>& keys, uint32_t a
     const StepItem decode{s->id, 1};
     ASSERT_TRUE(w.run_step(std::span(&decode, 1), kNanosPerMicro).status.ok());
   }
-  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  ASSERT_TRUE(w.scheduler()
+                  .close_sequence(s->id, tell ? std::optional<uint64_t>(answer) : std::nullopt)
+                  .ok());
   w.settle();
 }
 
-// close_sequence tells the policies how much the request generated: lookahead learns that here
-// the prompts answered in a few tokens come back (asked again at once) and those answered at
-// length do not, and then keeps a prompt answered shortly over a newer one answered at length.
-// Without the report both rank as first uses, and the older goes first, as it does when both
-// answers are short.
+// The engine tells close_sequence how much the request generated: lookahead learns that here the
+// prompts answered in a few tokens come back (asked again at once) and those answered at length do
+// not, and then keeps a prompt answered shortly over a newer one answered at length. Untold, or
+// when both answers are short, both rank as first uses, and the older goes first.
 TEST(SchedulerSim, LookaheadLearnsWhichPromptsComeBackFromHowMuchTheirRequestsGenerated) {
-  for (const uint32_t newer_answer : {64u, 2u}) {
-    SCOPED_TRACE("newer prompt answered in " + std::to_string(newer_answer) + " tokens");
+  for (const auto& [newer_answer, tell] : {std::pair{64u, true}, {2u, true}, {64u, false}}) {
+    SCOPED_TRACE("newer prompt answered in " + std::to_string(newer_answer) + " tokens, " +
+                 (tell ? "told" : "untold"));
     SimWorld w(lookahead_over_a_small_hbm());  // HBM: 8 blocks
     uint32_t salt = 1;
     for (int round = 0; round < 12; ++round) {
       const std::vector<BlockKey> asked_again = w.prompt(2, salt++);
-      answer_and_close(w, asked_again, 2);
+      answer_and_close(w, asked_again, 2, tell);
       auto again = w.scheduler().open_sequence(asked_again);
       ASSERT_TRUE(again.ok());
       ASSERT_EQ(again->matched_blocks, 2u);
       ASSERT_TRUE(w.scheduler().close_sequence(again->id).ok());
-      answer_and_close(w, w.prompt(2, salt++), 64);  // never asked again
+      answer_and_close(w, w.prompt(2, salt++), 64, tell);  // never asked again
     }
     const std::vector<BlockKey> older = w.prompt(2, salt++);
-    answer_and_close(w, older, 2);
+    answer_and_close(w, older, 2, tell);
     const std::vector<BlockKey> newer = w.prompt(2, salt++);
-    answer_and_close(w, newer, newer_answer);
+    answer_and_close(w, newer, newer_answer, tell);
     // A prompt of 6 blocks leaves HBM room for one of the two.
-    answer_and_close(w, w.prompt(6, salt++), 0);
-    const bool keeps_older = newer_answer >= 64;
+    answer_and_close(w, w.prompt(6, salt++), 0, tell);
+    const bool keeps_older = tell && newer_answer >= 64;
     EXPECT_EQ(w.scheduler().match(older).by_tier[tier_index(Tier::kHbm)], keeps_older ? 2u : 0u);
     EXPECT_EQ(w.scheduler().match(newer).by_tier[tier_index(Tier::kHbm)], keeps_older ? 0u : 2u);
     EXPECT_EQ(w.scheduler().match(older).blocks, 2u);  // the other one is in host memory
