@@ -20,30 +20,30 @@
 // Priors: each age bucket starts with kPrior pseudo-intervals at risk, which follow the hazard of a
 // fallback class when one is given (the lookahead policy's next smaller use count) and never
 // close otherwise: a class with little evidence ranks like its neighbour, one nobody has seen ranks
-// as "never".
-// Pools: a class may be pooled into another (`pooled_into`), whose estimate then counts the
-// pooled class's intervals with its own, while the pooled class keeps an estimate of its own. The
+// as "never". H is the distance beyond which a reuse is worth nothing to this tier (a few turnovers
+// of the cache it is part of), so a class whose blocks never come back and one whose blocks come
+// back after 10 H rank alike. Counts halve every `half_life` events so the model follows a workload
+// that changes.
+// Pools: a class may be pooled into another (`pooled_into`), whose estimate then counts the pooled
+// class's intervals with its own, while the pooled class keeps an estimate of its own. The
 // lookahead policy opens a block's first interval in a class of every first use and moves it to
 // the class of its request's output length once the request ends: the first-use class, whose own
-// intervals are only those of requests still open, answers for all first uses. H is the distance
-// beyond which a reuse is worth nothing to this tier (a few turnovers of the cache it is part of),
-// so a class whose blocks never come back and one whose blocks come back after 10 H rank alike.
-// Counts halve every `half_life` events so the model follows a workload that changes.
+// intervals are only those of requests still open, answers for all first uses.
 //
 // A reference's class can be corrected after the fact (moved, given when the interval opened): the
 // lookahead policy only knows whether a block ended its request once the next reference arrives.
 //
 // Cost: per class and age bucket four doubles (at risk, reuses, gaps, hazard) and the open
-// intervals per bucket of opening (a ring), ~25 KiB for ten classes. Each bucket boundary of the
-// clock ages every open interval and recomputes the gaps, O(classes x kAgeBuckets) per H /
-// kAgeBuckets events; every call is O(1) (moved: O(age buckets) when the interval is old). Gaps
-// change only at bucket boundaries. Not thread-safe (evictors run on one loop). Rejected: per-class
-// histograms of reuse by age used as the rank itself (a hazard or hit-density table, as LHD ranks
-// by): fitted offline to the public trace they ranked no better than this truncated mean over the
-// same classes, at 80 buckets per class and with an age-dependent rank that list tails cannot
-// order; and a fixed penalty for blocks never reused (a static "one-hit wonder" offset): the best
-// offset differs by 2x between the Mooncake trace and a chat workload, where it fell to LRU's level
-// at 3e6 tokens.
+// intervals per bucket of opening (a ring), ~45 KiB for the lookahead policy's 18 classes. Each
+// bucket boundary of the clock ages every open interval and recomputes the gaps, O(classes^2 x
+// kAgeBuckets) per H / kAgeBuckets events; every call is O(1) (moved: O(age buckets) when the
+// interval is old). Gaps change only at bucket boundaries. Not thread-safe (evictors run on one
+// loop). Rejected: per-class histograms of reuse by age used as the rank itself (a hazard or
+// hit-density table, as LHD ranks by): fitted offline to the public trace they ranked no better
+// than this truncated mean over the same classes, at 80 buckets per class and with an age-dependent
+// rank that list tails cannot order; and a fixed penalty for blocks never reused (a static "one-hit
+// wonder" offset): the best offset differs by 2x between the Mooncake trace and a chat workload,
+// where it fell to LRU's level at 3e6 tokens.
 #pragma once
 
 #include <cstdint>
