@@ -56,8 +56,8 @@ struct ReplayWorkload {
   std::vector<uint64_t> offsets;         // request i owns [offsets[i], offsets[i + 1])
   std::vector<uint64_t> input_tokens;    // per request
   std::vector<uint64_t> timestamps_ms;
-  std::vector<uint64_t>
-      output_tokens;  // per request: tokens it generated (the trace's output_length)
+  // Per request: the tokens it generated (the trace's output_length).
+  std::vector<uint64_t> output_tokens;
   uint32_t unique_blocks = 0;
   uint64_t total_input_tokens = 0;
   HitTally reusable;  // what a cache that never evicts hits

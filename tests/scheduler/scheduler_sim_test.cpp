@@ -913,8 +913,9 @@ void answer_and_close(SimWorld& w, const std::vector<BlockKey>& keys, uint32_t a
                       bool tell = true) {
   auto s = w.scheduler().open_sequence(keys);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
-  const StepItem prefill{
-      s->id, static_cast<uint32_t>(keys.size()) * 16 - static_cast<uint32_t>(s->reused_tokens)};
+  const uint32_t prompt_tokens =
+      static_cast<uint32_t>(keys.size()) * w.setup().geometry.page_tokens;
+  const StepItem prefill{s->id, prompt_tokens - static_cast<uint32_t>(s->reused_tokens)};
   ASSERT_TRUE(w.run_step(std::span(&prefill, 1), kNanosPerMicro).status.ok());
   for (uint32_t t = 0; t < answer; ++t) {
     const StepItem decode{s->id, 1};
