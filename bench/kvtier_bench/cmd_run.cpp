@@ -379,12 +379,7 @@ class RunCommand final : public Command {
     r.gpu = gpu.name + " (" + gpu.source + ")";
     r.model = model_preset.name + " (" + model_preset.source + ")";
     r.seed = o_.seed;
-    r.workload = workload.name;
-    r.workload_description = workload.description;
-    r.requests = workload.requests.size();
-    r.input_tokens = workload.total_input_tokens();
-    r.output_tokens = workload.total_output_tokens();
-    r.longest_request_tokens = workload.max_request_tokens();
+    describe_workload(r, workload);
     r.kv_bytes_per_token = model.kv_bytes_per_token();
     r.page_tokens = gpu.page_tokens;
     r.layers = model_preset.layers;

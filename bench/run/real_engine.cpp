@@ -543,12 +543,7 @@ Result<RunReport> run_real(const Config& base, const std::string& config_source,
   report.model = "8 layers x 2 KV heads x 64 (bf16), " + std::to_string(options.qo_heads) +
                  " query heads, 64-token pages";
   report.seed = options.seed;
-  report.workload = workload.name;
-  report.workload_description = workload.description;
-  report.requests = workload.requests.size();
-  report.input_tokens = workload.total_input_tokens();
-  report.output_tokens = workload.total_output_tokens();
-  report.longest_request_tokens = workload.max_request_tokens();
+  describe_workload(report, workload);
   report.kv_bytes_per_token = kv_per_token;
   report.page_tokens = g.page_tokens;
   report.layers = g.layers;

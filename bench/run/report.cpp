@@ -217,6 +217,26 @@ std::vector<Column> columns() {
   };
 }
 
+// TTFT mean and median of each part, when the workload has more than one.
+struct PartColumn {
+  std::string key;    // CSV
+  std::string label;  // table
+  std::function<double(const BaselineResult&)> get;
+};
+
+std::vector<PartColumn> part_columns(const RunReport& r) {
+  std::vector<PartColumn> out;
+  if (r.parts.size() < 2) return out;
+  for (uint32_t k = 0; k < r.parts.size(); ++k) {
+    const std::string& part = r.parts[k];
+    out.push_back({"mean_ttft_ms_" + part, "TTFT mean, " + part + " (ms)",
+                   [k](const BaselineResult& b) { return b.ttft_ms(k).mean; }});
+    out.push_back({"p50_ttft_ms_" + part, "TTFT p50, " + part + " (ms)",
+                   [k](const BaselineResult& b) { return b.ttft_ms(k).p50; }});
+  }
+  return out;
+}
+
 std::string pad(std::string s, std::size_t width, bool right) {
   if (s.size() >= width) return s;
   const std::string fill(width - s.size(), ' ');
@@ -250,6 +270,16 @@ std::string human_bytes(double b) {
   return fixed(b, b >= 100 || u == 0 ? 0 : 1) + " " + units[u];
 }
 
+void describe_workload(RunReport& r, const Workload& w) {
+  r.workload = w.name;
+  r.workload_description = w.description;
+  r.requests = w.requests.size();
+  r.input_tokens = w.total_input_tokens();
+  r.output_tokens = w.total_output_tokens();
+  r.longest_request_tokens = w.max_request_tokens();
+  r.parts = w.kinds;
+}
+
 void print_table(std::ostream& os, const RunReport& r) {
   os << "kvtier-bench run (" << r.clock << " clock): " << r.gpu << ", " << r.model << "\n";
   os << "workload " << r.workload_description << ": " << r.requests << " requests, "
@@ -276,6 +306,12 @@ void print_table(std::ostream& os, const RunReport& r) {
     os << pad(std::string(c.label), kLabel, false);
     for (const BaselineResult& b : r.baselines) os << pad(c.show(c.get(b)), kCol, true);
     os << "\n";
+    if (c.key != "p99_ttft_ms") continue;
+    for (const PartColumn& p : part_columns(r)) {  // below the whole mix's TTFT
+      os << pad(p.label, kLabel, false);
+      for (const BaselineResult& b : r.baselines) os << pad(millis(p.get(b)), kCol, true);
+      os << "\n";
+    }
   }
   if (std::any_of(r.baselines.begin(), r.baselines.end(),
                   [](const BaselineResult& b) { return b.has_overlap; })) {
@@ -371,6 +407,20 @@ void print_json(std::ostream& os, const RunReport& r) {
       j.end_object();
     }
     j.end_object();
+    j.key("ttft_ms_by_part");
+    j.begin_object();
+    for (uint32_t k = 0; k < r.parts.size(); ++k) {
+      const LatencySummary t = b.ttft_ms(k);
+      j.key(r.parts[k]);
+      j.begin_object();
+      j.field("count", t.count);
+      j.field("mean", t.mean);
+      j.field("p50", t.p50);
+      j.field("p90", t.p90);
+      j.field("p99", t.p99);
+      j.end_object();
+    }
+    j.end_object();
     j.field("late_prefetches", b.late_prefetches);
     j.field("compute_s", nanos_to_seconds(b.compute_ns));
     if (b.has_overlap) {
@@ -405,16 +455,19 @@ void print_json(std::ostream& os, const RunReport& r) {
 }
 
 void print_csv(std::ostream& os, const RunReport& r) {
+  const std::vector<PartColumn> parts = part_columns(r);
   os << "name";
   for (const Column& c : columns()) os << "," << c.key;
+  for (const PartColumn& c : parts) os << "," << c.key;
   os << "\n";
+  const auto field = [&os](double v) {
+    os << ",";
+    if (std::isfinite(v)) os << std::setprecision(10) << v;
+  };
   for (const BaselineResult& b : r.baselines) {
     os << b.name;
-    for (const Column& c : columns()) {
-      const double v = c.get(b);
-      os << ",";
-      if (std::isfinite(v)) os << std::setprecision(10) << v;
-    }
+    for (const Column& c : columns()) field(c.get(b));
+    for (const PartColumn& c : parts) field(c.get(b));
     os << "\n";
   }
 }

@@ -6,10 +6,16 @@
 // "baselines": [{"name", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
 // "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "requests_per_s",
 // "output_tokens_per_s", "total_tokens_per_s", "hit_rate": {"hbm", "host", "nvme", "total"},
-// "stall_fraction", ... kvtier's own counters}], "comparison": {...}} — key names as common
+// "stall_fraction", ... kvtier's own counters, "ttft_ms_by_part": {"<part>": {"count", "mean",
+// "p50", "p90", "p99"}}}], "comparison": {...}} — key names as common
 // serving benchmarks spell them (TTFT/TPOT in ms, throughput per second), plus kvtier's own.
 // Numbers are finite (a ratio with a zero denominator is null). Pure formatting; the plot runs one
 // gnuplot process (no shell, its stdout discarded) and reports its failure as a Status.
+//
+// A workload of several parts (mix: chat, agent, docs) also gets TTFT per part: in the table and
+// the CSV its mean and median, in the JSON its summary. A percentile over the whole mix can hide
+// or invent a change: where one part's latencies are bimodal, the mix's median moves with the
+// share of that part's requests on either side of the gap.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "bench/run/results.hpp"
+#include "bench/run/workload.hpp"
 #include "kvtier/status.hpp"
 
 namespace kvtier::bench::run {
@@ -35,6 +42,7 @@ struct RunReport {
   uint64_t input_tokens = 0;
   uint64_t output_tokens = 0;
   uint64_t longest_request_tokens = 0;
+  std::vector<std::string> parts;  // Workload::kinds: the names RequestRecord::kind indexes
   uint64_t kv_bytes_per_token = 0;
   // Simulation or runtime shape.
   uint32_t page_tokens = 0;
@@ -43,6 +51,9 @@ struct RunReport {
   std::vector<std::string> notes;  // extra lines for the table's header (links, capacities)
   std::vector<BaselineResult> baselines;
 };
+
+// Fills the report's workload fields (name, description, sizes, parts) from the workload run.
+void describe_workload(RunReport& report, const Workload& workload);
 
 void print_table(std::ostream& os, const RunReport& report);
 void print_json(std::ostream& os, const RunReport& report);

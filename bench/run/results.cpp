@@ -34,6 +34,20 @@ LatencySummary summarize(std::vector<double> v) {
   return s;
 }
 
+namespace {
+
+// TTFT of the served requests `keep` accepts.
+template <typename Keep>
+LatencySummary ttft_of(const std::vector<RequestRecord>& records, Keep keep) {
+  std::vector<double> v;
+  for (const RequestRecord& r : records) {
+    if (served(r) && keep(r)) v.push_back(ms(r.first_token - r.arrival));
+  }
+  return summarize(std::move(v));
+}
+
+}  // namespace
+
 uint64_t BaselineResult::completed() const {
   return static_cast<uint64_t>(std::count_if(records.begin(), records.end(), served));
 }
@@ -55,11 +69,11 @@ double BaselineResult::duration_s() const {
 }
 
 LatencySummary BaselineResult::ttft_ms() const {
-  std::vector<double> v;
-  for (const RequestRecord& r : records) {
-    if (served(r)) v.push_back(ms(r.first_token - r.arrival));
-  }
-  return summarize(std::move(v));
+  return ttft_of(records, [](const RequestRecord&) { return true; });
+}
+
+LatencySummary BaselineResult::ttft_ms(uint32_t kind) const {
+  return ttft_of(records, [kind](const RequestRecord& r) { return r.kind == kind; });
 }
 
 LatencySummary BaselineResult::tpot_ms() const {

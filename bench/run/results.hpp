@@ -73,6 +73,7 @@ struct BaselineResult {
   uint64_t rejected() const;
   double duration_s() const;  // first arrival -> last finish
   LatencySummary ttft_ms() const;
+  LatencySummary ttft_ms(uint32_t kind) const;  // of the requests of one part (Request::kind)
   LatencySummary tpot_ms() const;
   LatencySummary e2e_ms() const;
   uint64_t input_tokens() const;   // of the requests served

@@ -153,5 +153,101 @@ TEST(Report, PercentilesAreNearestRank) {
   EXPECT_EQ(summarize({}).count, 0u);
 }
 
+// Two parts whose medians differ from the mix's: chat answers in 10, 20, 30 ms; docs in 40 ms
+// or 1 s. The mix's median (30 ms) is neither part's, and a rejected request counts in none.
+RunReport two_part_report() {
+  Workload w;
+  w.name = "mix";
+  w.description = "two parts";
+  w.kinds = {"chat", "docs"};
+  for (uint32_t kind : {0u, 0u, 0u, 1u, 1u, 1u}) {
+    Request q;
+    q.kind = kind;
+    q.input_tokens = 100;
+    q.output_tokens = 2;
+    w.requests.push_back(q);
+  }
+  RunReport r;
+  r.clock = "virtual";
+  describe_workload(r, w);
+  BaselineResult b;
+  b.name = "kvtier";
+  const std::vector<std::pair<uint32_t, Nanos>> ttft_ms = {{0, 10}, {0, 20}, {0, 30},
+                                                           {1, 40}, {1, 1000}, {1, 1000}};
+  for (const auto& [kind, ms] : ttft_ms) {
+    RequestRecord rec;
+    rec.kind = kind;
+    rec.arrival = 1'000'000'000;
+    rec.first_token = rec.arrival + ms * 1'000'000;
+    rec.finish = rec.first_token + 1'000'000;
+    rec.input_tokens = 100;
+    rec.output_tokens = 2;
+    b.records.push_back(rec);
+  }
+  RequestRecord rejected;
+  rejected.kind = 0;
+  rejected.rejected = true;
+  b.records.push_back(rejected);
+  r.baselines.push_back(b);
+  return r;
+}
+
+TEST(Report, EachPartOfAMixedWorkloadGetsItsOwnTtft) {
+  const RunReport r = two_part_report();
+  EXPECT_EQ(r.workload, "mix");
+  EXPECT_EQ(r.requests, 6u);
+  EXPECT_EQ(r.input_tokens, 600u);
+  ASSERT_EQ(r.parts, (std::vector<std::string>{"chat", "docs"}));
+  const BaselineResult& b = r.baselines[0];
+  EXPECT_DOUBLE_EQ(b.ttft_ms().p50, 30);
+  EXPECT_DOUBLE_EQ(b.ttft_ms(0).p50, 20);
+  EXPECT_DOUBLE_EQ(b.ttft_ms(0).mean, 20);
+  EXPECT_EQ(b.ttft_ms(0).count, 3u);
+  EXPECT_DOUBLE_EQ(b.ttft_ms(1).p50, 1000);
+  EXPECT_DOUBLE_EQ(b.ttft_ms(1).mean, 680);
+
+  std::ostringstream table;
+  print_table(table, r);
+  const std::string t = table.str();
+  EXPECT_THAT(t, ::testing::ContainsRegex("TTFT mean, chat \\(ms\\) +20\\.0\n"));
+  EXPECT_THAT(t, ::testing::ContainsRegex("TTFT p50, chat \\(ms\\) +20\\.0\n"));
+  EXPECT_THAT(t, ::testing::ContainsRegex("TTFT mean, docs \\(ms\\) +680\n"));
+  EXPECT_THAT(t, ::testing::ContainsRegex("TTFT p50, docs \\(ms\\) +1000\n"));
+  // Right below the whole mix's TTFT.
+  EXPECT_LT(t.find("TTFT p99 (ms)"), t.find("TTFT mean, chat"));
+  EXPECT_LT(t.find("TTFT p50, docs"), t.find("TPOT mean"));
+
+  std::ostringstream json;
+  print_json(json, r);
+  EXPECT_NE(json.str().find("\"ttft_ms_by_part\": {\"chat\": {\"count\": 3, \"mean\": 20, "
+                            "\"p50\": 20, \"p90\": 30, \"p99\": 30}, \"docs\": {\"count\": 3, "
+                            "\"mean\": 680, \"p50\": 1000, \"p90\": 1000, \"p99\": 1000}}"),
+            std::string::npos)
+      << json.str();
+
+  std::ostringstream csv;
+  print_csv(csv, r);
+  std::istringstream lines(csv.str());
+  std::string header, row;
+  ASSERT_TRUE(std::getline(lines, header));
+  ASSERT_TRUE(std::getline(lines, row));
+  EXPECT_THAT(header, ::testing::EndsWith(
+                          ",mean_ttft_ms_chat,p50_ttft_ms_chat,mean_ttft_ms_docs,p50_ttft_ms_docs"));
+  EXPECT_THAT(row, ::testing::EndsWith(",20,20,680,1000"));
+  EXPECT_EQ(count(header, ","), count(row, ","));
+}
+
+TEST(Report, AWorkloadOfOnePartHasNoPerPartRows) {
+  RunReport r = tiny_report();
+  r.parts = {"chat"};
+  std::ostringstream table, csv, json;
+  print_table(table, r);
+  print_csv(csv, r);
+  print_json(json, r);
+  EXPECT_EQ(table.str().find("TTFT p50, chat"), std::string::npos);
+  EXPECT_EQ(csv.str().find("_ttft_ms_chat"), std::string::npos);
+  EXPECT_EQ(count(json.str(), "\"ttft_ms_by_part\": {\"chat\": {\"count\": "), 4u);
+}
+
 }  // namespace
 }  // namespace kvtier::bench::run
