@@ -240,7 +240,8 @@ class Scheduler {
     return parts_.port->nvme_page_bytes() * options_.geometry.layers;
   }
 
-  // ---- Moves (scheduler_moves.cpp) ----
+  // ---- Moves (frames and room, evictor membership: scheduler_moves.cpp; promotions:
+  // scheduler_promote.cpp; demotions, write-through, watermarks: scheduler_demote.cpp) ----
   // Brings page (key, layer) into HBM; `done` runs when its HBM copy is ready (or failed).
   // `on_filling` runs as soon as the HBM copy exists (filling), with its frame — the step pins it
   // there.

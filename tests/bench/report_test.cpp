@@ -172,7 +172,7 @@ RunReport two_part_report() {
   describe_workload(r, w);
   BaselineResult b;
   b.name = "kvtier";
-  const std::vector<std::pair<uint32_t, Nanos>> ttft_ms = {{0, 10}, {0, 20}, {0, 30},
+  const std::vector<std::pair<uint32_t, Nanos>> ttft_ms = {{0, 10}, {0, 20},   {0, 30},
                                                            {1, 40}, {1, 1000}, {1, 1000}};
   for (const auto& [kind, ms] : ttft_ms) {
     RequestRecord rec;
@@ -231,8 +231,9 @@ TEST(Report, EachPartOfAMixedWorkloadGetsItsOwnTtft) {
   std::string header, row;
   ASSERT_TRUE(std::getline(lines, header));
   ASSERT_TRUE(std::getline(lines, row));
-  EXPECT_THAT(header, ::testing::EndsWith(
-                          ",mean_ttft_ms_chat,p50_ttft_ms_chat,mean_ttft_ms_docs,p50_ttft_ms_docs"));
+  EXPECT_THAT(header,
+              ::testing::EndsWith(
+                  ",mean_ttft_ms_chat,p50_ttft_ms_chat,mean_ttft_ms_docs,p50_ttft_ms_docs"));
   EXPECT_THAT(row, ::testing::EndsWith(",20,20,680,1000"));
   EXPECT_EQ(count(header, ","), count(row, ","));
 }

@@ -1,0 +1,479 @@
+// Scheduler: demotions and evictions — planned moves carried out (HBM -> host -> NVMe, or dropped
+// when another copy stays), write-through and the watermarks that start demotion before a tier is
+// full. See scheduler.hpp for the rules.
+#include <string>
+
+#include "kvtier/log.hpp"
+#include "scheduler/scheduler.hpp"
+#include "scheduler/scheduler_internal.hpp"
+
+namespace kvtier {
+
+// ---------------------------------------------------------------------------------------------
+// Demotions and evictions
+// ---------------------------------------------------------------------------------------------
+
+bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
+  // Blocks of open sequences (and private blocks) must keep every page somewhere.
+  bool in_use = key.is_private();
+  bool loses = false;
+  Status s = parts_.table->visit(key, [&](const EntryView& v) {
+    in_use = in_use || v.refcount() > 0;
+    if (v.state(CopyId::nvme()) == CopyState::kReady && tier != Tier::kNvme) return;
+    for (uint32_t l = 0; l < v.layers() && !loses; ++l) {
+      const CopyState h = v.state(CopyId::hbm(l));
+      const CopyState m = v.state(CopyId::host(l));
+      const bool hbm_ok = h == CopyState::kReady && tier != Tier::kHbm;
+      const bool host_ok = m == CopyState::kReady && tier != Tier::kHost;
+      const bool here = (tier == Tier::kHbm    ? h
+                         : tier == Tier::kHost ? m
+                                               : CopyState::kAbsent) == CopyState::kReady;
+      if (tier == Tier::kNvme) {
+        loses = !(h == CopyState::kReady || m == CopyState::kReady);
+      } else if (here && !hbm_ok && !host_ok) {
+        loses = true;
+      }
+    }
+  });
+  s.ignore();
+  return in_use && loses;
+}
+
+void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& why) {
+  refused_[key] |= static_cast<uint8_t>(1u << tier_index(tier));
+  stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
+  log_once(LogLevel::kWarn, std::string("scheduler.refused.") + std::string(tier_name(tier)),
+           std::string("the ") + std::string(tier_name(tier)) + " tier could not store block " +
+               to_string(key) + " (" + why.to_string() +
+               "); such blocks are dropped when nothing needs them, never sent there again");
+  // The copies that would have gone down leave the tier above once nothing needs them.
+  const Tier above = tier == Tier::kHost ? Tier::kHbm : Tier::kHost;
+  if (!may_lose_last_copy(key, above)) {
+    for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+      const PageSnapshot p = page_snapshot(key, l);
+      const CopyState state = above == Tier::kHbm ? p.hbm : p.host;
+      if (state != CopyState::kReady || (above == Tier::kHbm && p.pins != 0)) continue;
+      if (parts_.table->drop(key, CopyId::page(above, l)).ok()) {
+        stats_.evictions[tier_index(above)].fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
+  after_change(key);
+}
+
+bool Scheduler::shadowed_in(const BlockKey& key, Tier tier) const {
+  bool shadowed = false;
+  parts_.table->visit(key, [&](const EntryView& v) { shadowed = v.shadowed(tier); }).ignore();
+  return shadowed;
+}
+
+void Scheduler::drop_nvme_copy(const BlockKey& key) {
+  const PageSnapshot p = page_snapshot(key, 0);
+  if (p.nvme != CopyState::kReady) return;
+  parts_.port->erase_block(key).ignore();
+  parts_.table->drop(key, CopyId::nvme()).ignore();
+  sync_membership(key, Tier::kNvme);
+}
+
+uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
+  const BlockKey key = move.block.key;
+  const uint32_t layers = options_.geometry.layers;
+  if (SkipFilter{this, move.from}(key)) return 0;
+  // Frames of `from` given back now, or draining towards it.
+  const uint64_t before =
+      (move.from == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                                : frames(move.from)->free_count()) +
+      draining_[tier_index(move.from)];
+  switch (move.from) {
+    case Tier::kHbm: {
+      const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
+      // A block the host tier refused is dropped rather than demoted (when it may be).
+      const bool demote = move.to.has_value() && !refused(key, Tier::kHost);
+      for (uint32_t l = 0; l < layers; ++l) {
+        const PageSnapshot p = page_snapshot(key, l);
+        if (p.hbm != CopyState::kReady || p.pins != 0) continue;
+        if (p.host == CopyState::kReady || (!must_keep && !demote)) {
+          if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
+            stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+          }
+        } else if (demote && p.host == CopyState::kAbsent && parts_.host->capacity() > 0) {
+          demote_page_to_host(key, l, prio);
+        }
+      }
+      break;
+    }
+    case Tier::kHost: {
+      const bool must_keep = may_lose_last_copy(key, Tier::kHost);
+      bool all_host_ready = true;
+      for (uint32_t l = 0; l < layers && all_host_ready; ++l) {
+        all_host_ready = page_snapshot(key, l).host == CopyState::kReady;
+      }
+      const PageSnapshot p0 = page_snapshot(key, 0);
+      // The NVMe store is addressed by content key: a private block (no identity yet) stays in
+      // memory until it is published.
+      const bool to_nvme =
+          !key.is_private() && parts_.nvme != nullptr && !refused(key, Tier::kNvme);
+      if (to_nvme && p0.nvme != CopyState::kReady && all_host_ready &&
+          (move.to == Tier::kNvme || must_keep) &&
+          demote_block_to_nvme(key, prio, /*keep_host=*/false)) {
+        break;
+      }
+      // Not written down (NVMe full of blocks in use, or refused): a cached block is dropped.
+      if (to_nvme && must_keep && p0.nvme == CopyState::kAbsent && !all_host_ready &&
+          !refused(key, Tier::kHost)) {
+        // In use and split between HBM and host: its host pages can only leave through NVMe.
+        stage_to_nvme(key, prio);
+        break;
+      }
+      for (uint32_t l = 0; l < layers; ++l) {
+        const PageSnapshot p = page_snapshot(key, l);
+        if (p.host != CopyState::kReady) continue;
+        const bool safe = p.hbm == CopyState::kReady || p.nvme == CopyState::kReady;
+        if (safe || !must_keep) {
+          if (parts_.table->drop(key, CopyId::host(l)).ok()) {
+            stats_.evictions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+            if (move.shadowed && p.hbm == CopyState::kReady) {
+              stats_.shadowed_evictions[tier_index(Tier::kHost)].fetch_add(
+                  1, std::memory_order_relaxed);
+            }
+          }
+        }
+      }
+      break;
+    }
+    case Tier::kNvme:
+      if (!may_lose_last_copy(key, Tier::kNvme)) {
+        const PageSnapshot p = page_snapshot(key, 0);
+        if (p.nvme == CopyState::kReady) {
+          const bool shadowed = move.shadowed && shadowed_in(key, Tier::kNvme);
+          drop_nvme_copy(key);
+          stats_.evictions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
+          if (shadowed) {
+            stats_.shadowed_evictions[tier_index(Tier::kNvme)].fetch_add(1,
+                                                                         std::memory_order_relaxed);
+          }
+        }
+      }
+      break;
+  }
+  after_change(key);
+  const uint64_t after =
+      (move.from == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                                : frames(move.from)->free_count()) +
+      draining_[tier_index(move.from)];
+  return after > before ? after - before : 0;
+}
+
+void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio) {
+  const PageKey pk{key, layer, Tier::kHbm};
+  if (ops_.contains(pk)) return;
+  if (!parts_.table->begin_drain(key, CopyId::hbm(layer)).ok()) return;
+  draining_[tier_index(Tier::kHbm)] += 1;
+  auto op = std::make_unique<PageOp>();
+  op->drain = true;
+  ops_.emplace(pk, std::move(op));
+  const auto undo = [this, key, layer, pk](const Status& why) {
+    parts_.table->cancel_drain(key, CopyId::hbm(layer)).ignore();
+    draining_[tier_index(Tier::kHbm)] -= 1;
+    finish_op(pk, why);
+  };
+  request_frame(
+      Tier::kHost, key, layer, prio, [this, key, layer, pk, prio, undo](Result<uint32_t> frame) {
+        if (!frame.ok()) {
+          undo(frame.status());
+          return;
+        }
+        const uint32_t host_frame = *frame;
+        const PageSnapshot p = page_snapshot(key, layer);
+        links_.enqueue(
+            Link::kHbmToHost, prio, parts_.port->host_page_bytes(),
+            [this, key, layer, pk, host_frame, hbm_frame = p.hbm_frame,
+             undo](std::function<void()> finished) {
+              const FrameMove move{hbm_frame, host_frame};
+              auto on_done = [this, key, layer, pk, finished, undo](const Status& s) {
+                finished();
+                if (s.ok()) {
+                  parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
+                  parts_.table->complete_drain(key, CopyId::hbm(layer)).ignore();
+                  draining_[tier_index(Tier::kHbm)] -= 1;
+                  stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+                  stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+                  sync_membership(key, Tier::kHost);
+                  sync_membership(key, Tier::kHbm);
+                  finish_op(pk, ok_status());
+                  after_change(key);
+                } else {
+                  parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+                  undo(s);
+                  if (s.code() == StatusCode::kInvalidArgument) {
+                    // The host tier cannot hold this page (an fp8 host and a page with NaN or
+                    // inf): the block stays in HBM while it is needed, and is dropped, never
+                    // demoted again, once it is not.
+                    refused_by_tier(key, Tier::kHost, s);
+                  }
+                }
+                serve_frame_waiters(Tier::kHbm);
+                serve_frame_waiters(Tier::kHost);
+              };
+              Status submitted =
+                  parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
+              if (!submitted.ok()) on_done(submitted);
+            });
+      });
+}
+
+bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {
+  const uint32_t layers = options_.geometry.layers;
+  const PageKey pk{key, CopyId::kWholeBlock, Tier::kNvme};
+  if (parts_.nvme == nullptr || key.is_private() || ops_.contains(pk)) return false;
+  std::vector<uint32_t> host_frames(layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.host != CopyState::kReady) return false;
+    host_frames[l] = p.host_frame;
+  }
+  auto extent = parts_.table->begin_fill(key, CopyId::nvme());
+  if (!extent.ok() && extent.status().code() == StatusCode::kResourceExhausted) {
+    // NVMe full: make room there (drops are immediate), then try once more.
+    std::array<uint64_t, kNumTiers> free{};
+    free[tier_index(Tier::kNvme)] = parts_.nvme->free_count();
+    const SkipFilter skip{this, Tier::kNvme};
+    const PlacementPlan plan = placement_->plan_room(Tier::kNvme, 1, free, KeyFilter(skip));
+    for (const PlannedMove& m : plan.moves) execute_move(m, prio);
+    extent = parts_.table->begin_fill(key, CopyId::nvme());
+  }
+  if (!extent.ok()) {
+    extent.status().ignore();
+    return false;
+  }
+  if (!keep_host) {
+    for (uint32_t l = 0; l < layers; ++l) {
+      parts_.table->begin_drain(key, CopyId::host(l)).ignore();
+      auto drain = std::make_unique<PageOp>();
+      drain->drain = true;
+      ops_.emplace(PageKey{key, l, Tier::kHost}, std::move(drain));
+    }
+    draining_[tier_index(Tier::kHost)] += layers;
+  } else {
+    reading_[key] += 1;
+  }
+  ops_.emplace(pk, std::make_unique<PageOp>());
+  links_.enqueue(
+      Link::kHostToNvme, prio, nvme_block_bytes(),
+      [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
+        auto on_done = [this, key, layers, pk, keep_host, finished](const Status& written) {
+          finished();
+          // kAlreadyExists: the store holds this block readable already (keys name
+          // content), so the block is on NVMe as if this write had stored it.
+          const Status s = written.code() == StatusCode::kAlreadyExists ? ok_status() : written;
+          if (s.ok()) {
+            parts_.table->complete_fill(key, CopyId::nvme()).ignore();
+            stats_.demotions[tier_index(Tier::kNvme)].fetch_add(1, std::memory_order_relaxed);
+          } else {
+            parts_.table->abort_fill(key, CopyId::nvme()).ignore();
+          }
+          if (!keep_host) {
+            for (uint32_t l = 0; l < layers; ++l) {
+              if (s.ok()) {
+                parts_.table->complete_drain(key, CopyId::host(l)).ignore();
+              } else {
+                parts_.table->cancel_drain(key, CopyId::host(l)).ignore();
+              }
+            }
+            draining_[tier_index(Tier::kHost)] -= layers;
+            if (s.ok()) {
+              stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers,
+                                                                  std::memory_order_relaxed);
+            }
+            for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, s);
+          } else if (--reading_[key] == 0) {
+            reading_.erase(key);
+          }
+          sync_membership(key, Tier::kNvme);
+          sync_membership(key, Tier::kHost);
+          finish_op(pk, s);
+          // The store refused the block (an fp8 store and a page with NaN or inf) or
+          // could not write it (an I/O error): it is not written again — a failing disk
+          // would otherwise be hammered with the same block, at once when the failure
+          // comes from the submit call — and its host pages go when nothing needs them,
+          // as any victim's that cannot go down.
+          if (!s.ok() && s.code() != StatusCode::kCancelled) {
+            refused_by_tier(key, Tier::kNvme, s);
+          }
+          after_change(key);
+          serve_memory_waiters();  // the block read is a victim again
+        };
+        Status submitted = parts_.port->write_block(key, host_frames, on_done);
+        if (!submitted.ok()) on_done(submitted);
+      });
+  return true;
+}
+
+void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
+  if (staging_.contains(key) || ops_.contains(PageKey{key, CopyId::kWholeBlock, Tier::kNvme})) {
+    return;
+  }
+  const uint32_t layers = options_.geometry.layers;
+  std::vector<uint32_t> to_stage;
+  for (uint32_t l = 0; l < layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.host == CopyState::kReady) continue;
+    if (p.host != CopyState::kAbsent || p.hbm != CopyState::kReady) return;  // in flight: later
+    to_stage.push_back(l);
+  }
+  if (to_stage.empty()) return;
+  staging_.insert(key);
+  reading_[key] += 1;  // no other plan takes this block while it is staged
+  struct Staging {
+    uint32_t remaining = 0;
+    bool failed = false;
+  };
+  auto st = std::make_shared<Staging>();
+  st->remaining = static_cast<uint32_t>(to_stage.size());
+  const auto one_done = [this, key, prio, st](bool ok) {
+    st->failed = st->failed || !ok;
+    if (--st->remaining != 0) return;
+    staging_.erase(key);
+    if (--reading_[key] == 0) reading_.erase(key);
+    if (!st->failed) demote_block_to_nvme(key, prio, /*keep_host=*/false);
+    serve_memory_waiters();  // the block read is a victim again
+  };
+  for (uint32_t l : to_stage) {
+    auto pinned = parts_.table->pin(key, l);  // the HBM page is read by the copy below
+    if (!pinned.ok()) {
+      one_done(false);
+      continue;
+    }
+    const uint32_t hbm_frame = *pinned;
+    request_reserved_host_frame(key, l,
+                                [this, key, l, hbm_frame, prio, one_done](Result<uint32_t> frame) {
+                                  if (!frame.ok()) {
+                                    parts_.table->unpin(key, l).ignore();
+                                    one_done(false);
+                                    return;
+                                  }
+                                  copy_pinned_page_down(key, l, hbm_frame, *frame, prio, one_done);
+                                });
+  }
+}
+
+void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint32_t hbm_frame,
+                                      uint32_t host_frame, TransferPriority prio,
+                                      std::function<void(bool)> done) {
+  links_.enqueue(
+      Link::kHbmToHost, prio, parts_.port->host_page_bytes(),
+      [this, key, layer, hbm_frame, host_frame, done](std::function<void()> finished) {
+        const FrameMove move{hbm_frame, host_frame};
+        auto on_done = [this, key, layer, finished, done](const Status& s) {
+          finished();
+          parts_.table->unpin(key, layer).ignore();
+          if (s.ok()) {
+            parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
+            stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+          } else {
+            parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+            if (s.code() == StatusCode::kInvalidArgument) refused_by_tier(key, Tier::kHost, s);
+          }
+          done(s.ok());
+        };
+        Status submitted = parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
+        if (!submitted.ok()) on_done(submitted);
+      });
+}
+
+void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
+  // Copy every HBM page down (the HBM copy stays); continue to NVMe, which is written from host
+  // memory, once every page has a host copy. A page is pinned only once its host frame is granted,
+  // for the copy itself: pinned while it waited (at write-back priority, behind every load) it
+  // would hold an HBM frame that no plan can free and that begin_step does not count. Left
+  // unpinned, it may be demoted meanwhile, which copies it down anyway; a page being demoted
+  // (draining from HBM, now or when its frame is granted) is waited for, since the demotion's op
+  // ends once its host copy is complete.
+  const bool to_host =
+      tiers.has(Tier::kHost) && parts_.host->capacity() > 0 && !refused(key, Tier::kHost);
+  const bool then_nvme = tiers.has(Tier::kNvme);
+  if (!to_host && !then_nvme) return;
+  auto remaining = std::make_shared<uint32_t>(1);  // the loop's own share, given up at its end
+  const auto last = [this, key, remaining, then_nvme] {
+    if (--*remaining == 0 && then_nvme) {
+      demote_block_to_nvme(key, TransferPriority::kWriteBack, true);
+    }
+  };
+  const auto after_hbm_op = [this, key, last](uint32_t l) {
+    attach(PageKey{key, l, Tier::kHbm}, [last](const Status&) { last(); });
+  };
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.hbm == CopyState::kDraining) {
+      ++*remaining;
+      after_hbm_op(l);
+      continue;
+    }
+    if (!to_host || p.hbm != CopyState::kReady || p.host != CopyState::kAbsent) continue;
+    ++*remaining;
+    request_frame(Tier::kHost, key, l, TransferPriority::kWriteBack,
+                  [this, key, l, last, after_hbm_op](Result<uint32_t> frame) {
+                    // Refused: the page's host copy is on its way (demoted meanwhile) or there, or
+                    // the block is gone.
+                    if (!frame.ok()) {
+                      after_hbm_op(l);
+                      return;
+                    }
+                    // Granted, but the HBM copy is leaving (being demoted) or gone: nothing to copy
+                    // here.
+                    const auto give_frame_back = [this, key, l, after_hbm_op] {
+                      parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+                      after_hbm_op(l);
+                      serve_frame_waiters(Tier::kHost);
+                    };
+                    if (page_snapshot(key, l).hbm != CopyState::kReady) {
+                      give_frame_back();
+                      return;
+                    }
+                    auto pinned = parts_.table->pin(key, l);
+                    if (!pinned.ok()) {
+                      give_frame_back();
+                      return;
+                    }
+                    copy_pinned_page_down(key, l, *pinned, *frame, TransferPriority::kWriteBack,
+                                          [this, key, last](bool copied) {
+                                            if (copied) sync_membership(key, Tier::kHost);
+                                            last();
+                                            serve_frame_waiters(Tier::kHbm);
+                                            serve_frame_waiters(Tier::kHost);
+                                          });
+                  });
+  }
+  last();
+}
+
+void Scheduler::check_watermarks() {
+  for (Tier t : kAllTiers) {
+    uint64_t capacity = 0;
+    uint64_t used = 0;
+    if (t == Tier::kNvme) {
+      if (parts_.nvme == nullptr) continue;
+      capacity = parts_.nvme->capacity();
+      used = parts_.nvme->used();
+    } else {
+      capacity = frames(t)->capacity();
+      used = frames(t)->used();
+    }
+    used = used > draining_[tier_index(t)] ? used - draining_[tier_index(t)] : 0;
+    const uint64_t deficit =
+        Placement::watermark_deficit(capacity, used, options_.watermarks[tier_index(t)]);
+    if (deficit == 0) continue;
+    std::array<uint64_t, kNumTiers> free{};
+    for (Tier u : kAllTiers) {
+      const uint64_t f = u == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
+                                          : frames(u)->free_count();
+      free[tier_index(u)] = f + draining_[tier_index(u)];
+    }
+    const SkipFilter skip{this, t};
+    const PlacementPlan plan =
+        placement_->plan_room(t, free[tier_index(t)] + deficit, free, KeyFilter(skip));
+    for (const PlannedMove& move : plan.moves) execute_move(move, TransferPriority::kWriteBack);
+  }
+}
+
+}  // namespace kvtier
