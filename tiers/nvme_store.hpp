@@ -131,7 +131,7 @@ class NvmeStore final : public BlockStore {
   bool fixed_buffers_active() const;
   bool direct_io() const { return direct_io_; }
 
-  class Worker;  // one I/O thread and its ring (nvme_store.cpp)
+  class Worker;  // one I/O thread and its ring (nvme_worker.hpp)
   struct Op;
   struct File {
     std::string path;

@@ -1,0 +1,415 @@
+// NvmeStore::Worker: one I/O thread and its queue. See nvme_worker.hpp.
+#include "tiers/nvme_worker.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <thread>
+
+#include "kvtier/log.hpp"
+#include "tiers/aligned_bytes.hpp"
+#include "tiers/checksum.hpp"
+#include "tiers/key_text.hpp"
+#include "tiers/sys_error.hpp"
+
+namespace kvtier {
+
+Status NvmeStore::Worker::start(const std::vector<iovec>& fixed_buffers, bool use_fixed) {
+  const std::size_t header_bytes = store_.layout_.header_bytes;
+  slab_ =
+      aligned_bytes(std::max<std::size_t>(4096, store_.layout_.io_align), header_bytes * max_ops_);
+  if (!slab_) return resource_exhausted("NVMe store: no memory for the header buffers");
+  for (uint32_t i = max_ops_; i > 0; --i) free_slots_.push_back(static_cast<int>(i - 1));
+  if (use_fixed && queue_->kind() != "sync") {
+    for (const iovec& b : fixed_buffers) {
+      auto* base = static_cast<std::byte*>(b.iov_base);
+      for (uint64_t off = 0; off < b.iov_len; off += kMaxFixedBuffer) {
+        regions_.push_back(iovec{
+            base + off, static_cast<std::size_t>(std::min(kMaxFixedBuffer, b.iov_len - off))});
+      }
+    }
+    regions_.push_back(iovec{slab_.get(), header_bytes * max_ops_});
+    Status r = queue_->register_buffers(regions_);
+    if (r.ok()) {
+      registered_ = true;
+    } else {
+      log_once(LogLevel::kInfo, "nvme.fixed_buffers",
+               "io_uring fixed buffers refused (" + r.message() + "); using plain requests");
+      regions_.clear();
+    }
+  }
+  thread_ = std::thread([this] { run(); });
+  return Status();
+}
+
+void NvmeStore::Worker::post(std::unique_ptr<Op> op) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      inbox_.push_back(std::move(op));
+      wake = sleeping_;
+    }
+  }
+  if (op) {  // stopping: never queued
+    cancel(std::move(op));
+    return;
+  }
+  if (wake) queue_->wake();
+}
+
+void NvmeStore::Worker::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  queue_->wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+void NvmeStore::Worker::run() {
+  std::vector<IoCompletion> done;
+  while (true) {
+    std::vector<std::unique_ptr<Op>> incoming;
+    bool stop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      incoming.swap(inbox_);
+      stop = stopping_;
+    }
+    for (auto& op : incoming) backlog_.push_back(std::move(op));
+    if (stop) {
+      while (!backlog_.empty()) {
+        cancel(std::move(backlog_.front()));
+        backlog_.pop_front();
+      }
+    }
+    admit();
+    submit_ready();
+    if (stop && active_count_ == 0) break;
+
+    int timeout = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (inbox_.empty() && stopping_ == stop) {
+        sleeping_ = true;
+        timeout = -1;
+      }
+    }
+    // The queue took nothing and nothing is in flight: retry shortly rather than sleep forever.
+    if (!ready_.empty() && in_flight_ == 0) timeout = 1;
+    done.clear();
+    Status w = queue_->wait(done, timeout);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sleeping_ = false;
+    }
+    if (!w.ok()) {
+      log_once(LogLevel::kError, "nvme.wait", "NVMe I/O thread: " + w.to_string());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (const IoCompletion& c : done) {
+      --in_flight_;
+      on_completion(reinterpret_cast<Segment*>(c.tag), c.result);
+    }
+  }
+}
+
+void NvmeStore::Worker::admit() {
+  while (!backlog_.empty() && !free_slots_.empty()) {
+    std::unique_ptr<Op> op = std::move(backlog_.front());
+    backlog_.pop_front();
+    if (op->state && op->state->cancel_requested()) {
+      cancel(std::move(op));
+      continue;
+    }
+    const int slot = free_slots_.back();
+    free_slots_.pop_back();
+    op->slot = slot;
+    op->header = slab_.get() + std::size_t{store_.layout_.header_bytes} * slot;
+    prepare(*op);
+    ++active_count_;
+    active_[slot] = std::move(op);
+  }
+}
+
+int NvmeStore::Worker::fixed_index(const std::byte* p, uint64_t len) const {
+  for (std::size_t i = 0; i < regions_.size(); ++i) {
+    const auto* base = static_cast<const std::byte*>(regions_[i].iov_base);
+    if (p >= base && p + len <= base + regions_[i].iov_len) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void NvmeStore::Worker::prepare(Op& op) {
+  const ExtentLayout& l = store_.layout_;
+  std::vector<Piece> pieces;
+  IoOpcode opcode = IoOpcode::kRead;
+  switch (op.kind) {
+    case Op::Kind::kWrite: {
+      opcode = IoOpcode::kWrite;
+      ExtentHeader h;
+      h.key = op.key;
+      h.fingerprint = store_.fingerprint_;
+      h.generation = op.generation;
+      h.store_id = store_.store_id_;
+      h.layers = l.layers;
+      h.checksum_kind = op.checksum_kind;
+      h.page_bytes = static_cast<uint32_t>(l.page_bytes);
+      h.page_sums = op.page_sums;
+      encode_extent_header(h, std::span<std::byte>(op.header, l.header_bytes));
+      [[fallthrough]];
+    }
+    case Op::Kind::kReadBlock:
+      pieces.push_back({op.header, l.header_bytes, op.extent_offset});
+      for (uint32_t i = 0; i < l.layers; ++i) {
+        pieces.push_back({op.pages[i], l.page_stride, op.extent_offset + l.page_offset(i)});
+      }
+      break;
+    case Op::Kind::kReadPage:
+      pieces.push_back({op.pages[0], l.page_stride, op.extent_offset + l.page_offset(op.layer)});
+      break;
+    case Op::Kind::kScan: pieces.push_back({op.header, l.header_bytes, op.extent_offset}); break;
+  }
+  // Coalesce neighbours that are adjacent in memory (they always are on disk).
+  std::vector<Piece> runs;
+  for (const Piece& p : pieces) {
+    if (!runs.empty() && runs.back().mem + runs.back().len == p.mem &&
+        runs.back().disk + runs.back().len == p.disk) {
+      runs.back().len += p.len;
+    } else {
+      runs.push_back(p);
+    }
+  }
+  bool fixed = registered_ && runs.size() <= kMaxFixedRuns;
+  std::vector<int> indices;
+  if (fixed) {
+    for (const Piece& r : runs) {
+      const int idx = fixed_index(r.mem, r.len);
+      if (idx < 0) {
+        fixed = false;
+        break;
+      }
+      indices.push_back(idx);
+    }
+  }
+  op.segments.clear();
+  if (fixed) {
+    op.segments.resize(runs.size());
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      Segment& s = op.segments[i];
+      s.op = &op;
+      s.opcode = opcode;
+      s.offset = runs[i].disk;
+      s.iov = {iovec{runs[i].mem, runs[i].len}};
+      s.remaining = runs[i].len;
+      s.buffer_index = indices[i];
+    }
+  } else {
+    const std::size_t count = (runs.size() + kMaxIov - 1) / kMaxIov;
+    op.segments.resize(count);
+    for (std::size_t k = 0; k < count; ++k) {
+      Segment& s = op.segments[k];
+      s.op = &op;
+      s.opcode = opcode;
+      const std::size_t first = k * kMaxIov;
+      const std::size_t last = std::min(runs.size(), first + kMaxIov);
+      s.offset = runs[first].disk;
+      for (std::size_t i = first; i < last; ++i) {
+        s.iov.push_back(iovec{runs[i].mem, runs[i].len});
+        s.remaining += runs[i].len;
+      }
+    }
+  }
+  op.outstanding = op.segments.size();
+  for (Segment& s : op.segments) ready_.push_back(&s);
+}
+
+void NvmeStore::Worker::submit_ready() {
+  while (!ready_.empty()) {
+    requests_.clear();
+    for (std::size_t i = 0; i < ready_.size() && i < 64; ++i) {
+      Segment* s = ready_[i];
+      const Op& op = *s->op;
+      IoRequest r;
+      r.tag = reinterpret_cast<uint64_t>(s);
+      r.opcode = s->opcode;
+      r.fd = store_.files_[op.file].fd.get();
+      r.offset = s->offset;
+      r.iov = s->iov.data() + s->iov_first;
+      r.iovcnt = static_cast<uint32_t>(s->iov.size() - s->iov_first);
+      r.buffer_index = r.iovcnt == 1 ? s->buffer_index : -1;
+      requests_.push_back(r);
+    }
+    auto accepted = queue_->submit(requests_);
+    const std::size_t n = accepted.ok() ? *accepted : 0;
+    if (!accepted.ok()) {
+      log_once(LogLevel::kError, "nvme.submit", "NVMe submit: " + accepted.status().to_string());
+    }
+    in_flight_ += static_cast<uint32_t>(n);
+    for (std::size_t i = 0; i < n; ++i) ready_.pop_front();
+    if (n < requests_.size()) {
+      store_.stats_->sq_full_waits.fetch_add(1, std::memory_order_relaxed);
+      break;  // the rest waits, in order, for completions to free slots
+    }
+  }
+}
+
+std::string NvmeStore::Worker::describe(const Segment& s) const {
+  const Op& op = *s.op;
+  return std::string(s.opcode == IoOpcode::kRead ? "read " : "write ") +
+         store_.files_[op.file].path + " at offset " + std::to_string(s.offset) + " (" +
+         std::to_string(s.remaining) + " bytes left)";
+}
+
+void NvmeStore::Worker::on_completion(Segment* s, int32_t res) {
+  Op& op = *s->op;
+  TransferStats& stats = *store_.stats_;
+  bool finished = true;
+  if (res < 0) {
+    const int err = -res;
+    if (err == EAGAIN || err == EINTR) {
+      stats.io_requeued.fetch_add(1, std::memory_order_relaxed);
+      ready_.push_back(s);
+      finished = false;
+    } else {
+      stats.io_errors.fetch_add(1, std::memory_order_relaxed);
+      op.fail(errno_status(io_errno_code(err), describe(*s), err));
+    }
+  } else if (res == 0 && s->remaining > 0) {
+    stats.io_errors.fetch_add(1, std::memory_order_relaxed);
+    op.fail(s->opcode == IoOpcode::kRead
+                ? io_error(describe(*s) + ": unexpected end of file")
+                : resource_exhausted(describe(*s) + ": no progress (device full?)"));
+  } else if (static_cast<uint64_t>(res) < s->remaining) {
+    // Short transfer: advance past what was done and queue the rest.
+    uint64_t n = static_cast<uint64_t>(res);
+    s->offset += n;
+    s->remaining -= n;
+    while (n > 0) {
+      iovec& v = s->iov[s->iov_first];
+      if (n >= v.iov_len) {
+        n -= v.iov_len;
+        ++s->iov_first;
+      } else {
+        v.iov_base = static_cast<std::byte*>(v.iov_base) + n;
+        v.iov_len -= n;
+        n = 0;
+      }
+    }
+    stats.io_requeued.fetch_add(1, std::memory_order_relaxed);
+    ready_.push_back(s);
+    finished = false;
+  } else {
+    s->remaining = 0;
+  }
+  if (finished && --op.outstanding == 0) finish(op);
+}
+
+Status NvmeStore::Worker::verify_block(const Op& op) const {
+  const ExtentLayout& l = store_.layout_;
+  auto h = decode_extent_header(std::span<const std::byte>(op.header, l.header_bytes));
+  if (!h.ok()) return data_loss(h.status().message());
+  if (h->key != op.key) return data_loss("header names block " + key_text(h->key));
+  if (h->generation != op.generation || h->fingerprint != store_.fingerprint_ ||
+      h->store_id != store_.store_id_ || h->layers != l.layers || h->page_bytes != l.page_bytes) {
+    return data_loss("header generation/geometry/store id do not match the index");
+  }
+  for (uint32_t i = 0; i < l.layers; ++i) {
+    const uint64_t sum = checksum(h->checksum_kind, op.pages[i], l.page_bytes);
+    if (sum != h->page_sums[i]) {
+      return data_loss("page of layer " + std::to_string(i) + " fails its checksum (stored " +
+                       hex64(h->page_sums[i]) + ", computed " + hex64(sum) + ")");
+    }
+  }
+  return Status();
+}
+
+Status NvmeStore::Worker::verify_page(const Op& op) const {
+  const uint64_t sum = checksum(op.checksum_kind, op.pages[0], store_.layout_.page_bytes);
+  if (sum != op.page_sums[0]) {
+    return data_loss("page of layer " + std::to_string(op.layer) + " fails its checksum (stored " +
+                     hex64(op.page_sums[0]) + ", computed " + hex64(sum) + ")");
+  }
+  return Status();
+}
+
+std::string NvmeStore::Worker::block_context(const Op& op, const char* what) const {
+  return std::string(what) + " block " + key_text(op.key) + " (" + store_.files_[op.file].path +
+         ", extent at offset " + std::to_string(op.extent_offset) + ")";
+}
+
+void NvmeStore::Worker::finish(Op& op) {
+  Status result = op.error();
+  std::vector<std::shared_ptr<TransferState>> joined;
+  const BlockKey key = op.key;
+  switch (op.kind) {
+    case Op::Kind::kWrite:
+      joined = store_.write_finished(op, result.ok());
+      if (!result.ok()) result = result.with_context(block_context(op, "write"));
+      break;
+    case Op::Kind::kReadBlock:
+    case Op::Kind::kReadPage:
+      if (result.ok()) {
+        result = op.kind == Op::Kind::kReadBlock ? verify_block(op) : verify_page(op);
+        if (!result.ok()) {
+          result = result.with_context(block_context(op, "read"));
+          store_.drop_corrupt(op, result.message());
+          result = data_loss(result.message() + "; the block is dropped");
+        }
+      } else {
+        result = result.with_context(block_context(op, "read"));
+      }
+      store_.read_finished(op);
+      break;
+    case Op::Kind::kScan: {
+      ScanBatch& b = *op.scan;
+      std::optional<ExtentHeader> header;
+      StatusCode code = result.code();
+      if (result.ok()) {
+        auto h = decode_extent_header(
+            std::span<const std::byte>(op.header, store_.layout_.header_bytes));
+        code = h.status().code();
+        if (h.ok()) header = std::move(h).value();
+      }
+      std::lock_guard<std::mutex> lock(b.mu);
+      b.headers[op.extent] = std::move(header);
+      b.codes[op.extent] = code;
+      if (--b.remaining == 0) b.cv.notify_all();
+      break;
+    }
+  }
+  const int slot = op.slot;
+  std::shared_ptr<TransferState> state = std::move(op.state);
+  free_slots_.push_back(slot);
+  --active_count_;
+  active_[slot].reset();  // `op` is gone from here on
+  if (state) state->complete(result);
+  NvmeStore::complete_joined(joined, key, result);
+  result.ignore();
+}
+
+void NvmeStore::Worker::cancel(std::unique_ptr<Op> op) {
+  const Status why =
+      cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")");
+  std::vector<std::shared_ptr<TransferState>> joined;
+  switch (op->kind) {
+    case Op::Kind::kWrite: joined = store_.write_finished(*op, false); break;
+    case Op::Kind::kReadBlock:
+    case Op::Kind::kReadPage: store_.read_finished(*op); break;
+    case Op::Kind::kScan: {
+      ScanBatch& b = *op->scan;
+      std::lock_guard<std::mutex> lock(b.mu);
+      b.codes[op->extent] = StatusCode::kCancelled;
+      if (--b.remaining == 0) b.cv.notify_all();
+      break;
+    }
+  }
+  if (op->state) op->state->complete(why);
+  NvmeStore::complete_joined(joined, op->key, why);
+  why.ignore();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,160 @@
+// The NVMe store's I/O side, shared by nvme_store.cpp and nvme_worker.cpp (not installed): the
+// operations the store posts (a block written or read, one page read, a scan of extent headers)
+// and the Worker that carries them out. Each Worker is one I/O thread with its own queue
+// (io_uring, or the synchronous fallback): engine threads post operations into its inbox under a
+// mutex; the thread alone prepares them (header slot, segments of contiguous memory and disk,
+// registered buffers where they fit), submits, handles completions and short transfers, checks
+// checksums and completes each operation's TransferState. Nothing here blocks an engine thread
+// beyond the inbox's lock.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "tiers/aligned_bytes.hpp"
+#include "tiers/nvme_store.hpp"
+
+namespace kvtier {
+
+// A contiguous run in memory that maps to a contiguous range on disk may use a registered buffer;
+// past this many runs one vectored request is cheaper than several fixed ones.
+inline constexpr std::size_t kMaxFixedRuns = 4;
+inline constexpr std::size_t kMaxIov = 1024;  // IOV_MAX
+// io_uring's limit per registered buffer.
+inline constexpr uint64_t kMaxFixedBuffer = uint64_t{1} << 30;
+
+// 16 lower-case hex digits, for messages.
+inline std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The extent headers one scan reads, each read an Op of its own; the scan waits on `cv`.
+struct ScanBatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t remaining = 0;
+  // Per extent: the decoded header, or the reason there is none.
+  std::vector<std::optional<ExtentHeader>> headers;
+  std::vector<StatusCode> codes;
+};
+
+// One I/O request's share of an Op: a contiguous disk range and the memory it moves, resubmitted
+// from where it stopped after a short transfer.
+struct Segment {
+  NvmeStore::Op* op = nullptr;
+  IoOpcode opcode = IoOpcode::kRead;
+  uint64_t offset = 0;  // advances past completed bytes
+  std::vector<iovec> iov;
+  std::size_t iov_first = 0;  // first iovec with bytes left
+  uint64_t remaining = 0;
+  int buffer_index = -1;
+};
+
+struct NvmeStore::Op {
+  enum class Kind : uint8_t { kWrite, kReadBlock, kReadPage, kScan };
+  Kind kind = Kind::kReadBlock;
+  std::shared_ptr<TransferState> state;  // null for scans
+  BlockKey key;
+  uint32_t extent = 0;
+  uint32_t file = 0;
+  uint64_t extent_offset = 0;
+  uint64_t generation = 0;
+  uint32_t layer = 0;
+  ChecksumKind checksum_kind = ChecksumKind::kXxh3;
+  std::vector<uint64_t> page_sums;  // write: computed; read_page: the expected one
+  std::vector<std::byte*> pages;
+  ScanBatch* scan = nullptr;
+
+  // Owned by the I/O thread from here on.
+  int slot = -1;
+  std::byte* header = nullptr;
+  std::vector<Segment> segments;
+  std::size_t outstanding = 0;
+  StatusCode error_code = StatusCode::kOk;
+  std::string error_message;
+
+  void fail(const Status& s) {
+    if (error_code == StatusCode::kOk) {
+      error_code = s.code();
+      error_message = s.message();
+    } else {
+      s.ignore();
+    }
+  }
+  Status error() const {
+    return error_code == StatusCode::kOk ? Status() : Status(error_code, error_message);
+  }
+};
+
+class NvmeStore::Worker {
+ public:
+  Worker(NvmeStore& store, std::unique_ptr<IoQueue> queue, uint32_t max_ops)
+      : store_(store), queue_(std::move(queue)), max_ops_(max_ops), active_(max_ops) {}
+
+  ~Worker() { stop(); }
+
+  Status start(const std::vector<iovec>& fixed_buffers, bool use_fixed);
+  void post(std::unique_ptr<Op> op);
+  void stop();
+
+  std::string_view kind() const { return queue_->kind(); }
+  bool fixed_active() const { return registered_; }
+
+ private:
+  void run();
+  void admit();
+  int fixed_index(const std::byte* p, uint64_t len) const;
+
+  struct Piece {
+    std::byte* mem;
+    uint64_t len;
+    uint64_t disk;
+  };
+  void prepare(Op& op);
+  void submit_ready();
+  std::string describe(const Segment& s) const;
+  void on_completion(Segment* s, int32_t res);
+  Status verify_block(const Op& op) const;
+  Status verify_page(const Op& op) const;
+  std::string block_context(const Op& op, const char* what) const;
+  void finish(Op& op);
+  // Completes an operation that never reached the kernel.
+  void cancel(std::unique_ptr<Op> op);
+
+  NvmeStore& store_;
+  std::unique_ptr<IoQueue> queue_;
+  const uint32_t max_ops_;
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Op>> inbox_;  // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  bool sleeping_ = false;                   // guarded by mu_
+  std::thread thread_;
+
+  // I/O thread only.
+  std::deque<std::unique_ptr<Op>> backlog_;
+  std::vector<std::unique_ptr<Op>> active_;  // by header slot
+  std::size_t active_count_ = 0;
+  std::deque<Segment*> ready_;
+  std::vector<IoRequest> requests_;
+  uint32_t in_flight_ = 0;
+  AlignedBytes slab_;
+  std::vector<int> free_slots_;
+  std::vector<iovec> regions_;  // registered buffers, in registration order
+  bool registered_ = false;
+};
+
+}  // namespace kvtier
