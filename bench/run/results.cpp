@@ -19,6 +19,16 @@ double ms(Nanos ns) { return static_cast<double>(ns) * 1e-6; }
 
 bool served(const RequestRecord& r) { return !r.rejected && r.finish >= 0; }
 
+// TTFT of the served requests `keep` accepts.
+template <typename Keep>
+LatencySummary ttft_of(const std::vector<RequestRecord>& records, Keep keep) {
+  std::vector<double> v;
+  for (const RequestRecord& r : records) {
+    if (served(r) && keep(r)) v.push_back(ms(r.first_token - r.arrival));
+  }
+  return summarize(std::move(v));
+}
+
 }  // namespace
 
 LatencySummary summarize(std::vector<double> v) {
@@ -33,20 +43,6 @@ LatencySummary summarize(std::vector<double> v) {
   s.max = v.back();
   return s;
 }
-
-namespace {
-
-// TTFT of the served requests `keep` accepts.
-template <typename Keep>
-LatencySummary ttft_of(const std::vector<RequestRecord>& records, Keep keep) {
-  std::vector<double> v;
-  for (const RequestRecord& r : records) {
-    if (served(r) && keep(r)) v.push_back(ms(r.first_token - r.arrival));
-  }
-  return summarize(std::move(v));
-}
-
-}  // namespace
 
 uint64_t BaselineResult::completed() const {
   return static_cast<uint64_t>(std::count_if(records.begin(), records.end(), served));
