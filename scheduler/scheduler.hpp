@@ -186,7 +186,7 @@ class Scheduler {
   Scheduler(const SchedulerParts& parts, const SchedulerOptions& options);
   Status init();
 
-  // ---- Sequences and steps (scheduler.cpp, scheduler_step.cpp) ----
+  // ---- Sequences and steps (scheduler.cpp, scheduler_step.cpp, scheduler_publish.cpp) ----
   Result<Sequence*> find_sequence(SequenceId id);
   Result<Step*> find_step(StepId id) const;
   Status plan_layer(Step& step, uint32_t layer);
