@@ -49,6 +49,8 @@ struct BlockHeader {
   uint16_t pinned_pages;  // pages with at least one pin
   uint8_t nvme_state;
   uint8_t flags;
+
+  bool live() const { return (flags & kLive) != 0; }
 };
 static_assert(sizeof(BlockHeader) == 96, "BlockHeader layout changed: update the memory figures");
 

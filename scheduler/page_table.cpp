@@ -1,9 +1,11 @@
+// PageTable: blocks in sharded slabs, their lookups, copies, pins and publishing, and the scan
+// that offers eviction candidates; the snapshot and the audit are in page_table_audit.cpp. See
+// page_table.hpp.
 #include "scheduler/page_table.hpp"
 
 #include <cstring>
 #include <limits>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 namespace kvtier {
@@ -30,31 +32,10 @@ class KVTIER_SCOPED_CAPABILITY PageTable::ShardPairLock {
   Shard* second_;
 };
 
-// Every shard, in ascending order (snapshot, audit). The analysis cannot name a dynamic set of
-// capabilities, so the functions that use it opt out of it.
-class PageTable::AllShardsLock {
- public:
-  AllShardsLock(Shard* shards, uint32_t count) KVTIER_NO_THREAD_SAFETY_ANALYSIS : shards_(shards),
-                                                                                  count_(count) {
-    for (uint32_t i = 0; i < count_; ++i) shards_[i].mu.lock();
-  }
-  ~AllShardsLock() KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-    for (uint32_t i = count_; i-- > 0;) shards_[i].mu.unlock();
-  }
-  AllShardsLock(const AllShardsLock&) = delete;
-  AllShardsLock& operator=(const AllShardsLock&) = delete;
-
- private:
-  Shard* shards_;
-  uint32_t count_;
-};
-
 namespace {
 
 constexpr uint32_t kScanSlotsPerLock = 256;
 constexpr std::size_t kStackBackupBytes = 2048;
-
-bool is_live(const BlockHeader& h) { return (h.flags & BlockHeader::kLive) != 0; }
 
 std::optional<Tier> header_match_tier(const BlockHeader& h, uint32_t layers) {
   if (h.hbm_ready == layers) return Tier::kHbm;
@@ -106,7 +87,7 @@ PageTable::~PageTable() {
     MutexLock lock(s.mu);
     for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
       const EntryRef e = entry_at(s, slot);
-      if (!is_live(e.header())) continue;
+      if (!e.header().live()) continue;
       for (uint32_t l = 0; l < layers(); ++l) {
         if (e.hbm_frame(l) != FrameAllocator::kNoFrame) {
           free_tier_frame(allocators_, Tier::kHbm, e.hbm_frame(l)).ignore();
@@ -676,7 +657,7 @@ bool PageTable::scan_candidates(Tier tier, ScanCursor& cursor, std::size_t max,
       const EntryRef e = entry_at(s, cursor.slot++);
       --budget;
       const BlockHeader& hd = e.header();
-      if (!is_live(hd)) continue;
+      if (!hd.live()) continue;
       uint32_t evictable = 0;
       switch (tier) {
         case Tier::kHbm:
@@ -723,190 +704,6 @@ std::vector<EvictionCandidate> PageTable::eviction_candidates(Tier tier) const {
   while (!scan_candidates(tier, cursor, std::numeric_limits<std::size_t>::max(), out)) {
   }
   return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Checking
-// ---------------------------------------------------------------------------------------------
-
-std::map<BlockKey, BlockInfo> PageTable::snapshot() const {
-  std::map<BlockKey, BlockInfo> out;
-  AllShardsLock lock(shards_.get(), shard_count());
-  for (uint32_t i = 0; i < shard_count(); ++i) {
-    const Shard& s = shards_[i];
-    for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
-      const EntryRef e = entry_at(s, slot);
-      if (is_live(e.header())) out.emplace(e.header().key, info_of(e));
-    }
-  }
-  return out;
-}
-
-Status PageTable::audit() const {
-  AllShardsLock lock(shards_.get(), shard_count());
-  if (allocators_.hbm != nullptr) {
-    KVTIER_RETURN_IF_ERROR(allocators_.hbm->audit().with_context("hbm allocator"));
-  }
-  if (allocators_.host != nullptr) {
-    KVTIER_RETURN_IF_ERROR(allocators_.host->audit().with_context("host allocator"));
-  }
-  if (allocators_.nvme != nullptr) {
-    KVTIER_RETURN_IF_ERROR(allocators_.nvme->audit().with_context("nvme allocator"));
-  }
-
-  struct Ownership {
-    std::vector<bool> owned;
-    uint64_t count = 0;
-  };
-  std::array<Ownership, kNumTiers> own;
-  const auto capacity = [&](Tier t) -> uint32_t {
-    switch (t) {
-      case Tier::kHbm: return allocators_.hbm ? allocators_.hbm->capacity() : 0;
-      case Tier::kHost: return allocators_.host ? allocators_.host->capacity() : 0;
-      case Tier::kNvme: return allocators_.nvme ? allocators_.nvme->capacity() : 0;
-    }
-    return 0;
-  };
-  const auto allocated = [&](Tier t, uint32_t f) -> bool {
-    switch (t) {
-      case Tier::kHbm: return allocators_.hbm->is_allocated(f);
-      case Tier::kHost: return allocators_.host->is_allocated(f);
-      case Tier::kNvme: return allocators_.nvme->is_allocated(f);
-    }
-    return false;
-  };
-  for (Tier t : kAllTiers) own[tier_index(t)].owned.assign(capacity(t), false);
-
-  // Checks one copy's state/frame pair and claims its frame.
-  const auto claim = [&](const BlockKey& key, Tier t, const std::string& where, CopyState st,
-                         uint32_t f) -> Status {
-    const std::string what =
-        "block " + to_string(key) + " " + where + " " + std::string(tier_name(t)) + " copy (" +
-        std::string(copy_state_name(st)) + ", frame " + std::to_string(f) + "): ";
-    if (st == CopyState::kAbsent) {
-      if (f != FrameAllocator::kNoFrame) return internal_error(what + "absent but has a frame");
-      return ok_status();
-    }
-    Ownership& o = own[tier_index(t)];
-    if (f >= o.owned.size()) return internal_error(what + "frame past the tier's capacity");
-    if (!allocated(t, f)) return internal_error(what + "frame is not allocated");
-    if (o.owned[f]) return internal_error(what + "frame is owned by another copy too");
-    o.owned[f] = true;
-    ++o.count;
-    return ok_status();
-  };
-
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> children;
-  for (uint32_t i = 0; i < shard_count(); ++i) {
-    const Shard& s = shards_[i];
-    uint32_t live = 0;
-    for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
-      const EntryRef e = entry_at(s, slot);
-      const BlockHeader& hd = e.header();
-      if (!is_live(hd)) continue;
-      ++live;
-      const std::string block = "block " + to_string(hd.key);
-      const uint64_t h = hash_key(hd.key);
-      if (shard_index(h) != i) return internal_error(block + " is stored in the wrong shard");
-      if (find_slot(s, h, hd.key) != slot) {
-        return internal_error(block + " is not indexed at its slot");
-      }
-      if ((hd.flags & ~(BlockHeader::kLive | BlockHeader::kLinked | BlockHeader::kHasChecksum)) !=
-          0) {
-        return internal_error(block + " has unknown flags");
-      }
-      uint32_t hbm_copies = 0, host_copies = 0, hbm_ready = 0, mem_ready = 0, pinned = 0;
-      for (uint32_t l = 0; l < layers(); ++l) {
-        const uint16_t m = e.meta(l);
-        const CopyState hs = meta_hbm_state(m);
-        const CopyState ms = meta_host_state(m);
-        const std::string where = "layer " + std::to_string(l);
-        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHbm, where, hs, e.hbm_frame(l)));
-        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHost, where, ms, e.host_frame(l)));
-        const uint32_t p = meta_pins(m);
-        if (p > 0 && hs != CopyState::kFilling && hs != CopyState::kReady) {
-          return internal_error(block + " layer " + std::to_string(l) + " has " +
-                                std::to_string(p) + " pins on a " +
-                                std::string(copy_state_name(hs)) + " hbm copy");
-        }
-        hbm_copies += hs != CopyState::kAbsent;
-        host_copies += ms != CopyState::kAbsent;
-        hbm_ready += hs == CopyState::kReady;
-        mem_ready += hs == CopyState::kReady || ms == CopyState::kReady;
-        pinned += p > 0;
-      }
-      KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kNvme, "whole-block",
-                                   static_cast<CopyState>(hd.nvme_state), hd.nvme_extent));
-      if (hbm_copies != hd.hbm_copies || host_copies != hd.host_copies ||
-          hbm_ready != hd.hbm_ready || mem_ready != hd.mem_ready || pinned != hd.pinned_pages) {
-        return internal_error(
-            block + " page counters disagree with its pages (hbm copies " +
-            std::to_string(hd.hbm_copies) + "/" + std::to_string(hbm_copies) + ", host copies " +
-            std::to_string(hd.host_copies) + "/" + std::to_string(host_copies) + ", hbm ready " +
-            std::to_string(hd.hbm_ready) + "/" + std::to_string(hbm_ready) + ", memory ready " +
-            std::to_string(hd.mem_ready) + "/" + std::to_string(mem_ready) + ", pinned " +
-            std::to_string(hd.pinned_pages) + "/" + std::to_string(pinned) + ")");
-      }
-      if ((hd.flags & BlockHeader::kLinked) != 0) {
-        const uint64_t ph = hash_key(hd.parent);
-        if (find_slot(shard_for(ph), ph, hd.parent) == FlatKeyMap::kNotFound) {
-          return internal_error(block + " is counted as a child of " + to_string(hd.parent) +
-                                ", which is not in the table");
-        }
-        ++children[hd.parent];
-      }
-    }
-    if (live != s.slab.live() || live != s.map.size()) {
-      return internal_error("shard " + std::to_string(i) + " holds " + std::to_string(live) +
-                            " live entries but its slab counts " + std::to_string(s.slab.live()) +
-                            " and its index " + std::to_string(s.map.size()));
-    }
-    Status index_status;
-    index_status.ignore();
-    const EntrySlab* slab = &s.slab;
-    s.map.for_each([&](uint32_t, uint32_t slot) {
-      if (!index_status.ok()) return;
-      if (slot >= slab->high_water() || !is_live(EntryRef(slab->at(slot), layout_).header())) {
-        index_status = internal_error("shard " + std::to_string(i) + " indexes slot " +
-                                      std::to_string(slot) + ", which holds no block");
-      }
-    });
-    KVTIER_RETURN_IF_ERROR(std::move(index_status));
-  }
-
-  // cached_children of every block equals the number of its linked children.
-  for (uint32_t i = 0; i < shard_count(); ++i) {
-    const Shard& s = shards_[i];
-    for (uint32_t slot = 0; slot < s.slab.high_water(); ++slot) {
-      const BlockHeader& hd = entry_at(s, slot).header();
-      if (!is_live(hd)) continue;
-      const auto it = children.find(hd.key);
-      const uint32_t expected = it == children.end() ? 0 : it->second;
-      if (hd.cached_children != expected) {
-        return internal_error("block " + to_string(hd.key) + " counts " +
-                              std::to_string(hd.cached_children) + " cached children but " +
-                              std::to_string(expected) + " are in the table");
-      }
-    }
-  }
-
-  // Exact accounting: every allocated frame belongs to exactly one copy.
-  for (Tier t : kAllTiers) {
-    const uint64_t used = [&]() -> uint64_t {
-      switch (t) {
-        case Tier::kHbm: return allocators_.hbm ? allocators_.hbm->used() : 0;
-        case Tier::kHost: return allocators_.host ? allocators_.host->used() : 0;
-        case Tier::kNvme: return allocators_.nvme ? allocators_.nvme->used() : 0;
-      }
-      return 0;
-    }();
-    if (used != own[tier_index(t)].count) {
-      return internal_error(std::string(tier_name(t)) + " allocator has " + std::to_string(used) +
-                            " frames in use but the table's copies own " +
-                            std::to_string(own[tier_index(t)].count));
-    }
-  }
-  return ok_status();
 }
 
 std::size_t PageTable::memory_bytes() const {
