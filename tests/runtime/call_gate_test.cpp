@@ -47,8 +47,10 @@ bool call_during_a_decision(bool commit, bool* call_waited) {
   std::thread shutdown([&] {
     CallGate::Closing closing(gate);  // waits for `held`
     EXPECT_FALSE(closing.already_shut());
-    if (commit) closing.commit();
+    // Said before the gate tells anyone: commit() wakes the waiting call at once (a refusal, when
+    // `closing` ends), so a flag set after it could come late.
     decided = true;
+    if (commit) closing.commit();
   });
   spin_until_deciding(gate);
   std::atomic<bool> began{false};
