@@ -4,8 +4,8 @@
 // (io_uring, or the synchronous fallback): engine threads post operations into its inbox under a
 // mutex; the thread alone prepares them (header slot, segments of contiguous memory and disk,
 // registered buffers where they fit), submits, handles completions and short transfers, checks
-// checksums and completes each operation's TransferState. Nothing here blocks an engine thread
-// beyond the inbox's lock.
+// checksums and completes each operation's TransferState. An engine thread posting an operation
+// only takes the inbox's lock; stop() (the store's destructor) joins the thread.
 #pragma once
 
 #include <sys/uio.h>
