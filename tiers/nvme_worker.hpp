@@ -12,7 +12,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <cstdio>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -33,13 +32,6 @@ inline constexpr std::size_t kMaxFixedRuns = 4;
 inline constexpr std::size_t kMaxIov = 1024;  // IOV_MAX
 // io_uring's limit per registered buffer.
 inline constexpr uint64_t kMaxFixedBuffer = uint64_t{1} << 30;
-
-// 16 lower-case hex digits, for messages.
-inline std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 // The extent headers one scan reads, each read an Op of its own; the scan waits on `cv`.
 struct ScanBatch {
