@@ -1,10 +1,14 @@
 // Shared helpers of the policy tests: small keys, and a driver that replays hand-made requests
 // through one evictor the way the trace replay does (hits = leading cached blocks; then every
 // block in order: access, or miss -> admit? -> evict one victim when full -> insert; then the
-// request's end, with output_of(i) generated tokens).
+// request's end, with output_of(i) generated tokens); and the hand-made traces the tests share.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -95,6 +99,50 @@ inline std::vector<Request> singles(const std::vector<uint64_t>& ids) {
   std::vector<Request> out;
   for (uint64_t id : ids) out.push_back({id});
   return out;
+}
+
+// `n` ids drawn from 1..`universe` with Zipf weights (s = 0.9).
+inline std::vector<uint64_t> zipf_ids(uint64_t n, uint64_t universe, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> w(universe);
+  for (uint64_t i = 0; i < universe; ++i) w[i] = 1.0 / std::pow(i + 1.0, 0.9);
+  std::discrete_distribution<uint64_t> d(w.begin(), w.end());
+  std::vector<uint64_t> out(n);
+  for (auto& x : out) x = d(rng) + 1;
+  return out;
+}
+
+// Chains: conversations that return with a longer prefix, and one-off chains.
+inline std::vector<Request> chain_trace(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Request> convs(6);
+  uint64_t next = 1;
+  std::vector<Request> out;
+  for (int i = 0; i < 120; ++i) {
+    if (rng() % 3 == 0) {
+      Request once;
+      for (uint64_t n = 1 + rng() % 4; n > 0; --n) once.push_back(next++);
+      out.push_back(once);
+      continue;
+    }
+    Request& c = convs[rng() % convs.size()];
+    for (uint64_t n = 1 + rng() % 2; n > 0; --n) c.push_back(next++);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Hits of evictor type E with `cap` blocks over `reqs`, which must stay within capacity and see
+// no misuse.
+template <typename E>
+uint64_t run_policy(uint64_t cap, const std::vector<Request>& reqs) {
+  EvictorOptions o;
+  o.capacity_blocks = cap;
+  E e(o);
+  const uint64_t hits = drive(e, cap, reqs).hits;
+  EXPECT_EQ(e.misuse(), 0u);
+  EXPECT_LE(e.size(), cap);
+  return hits;
 }
 
 }  // namespace kvtier::testing
