@@ -177,4 +177,19 @@ class SimWorld {
   std::unique_ptr<kvtier::SimWorld> world_;
 };
 
+// The page table passes its audit and every frame of HBM and host memory is used or free.
+inline void expect_consistent(SimWorld& w) {
+  Status audit = w.table().audit();
+  EXPECT_TRUE(audit.ok()) << audit.to_string();
+  EXPECT_EQ(w.hbm().used() + w.hbm().free_count(), w.hbm().capacity());
+  EXPECT_EQ(w.host().used() + w.host().free_count(), w.host().capacity());
+}
+
+// Every page listed for a layer was a distinct, allocated HBM frame when the engine read it, and
+// the tables have one row per batch item.
+inline void expect_tables_valid(SimWorld& w, const SimWorld::StepResult& r) {
+  EXPECT_EQ(r.invalid_frames, 0u) << "a block table listed a frame that was not resident";
+  for (const LayerTable& t : r.tables) ASSERT_EQ(t.indptr.size(), r.info.items.size() + 1);
+}
+
 }  // namespace kvtier::testing

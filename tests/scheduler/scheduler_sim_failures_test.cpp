@@ -1,0 +1,237 @@
+// The scheduler in virtual time when things go wrong: a failed load fails its layer and the block
+// is never served; a failed pinned load is loaded again after the abort; ending a step with a
+// failed layer aborts it and caches nothing unwritten; a failed write is not retried; misuse is
+// reported and changes nothing; an aborted step leaves its sequence as it was.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tests/scheduler/scheduler_sim_harness.hpp"
+
+namespace kvtier {
+namespace {
+
+using testing::expect_consistent;
+using testing::expect_tables_valid;
+using testing::SimSetup;
+using testing::SimWorld;
+
+TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
+  w.port().fail_next(Link::kNvmeToHost, 1000);
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 4u);
+  const StepItem decode{s->id, 1};
+  auto r = w.run_step(std::span(&decode, 1), kNanosPerMicro);
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.code(), StatusCode::kIoError) << r.status.to_string();
+  EXPECT_GT(w.scheduler().stats().failed_loads.load(), 0u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  // The block whose read failed is a miss from now on.
+  EXPECT_LT(w.scheduler().match(prompts[0]).blocks, 4u);
+  expect_consistent(w);
+}
+
+// A host -> HBM copy that fails while the step has the page pinned leaves the page filling (it
+// cannot be aborted while pinned). After the engine aborts the step, a retry must load the page
+// again, not take the half-written frame for a page another engine is writing.
+TEST(SchedulerSim, AFailedPinnedLoadIsLoadedAgainAfterAbortNotServed) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  setup.host_frames = 256;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kHost)], 4u);
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 4u);
+  w.settle();  // open_sequence's prefetches land first: the step's own loads come next
+  const uint64_t loads_before = w.port().counters(Link::kHostToHbm).transfers;
+  w.port().fail_next(Link::kHostToHbm, 1);
+  const StepItem decode{s->id, 1};
+  auto failed = w.run_step(std::span(&decode, 1), kNanosPerMicro);  // aborts on failure
+  w.settle();
+  const uint64_t loads_after_abort = w.port().counters(Link::kHostToHbm).transfers;
+  ASSERT_FALSE(failed.status.ok()) << "the prefix was in host memory, so the step must load ("
+                                   << loads_after_abort - loads_before << " loads)";
+  EXPECT_EQ(failed.status.code(), StatusCode::kIoError) << failed.status.to_string();
+  auto retry = w.run_step(std::span(&decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(retry.status.ok()) << retry.status.to_string();
+  expect_tables_valid(w, retry);
+  EXPECT_GE(w.port().counters(Link::kHostToHbm).transfers, loads_after_abort + 1)
+      << "the page whose load failed was served without being loaded again";
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// An engine that ends a step whose layer failed (instead of aborting it) must not get the pages
+// it could not have written completed: the step is aborted, nothing unwritten becomes cached.
+TEST(SchedulerSim, EndingAStepWithAFailedLayerAbortsItAndCachesNothingUnwritten) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  setup.host_frames = 256;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
+  const std::vector<BlockKey> longer = w.prompt(5, 1);  // prompts[0] and one block more
+  ASSERT_EQ(w.scheduler().match(longer).blocks, 4u);
+  auto s = w.scheduler().open_sequence(longer);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 4u);
+  w.settle();
+  w.port().fail_next(Link::kHostToHbm, 1);
+  const StepItem item{s->id, 16};  // writes the fifth block, under its content key
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  w.settle();
+  uint32_t failed_layer = step->layers;
+  for (uint32_t l = 0; l < step->layers && failed_layer == step->layers; ++l) {
+    auto ready = w.scheduler().layer_readiness(step->id, l);
+    ASSERT_TRUE(ready.ok());
+    if (!(*ready)->ready()) failed_layer = l;
+  }
+  ASSERT_LT(failed_layer, step->layers) << "the prefix was in host memory: a load must fail";
+  EXPECT_EQ(w.scheduler().end_layer(step->id, failed_layer).code(),
+            StatusCode::kFailedPrecondition);
+  const Status ended = w.scheduler().end_step(step->id, {});
+  EXPECT_EQ(ended.code(), StatusCode::kFailedPrecondition) << ended.to_string();
+  EXPECT_NE(ended.message().find("layer " + std::to_string(failed_layer)), std::string::npos)
+      << ended.message();
+  EXPECT_EQ(w.scheduler().end_step(step->id, {}).code(), StatusCode::kNotFound) << "aborted";
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(longer).blocks, 4u) << "an unwritten block became cached";
+  // The sequence is as it was: a retry runs and publishes the fifth block.
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.info.items[0].context_tokens, 4u * 16);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(longer).blocks, 5u);
+  expect_consistent(w);
+}
+
+// A disk that fails every write: each block is tried once, then leaves host memory by being
+// dropped (a cache may lose a block); it is not written again and again, and every step runs.
+TEST(SchedulerSim, AFailedWriteIsNotRetriedTheBlockIsDropped) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  w.port().fail_next(Link::kHostToNvme, 1000000);
+  std::set<BlockKey> blocks;
+  for (uint32_t p = 0; p < 8; ++p) {
+    const std::vector<BlockKey> keys = w.prompt(4, p + 1);
+    blocks.insert(keys.begin(), keys.end());
+    auto s = w.scheduler().open_sequence(keys);
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok()) << "prompt " << p;
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+    expect_consistent(w);
+  }
+  const SimLinkCounters& writes = w.port().counters(Link::kHostToNvme);
+  EXPECT_GT(writes.transfers, 0u);
+  EXPECT_LE(writes.transfers, blocks.size()) << "a block whose write failed was written again";
+  EXPECT_EQ(w.port().nvme_blocks(), 0u);
+  EXPECT_GT(w.scheduler().stats().evictions[tier_index(Tier::kHost)].load(), 0u);
+  EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), writes.transfers);
+}
+
+// A block the store already holds (written by an earlier runtime, not adopted by this one): the
+// store answers the write with kAlreadyExists, which counts as written — the block is on NVMe,
+// not refused and dropped.
+TEST(SchedulerSim, AWriteTheStoreAlreadyHoldsCountsAsWritten) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  const std::vector<BlockKey> first = w.prompt(4, 1);
+  for (const BlockKey& k : first) w.port().store_on_nvme(k);
+  for (uint32_t p = 0; p < 8; ++p) {
+    auto s = w.scheduler().open_sequence(p == 0 ? first : w.prompt(4, p + 1));
+    ASSERT_TRUE(s.ok());
+    const StepItem item{s->id, 4 * 16};
+    ASSERT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok()) << "prompt " << p;
+    ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+    expect_consistent(w);
+  }
+  EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), 0u);
+  const MatchResult m = w.scheduler().match(first);
+  EXPECT_EQ(m.blocks, 4u) << "the first prompt left memory and is still cached on NVMe";
+  EXPECT_GT(m.by_tier[tier_index(Tier::kNvme)], 0u);
+}
+
+TEST(SchedulerSim, MisuseIsReportedAndChangesNothing) {
+  SimWorld w(SimSetup{});
+  EXPECT_EQ(w.scheduler().close_sequence(99).code(), StatusCode::kNotFound);
+  const StepItem ghost{99, 1};
+  EXPECT_EQ(w.scheduler().begin_step(std::span(&ghost, 1)).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(w.scheduler().begin_step({}).status().code(), StatusCode::kInvalidArgument);
+  auto s = w.scheduler().open_sequence(w.prompt(2, 1));
+  ASSERT_TRUE(s.ok());
+  const StepItem twice[2] = {{s->id, 1}, {s->id, 1}};
+  EXPECT_EQ(w.scheduler().begin_step(twice).status().code(), StatusCode::kInvalidArgument);
+  const StepItem one{s->id, 32};
+  auto step = w.scheduler().begin_step(std::span(&one, 1));
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(w.scheduler().begin_step(std::span(&one, 1)).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.scheduler().close_sequence(s->id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.scheduler().end_layer(step->id, 99).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(w.scheduler().end_step(step->id + 7, {}).code(), StatusCode::kNotFound);
+  w.settle();
+  ASSERT_TRUE(w.scheduler().end_layer(step->id, 0).ok());
+  EXPECT_EQ(w.scheduler().end_layer(step->id, 0).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  EXPECT_EQ(w.scheduler().end_step(step->id, {}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(w.scheduler().wait_layer(step->id, 0).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+TEST(SchedulerSim, AbortedStepLeavesTheSequenceAsItWas) {
+  SimWorld w(SimSetup{});
+  auto s = w.scheduler().open_sequence(w.prompt(4, 1));
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 40};
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok());
+  w.settle();
+  const uint32_t used_during = w.hbm().used();
+  EXPECT_GT(used_during, 0u);
+  ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
+  w.settle();
+  EXPECT_EQ(w.hbm().used(), 0u) << "pages made for the aborted step must be freed";
+  const StepItem again{s->id, 64};
+  auto r = w.run_step(std::span(&again, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.info.items[0].context_tokens, 0u);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+}  // namespace
+}  // namespace kvtier
