@@ -20,7 +20,7 @@
 
 namespace kvtier::replay {
 
-// Four requests, a blank line and an unknown field: blocks 1 and 2 reused, 4 and 5 used once.
+// Four requests, a blank line and an unknown field: hash ids 1 and 2 reused, 3, 4 and 5 used once.
 inline constexpr const char* kTiny =
     "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 10, \"hash_ids\": [1, 2]}\n"
     "{\"timestamp\": 100, \"input_length\": 1500, \"output_length\": 10, \"hash_ids\": [1, 2, 3]}\n"
