@@ -21,10 +21,12 @@
 #include <iomanip>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/kvtier_bench/command.hpp"
@@ -350,7 +352,9 @@ class ReplayCommand final : public Command {
     options.write_selective_hits = ctx.config.policies.write_selective_hits;
     options.nvme_min_hits = ctx.config.policies.admission.nvme_min_hits;
 
-    std::vector<Result<RunResult>> results(specs.size(), internal_error("run did not finish"));
+    // One slot per run, empty until its thread fills it (a placeholder error in every slot would
+    // be an unchecked Status overwritten by each result).
+    std::vector<std::optional<Result<RunResult>>> slots(specs.size());
     std::atomic<std::size_t> next{0};
     std::atomic<std::size_t> finished{0};
     std::atomic<uint64_t> progress{0};
@@ -365,11 +369,11 @@ class ReplayCommand final : public Command {
           // run_replay returns every failure as a Status; this catches what would escape it
           // anyway (the copy of a result), since an exception ending a thread ends the process.
           try {
-            results[k] = replay::run_replay(*workload, specs[k], options, &progress);
+            slots[k].emplace(replay::run_replay(*workload, specs[k], options, &progress));
           } catch (const std::exception& e) {
-            results[k] = internal_error(std::string("exception: ") + e.what());
+            slots[k].emplace(internal_error(std::string("exception: ") + e.what()));
           } catch (...) {
-            results[k] = internal_error("unknown exception");
+            slots[k].emplace(internal_error("unknown exception"));
           }
           finished.fetch_add(1);
         }
@@ -389,13 +393,16 @@ class ReplayCommand final : public Command {
     for (auto& th : pool) th.join();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (std::size_t k = 0; k < results.size(); ++k) {
-      if (!results[k].ok()) {
+    std::vector<RunResult> results;
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      if (!slots[k].has_value() || !slots[k]->ok()) {
         ctx.err << "kvtier-bench replay: " << specs[k].policy_name() << " at "
-                << specs[k].capacity_tokens << " tokens failed: " << results[k].status().message()
+                << specs[k].capacity_tokens << " tokens failed: "
+                << (slots[k].has_value() ? slots[k]->status().message() : "the run did not finish")
                 << "\n";
         return kExitFailure;
       }
+      results.push_back(std::move(**slots[k]));
     }
 
     if (json_) {
@@ -412,7 +419,7 @@ class ReplayCommand final : public Command {
   // hit_rate_by_reuse_distance: fractions of prompt tokens, by bucket name (workload.hpp);
   // reusable_*: what a cache that never evicts hits.
   void print_json(std::ostream& os, const std::string& source, const replay::ReplayWorkload& w,
-                  const std::vector<Result<RunResult>>& results,
+                  const std::vector<RunResult>& results,
                   const std::vector<uint64_t>& requested) const {
     const auto by_distance =
         [&](const std::array<uint64_t, replay::kReuseDistanceBuckets>& tokens) {
@@ -429,7 +436,7 @@ class ReplayCommand final : public Command {
        << ", \"reusable_by_reuse_distance\": " << by_distance(w.reusable.by_distance)
        << ", \"results\": [";
     for (std::size_t k = 0; k < results.size(); ++k) {
-      const RunResult& r = *results[k];
+      const RunResult& r = results[k];
       os << (k ? ", " : "") << "{\"policy\": " << json_string(r.policy)
          << ", \"capacity_tokens\": " << r.capacity_tokens
          << ", \"hit_rate\": " << json_number(r.hit_rate())
@@ -445,8 +452,8 @@ class ReplayCommand final : public Command {
 
   void print_table(std::ostream& os, const replay::Trace& trace, const replay::ReplayWorkload& w,
                    const std::array<uint64_t, kNumTiers>& tiers,
-                   const std::vector<Capacity>& capacities,
-                   const std::vector<Result<RunResult>>& results, double seconds) const {
+                   const std::vector<Capacity>& capacities, const std::vector<RunResult>& results,
+                   double seconds) const {
     os << "trace     " << trace.source << ": " << w.requests() << " requests, "
        << w.total_input_tokens << " prompt tokens, " << w.unique_blocks << " unique "
        << w.block_tokens << "-token blocks\n";
@@ -482,8 +489,7 @@ class ReplayCommand final : public Command {
     }
     os << "\n";
     uint64_t last_capacity = ~uint64_t{0};
-    for (const auto& res : results) {
-      const RunResult& r = *res;
+    for (const RunResult& r : results) {
       if (r.capacity_tokens != last_capacity && last_capacity != ~uint64_t{0}) os << "\n";
       last_capacity = r.capacity_tokens;
       os << std::left << std::setw(14) << r.policy << std::right << std::setw(16)
