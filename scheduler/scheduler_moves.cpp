@@ -41,6 +41,9 @@ void Scheduler::attach(const PageKey& page, Done done) {
 }
 
 void Scheduler::finish_op(const PageKey& page, const Status& status) {
+  // The outcome is handled here: told to the op's waiters, if it still has any (the caller has
+  // already counted a failure and dropped what it could not complete).
+  status.ignore();
   auto it = ops_.find(page);
   if (it == ops_.end()) return;
   std::unique_ptr<PageOp> op = std::move(it->second);
