@@ -15,6 +15,7 @@
 #include <iomanip>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -310,7 +311,9 @@ class RunCommand final : public Command {
     std::vector<std::string> names;
     for (const BaselineSpec& s : specs) names.push_back(s.name);
     ProgressBar bar(ctx.err, !o_.no_progress, names, requests);
-    std::vector<Result<BaselineResult>> results(specs.size(), internal_error("not run"));
+    // One slot per baseline, empty until its thread fills it (a placeholder error in every slot
+    // would be an unchecked Status overwritten by each result).
+    std::vector<std::optional<Result<BaselineResult>>> slots(specs.size());
     std::atomic<std::size_t> next{0};
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const std::size_t jobs =
@@ -323,17 +326,23 @@ class RunCommand final : public Command {
           // An exception must not leave a thread (std::terminate): it becomes this baseline's
           // error.
           try {
-            results[i] = fn(i, bar.counter(i));
+            slots[i].emplace(fn(i, bar.counter(i)));
           } catch (const std::bad_alloc&) {
-            results[i] = resource_exhausted(specs[i].name + ": out of memory (std::bad_alloc)");
+            slots[i].emplace(
+                resource_exhausted(specs[i].name + ": out of memory (std::bad_alloc)"));
           } catch (const std::exception& e) {
-            results[i] = internal_error(specs[i].name + ": " + e.what());
+            slots[i].emplace(internal_error(specs[i].name + ": " + e.what()));
           }
         }
       });
     }
     for (auto& t : threads) t.join();
     bar.stop();
+    std::vector<Result<BaselineResult>> results;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      results.push_back(slots[i].has_value() ? std::move(*slots[i])
+                                             : internal_error(specs[i].name + ": not run"));
+    }
     return results;
   }
 
