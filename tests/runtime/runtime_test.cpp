@@ -93,7 +93,9 @@ TEST(Runtime, AfterARestartThePrefixIsFoundOnNvme) {
   ASSERT_TRUE(seq.ok());
   EXPECT_EQ(seq->reused_blocks, 8u) << "the prefix must be loaded, not recomputed";
   bool bytes_ok = true;
-  ASSERT_TRUE(run_checked_step(*rt, seq->id, tokens, seq->reused_tokens, 1, &bytes_ok).ok());
+  std::vector<uint32_t> with_next = tokens;  // the prompt and the one token decoded after it
+  with_next.push_back(7);
+  ASSERT_TRUE(run_checked_step(*rt, seq->id, with_next, seq->reused_tokens, 1, &bytes_ok).ok());
   EXPECT_TRUE(bytes_ok) << "bytes read back from NVMe after the restart differ";
   ASSERT_TRUE(rt->close_sequence(seq->id).ok());
 }
@@ -289,13 +291,15 @@ TEST(RuntimeMetrics, ServedOverHttpWhileRunning) {
   auto rt = std::move(opened).value();
   ASSERT_NE(rt->metrics_port(), 0) << "the exporter did not bind a loopback port";
   const auto tokens = testing::make_tokens(4 * 16, 3);
+  std::vector<uint32_t> with_next = tokens;  // the prompt and one token decoded after it
+  with_next.push_back(7);
   for (int round = 0; round < 2; ++round) {
     auto seq = rt->open_sequence(rt->block_keys(tokens));
     ASSERT_TRUE(seq.ok());
     bool ok = true;
     ASSERT_TRUE(testing::run_checked_step(
-                    *rt, seq->id, tokens, seq->reused_tokens,
-                    static_cast<uint32_t>(tokens.size() - seq->reused_tokens) + 1, &ok)
+                    *rt, seq->id, with_next, seq->reused_tokens,
+                    static_cast<uint32_t>(with_next.size() - seq->reused_tokens), &ok)
                     .ok());
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
   }

@@ -112,9 +112,15 @@ inline std::vector<uint32_t> make_tokens(std::size_t n, uint32_t seed, std::size
 }
 
 // Runs one step for one sequence: waits for each layer, checks the context already there, writes
-// the new tokens, ends the layer. Returns the step's status.
+// the new tokens, ends the layer. Returns the step's status. `tokens` holds the context and the
+// new tokens, context + new_tokens in all.
 inline Status run_checked_step(Runtime& rt, SequenceId seq, const std::vector<uint32_t>& tokens,
                                uint64_t context, uint32_t new_tokens, bool* bytes_ok) {
+  if (tokens.size() < context + new_tokens) {
+    return invalid_argument("run_checked_step: " + std::to_string(tokens.size()) +
+                            " tokens, but the step reaches position " +
+                            std::to_string(context + new_tokens));
+  }
   const StepItem item{seq, new_tokens};
   auto step = rt.begin_step(std::span(&item, 1));
   if (!step.ok()) return step.status();
