@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/common/sanitizers.hpp"
 #include "tests/scheduler/policies/replay_test_util.hpp"
 
 namespace kvtier::replay {
@@ -113,14 +114,6 @@ TEST(ReplayCli, AMissingTraceFileIsAnErrorThatNamesIt) {
   EXPECT_NE(out.find("cannot open trace /nonexistent.jsonl"), std::string::npos) << out;
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define KVTIER_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define KVTIER_TEST_SANITIZED 1
-#endif
-#endif
-
 // The "hit_rate" of each result of a --json output, keyed by policy and capacity_tokens.
 std::map<std::pair<std::string, uint64_t>, std::string> json_hit_rates(const std::string& out) {
   std::map<std::pair<std::string, uint64_t>, std::string> rates;
@@ -141,10 +134,7 @@ std::map<std::pair<std::string, uint64_t>, std::string> json_hit_rates(const std
 // ended the process from a replay thread, and 1e15 was refused as needing 2^32 frames.
 TEST(ReplayCli, AHugeCapacityReplaysLikeTheWholeTrace) {
   const std::string trace = std::string(KVTIER_TEST_DATA_DIR) + "/replay_tiny.jsonl";
-  std::string limit;
-#ifndef KVTIER_TEST_SANITIZED
-  limit = "ulimit -v 2097152 && ";
-#endif
+  const std::string limit = ::kvtier::testing::kSanitized ? "" : "ulimit -v 2097152 && ";
   const std::string cmd = "sh -c '" + limit + std::string(KVTIER_BENCH_PATH) + " replay " + trace +
                           " --capacities 6e10,1e15,2560 --block-tokens 16 --lookahead 2"
                           " --threads 2 --json --no-progress' 2>&1";

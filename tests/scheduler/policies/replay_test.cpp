@@ -26,6 +26,7 @@
 #include "bench/replay/trace.hpp"
 #include "bench/replay/workload.hpp"
 #include "scheduler/policies/evictor.hpp"
+#include "tests/common/sanitizers.hpp"
 #include "tests/scheduler/policies/replay_test_util.hpp"
 
 namespace kvtier::replay {
@@ -615,11 +616,9 @@ TEST(Replay, ALowerTierBeyondTheTraceReplaysAsOneOfTheTracesSize) {
 // address-space limit too small for the lookahead policy's ghost table of a huge NVMe tier
 // (LookaheadEvictor::kMaxGhost entries, 1 GiB).
 TEST(Replay, AnExceptionInARunIsAnErrorStatus) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  // A sanitizer maps its shadow memory in the address space this test limits, and reports an
-  // allocation past the limit as a fatal error rather than throwing std::bad_alloc.
-  GTEST_SKIP() << "not under a sanitizer: it turns the allocation failure into a fatal report";
-#endif
+  if (::kvtier::testing::kSanitized) {
+    GTEST_SKIP() << "not under a sanitizer: it turns the allocation failure into a fatal report";
+  }
   const ReplayWorkload w = tiny_workload();
   RunSpec spec;
   spec.eviction = EvictionPolicy::kLookahead;
