@@ -6,7 +6,10 @@
 #    RUNPATH entry (tests/runtime/c_api_symbols.cmake);
 #  - `find_package(kvtier QUIET)` with a dependency missing: not found, and no fatal error.
 # Invoked by ctest: cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DCC=... -DPKG_CONFIG=...
-#                   -DNM=... -DREADELF=... -DVERSION=... -DSOVERSION=... -P run_install_test.cmake
+#                   -DNM=... -DREADELF=... -DVERSION=... -DSOVERSION=... [-DSANITIZE_FLAGS=...]
+#                   -P run_install_test.cmake
+# SANITIZE_FLAGS: the sanitizer flags kvtier was built with (sanitizer presets), given to the
+# consumers too, whose programs must load the sanitizer's runtime first.
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR CC PKG_CONFIG NM READELF VERSION SOVERSION)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "${var} is not set")
@@ -34,8 +37,11 @@ endfunction()
 run_step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 
 # CMake consumer, C++ and C.
+separate_arguments(sanitize UNIX_COMMAND "${SANITIZE_FLAGS}")
 run_step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${WORK_DIR}/consumer
-         -G Ninja -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+         -G Ninja -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
+         "-DCMAKE_C_FLAGS=${SANITIZE_FLAGS}" "-DCMAKE_CXX_FLAGS=${SANITIZE_FLAGS}"
+         "-DCMAKE_EXE_LINKER_FLAGS=${SANITIZE_FLAGS}")
 run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
 run_step(${WORK_DIR}/consumer/consumer)
 expect_output("kvtier [0-9.]+: 4 block keys" "the C++ consumer")
@@ -59,7 +65,8 @@ run_step(${PKG_CONFIG} --cflags --libs kvtier)
 expect_output("-lkvtier" "pkg-config --libs kvtier")
 separate_arguments(pc_flags UNIX_COMMAND "${step_output}")
 run_step(${CC} -std=c11 -Wall -Wextra -Wpedantic -Werror
-         ${SOURCE_DIR}/tests/install/consumer/c_consumer.c ${pc_flags} -o ${WORK_DIR}/c_consumer_pc)
+         ${SOURCE_DIR}/tests/install/consumer/c_consumer.c ${pc_flags} ${sanitize}
+         -o ${WORK_DIR}/c_consumer_pc)
 run_step(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${pc_libdir} ${WORK_DIR}/c_consumer_pc)
 expect_output("kvtier ${VERSION} \\(C\\): 4 block keys" "the C consumer (pkg-config)")
 
