@@ -352,8 +352,8 @@ class ReplayCommand final : public Command {
     options.write_selective_hits = ctx.config.policies.write_selective_hits;
     options.nvme_min_hits = ctx.config.policies.admission.nvme_min_hits;
 
-    // One slot per run, empty until its thread fills it (a placeholder error in every slot would
-    // be an unchecked Status overwritten by each result).
+    // One slot per run, empty until its thread fills it (an error put in every slot beforehand
+    // would be an unchecked Status overwritten by each result).
     std::vector<std::optional<Result<RunResult>>> slots(specs.size());
     std::atomic<std::size_t> next{0};
     std::atomic<std::size_t> finished{0};

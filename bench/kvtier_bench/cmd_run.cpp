@@ -311,7 +311,7 @@ class RunCommand final : public Command {
     std::vector<std::string> names;
     for (const BaselineSpec& s : specs) names.push_back(s.name);
     ProgressBar bar(ctx.err, !o_.no_progress, names, requests);
-    // One slot per baseline, empty until its thread fills it (a placeholder error in every slot
+    // One slot per baseline, empty until its thread fills it (an error put in every slot beforehand
     // would be an unchecked Status overwritten by each result).
     std::vector<std::optional<Result<BaselineResult>>> slots(specs.size());
     std::atomic<std::size_t> next{0};

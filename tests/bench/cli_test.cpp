@@ -190,7 +190,7 @@ TEST(CliRun, AHugeWorkloadParameterIsAnErrorNotAnAbort) {
 
 TEST(CliRun, RunningOutOfMemoryIsAMessageAndExitCode1) {
   if (kvtier::testing::kSanitized) {
-    GTEST_SKIP() << "not under a sanitizer: it turns the allocation failure into a fatal report";
+    GTEST_SKIP() << "needs a build without a sanitizer, which makes the allocation failure fatal";
   }
   // Within every parameter bound, but more than a 600 MB address space holds.
   RunOptions o;

@@ -46,8 +46,8 @@ void check_format_rules(const Trace& trace) {
         r.output_length > kMaxValue) {
       fail("an accepted request with a value out of range");
     }
-    const uint64_t blocks =
-        (r.input_length + kvtier::replay::kTraceBlockTokens - 1) / kvtier::replay::kTraceBlockTokens;
+    const uint64_t blocks = (r.input_length + kvtier::replay::kTraceBlockTokens - 1) /
+                            kvtier::replay::kTraceBlockTokens;
     if (r.hash_ids.size() != blocks) fail("an accepted request whose hash_ids miss its length");
   }
 }

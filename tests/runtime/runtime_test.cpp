@@ -297,10 +297,10 @@ TEST(RuntimeMetrics, ServedOverHttpWhileRunning) {
     auto seq = rt->open_sequence(rt->block_keys(tokens));
     ASSERT_TRUE(seq.ok());
     bool ok = true;
-    ASSERT_TRUE(testing::run_checked_step(
-                    *rt, seq->id, with_next, seq->reused_tokens,
-                    static_cast<uint32_t>(with_next.size() - seq->reused_tokens), &ok)
-                    .ok());
+    ASSERT_TRUE(
+        testing::run_checked_step(*rt, seq->id, with_next, seq->reused_tokens,
+                                  static_cast<uint32_t>(with_next.size() - seq->reused_tokens), &ok)
+            .ok());
     ASSERT_TRUE(rt->close_sequence(seq->id).ok());
   }
   const testing::HttpResponse r = testing::http_get(rt->metrics_port(), "/metrics");

@@ -617,7 +617,7 @@ TEST(Replay, ALowerTierBeyondTheTraceReplaysAsOneOfTheTracesSize) {
 // (LookaheadEvictor::kMaxGhost entries, 1 GiB).
 TEST(Replay, AnExceptionInARunIsAnErrorStatus) {
   if (::kvtier::testing::kSanitized) {
-    GTEST_SKIP() << "not under a sanitizer: it turns the allocation failure into a fatal report";
+    GTEST_SKIP() << "needs a build without a sanitizer, which makes the allocation failure fatal";
   }
   const ReplayWorkload w = tiny_workload();
   RunSpec spec;
