@@ -32,7 +32,7 @@ ReferenceEngine::ReferenceEngine(Runtime& runtime, std::shared_ptr<const Weights
       attention_(std::move(attention)),
       arena_(std::make_unique<tbb::task_arena>(
           options.threads == 0 ? tbb::task_arena::automatic : static_cast<int>(options.threads))),
-      hbm_frames_(runtime.hbm_view().frames) {}
+      hbm_(runtime.hbm_view()) {}
 
 Result<std::unique_ptr<ReferenceEngine>> ReferenceEngine::create(
     Runtime& runtime, std::shared_ptr<const Weights> weights, EngineOptions options) {
@@ -53,6 +53,10 @@ Result<std::unique_ptr<ReferenceEngine>> ReferenceEngine::create(
                             " must hold a decode token per running sequence and one page of "
                             "prompt (at least " +
                             std::to_string(options.max_running + g.page_tokens) + ")");
+  }
+  if (options.kv_shadow != nullptr && !(options.kv_shadow->geometry() == g)) {
+    return invalid_argument(
+        "reference engine: the kv_shadow was made for another geometry than the runtime's");
   }
   KVTIER_ASSIGN_OR_RETURN(
       PagedAttention attention,
@@ -88,11 +92,11 @@ Status ReferenceEngine::submit(Request request) {
   // The last generated token is never fed back, so its K/V is never written.
   const uint64_t longest = request.prompt.size() + request.max_new_tokens - 1;
   const uint64_t pages = ceil_div(longest, runtime_.geometry().page_tokens);
-  if (pages > hbm_frames_) {
+  if (pages > hbm_.frames) {
     return resource_exhausted(request_name(request) + ": " + std::to_string(longest) +
                               " tokens need " + std::to_string(pages) +
                               " HBM frames per layer; the arena has " +
-                              std::to_string(hbm_frames_));
+                              std::to_string(hbm_.frames));
   }
   submitted_ids_.push_back(request.id);
   pending_.push_back(std::move(request));
@@ -131,6 +135,9 @@ Status ReferenceEngine::admit_arrivals() {
     seq->out.reused_tokens = opened->reused_tokens;
     seq->out.reused_by_tier = opened->reused_by_tier;
     seq->out.admitted_step = step_no_;
+    if (options_.kv_shadow) {
+      options_.kv_shadow->open(seq->sequence, std::span(prompt_keys.data(), opened->reused_blocks));
+    }
     stats_.prompt_tokens += req.prompt.size();
     stats_.reused_tokens += opened->reused_tokens;
     seq->request = std::move(req);
@@ -183,7 +190,7 @@ std::vector<ReferenceEngine::Planned> ReferenceEngine::plan_batch() {
     batch.push_back({seq.get(), static_cast<uint32_t>(n), false});
     budget -= static_cast<uint32_t>(n);
   }
-  while (!batch.empty() && pages_per_layer(batch) > hbm_frames_) {
+  while (!batch.empty() && pages_per_layer(batch) > hbm_.frames) {
     batch.pop_back();
     ++stats_.shrunk_batches;
   }
@@ -196,7 +203,7 @@ Status ReferenceEngine::step() {
   if (batch.empty()) {
     if (!running_.empty()) {
       return resource_exhausted("reference engine: no running sequence fits in HBM (" +
-                                std::to_string(hbm_frames_) + " frames per layer)");
+                                std::to_string(hbm_.frames) + " frames per layer)");
     }
     ++step_no_;
     return ok_status();
@@ -236,6 +243,7 @@ Status ReferenceEngine::run_step(std::vector<Planned>& batch) {
     if (it.recomputed_tokens > 0) {
       seq.written = it.context_tokens;
       seq.keys.resize(it.context_tokens / pt);
+      if (options_.kv_shadow) options_.kv_shadow->truncate(seq.sequence, it.context_tokens);
       seq.out.reused_tokens -= it.recomputed_tokens;
       stats_.reused_tokens -= it.recomputed_tokens;
       stats_.recomputed_tokens += it.recomputed_tokens;
@@ -284,6 +292,15 @@ Status ReferenceEngine::run_step(std::vector<Planned>& batch) {
     if (!c.full_block_keys.empty()) completions.push_back(std::move(c));
   }
   Status ended = runtime_.end_step(info.id, completions);
+  if (options_.kv_shadow) {
+    for (const StepCompletion& c : completions) {
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (batch[i].seq->sequence == c.sequence) {
+          options_.kv_shadow->publish(c.sequence, slices[i].context / pt, c.full_block_keys);
+        }
+      }
+    }
+  }
 
   // The runtime advanced the sequences whatever end_step reports (an error there is a block that
   // stayed private), so the engine follows.
@@ -345,6 +362,14 @@ Status ReferenceEngine::forward(const StepInfo& info, const std::vector<Planned>
   std::vector<float> q(rows * m.q_dim()), attn(rows * m.q_dim());
   std::vector<float> k(rows * m.kv_dim()), v(rows * m.kv_dim());
   std::vector<float> gate(rows * m.ffn_dim), up(rows * m.ffn_dim);
+  std::vector<SequenceId> sequences;
+  for (const Planned& p : batch) sequences.push_back(p.seq->sequence);
+  KvShadow* shadow = options_.kv_shadow.get();
+  if (shadow != nullptr) {
+    // Rows past a sequence's context belong to a step that was aborted: written again now.
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      shadow->truncate(sequences[i], slices[i].context);
+  }
 
   return arena_->execute([&]() -> Status {
     for (uint32_t l = 0; l < m.layers; ++l) {
@@ -362,8 +387,12 @@ Status ReferenceEngine::forward(const StepInfo& info, const std::vector<Planned>
       if (!waited.ok()) return waited.with_context(where);
       auto table = runtime_.layer_table(info.id, l);
       if (!table.ok()) return std::move(table).status().with_context(where);
-      Status s = attention_.write_kv(*table, slices, k.data(), v.data());
+      Status s = ok_status();
+      if (shadow != nullptr) s = shadow->verify(hbm_, *table, sequences, slices, l, false);
+      if (s.ok()) s = attention_.write_kv(*table, slices, k.data(), v.data());
+      if (s.ok() && shadow != nullptr) shadow->record(hbm_, *table, sequences, slices, l);
       if (s.ok()) s = attention_.attend(*table, slices, q.data(), attn.data());
+      if (s.ok() && shadow != nullptr) s = shadow->verify(hbm_, *table, sequences, slices, l, true);
       if (s.ok()) s = runtime_.end_layer(info.id, l);
       if (!s.ok()) return s.with_context(where);
 
@@ -401,6 +430,7 @@ Status ReferenceEngine::finish_sequence(Running& seq) {
   outputs_.push_back(std::move(seq.out));
   ++stats_.finished_requests;
   const SequenceId id = seq.sequence;
+  if (options_.kv_shadow) options_.kv_shadow->close(id);
   std::erase_if(running_, [&](const std::unique_ptr<Running>& r) { return r->sequence == id; });
   return closed.with_context("reference engine: closing sequence " + std::to_string(id));
 }

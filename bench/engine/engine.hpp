@@ -42,6 +42,7 @@
 #include <optional>
 #include <vector>
 
+#include "bench/engine/kv_shadow.hpp"
 #include "bench/engine/model.hpp"
 #include "bench/engine/paged_attention.hpp"
 #include "kvtier/kvtier.hpp"
@@ -74,6 +75,9 @@ struct EngineOptions {
   bool send_hints = true;       // tell the runtime about waiting requests
   uint32_t threads = 0;         // oneTBB workers for the model's arithmetic; 0 = all cores
   kernels::cpu::Isa isa = kernels::cpu::Isa::kAuto;
+  // Checks every K/V row the attention reads against what was written or published (kv_shadow.hpp);
+  // a wrong row fails the step with internal_error. Null: no checks. Engines may share one.
+  std::shared_ptr<KvShadow> kv_shadow;
 };
 
 struct EngineStats {
@@ -136,7 +140,7 @@ class ReferenceEngine {
   EngineOptions options_;
   PagedAttention attention_;
   std::unique_ptr<tbb::task_arena> arena_;
-  uint32_t hbm_frames_ = 0;
+  HbmView hbm_;
 
   std::deque<Request> pending_;                    // submitted, not yet arrived
   std::deque<Request> waiting_;                    // arrived, not yet admitted

@@ -17,6 +17,7 @@
 namespace kvtier::e2e {
 
 using engine::EngineOptions;
+using engine::KvShadow;
 using engine::ReferenceEngine;
 using engine::Request;
 using engine::RequestOutput;

@@ -371,6 +371,60 @@ TEST(ReferenceEngineTest, ACachedPrefixGivesTheSameOutputsAsComputingIt) {
   expect_identical(cold, r.outputs, "prefix from the cache vs. computed");
 }
 
+// Flips one bit of every HBM frame: whatever the engine reads next has changed under it.
+void corrupt_every_hbm_frame(Runtime& rt) {
+  const HbmView hbm = rt.hbm_view();
+  auto* base = static_cast<uint8_t*>(hbm.base);
+  for (uint32_t f = 0; f < hbm.frames; ++f) base[f * hbm.frame_stride + 3] ^= 0x10;
+}
+
+TEST(ReferenceEngineTest, AKvShadowCatchesRowsThatChangedUnderTheEngine) {
+  const auto shared = tokens(80, 5);
+  const Request warmer{2, concat(shared, tokens(30, 7)), 5, 0};
+  const Request probe{1, concat(shared, tokens(9, 6)), 40, 0};
+  EngineOptions o;
+  ScratchDir dir("engine-shadow");
+  auto rt = memory_runtime(dir);
+  ASSERT_NE(rt, nullptr);
+  o.kv_shadow = std::make_shared<KvShadow>(rt->geometry());
+
+  // Unchanged frames pass: a prefix published by one engine is checked in the next one.
+  run_engine(*rt, {warmer}, o);
+  const RunResult r = run_engine(*rt, {probe}, o);
+  ASSERT_EQ(r.outputs.size(), 1u);
+  EXPECT_EQ(r.outputs[0].reused_tokens, 80u);
+  EXPECT_GT(o.kv_shadow->verified_rows(), 40u * ModelShape{}.layers);
+  EXPECT_EQ(o.kv_shadow->learnt_blocks(), 0u);
+
+  // The cached prefix changes in HBM: the first read of it names the block and its key.
+  corrupt_every_hbm_frame(*rt);
+  auto eng = ReferenceEngine::create(*rt, model(), o);
+  ASSERT_TRUE(eng.ok());
+  ASSERT_TRUE((*eng)->submit({3, concat(shared, tokens(12, 8)), 4, 0}).ok());
+  Status s = (*eng)->step();
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.to_string();
+  EXPECT_NE(s.to_string().find("layer 0 block 0"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.to_string().find("as published under key"), std::string::npos) << s.to_string();
+
+  // A sequence's own rows change between two of its steps.
+  auto own = ReferenceEngine::create(*rt, model(), o);
+  ASSERT_TRUE(own.ok());
+  ASSERT_TRUE((*own)->submit({4, tokens(40, 9), 8, 0}).ok());
+  ASSERT_TRUE((*own)->step().ok());
+  corrupt_every_hbm_frame(*rt);
+  s = (*own)->step();
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.to_string();
+  EXPECT_NE(s.to_string().find("as this sequence wrote them"), std::string::npos) << s.to_string();
+
+  // A shadow for another geometry is refused.
+  EngineOptions wrong;
+  Geometry g = rt->geometry();
+  g.page_tokens *= 2;
+  wrong.kv_shadow = std::make_shared<KvShadow>(g);
+  EXPECT_EQ(ReferenceEngine::create(*rt, model(), wrong).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(ReferenceEngineTest, OutputsDependOnTheEarliestContext) {
   // Attention really reads the early pages: one changed first token changes the last logits.
   auto prompt = tokens(150, 9);

@@ -55,7 +55,8 @@ class KVTIER_E2E_SUITE : public ::testing::Test {
     ScratchDir dir("e2e-roomy");
     auto rt = open_runtime(engine_config(dir.path(), roomy_tiers()));
     if (rt == nullptr) return;
-    RunResult r = run_engine(*rt, workload(kScale));
+    shadow_ = std::make_shared<KvShadow>(rt->geometry());
+    RunResult r = run_engine(*rt, workload(kScale), checked());
     EXPECT_EQ(r.engine.windowed_steps, 0u) << "the roomy run must not need to offload";
     EXPECT_EQ(r.runtime.demotions[tier_index(Tier::kHost)], 0u);
     reference_ = new std::vector<RequestOutput>(std::move(r.outputs));
@@ -64,6 +65,7 @@ class KVTIER_E2E_SUITE : public ::testing::Test {
   static void TearDownTestSuite() {
     delete reference_;
     reference_ = nullptr;
+    shadow_.reset();
   }
   void SetUp() override {
     if (reference_ == nullptr) GTEST_SKIP() << "the NVMe store cannot be opened here";
@@ -71,17 +73,30 @@ class KVTIER_E2E_SUITE : public ::testing::Test {
     ASSERT_GE(generated(*reference_), 2000u * kScale - 10);
   }
 
+  // Every K/V row the engine reads, in every run but the fp8 ones, is checked against what the
+  // reference run wrote and published (bench/engine/kv_shadow.hpp): a page that came back wrong
+  // fails the run at that read, naming it.
+  static EngineOptions checked() {
+    EngineOptions o;
+    o.kv_shadow = shadow_;
+    return o;
+  }
+
   static std::vector<RequestOutput>* reference_;
+  static std::shared_ptr<KvShadow> shadow_;
 };
 
 std::vector<RequestOutput>* KVTIER_E2E_SUITE::reference_ = nullptr;
+std::shared_ptr<KvShadow> KVTIER_E2E_SUITE::shadow_;
 
 TEST_F(KVTIER_E2E_SUITE, TinyHbmGivesTheSameTokensAndLogitsBitForBit) {
   ScratchDir dir("e2e-small");
   auto rt = open_runtime(engine_config(dir.path(), small_tiers()));
   ASSERT_NE(rt, nullptr);
-  const RunResult r = run_engine(*rt, workload(kScale));
+  const uint64_t verified_before = shadow_->verified_rows();
+  const RunResult r = run_engine(*rt, workload(kScale), checked());
   expect_identical(*reference_, r.outputs, "HBM of 96 frames vs. HBM for everything");
+  EXPECT_GT(shadow_->verified_rows(), verified_before);
 
   // The run really did travel: layer-by-layer steps, pages down to host and NVMe and back up.
   const RuntimeStats& s = r.runtime;
@@ -263,7 +278,7 @@ TEST_F(KVTIER_E2E_SUITE, AfterARestartPromptsComeFromNvmeNotRecomputed) {
   {
     auto rt = open_runtime(config);
     ASSERT_NE(rt, nullptr);
-    const RunResult r = run_engine(*rt, requests);
+    const RunResult r = run_engine(*rt, requests, checked());
     expect_identical(*reference_, r.outputs, "first run on the store");
     first_prefilled = r.engine.prefilled_tokens;
     ASSERT_TRUE(rt->shutdown().ok());  // persists every cached block to NVMe
@@ -281,7 +296,7 @@ TEST_F(KVTIER_E2E_SUITE, AfterARestartPromptsComeFromNvmeNotRecomputed) {
   EXPECT_EQ(m->blocks, 6u);
   EXPECT_EQ(m->by_tier[tier_index(Tier::kNvme)], 6u);
 
-  const RunResult r = run_engine(*rt, requests);
+  const RunResult r = run_engine(*rt, requests, checked());
   expect_identical(*reference_, r.outputs, "after a restart on the same store");
   ASSERT_EQ(r.outputs.size(), requests.size());
 
