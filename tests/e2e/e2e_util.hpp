@@ -123,7 +123,13 @@ struct RunResult {
 inline RunResult run_engine(Runtime& rt, const std::vector<Request>& requests,
                             const EngineOptions& options = {}) {
   RunResult result;
-  auto eng = ReferenceEngine::create(rt, model(), options);
+  EngineOptions o = options;
+  // One engine thread keeps oneTBB's workers out of a ThreadSanitizer run of these tests (the
+  // system oneTBB is not instrumented, so its task passing reads as races).
+  if (const char* threads = std::getenv("KVTIER_E2E_ENGINE_THREADS"); threads && o.threads == 0) {
+    o.threads = static_cast<uint32_t>(std::atoi(threads));
+  }
+  auto eng = ReferenceEngine::create(rt, model(), o);
   EXPECT_TRUE(eng.ok()) << eng.status().to_string();
   if (!eng.ok()) return result;
   for (const Request& r : requests) {
