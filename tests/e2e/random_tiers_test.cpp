@@ -6,8 +6,9 @@
 // block's key — checked at the read, so a page that came back wrong fails naming itself — and
 // both runs must give the same tokens and logits, bit for bit.
 //
-// KVTIER_RANDOM_TIERS_SEEDS (a compile definition) sets how many seeds run: a few in the default
-// set, many in the slow variant.
+// Compile definitions: KVTIER_RANDOM_TIERS_SEEDS, how many seeds run (a few in the default set,
+// many in the slow variant), from KVTIER_RANDOM_TIERS_FIRST_SEED;
+// KVTIER_RANDOM_TIERS_ENGINE_THREADS (1 in the variant that runs under ThreadSanitizer).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -17,6 +18,17 @@
 
 #ifndef KVTIER_RANDOM_TIERS_SEEDS
 #define KVTIER_RANDOM_TIERS_SEEDS 4
+#endif
+// Test names must differ between the binaries built from this file (ctest lists them all).
+#ifndef KVTIER_RANDOM_TIERS_NAME
+#define KVTIER_RANDOM_TIERS_NAME Seeds
+#endif
+#ifndef KVTIER_RANDOM_TIERS_FIRST_SEED
+#define KVTIER_RANDOM_TIERS_FIRST_SEED 1
+#endif
+// oneTBB workers of the engine; 0: all cores.
+#ifndef KVTIER_RANDOM_TIERS_ENGINE_THREADS
+#define KVTIER_RANDOM_TIERS_ENGINE_THREADS 0
 #endif
 
 namespace kvtier::e2e {
@@ -40,7 +52,8 @@ RandomSetup random_setup(uint32_t seed) {
   std::vector<std::vector<uint32_t>> prefixes;
   const uint64_t prefix_count = pick(1, 3);
   for (uint64_t p = 0; p < prefix_count; ++p) {
-    prefixes.push_back(tokens(pick(1, 8) * kPageTokens + pick(0, 1) * pick(1, 15), 1000 * seed + p));
+    prefixes.push_back(
+        tokens(pick(1, 8) * kPageTokens + pick(0, 1) * pick(1, 15), 1000 * seed + p));
   }
   const uint64_t count = pick(3, 7);
   uint64_t longest = 0;
@@ -51,6 +64,7 @@ RandomSetup random_setup(uint32_t seed) {
     longest = std::max<uint64_t>(longest, prompt.size() + generate);
     s.requests.push_back({i + 1, std::move(prompt), generate, pick(0, 120)});
   }
+  s.engine.threads = KVTIER_RANDOM_TIERS_ENGINE_THREADS;
   s.engine.max_running = static_cast<uint32_t>(pick(1, 4));
   s.engine.prefill_chunk = static_cast<uint32_t>(pick(1, 4) * kPageTokens);
   // HBM from just over what one layer of the longest request needs (engine.hpp) to a few layers.
@@ -62,15 +76,14 @@ RandomSetup random_setup(uint32_t seed) {
   s.policies.write = static_cast<WritePolicy>(pick(0, 2));
   s.policies.prefetch.on_late = static_cast<LatePolicy>(pick(0, 1));
   s.layer_window = static_cast<uint32_t>(pick(1, 4));
-  s.describe = "seed " + std::to_string(seed) + ": " + std::to_string(count) + " requests, hbm " +
-               std::to_string(s.sizes.hbm_frames) + " frames, host " +
-               std::to_string(s.sizes.host_frames) + ", eviction " +
-               std::to_string(static_cast<int>(s.policies.eviction)) + ", write " +
-               std::to_string(static_cast<int>(s.policies.write)) + ", on_late " +
-               std::to_string(static_cast<int>(s.policies.prefetch.on_late)) + ", window " +
-               std::to_string(s.layer_window) + ", max_running " +
-               std::to_string(s.engine.max_running) + ", chunk " +
-               std::to_string(s.engine.prefill_chunk);
+  s.describe =
+      "seed " + std::to_string(seed) + ": " + std::to_string(count) + " requests, hbm " +
+      std::to_string(s.sizes.hbm_frames) + " frames, host " + std::to_string(s.sizes.host_frames) +
+      ", eviction " + std::to_string(static_cast<int>(s.policies.eviction)) + ", write " +
+      std::to_string(static_cast<int>(s.policies.write)) + ", on_late " +
+      std::to_string(static_cast<int>(s.policies.prefetch.on_late)) + ", window " +
+      std::to_string(s.layer_window) + ", max_running " + std::to_string(s.engine.max_running) +
+      ", chunk " + std::to_string(s.engine.prefill_chunk);
   return s;
 }
 
@@ -121,7 +134,10 @@ TEST_P(RandomTiers, EveryReadIsWhatWasWrittenAndOutputsMatchHbmForEverything) {
   ASSERT_TRUE(rt->shutdown().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, RandomTiers, ::testing::Range(1u, 1u + KVTIER_RANDOM_TIERS_SEEDS));
+INSTANTIATE_TEST_SUITE_P(KVTIER_RANDOM_TIERS_NAME, RandomTiers,
+                         ::testing::Range(static_cast<uint32_t>(KVTIER_RANDOM_TIERS_FIRST_SEED),
+                                          static_cast<uint32_t>(KVTIER_RANDOM_TIERS_FIRST_SEED +
+                                                                KVTIER_RANDOM_TIERS_SEEDS)));
 
 }  // namespace
 }  // namespace kvtier::e2e
