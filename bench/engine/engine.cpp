@@ -66,7 +66,10 @@ Result<std::unique_ptr<ReferenceEngine>> ReferenceEngine::create(
 }
 
 ReferenceEngine::~ReferenceEngine() {
-  for (const auto& seq : running_) runtime_.close_sequence(seq->sequence).ignore();
+  for (const auto& seq : running_) {
+    runtime_.close_sequence(seq->sequence).ignore();
+    if (options_.kv_shadow) options_.kv_shadow->close(seq->sequence);
+  }
 }
 
 bool ReferenceEngine::done() const {

@@ -6,7 +6,7 @@
 //
 // What a row should hold:
 //  - a row the sequence wrote itself: the bytes it wrote (recorded from the frame right after
-//    write_kv);
+//    write_kv; a transfer landing on the frame in between those two calls would go unseen);
 //  - a row of a reused prefix block: the bytes of that block as first published (end_step with its
 //    key), by any sequence of any engine that shares this shadow — so a shadow shared by a run
 //    whose HBM holds everything and a run that offloads compares the two at every read. A reused
