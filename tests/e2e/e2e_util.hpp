@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -153,7 +154,14 @@ inline void expect_identical(const std::vector<RequestOutput>& expected,
     const RequestOutput& e = expected[i];
     const RequestOutput& a = actual[i];
     ASSERT_EQ(e.id, a.id) << what;
-    EXPECT_EQ(e.tokens, a.tokens) << what << ": request " << e.id << " generated other tokens";
+    const auto diverged =
+        std::mismatch(e.tokens.begin(), e.tokens.end(), a.tokens.begin(), a.tokens.end());
+    EXPECT_EQ(e.tokens, a.tokens) << what << ": request " << e.id
+                                  << " generated other tokens, from token "
+                                  << (diverged.first - e.tokens.begin()) << " of "
+                                  << e.tokens.size() << " (admitted at step " << a.admitted_step
+                                  << ", finished at " << a.finished_step << "; " << a.reused_tokens
+                                  << " prompt tokens reused)";
     ASSERT_EQ(e.final_logits.size(), a.final_logits.size()) << what << ": request " << e.id;
     EXPECT_EQ(0, std::memcmp(e.final_logits.data(), a.final_logits.data(),
                              e.final_logits.size() * sizeof(float)))
