@@ -16,17 +16,18 @@ void KvShadow::open(SequenceId sequence, std::span<const BlockKey> reused_keys) 
   Sequence seq;
   seq.rows.resize(geometry_.layers);
   seq.reused.assign(reused_keys.begin(), reused_keys.end());
-  seq.known.assign(reused_keys.size() * geometry_.layers, 0);
   for (uint32_t l = 0; l < geometry_.layers; ++l) {
     seq.rows[l].assign(reused_keys.size() * block_layer_bytes, 0);
   }
   for (std::size_t b = 0; b < reused_keys.size(); ++b) {
     auto it = published_.find(reused_keys[b]);
-    if (it == published_.end()) continue;  // learnt at the first read
+    if (it == published_.end()) {
+      seq.unlearnt[b].assign(geometry_.layers, 1);
+      continue;
+    }
     for (uint32_t l = 0; l < geometry_.layers; ++l) {
       std::memcpy(seq.rows[l].data() + b * block_layer_bytes,
                   it->second.data() + l * block_layer_bytes, block_layer_bytes);
-      seq.known[b * geometry_.layers + l] = 1;
     }
   }
   sequences_[sequence] = std::move(seq);
@@ -42,7 +43,8 @@ void KvShadow::truncate(SequenceId sequence, uint64_t tokens) {
   const std::size_t blocks =
       std::min<std::size_t>(seq.reused.size(), tokens / geometry_.page_tokens);
   seq.reused.resize(blocks);
-  seq.known.resize(blocks * geometry_.layers);
+  std::erase_if(seq.unlearnt,
+                [&](const auto& entry) { return entry.first * geometry_.page_tokens >= tokens; });
 }
 
 void KvShadow::read_row(const HbmView& hbm, int32_t frame, uint64_t pos, uint8_t* dst) const {
@@ -71,11 +73,13 @@ Status KvShadow::check_item(const HbmView& hbm, const int32_t* frames, SequenceI
     const uint64_t first = block * pt;
     const uint64_t last = std::min<uint64_t>(first + pt, end);
     const bool reused = block < seq.reused.size();
-    if (reused && seq.known[block * geometry_.layers + layer] == 0) {
-      // Never published to this shadow (or ambiguous): learn the block from this first read.
-      for (uint64_t pos = first; pos < last; ++pos)
+    if (auto u = seq.unlearnt.find(block); u != seq.unlearnt.end() && u->second[layer] != 0) {
+      // Never published to this shadow, or ambiguous: learnt from this read.
+      for (uint64_t pos = first; pos < last; ++pos) {
         read_row(hbm, frame, pos, rows.data() + pos * rb);
-      seq.known[block * geometry_.layers + layer] = 1;
+      }
+      u->second[layer] = 0;
+      if (std::count(u->second.begin(), u->second.end(), 1) == 0) seq.unlearnt.erase(u);
       ++learnt_blocks_;
       continue;
     }
@@ -139,11 +143,15 @@ void KvShadow::record(const HbmView& hbm, const LayerTable& table,
 void KvShadow::publish(SequenceId sequence, uint64_t first_block, std::span<const BlockKey> keys) {
   auto it = sequences_.find(sequence);
   if (it == sequences_.end()) return;
-  const Sequence& seq = it->second;
+  Sequence& seq = it->second;
   const std::size_t block_layer_bytes = geometry_.page_tokens * row_bytes();
   for (std::size_t j = 0; j < keys.size(); ++j) {
     const uint64_t offset = (first_block + j) * block_layer_bytes;
-    if (ambiguous_.contains(keys[j]) || seq.rows[0].size() < offset + block_layer_bytes) continue;
+    if (seq.rows[0].size() < offset + block_layer_bytes) continue;
+    if (ambiguous_.contains(keys[j])) {
+      seq.unlearnt[first_block + j].assign(geometry_.layers, 1);
+      continue;
+    }
     std::vector<uint8_t> bytes(block_layer_bytes * geometry_.layers);
     for (uint32_t l = 0; l < geometry_.layers; ++l) {
       std::memcpy(bytes.data() + l * block_layer_bytes, seq.rows[l].data() + offset,
@@ -153,6 +161,7 @@ void KvShadow::publish(SequenceId sequence, uint64_t first_block, std::span<cons
     if (!inserted && at->second != bytes) {
       published_.erase(at);
       ambiguous_.insert(keys[j]);
+      seq.unlearnt[first_block + j].assign(geometry_.layers, 1);
     }
   }
 }

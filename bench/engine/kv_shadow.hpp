@@ -14,7 +14,8 @@
 //    from its first read and checked from then on.
 //  - A key published twice with different bytes (prefill and decode differ in their last bits:
 //    engine.hpp) is ambiguous: which copy the cache keeps is the runtime's choice, so its rows are
-//    learnt again at each sequence's first read.
+//    learnt again at the next read, by the sequence that published it second and by every
+//    sequence that reuses it later.
 // Bytes only: the shadow is meaningful when every tier stores pages as computed (no fp8 tier).
 // Memory: a copy of each open sequence's K/V plus each published block's; for tests and
 // diagnostics, not for production serving. Single-threaded, like the engine.
@@ -62,7 +63,10 @@ class KvShadow {
   struct Sequence {
     std::vector<std::vector<uint8_t>> rows;  // per layer: [token][K row | V row]
     std::vector<BlockKey> reused;            // keys of the reused prefix blocks
-    std::vector<uint8_t> known;              // per reused block and layer: 1 when rows hold it
+    // Blocks whose rows are learnt from their next read, per layer (1: not yet): reused blocks
+    // this shadow never saw published, and blocks the sequence published under a key that was
+    // already published with other bytes (the runtime may hand it either copy).
+    std::unordered_map<uint64_t, std::vector<uint8_t>> unlearnt;
   };
   std::size_t row_bytes() const { return 2 * geometry_.token_bytes(); }
   // Copies token `pos`'s K and V rows out of the frame into `dst`.

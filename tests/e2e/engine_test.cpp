@@ -425,6 +425,52 @@ TEST(ReferenceEngineTest, AKvShadowCatchesRowsThatChangedUnderTheEngine) {
             StatusCode::kInvalidArgument);
 }
 
+// The shadow on its own, over a hand-made arena of four one-page frames: a key published a second
+// time with other bytes (what a decode-computed block and a prefill of the same tokens give) is
+// learnt from the next read by the sequence that published it second, and by later reusers.
+TEST(KvShadowTest, AKeyPublishedTwiceWithOtherBytesIsLearntAgainNotReported) {
+  const Geometry g{/*layers=*/1, /*kv_heads=*/1, /*head_dim=*/4, Dtype::kF32, /*page_tokens=*/4};
+  std::vector<uint8_t> arena(4 * g.page_bytes());
+  const HbmView hbm{arena.data(), g.page_bytes(), g.page_bytes(), 4, false};
+  const auto fill = [&](int32_t frame, uint8_t value) {
+    std::fill_n(arena.begin() + frame * g.page_bytes(), g.page_bytes(), value);
+  };
+  const auto table = [](std::vector<int32_t> frames, int32_t last) {
+    return LayerTable{{0, static_cast<int32_t>(frames.size())}, std::move(frames), {last}};
+  };
+  const BlockKey key{42, 0x0001'0000'0000'0000ull};
+  KvShadow shadow(g);
+  const SequenceId first[] = {1}, second[] = {2}, third[] = {3};
+  const StepSlice prefill[] = {{0, 4, false}};
+
+  shadow.open(1, {});
+  fill(0, 0xA1);
+  shadow.record(hbm, table({0}, 4), first, prefill, 0);
+  shadow.publish(1, 0, std::span(&key, 1));
+  shadow.open(2, {});
+  fill(1, 0xB2);
+  shadow.record(hbm, table({1}, 4), second, prefill, 0);
+  shadow.publish(2, 0, std::span(&key, 1));  // other bytes: the runtime keeps frame 0's copy
+
+  // Sequence 2 decodes over the cached copy: learnt, then checked.
+  const StepSlice decode[] = {{4, 1, true}};
+  EXPECT_TRUE(shadow.verify(hbm, table({0, 2}, 1), second, decode, 0, false).ok());
+  fill(0, 0xC3);
+  Status s = shadow.verify(hbm, table({0, 2}, 1), second, decode, 0, false);
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.to_string();
+  EXPECT_NE(s.to_string().find("as this sequence wrote them"), std::string::npos) << s.to_string();
+
+  // A later reuser of the ambiguous key learns it too.
+  const uint64_t learnt = shadow.learnt_blocks();
+  shadow.open(3, std::span(&key, 1));
+  EXPECT_TRUE(shadow.verify(hbm, table({0, 3}, 1), third, decode, 0, false).ok());
+  EXPECT_EQ(shadow.learnt_blocks(), learnt + 1);
+  EXPECT_TRUE(shadow.verify(hbm, table({0, 3}, 1), third, decode, 0, false).ok());
+  fill(0, 0xD4);
+  EXPECT_EQ(shadow.verify(hbm, table({0, 3}, 1), third, decode, 0, false).code(),
+            StatusCode::kInternal);
+}
+
 TEST(ReferenceEngineTest, OutputsDependOnTheEarliestContext) {
   // Attention really reads the early pages: one changed first token changes the last logits.
   auto prompt = tokens(150, 9);
