@@ -11,9 +11,12 @@
 // KVTIER_RANDOM_TIERS_ENGINE_THREADS (1 in the variant that runs under ThreadSanitizer).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 
+#include "runtime/config_names.hpp"
 #include "tests/e2e/e2e_util.hpp"
 
 #ifndef KVTIER_RANDOM_TIERS_SEEDS
@@ -79,9 +82,9 @@ RandomSetup random_setup(uint32_t seed) {
   s.describe =
       "seed " + std::to_string(seed) + ": " + std::to_string(count) + " requests, hbm " +
       std::to_string(s.sizes.hbm_frames) + " frames, host " + std::to_string(s.sizes.host_frames) +
-      ", eviction " + std::to_string(static_cast<int>(s.policies.eviction)) + ", write " +
-      std::to_string(static_cast<int>(s.policies.write)) + ", on_late " +
-      std::to_string(static_cast<int>(s.policies.prefetch.on_late)) + ", window " +
+      ", eviction " + std::string(enum_name(s.policies.eviction)) + ", write " +
+      std::string(enum_name(s.policies.write)) + ", on_late " +
+      std::string(enum_name(s.policies.prefetch.on_late)) + ", window " +
       std::to_string(s.layer_window) + ", max_running " + std::to_string(s.engine.max_running) +
       ", chunk " + std::to_string(s.engine.prefill_chunk);
   return s;
