@@ -283,7 +283,21 @@ Result<StepInfo> Runtime::begin_step(std::span<const StepItem> batch) {
 Status Runtime::wait_layer(StepId step, uint32_t layer) {
   Impl::Call call = impl_->enter();
   KVTIER_RETURN_IF_ERROR(call.status);
-  return impl_->scheduler->wait_layer(step, layer);
+  Status waited = impl_->scheduler->wait_layer(step, layer);
+  if (waited.code() != StatusCode::kDeadlineExceeded) return waited;
+  // Past the wait timeout: say what the scheduler is still waiting on and who holds the frames,
+  // which is where an operator starts (the call is already held open: run on the loop directly).
+  std::string pending;
+  Status asked = impl_->loop->run_sync(
+      [&] {
+        pending = impl_->scheduler->pending_summary();
+        return ok_status();
+      },
+      impl_->call_timeout());
+  if (!asked.ok()) return waited;
+  return Status(waited.code(), "wait_layer: step " + std::to_string(step) + " layer " +
+                                   std::to_string(layer) + ": " + waited.message() +
+                                   "; the scheduler is waiting on: " + pending);
 }
 
 Result<LayerTable> Runtime::layer_table(StepId step, uint32_t layer) const {
@@ -420,18 +434,24 @@ Status Runtime::shutdown() {
       log(LogLevel::kInfo, "persisting " + std::to_string(started) + " blocks to nvme");
     }
   }
-  // Let every queued and in-flight transfer finish (they complete on the loop).
+  // Let every queued and in-flight transfer finish (they complete on the loop). Copies that wait
+  // for frames while no transfer moves wait for good (open sequences hold the frames and no engine
+  // call will release them now): a few such checks in a row end the wait early.
+  constexpr int kQuietChecks = 5;
   bool idle = false;
-  while (std::chrono::steady_clock::now() < deadline) {
+  std::string stuck;  // what waited for good, once that is established
+  for (int quiet_checks = 0; std::chrono::steady_clock::now() < deadline;) {
     im.loop
         ->run_sync(
             [&] {
               idle = im.scheduler->idle();
+              quiet_checks = !idle && im.scheduler->transfers_idle() ? quiet_checks + 1 : 0;
+              if (quiet_checks == kQuietChecks) stuck = im.scheduler->pending_summary();
               return ok_status();
             },
             im.call_timeout())
         .ignore();
-    if (idle) break;
+    if (idle || !stuck.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   // Stop the producers of completions first: the engine's destructor waits for its queued copies
@@ -446,12 +466,16 @@ Status Runtime::shutdown() {
   im.loop.reset();
   im.table.reset();
   im.tiers.reset();
-  if (!idle) {
-    return deadline_exceeded("shutdown: transfers were still in flight after " +
-                             std::to_string(im.options.shutdown_timeout.count()) +
-                             " ms; they were cancelled");
+  if (idle) return ok_status();
+  if (!stuck.empty()) {
+    return cancelled(
+        "shutdown: copies waiting for frames that nothing in flight frees were "
+        "cancelled (" +
+        stuck + ")");
   }
-  return ok_status();
+  return deadline_exceeded("shutdown: transfers were still in flight after " +
+                           std::to_string(im.options.shutdown_timeout.count()) +
+                           " ms; they were cancelled");
 }
 
 }  // namespace kvtier

@@ -168,6 +168,23 @@ std::string Scheduler::pending_summary() const {
            " private, " + std::to_string(hbm_used) + " in use, " + std::to_string(hbm_cached) +
            " cached, " + std::to_string(hbm_moving) + " filling or draining, " +
            std::to_string(parts_.hbm->free_count()) + " free";
+    // Private pages (blocks an open sequence filled that the engine never published under a
+    // content key) can live only in HBM and host memory: NVMe is addressed by content key. When
+    // they fill host memory while requests wait for frames, no move the scheduler can plan frees
+    // one; only the engine can, and the hint says how.
+    std::size_t frame_waiters = staging_waiters_.size();
+    for (const auto& tier_queues : waiters_) {
+      for (const auto& q : tier_queues) frame_waiters += q.size();
+    }
+    const uint64_t host_capacity = parts_.host->capacity();
+    if (frame_waiters > 0 && host_capacity > 0 && 2 * priv >= host_capacity &&
+        parts_.host->free_count() <= reserve_frames(Tier::kHost)) {
+      out += "; private pages hold " + std::to_string(priv) + " of the " +
+             std::to_string(host_capacity) +
+             " host frames: they cannot go to NVMe (it is addressed by content key), so only the "
+             "engine can free them: publish full blocks (StepCompletion::full_block_keys at "
+             "end_step), close sequences, or give host memory more frames";
+    }
   }
   return out.empty() ? "idle" : out;
 }

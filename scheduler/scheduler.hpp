@@ -141,6 +141,9 @@ class Scheduler {
   uint64_t persist_to_nvme();
   // True when no transfer is queued or in flight and no request waits for a frame.
   bool idle() const;
+  // True when no copy is queued on a link or in flight. With no engine call to come (shutdown),
+  // nothing pending can move any more: what still waits, waits for frames nothing will free.
+  bool transfers_idle() const { return links_.idle(); }
   // What keeps the scheduler from being idle, for diagnostics ("3 ops (hbm fill ...), ...").
   std::string pending_summary() const;
 

@@ -190,11 +190,9 @@ bool Scheduler::SkipFilter::operator()(const BlockKey& key) const {
   // Blocks with a page under a transfer keep their frames until it ends; pinned prefixes stay in
   // HBM. (Private blocks may move down like any other — never dropped, see may_lose_last_copy —
   // which only delays their publishing until the transfer ends.)
-  // A private block cannot leave host memory at all (NVMe is addressed by content key), so it is
-  // never a host victim.
   return scheduler->reading_.contains(key) ||
          (tier == Tier::kHbm && scheduler->protected_.contains(key)) ||
-         (tier != Tier::kHbm && key.is_private()) || (tried != nullptr && tried->contains(key)) ||
+         (tried != nullptr && tried->contains(key)) ||
          (tier == Tier::kHost && scheduler->host_pages_stuck(key));
 }
 
@@ -205,7 +203,10 @@ bool Scheduler::host_pages_stuck(const BlockKey& key) const {
   // costs a round per such block ahead of the first one that can go.
   // What execute_move may do with it besides dropping: write it whole to NVMe, or stage its HBM
   // pages down first (neither toward a tier that refused it). Looked up outside the shard lock.
-  const bool nvme_open = parts_.nvme != nullptr && !refused(key, Tier::kNvme);
+  // A private block cannot go to NVMe (addressed by content key): only the host pages whose HBM
+  // copy is ready may leave, which is what lets HBM and host trade pages when both are full of
+  // blocks in use (a page brought up frees its host frame for one going down).
+  const bool nvme_open = !key.is_private() && parts_.nvme != nullptr && !refused(key, Tier::kNvme);
   const bool host_open = !refused(key, Tier::kHost);
   bool stuck = false;
   Status s = parts_.table->visit(key, [&](const EntryView& v) {

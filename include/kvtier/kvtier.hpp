@@ -160,7 +160,10 @@ class Runtime {
   uint16_t metrics_port() const;
 
   // Finishes or cancels in-flight transfers, optionally persists cached blocks to NVMe, and stops
-  // the loop. Every later call returns kFailedPrecondition. Idempotent.
+  // the loop. Every later call returns kFailedPrecondition. Idempotent. kDeadlineExceeded when
+  // transfers were still running after shutdown_timeout; kCancelled, without waiting that long,
+  // when copies waited for frames that only engine calls could have freed (the message says what
+  // held them).
   Status shutdown();
 
  private:

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -186,6 +187,22 @@ inline void expect_consistent(SimWorld& w) {
   EXPECT_TRUE(audit.ok()) << audit.to_string();
   EXPECT_EQ(w.hbm().used() + w.hbm().free_count(), w.hbm().capacity());
   EXPECT_EQ(w.host().used() + w.host().free_count(), w.host().capacity());
+}
+
+// A block some sequence references must keep every page somewhere (or have it on its way): the
+// key and layer of the first that does not, or "".
+inline std::string lost_page(SimWorld& w) {
+  for (const auto& [key, info] : w.table().snapshot()) {
+    if (info.refcount == 0) continue;
+    if (info.nvme == CopyState::kReady || info.nvme == CopyState::kFilling) continue;
+    for (std::size_t l = 0; l < info.pages.size(); ++l) {
+      const PageInfo& p = info.pages[l];
+      if (p.hbm == CopyState::kAbsent && p.host == CopyState::kAbsent) {
+        return to_string(key) + " layer " + std::to_string(l);
+      }
+    }
+  }
+  return "";
 }
 
 // Every page listed for a layer was a distinct, allocated HBM frame when the engine read it, and

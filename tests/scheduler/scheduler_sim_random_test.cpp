@@ -17,23 +17,9 @@ namespace kvtier {
 namespace {
 
 using testing::expect_consistent;
+using testing::lost_page;
 using testing::SimSetup;
 using testing::SimWorld;
-
-// A block some sequence references must keep every page somewhere (or have it on its way).
-std::string lost_page(SimWorld& w) {
-  for (const auto& [key, info] : w.table().snapshot()) {
-    if (info.refcount == 0) continue;
-    if (info.nvme == CopyState::kReady || info.nvme == CopyState::kFilling) continue;
-    for (std::size_t l = 0; l < info.pages.size(); ++l) {
-      const PageInfo& p = info.pages[l];
-      if (p.hbm == CopyState::kAbsent && p.host == CopyState::kAbsent) {
-        return to_string(key) + " layer " + std::to_string(l);
-      }
-    }
-  }
-  return "";
-}
 
 class SchedulerRandomWorkload : public ::testing::TestWithParam<int> {};
 
