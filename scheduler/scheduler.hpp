@@ -272,11 +272,19 @@ class Scheduler {
   void copy_up(const BlockKey& key, uint32_t layer, TransferPriority prio, uint32_t hbm_frame,
                int refetches);
   void prefetch_block(const BlockKey& key, bool into_hbm);
+  // A frame of `tier` for (key, layer), granted at once or once room is made. `nvme_read`: a host
+  // frame an NVMe read fills (see reserve_left_to).
   void request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
-                     FrameGranted granted);
+                     FrameGranted granted, bool nvme_read = false);
   // A host frame for staging an NVMe write, from the reserve ordinary requests leave free.
   void request_reserved_host_frame(const BlockKey& key, uint32_t layer, FrameGranted granted);
   uint64_t reserve_frames(Tier tier) const;
+  // The free frames a request must leave in `tier`: the reserve, except that a demand read from
+  // NVMe may take one block's worth of it. What it reads keeps its NVMe copy, so its host copies
+  // may be dropped again as soon as they are copied up, and the block staging needs stays free;
+  // without it a step whose prefix is on NVMe only waited for good once host memory was full of
+  // private pages (which cannot go to NVMe) although HBM had room.
+  uint64_t reserve_left_to(Tier tier, TransferPriority prio, bool nvme_read) const;
   // Copies the HBM-only pages of a block to host memory (reserve frames), then writes the whole
   // block to NVMe and lets its host pages go: how a block split between HBM and host (a windowed
   // sequence's) leaves host memory when nothing else can.

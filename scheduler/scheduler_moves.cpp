@@ -74,6 +74,12 @@ uint64_t Scheduler::reserve_frames(Tier tier) const {
   return parts_.host->capacity() >= 8 * reserve ? reserve : 0;
 }
 
+uint64_t Scheduler::reserve_left_to(Tier tier, TransferPriority prio, bool nvme_read) const {
+  const uint64_t reserve = reserve_frames(tier);
+  if (!nvme_read || prio != TransferPriority::kDemand) return reserve;
+  return reserve - std::min<uint64_t>(reserve, options_.geometry.layers);
+}
+
 void Scheduler::request_reserved_host_frame(const BlockKey& key, uint32_t layer,
                                             FrameGranted granted) {
   if (staging_waiters_.empty() && parts_.host->free_count() > 0) {
@@ -87,20 +93,20 @@ void Scheduler::request_reserved_host_frame(const BlockKey& key, uint32_t layer,
 }
 
 void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
-                              FrameGranted granted) {
+                              FrameGranted granted, bool nvme_read) {
   auto& queues = waiters_[tier_index(tier)];
   // Queue behind requests of the same or a higher priority; otherwise try at once.
   bool queued_ahead = false;
   for (int p = 0; p <= static_cast<int>(prio); ++p)
     queued_ahead = queued_ahead || !queues[p].empty();
-  if (!queued_ahead && frames(tier)->free_count() > reserve_frames(tier)) {
+  if (!queued_ahead && frames(tier)->free_count() > reserve_left_to(tier, prio, nvme_read)) {
     auto frame = parts_.table->begin_fill(key, CopyId::page(tier, layer));
     if (frame.ok() || frame.status().code() != StatusCode::kResourceExhausted) {
       granted(std::move(frame));
       return;
     }
   }
-  queues[static_cast<int>(prio)].push_back(FrameWaiter{key, layer, std::move(granted)});
+  queues[static_cast<int>(prio)].push_back(FrameWaiter{key, layer, std::move(granted), nvme_read});
   make_room(tier, prio);
   serve_frame_waiters(tier);
 }
@@ -149,10 +155,23 @@ void Scheduler::serve_frame_waiters(Tier tier) {
         granted_any = true;
       }
     }
-    for (auto& q : queues) {
-      while (!q.empty() && frames(tier)->free_count() > reserve) {
-        FrameWaiter w = std::move(q.front());
-        q.pop_front();
+    for (int p = 0; p < kNumPriorities; ++p) {
+      auto& q = queues[p];
+      const auto prio = static_cast<TransferPriority>(p);
+      const auto may_take = [&](const FrameWaiter& w) {
+        return frames(tier)->free_count() > reserve_left_to(tier, prio, w.nvme_read);
+      };
+      while (!q.empty()) {
+        // In order, except that a demand read from NVMe passes requests held at the reserve
+        // (searched for only when such a read could take a frame).
+        const bool read_may_pass = prio == TransferPriority::kDemand &&
+                                   frames(tier)->free_count() > reserve_left_to(tier, prio, true);
+        auto next = may_take(q.front()) ? q.begin()
+                    : read_may_pass     ? std::find_if(q.begin(), q.end(), may_take)
+                                        : q.end();
+        if (next == q.end()) break;
+        FrameWaiter w = std::move(*next);
+        q.erase(next);
         auto frame = parts_.table->begin_fill(w.key, CopyId::page(tier, w.layer));
         if (!frame.ok() && frame.status().code() == StatusCode::kResourceExhausted) {
           q.push_front(std::move(w));

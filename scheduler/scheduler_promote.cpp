@@ -315,7 +315,8 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
   op->waiters.push_back(std::move(done));
   ops_.emplace(pk, std::move(op));
   request_frame(
-      Tier::kHost, key, layer, prio, [this, key, layer, prio, pk](Result<uint32_t> frame) {
+      Tier::kHost, key, layer, prio,
+      [this, key, layer, prio, pk](Result<uint32_t> frame) {
         if (!frame.ok()) {
           finish_op(pk, frame.status());
           return;
@@ -354,7 +355,8 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
               }
             });
         if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
-      });
+      },
+      /*nvme_read=*/true);
 }
 
 void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio) {
@@ -472,7 +474,8 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
               it->second->job = job;
             }
           }
-        });
+        },
+        /*nvme_read=*/true);
   }
 }
 

@@ -3,7 +3,9 @@
 // sequences larger than HBM take turns: each step brings one sequence's pages up and sends the
 // other's down, which works only if the two tiers trade pages — a page brought up frees its host
 // frame for one going down. Past what the tiers hold, a step cannot finish; the engine aborts it,
-// and once it closes a sequence every queued move completes and the scheduler is idle again.
+// and once it closes a sequence every queued move completes and the scheduler is idle again. With
+// host memory full of private pages, a prefix on NVMe only still comes up through the frames
+// kept for staging.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -115,6 +117,55 @@ TEST_P(FullTiers, AStepPastWhatTheTiersHoldFailsAndTheRestMovesOnOnceASequenceCl
   EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
   EXPECT_EQ(w.hbm().free_count(), setup.hbm_frames);
   EXPECT_EQ(w.host().free_count(), setup.host_frames);
+}
+
+// Host memory full of private pages (but for the frames kept for NVMe staging), HBM with room: a
+// prefix cached on NVMe only still comes up. Its read takes host frames from the reserve, and
+// gives them back once the pages are in HBM (they keep their NVMe copy), so the next block's read
+// finds them.
+TEST(FullHost, APrefixOnNvmeOnlyComesUpThroughTheReserve) {
+  SimSetup setup = full_tiers_setup(/*with_nvme=*/true);
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld w(setup);
+  const uint32_t layers = setup.geometry.layers;
+  const uint32_t page_tokens = setup.geometry.page_tokens;
+  const uint32_t reserve = 2 * layers;
+  // The prefix: published and written through to NVMe, then closed.
+  constexpr uint32_t kPrefixBlocks = 3;
+  const std::vector<BlockKey> prefix = w.prompt(kPrefixBlocks, /*salt=*/1);
+  ASSERT_TRUE(w.prefill_and_close(prefix, kNanosPerMicro).ok());
+  w.settle();
+  // Sequence A's private pages fill host memory but for the reserve: a second sequence that
+  // takes all of HBM pushes them there, and closes.
+  const uint32_t a_blocks = (kFrames - reserve) / layers;
+  for (uint32_t blocks : {a_blocks, kFrames / layers}) {
+    auto s = w.scheduler().open_sequence({});
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    const StepItem prefill{s->id, blocks * page_tokens};
+    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    if (blocks != a_blocks) ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+  }
+  ASSERT_EQ(w.host().free_count(), reserve) << w.scheduler().pending_summary();
+  for (const BlockKey& key : prefix) {
+    auto info = w.table().lookup(key);
+    ASSERT_TRUE(info.ok()) << info.status().to_string();
+    ASSERT_EQ(info->nvme, CopyState::kReady);
+    for (const PageInfo& p : info->pages) ASSERT_EQ(p.host, CopyState::kAbsent);
+  }
+  // The prefix again, one token more: every block comes up from NVMe.
+  auto q = w.scheduler().open_sequence(prefix);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  ASSERT_EQ(q->reused_blocks, kPrefixBlocks);
+  const StepItem decode{q->id, 1};
+  auto r = w.run_step(std::span(&decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string() << "; " << w.scheduler().pending_summary();
+  expect_tables_valid(w, r);
+  ASSERT_TRUE(w.scheduler().close_sequence(q->id).ok());
+  w.settle();
+  expect_consistent(w);
+  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
 }
 
 INSTANTIATE_TEST_SUITE_P(Nvme, FullTiers, ::testing::Bool(),
