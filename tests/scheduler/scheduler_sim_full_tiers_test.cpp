@@ -46,16 +46,16 @@ TEST_P(FullTiers, TwoSequencesLargerThanHbmTakeTurns) {
   SimWorld w(setup);
   const uint32_t layers = setup.geometry.layers;
   const uint32_t page_tokens = setup.geometry.page_tokens;
-  // Two sequences of B blocks, plus the block each one's first decoded token opens, fill every
-  // usable frame but one block's: 2 * (B + 1) + 1 blocks of `layers` pages.
-  const uint32_t blocks = (usable_frames(setup) / layers - 1) / 2 - 1;
+  // Sequences of B and B + 1 blocks, plus the block each one's first decoded token opens, fill
+  // every usable frame but one block's: 2B + 4 = usable / layers - 1 (both are even).
+  const uint32_t blocks = (usable_frames(setup) / layers - 4) / 2;
   ASSERT_GT(blocks * layers, kFrames / 2) << "each sequence must hold more than half of HBM";
   SequenceId seqs[2];
-  for (SequenceId& id : seqs) {
+  for (uint32_t i = 0; i < 2; ++i) {
     auto s = w.scheduler().open_sequence({});
     ASSERT_TRUE(s.ok()) << s.status().to_string();
-    id = s->id;
-    const StepItem prefill{id, blocks * page_tokens};
+    seqs[i] = s->id;
+    const StepItem prefill{s->id, (blocks + i) * page_tokens};
     auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
   }
