@@ -67,8 +67,9 @@ void Scheduler::finish_op(const PageKey& page, const Status& status) {
 
 uint64_t Scheduler::reserve_frames(Tier tier) const {
   // Host memory keeps two blocks' worth of frames that only NVMe staging may take, so a block split
-  // between HBM and host can always be written down and free the rest (see stage_to_nvme). Only
-  // with an NVMe tier, and only when the pool is large enough to spare them.
+  // between HBM and host can always be written down and free the rest (see stage_to_nvme); a
+  // demand read from NVMe may borrow one of the two (reserve_left_to). Only with an NVMe tier, and
+  // only when the pool is large enough to spare them.
   if (tier != Tier::kHost || parts_.nvme == nullptr) return 0;
   const uint64_t reserve = 2ull * options_.geometry.layers;
   return parts_.host->capacity() >= 8 * reserve ? reserve : 0;
