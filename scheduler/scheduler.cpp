@@ -105,9 +105,11 @@ std::string Scheduler::pending_summary() const {
              " queued, " + std::to_string(links_.inflight_bytes(l)) + " bytes in flight; ";
     }
   }
+  std::size_t frame_waiters = staging_waiters_.size();
   for (int t = 0; t < 2; ++t) {
     std::size_t n = 0;
     for (const auto& q : waiters_[t]) n += q.size();
+    frame_waiters += n;
     if (n > 0) {
       out += std::to_string(n) + " waiting for " + std::string(tier_name(static_cast<Tier>(t))) +
              " frames; ";
@@ -172,10 +174,6 @@ std::string Scheduler::pending_summary() const {
     // content key) can live only in HBM and host memory: NVMe is addressed by content key. When
     // they fill host memory while requests wait for frames, no move the scheduler can plan frees
     // one; only the engine can, and the hint says how.
-    std::size_t frame_waiters = staging_waiters_.size();
-    for (const auto& tier_queues : waiters_) {
-      for (const auto& q : tier_queues) frame_waiters += q.size();
-    }
     const uint64_t host_capacity = parts_.host->capacity();
     if (frame_waiters > 0 && host_capacity > 0 && 2 * priv >= host_capacity &&
         parts_.host->free_count() <= reserve_frames(Tier::kHost)) {

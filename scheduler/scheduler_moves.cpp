@@ -159,14 +159,16 @@ void Scheduler::serve_frame_waiters(Tier tier) {
     for (int p = 0; p < kNumPriorities; ++p) {
       auto& q = queues[p];
       const auto prio = static_cast<TransferPriority>(p);
+      const uint64_t copy_floor = reserve_left_to(tier, prio, /*nvme_read=*/false);
+      const uint64_t read_floor = reserve_left_to(tier, prio, /*nvme_read=*/true);
       const auto may_take = [&](const FrameWaiter& w) {
-        return frames(tier)->free_count() > reserve_left_to(tier, prio, w.nvme_read);
+        return frames(tier)->free_count() > (w.nvme_read ? read_floor : copy_floor);
       };
       while (!q.empty()) {
         // In order, except that a demand read from NVMe passes requests held at the reserve
-        // (searched for only when such a read could take a frame).
-        const bool read_may_pass = prio == TransferPriority::kDemand &&
-                                   frames(tier)->free_count() > reserve_left_to(tier, prio, true);
+        // (searched for only when such a read could take a frame the others cannot).
+        const uint64_t free = frames(tier)->free_count();
+        const bool read_may_pass = read_floor < free && free <= copy_floor;
         auto next = may_take(q.front()) ? q.begin()
                     : read_may_pass     ? std::find_if(q.begin(), q.end(), may_take)
                                         : q.end();
