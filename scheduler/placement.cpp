@@ -71,6 +71,11 @@ Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier) {
       if (c == CopyState::kFilling || c == CopyState::kDraining) s.in_flight = true;
       if (c != CopyState::kReady) continue;
       if (tier == Tier::kHbm && v.pins(l) != 0) continue;
+      // A private block cannot go to NVMe and must not be lost: a host page of it leaves only
+      // when its HBM copy is ready.
+      if (tier == Tier::kHost && key.is_private() && v.state(CopyId::hbm(l)) != CopyState::kReady) {
+        continue;
+      }
       ++s.evictable;
       if (tier == Tier::kHbm && v.state(CopyId::host(l)) == CopyState::kAbsent) ++s.host_missing;
     }
@@ -120,7 +125,8 @@ bool Placement::admit_new(const BlockFacts& block,
 }
 
 PlacementPlan Placement::plan_room(Tier tier, uint64_t frames,
-                                   std::array<uint64_t, kNumTiers> free_frames, KeyFilter skip) {
+                                   std::array<uint64_t, kNumTiers> free_frames,
+                                   const TierFilters& skip) {
   PlacementPlan plan;
   ++counters_.plans;
   const std::size_t t = static_cast<std::size_t>(tier_index(tier));
@@ -135,7 +141,7 @@ PlacementPlan Placement::plan_room(Tier tier, uint64_t frames,
   return plan;
 }
 
-uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilter skip,
+uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const TierFilters& skip,
                             PlacementPlan& plan, int depth) {
   const std::size_t ti = static_cast<std::size_t>(tier_index(tier));
   Evictor* ev = evictors_[ti];
@@ -146,7 +152,7 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
   };
   Budget::Candidates& c = budget.candidates[ti];
   const auto refuse = [&](const BlockKey& k) {
-    return skip(k) || taken(k) || (!c.referenced_too && read_next_from(table_, k, tier));
+    return skip[ti](k) || taken(k) || (!c.referenced_too && read_next_from(table_, k, tier));
   };
   while (freed < frames) {
     if (c.next == c.keys.size()) {
@@ -206,7 +212,9 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilte
       bool ask_evictor = true;  // the last tier's bypass, asked only when that tier is full
       uint64_t need = 0;
       if (*next == Tier::kNvme) {
-        admitted = s.nvme_absent && s.all_in_memory && admission_.admits(s.hits);
+        // The NVMe store is addressed by content key: a private block has none yet.
+        admitted =
+            s.nvme_absent && s.all_in_memory && !key.is_private() && admission_.admits(s.hits);
         need = 1;
       } else {  // host, from HBM
         ask_evictor = !evictors_[ni]->contains(key) && !next_tier(*next);

@@ -32,7 +32,10 @@
 //     ready copy in memory (the extent holds all layers);
 //     the destination's room is planned first, recursively (host -> NVMe -> drop), and those
 //     moves come earlier in the plan;
-//   - otherwise drop: a cache may lose a block; the next request recomputes it.
+//   - otherwise drop: a cache may lose a block; the next request recomputes it;
+//   - a private block (BlockKey::is_private: K/V an engine wrote that has no content key yet)
+//     never goes to NVMe, which is addressed by content key, and is never lost: in host memory
+//     only its pages whose HBM copy is ready can leave, and only those count as freed.
 // A block is never duplicated within a tier: copies are per key, and a shared block (refcount > 1)
 // is one copy that every sequence reads.
 //
@@ -100,6 +103,11 @@ struct PlacementCounters {
   uint64_t skipped = 0;         // victims proposed by an evictor but not movable now
 };
 
+// Victims a plan leaves alone, one filter per tier (indexed by tier_index): room asked of one
+// tier is asked of the tiers below it too (its victims go there), and whether a block can leave
+// depends on the tier it leaves.
+using TierFilters = std::array<KeyFilter, kNumTiers>;
+
 class Placement {
  public:
   // `evictors[tier_index(t)]` null means tier t is not configured. Nothing is owned; everything
@@ -109,9 +117,15 @@ class Placement {
 
   // Plans room for `frames` more frames in `tier`, given the frames free per tier as the caller
   // accounts them. Victims for which `skip` is true are left alone as well (e.g. the blocks of the
-  // request being served). Returns an empty plan when enough frames are already free.
+  // request being served), in every tier. Returns an empty plan when enough frames are already
+  // free.
   PlacementPlan plan_room(Tier tier, uint64_t frames, std::array<uint64_t, kNumTiers> free_frames,
-                          KeyFilter skip = KeyFilter::none());
+                          KeyFilter skip = KeyFilter::none()) {
+    return plan_room(tier, frames, free_frames, TierFilters{skip, skip, skip});
+  }
+  // The same, with the victims left alone chosen per tier: skip[tier_index(t)] for tier t.
+  PlacementPlan plan_room(Tier tier, uint64_t frames, std::array<uint64_t, kNumTiers> free_frames,
+                          const TierFilters& skip);
 
   // Frames to free in a tier whose usage crossed the high watermark, to bring it to the low one;
   // 0 below the high watermark.
@@ -131,8 +145,8 @@ class Placement {
  private:
   struct Budget;
   // Adds moves that free `frames` in `tier`; returns the frames it could not free.
-  uint64_t free_in(Tier tier, uint64_t frames, Budget& budget, KeyFilter skip, PlacementPlan& plan,
-                   int depth);
+  uint64_t free_in(Tier tier, uint64_t frames, Budget& budget, const TierFilters& skip,
+                   PlacementPlan& plan, int depth);
   std::optional<Tier> next_tier(Tier tier) const;
 
   const PageTable& table_;

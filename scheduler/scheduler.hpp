@@ -272,10 +272,16 @@ class Scheduler {
   void copy_up(const BlockKey& key, uint32_t layer, TransferPriority prio, uint32_t hbm_frame,
                int refetches);
   void prefetch_block(const BlockKey& key, bool into_hbm);
-  // A frame of `tier` for (key, layer), granted at once or once room is made. `nvme_read`: a host
-  // frame an NVMe read fills (see reserve_left_to).
+  // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
+  // request may be withdrawn (withdraw_demotions).
+  enum class FrameUse : uint8_t {
+    kCopy,      // a copy into the tier (a load, a write-through)
+    kNvmeRead,  // a host frame an NVMe read fills
+    kDemotion,  // a host frame an HBM page being demoted goes to
+  };
+  // A frame of `tier` for (key, layer), granted at once or once room is made.
   void request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
-                     FrameGranted granted, bool nvme_read = false);
+                     FrameGranted granted, FrameUse use = FrameUse::kCopy);
   // A host frame for staging an NVMe write, from the reserve ordinary requests leave free.
   void request_reserved_host_frame(const BlockKey& key, uint32_t layer, FrameGranted granted);
   uint64_t reserve_frames(Tier tier) const;
@@ -284,7 +290,7 @@ class Scheduler {
   // may be dropped again as soon as they are copied up, and the block staging needs stays free;
   // without it a step whose prefix is on NVMe only waited for good once host memory was full of
   // private pages (which cannot go to NVMe) although HBM had room.
-  uint64_t reserve_left_to(Tier tier, TransferPriority prio, bool nvme_read) const;
+  uint64_t reserve_left_to(Tier tier, TransferPriority prio, FrameUse use) const;
   // Copies the HBM-only pages of a block to host memory (reserve frames), then writes the whole
   // block to NVMe and lets its host pages go: how a block split between HBM and host (a windowed
   // sequence's) leaves host memory when nothing else can.
@@ -301,6 +307,12 @@ class Scheduler {
   // Carries one planned move out; returns frames it freed at once or started freeing (drains).
   uint64_t execute_move(const PlannedMove& move, TransferPriority prio);
   void demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
+  // Gives up the HBM demotions still waiting for their host frame — only that of page `only`,
+  // or every one — and returns how many: each page stays in HBM, ready, as nothing was copied
+  // yet. Done for a page a step reads (better not moved at all), and when host memory is full of
+  // pages that cannot move: those frames might never come, and the demotions waiting for them
+  // held HBM frames no plan could count on and blocked every request queued behind them.
+  std::size_t withdraw_demotions(const PageKey* only, std::string_view why);
   // Starts writing the block (every page ready in host memory) to NVMe; false when it cannot
   // (not all in host, already going, NVMe full of blocks that cannot leave).
   bool demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host);
@@ -331,6 +343,27 @@ class Scheduler {
     const std::unordered_set<BlockKey, BlockKeyHash>* tried = nullptr;
     bool operator()(const BlockKey& key) const;
   };
+  // One SkipFilter per tier, for a plan whose room cascades into the tiers below (the filters
+  // point into this object, which must outlive the plan).
+  struct SkipFilters {
+    explicit SkipFilters(const Scheduler* s,
+                         const std::unordered_set<BlockKey, BlockKeyHash>* tried = nullptr)
+        : hbm{s, Tier::kHbm, tried}, host{s, Tier::kHost, tried}, nvme{s, Tier::kNvme, tried} {}
+    SkipFilters(const SkipFilters&) = delete;
+    SkipFilters& operator=(const SkipFilters&) = delete;
+    TierFilters per_tier() const { return {KeyFilter(hbm), KeyFilter(host), KeyFilter(nvme)}; }
+    SkipFilter hbm, host, nvme;
+  };
+  // The frames each tier can give a plan for room in `asked`: free and already draining, and in
+  // every other tier (where the plan's victims go) less what is spoken for there — its reserve and
+  // the frames requests already wait for. Counting those, a plan demoted pages into frames
+  // that would never be theirs, and its room never came.
+  std::array<uint64_t, kNumTiers> room_for_plans(Tier asked) const;
+  // No host frame is free beyond the reserve and none is on its way (draining to NVMe): HBM
+  // demotions waiting for a host frame wait until the engine frees one.
+  bool host_has_nothing_for_demotions() const;
+  // Requests waiting for a frame of `tier` (HBM, host), every priority.
+  uint64_t frames_awaited(Tier tier) const;
   struct PrefixPin {
     std::vector<BlockKey> keys;
     TimerId timer = 0;
@@ -373,6 +406,8 @@ class Scheduler {
   std::array<std::array<std::deque<FrameWaiter>, kNumPriorities>, 2> waiters_;
   // Frames that started draining and will be freed (per tier), so room is not planned twice.
   std::array<uint64_t, kNumTiers> draining_{};
+  // Of HBM's draining frames, the demotions still waiting for their host frame (room_for_plans).
+  uint64_t demotions_awaiting_host_ = 0;
   std::array<bool, kNumTiers> serving_{};  // serve_frame_waiters is running for that tier
   // Staging requests for reserve host frames (served before every other host request).
   std::deque<FrameWaiter> staging_waiters_;

@@ -100,6 +100,18 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
           demote_page_to_host(key, l, prio);
         }
       }
+      // In use, with no NVMe copy, and host memory has no room for it now or later (nothing
+      // free beyond the reserve, nothing on its way, no transfer in flight that could change
+      // that): its pages leave HBM by way of NVMe, staged through the frames host memory keeps
+      // for that, and once written they are dropped like any page with a copy below. Only then:
+      // staging takes the reserve and the NVMe link from everything else, and under load (the
+      // Mooncake trace at its rate) doing it whenever a plan found no host room doubled the
+      // mean TTFT.
+      if (must_keep && !move.to.has_value() && !key.is_private() && parts_.nvme != nullptr &&
+          links_.idle() && host_has_nothing_for_demotions() && !refused(key, Tier::kNvme) &&
+          !refused(key, Tier::kHost) && page_snapshot(key, 0).nvme == CopyState::kAbsent) {
+        stage_to_nvme(key, prio);
+      }
       break;
     }
     case Tier::kHost: {
@@ -177,8 +189,11 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
     draining_[tier_index(Tier::kHbm)] -= 1;
     finish_op(pk, why);
   };
+  demotions_awaiting_host_ += 1;
   request_frame(
-      Tier::kHost, key, layer, prio, [this, key, layer, pk, prio, undo](Result<uint32_t> frame) {
+      Tier::kHost, key, layer, prio,
+      [this, key, layer, pk, prio, undo](Result<uint32_t> frame) {
+        demotions_awaiting_host_ -= 1;
         if (!frame.ok()) {
           undo(frame.status());
           return;
@@ -219,7 +234,33 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
                   parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
               if (!submitted.ok()) on_done(submitted);
             });
-      });
+      },
+      FrameUse::kDemotion);
+}
+
+std::size_t Scheduler::withdraw_demotions(const PageKey* only, std::string_view why) {
+  std::vector<FrameWaiter> withdrawn;
+  for (auto& q : waiters_[tier_index(Tier::kHost)]) {
+    for (auto it = q.begin(); it != q.end();) {
+      const bool match = it->use == FrameUse::kDemotion &&
+                         (only == nullptr || (it->key == only->key && it->layer == only->layer));
+      if (!match) {
+        ++it;
+        continue;
+      }
+      withdrawn.push_back(std::move(*it));
+      it = q.erase(it);
+    }
+  }
+  // Each demotion's own undo: its HBM copy is ready again, its op ends and whoever waited on it
+  // reads the page afresh. Out of the queues first: an undo may queue requests of its own.
+  for (FrameWaiter& w : withdrawn) {
+    w.granted(cancelled("demotion of " + to_string(w.key) + " layer " + std::to_string(w.layer) +
+                        " withdrawn: " + std::string(why)));
+  }
+  // The HBM room counted on these pages is to be made otherwise.
+  if (!withdrawn.empty()) parts_.loop->post([this] { serve_frame_waiters(Tier::kHbm); });
+  return withdrawn.size();
 }
 
 bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {
@@ -463,15 +504,10 @@ void Scheduler::check_watermarks() {
     const uint64_t deficit =
         Placement::watermark_deficit(capacity, used, options_.watermarks[tier_index(t)]);
     if (deficit == 0) continue;
-    std::array<uint64_t, kNumTiers> free{};
-    for (Tier u : kAllTiers) {
-      const uint64_t f = u == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
-                                          : frames(u)->free_count();
-      free[tier_index(u)] = f + draining_[tier_index(u)];
-    }
-    const SkipFilter skip{this, t};
+    const std::array<uint64_t, kNumTiers> free = room_for_plans(t);
+    const SkipFilters skip(this);
     const PlacementPlan plan =
-        placement_->plan_room(t, free[tier_index(t)] + deficit, free, KeyFilter(skip));
+        placement_->plan_room(t, free[tier_index(t)] + deficit, free, skip.per_tier());
     for (const PlannedMove& move : plan.moves) execute_move(move, TransferPriority::kWriteBack);
   }
 }

@@ -96,7 +96,7 @@ struct Scheduler::FrameWaiter {
   BlockKey key;
   uint32_t layer = 0;
   FrameGranted granted;
-  bool nvme_read = false;  // a host frame for a read from NVMe (see reserve_left_to)
+  FrameUse use = FrameUse::kCopy;
 };
 
 }  // namespace kvtier

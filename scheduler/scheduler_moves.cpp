@@ -75,9 +75,9 @@ uint64_t Scheduler::reserve_frames(Tier tier) const {
   return parts_.host->capacity() >= 8 * reserve ? reserve : 0;
 }
 
-uint64_t Scheduler::reserve_left_to(Tier tier, TransferPriority prio, bool nvme_read) const {
+uint64_t Scheduler::reserve_left_to(Tier tier, TransferPriority prio, FrameUse use) const {
   const uint64_t reserve = reserve_frames(tier);
-  if (!nvme_read || prio != TransferPriority::kDemand) return reserve;
+  if (use != FrameUse::kNvmeRead || prio != TransferPriority::kDemand) return reserve;
   return reserve - std::min<uint64_t>(reserve, options_.geometry.layers);
 }
 
@@ -94,20 +94,20 @@ void Scheduler::request_reserved_host_frame(const BlockKey& key, uint32_t layer,
 }
 
 void Scheduler::request_frame(Tier tier, const BlockKey& key, uint32_t layer, TransferPriority prio,
-                              FrameGranted granted, bool nvme_read) {
+                              FrameGranted granted, FrameUse use) {
   auto& queues = waiters_[tier_index(tier)];
   // Queue behind requests of the same or a higher priority; otherwise try at once.
   bool queued_ahead = false;
   for (int p = 0; p <= static_cast<int>(prio); ++p)
     queued_ahead = queued_ahead || !queues[p].empty();
-  if (!queued_ahead && frames(tier)->free_count() > reserve_left_to(tier, prio, nvme_read)) {
+  if (!queued_ahead && frames(tier)->free_count() > reserve_left_to(tier, prio, use)) {
     auto frame = parts_.table->begin_fill(key, CopyId::page(tier, layer));
     if (frame.ok() || frame.status().code() != StatusCode::kResourceExhausted) {
       granted(std::move(frame));
       return;
     }
   }
-  queues[static_cast<int>(prio)].push_back(FrameWaiter{key, layer, std::move(granted), nvme_read});
+  queues[static_cast<int>(prio)].push_back(FrameWaiter{key, layer, std::move(granted), use});
   make_room(tier, prio);
   serve_frame_waiters(tier);
 }
@@ -159,10 +159,11 @@ void Scheduler::serve_frame_waiters(Tier tier) {
     for (int p = 0; p < kNumPriorities; ++p) {
       auto& q = queues[p];
       const auto prio = static_cast<TransferPriority>(p);
-      const uint64_t copy_floor = reserve_left_to(tier, prio, /*nvme_read=*/false);
-      const uint64_t read_floor = reserve_left_to(tier, prio, /*nvme_read=*/true);
+      const uint64_t copy_floor = reserve_left_to(tier, prio, FrameUse::kCopy);
+      const uint64_t read_floor = reserve_left_to(tier, prio, FrameUse::kNvmeRead);
       const auto may_take = [&](const FrameWaiter& w) {
-        return frames(tier)->free_count() > (w.nvme_read ? read_floor : copy_floor);
+        return frames(tier)->free_count() >
+               (w.use == FrameUse::kNvmeRead ? read_floor : copy_floor);
       };
       while (!q.empty()) {
         // In order, except that a demand read from NVMe passes requests held at the reserve
@@ -197,6 +198,14 @@ void Scheduler::serve_frame_waiters(Tier tier) {
     if (!granted_any) break;
   }
   serving_[tier_index(tier)] = false;
+  // Still short after planning, with no host frame free beyond the reserve, none on its way and
+  // no transfer left that could change that: only the engine can free one now (host memory is
+  // full of pages that cannot move), so HBM demotions stop waiting for it. Plans will not demote
+  // into host memory again meanwhile (room_for_plans gives them no host room).
+  if (tier == Tier::kHost && demotions_awaiting_host_ > 0 && links_.idle() &&
+      host_has_nothing_for_demotions()) {
+    withdraw_demotions(nullptr, "host memory has no frame to give and none on its way");
+  }
 }
 
 void Scheduler::serve_memory_waiters() {
@@ -258,16 +267,48 @@ bool Scheduler::host_pages_stuck(const BlockKey& key) const {
   return s.ok() && stuck;
 }
 
-void Scheduler::make_room(Tier tier, TransferPriority prio) {
-  uint64_t waiting = reserve_frames(tier);
-  for (const auto& q : waiters_[tier_index(tier)]) waiting += q.size();
-  if (tier == Tier::kHost) waiting += staging_waiters_.size();
-  std::array<uint64_t, kNumTiers> free{};
+uint64_t Scheduler::frames_awaited(Tier tier) const {
+  if (tier == Tier::kNvme) return 0;
+  uint64_t n = 0;
+  for (const auto& q : waiters_[tier_index(tier)]) n += q.size();
+  return n;
+}
+
+bool Scheduler::host_has_nothing_for_demotions() const {
+  return parts_.host->free_count() <= reserve_frames(Tier::kHost) &&
+         draining_[tier_index(Tier::kHost)] == 0;
+}
+
+std::array<uint64_t, kNumTiers> Scheduler::room_for_plans(Tier asked) const {
+  std::array<uint64_t, kNumTiers> room{};
   for (Tier t : kAllTiers) {
     const uint64_t f = t == Tier::kNvme ? (parts_.nvme != nullptr ? parts_.nvme->free_count() : 0)
                                         : frames(t)->free_count();
-    free[tier_index(t)] = f + draining_[tier_index(t)];
+    room[tier_index(t)] = f + draining_[tier_index(t)];
+    if (t == Tier::kHbm && demotions_awaiting_host_ > 0 && host_has_nothing_for_demotions()) {
+      // Pages waiting for a host frame that host memory has neither free nor on its way: they
+      // may wait for good (host memory full of pages that cannot move), so they are no room.
+      room[tier_index(t)] -= std::min(room[tier_index(t)], demotions_awaiting_host_);
+    }
+    if (t == asked) continue;
+    const uint64_t spoken_for = reserve_frames(t) + frames_awaited(t);
+    room[tier_index(t)] -= std::min(room[tier_index(t)], spoken_for);
   }
+  return room;
+}
+
+void Scheduler::make_room(Tier tier, TransferPriority prio) {
+  if (tier == Tier::kHbm && parts_.host->free_count() + draining_[tier_index(Tier::kHost)] <
+                                reserve_frames(Tier::kHost)) {
+    // HBM's room is made by demotions into host memory, which never take its reserve. Host memory
+    // below its reserve (reads from NVMe borrow from it) gets that back first: the plan below
+    // counts no host room until it has, and would demote into frames that host room-making
+    // freed but the reserve kept.
+    make_room(Tier::kHost, prio);
+  }
+  uint64_t waiting = reserve_frames(tier) + frames_awaited(tier);
+  if (tier == Tier::kHost) waiting += staging_waiters_.size();
+  std::array<uint64_t, kNumTiers> free = room_for_plans(tier);
   if (waiting <= free[tier_index(tier)]) return;
   // A plan's estimate can be more than a move achieves (a page is the last copy of a block in use
   // whose other pages are still being written, so it can neither be dropped nor staged to NVMe);
@@ -278,8 +319,8 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
   constexpr int kFruitlessRounds = 8;
   std::unordered_set<BlockKey, BlockKeyHash> tried;
   for (int fruitless = 0; waiting > free[tier_index(tier)] && fruitless < kFruitlessRounds;) {
-    const SkipFilter skip{this, tier, &tried};
-    const PlacementPlan plan = placement_->plan_room(tier, waiting, free, KeyFilter(skip));
+    const SkipFilters skip(this, &tried);
+    const PlacementPlan plan = placement_->plan_room(tier, waiting, free, skip.per_tier());
     if (plan.moves.empty()) return;
     uint64_t freed = 0;
     for (const PlannedMove& move : plan.moves) {
@@ -292,7 +333,10 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
       freed += f;
     }
     if (freed >= waiting - free[tier_index(tier)]) return;
-    free[tier_index(tier)] += freed;
+    // The tiers below gave some of their room to this round's demotions: asked afresh.
+    const uint64_t asked_free = free[tier_index(tier)] + freed;
+    free = room_for_plans(tier);
+    free[tier_index(tier)] = asked_free;
     fruitless = freed == 0 ? fruitless + 1 : 0;
   }
 }

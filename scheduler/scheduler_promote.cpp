@@ -57,11 +57,14 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
       return;
     }
     case CopyState::kDraining:
-      // Leaving for host memory: wait until the copy there is complete, then load it back.
+      // Leaving for host memory: wait until the copy there is complete, then load it back — or,
+      // for a demand, when the demotion still waits for its host frame, withdraw it: the page is
+      // ready again as soon as the demotion's op ends, which runs this waiter.
       attach(pk, [this, key, layer, prio, on_filling = std::move(on_filling),
                   done = std::move(done)](const Status&) mutable {
         ensure_in_hbm(key, layer, prio, std::move(on_filling), std::move(done));
       });
+      if (prio == TransferPriority::kDemand) withdraw_demotions(&pk, "a step reads the page");
       return;
     case CopyState::kAbsent: break;
   }
@@ -356,7 +359,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
             });
         if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
       },
-      /*nvme_read=*/true);
+      FrameUse::kNvmeRead);
 }
 
 void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio) {
@@ -475,7 +478,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
             }
           }
         },
-        /*nvme_read=*/true);
+        FrameUse::kNvmeRead);
   }
 }
 

@@ -22,7 +22,8 @@
 namespace kvtier {
 namespace {
 
-BlockKey key_of(uint64_t id) { return BlockKey{id, uint64_t{7} << 40}; }
+// Content keys (namespace tag 7): a key with tag 0 is private (BlockKey::is_private).
+BlockKey key_of(uint64_t id) { return BlockKey{id, uint64_t{7} << 48}; }
 
 // A ready copy of block `id`'s page `layer` in `tier` (the block exists already).
 void add_ready_page(PageTable& table, Tier tier, uint64_t id, uint32_t layer = 0) {
@@ -473,6 +474,59 @@ TEST_F(PlacementShadowed, ABlockIsNotDroppedFromTwoTiersInOnePlan) {
   ASSERT_NE(hbm3, nullptr);
   EXPECT_EQ(hbm3->to, Tier::kHost);
   EXPECT_NE(move_of(plan, 2, Tier::kHost), nullptr);
+  EXPECT_EQ(plan.shortfall, 0u);
+}
+
+// A private block (K/V an engine wrote, with no content key yet) never goes to NVMe, which is
+// addressed by content key, and is never lost: in host memory only its pages whose HBM copy is
+// ready can leave, and only those count as freed. Host memory (2 layers, 4 frames) holds private
+// block P (both pages; HBM holds layer 1 again), private block Q (both pages, nothing in HBM)
+// and block 3 (both pages), oldest first.
+TEST(PlacementPrivate, APrivateBlockLeavesHostOnlyWhereHbmHoldsItsPages) {
+  auto made = pt_test::TableRig::make(/*layers=*/2, 1, 4, 6, 4);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  pt_test::TableRig rig = std::move(made).value();
+  const auto write = make_write_strategy(WritePolicy::kWriteBack, 2);
+  const NvmeAdmission admission(0u);
+  EvictorOptions eo;
+  eo.capacity_blocks = 4;
+  std::array<std::unique_ptr<Evictor>, kNumTiers> evictors;
+  for (auto& e : evictors) e = make_evictor(EvictionPolicy::kLru, eo);
+  const BlockKey p{1, 0};
+  const BlockKey q{2, 0};
+  ASSERT_TRUE(p.is_private() && q.is_private());
+  const auto ready = [&](const BlockKey& key, Tier tier, uint32_t layer) {
+    ASSERT_TRUE(rig.table
+                    ->update(key,
+                             [&](EntryView& v) -> Status {
+                               KVTIER_RETURN_IF_ERROR(
+                                   v.begin_fill(CopyId::page(tier, layer)).status());
+                               return v.complete_fill(CopyId::page(tier, layer));
+                             })
+                    .ok());
+  };
+  for (const BlockKey& key : {p, q, key_of(3)}) {
+    ASSERT_TRUE(rig.table->create_block(key, BlockKey{}, key.is_private() ? 1 : 0).ok());
+    for (uint32_t l = 0; l < 2; ++l) ready(key, Tier::kHost, l);
+    BlockFacts f;
+    f.key = key;
+    evictors[tier_index(Tier::kHost)]->on_insert(f);
+  }
+  ready(p, Tier::kHbm, 1);
+  std::array<Evictor*, kNumTiers> raw{};
+  for (Tier t : kAllTiers)
+    raw[static_cast<std::size_t>(tier_index(t))] = evictors[tier_index(t)].get();
+  Placement placement(*rig.table, raw, admission, *write);
+  const PlacementPlan plan = placement.plan_room(Tier::kHost, 3, {0, 0, 4});
+  // Block 3 first (an open sequence holds the private blocks: they go last), then P's one page;
+  // Q frees nothing.
+  ASSERT_EQ(plan.moves.size(), 2u);
+  EXPECT_EQ(plan.moves[0].block.key, key_of(3));
+  EXPECT_EQ(plan.moves[0].to, Tier::kNvme);
+  EXPECT_EQ(plan.moves[0].frames_freed, 2u);
+  EXPECT_EQ(plan.moves[1].block.key, p);
+  EXPECT_EQ(plan.moves[1].to, std::nullopt) << "a private block never goes to NVMe";
+  EXPECT_EQ(plan.moves[1].frames_freed, 1u) << "only its page that HBM holds may leave";
   EXPECT_EQ(plan.shortfall, 0u);
 }
 

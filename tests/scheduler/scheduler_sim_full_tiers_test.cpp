@@ -98,8 +98,8 @@ TEST_P(FullTiers, AStepPastWhatTheTiersHoldFailsAndTheRestMovesOnOnceASequenceCl
   const StepItem too_much{seqs[3], (left + 1) * page_tokens};
   auto failed = w.run_step(std::span(&too_much, 1), kNanosPerMicro);
   EXPECT_EQ(failed.status.code(), StatusCode::kDeadlineExceeded) << failed.status.to_string();
-  const std::string pending = w.scheduler().pending_summary();
-  EXPECT_NE(pending.find("cannot go to NVMe"), std::string::npos) << pending;
+  EXPECT_NE(failed.status.message().find("cannot go to NVMe"), std::string::npos)
+      << failed.status.to_string();
   // The engine closes a sequence: what waited for frames goes on, and the fourth sequence's step
   // (and one more step of each other sequence) runs.
   ASSERT_TRUE(w.scheduler().close_sequence(seqs[0]).ok());
@@ -144,7 +144,9 @@ TEST(FullHost, APrefixOnNvmeOnlyComesUpThroughTheReserve) {
     const StepItem prefill{s->id, blocks * page_tokens};
     auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    if (blocks != a_blocks) ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    if (blocks != a_blocks) {
+      ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    }
     w.settle();
   }
   ASSERT_EQ(w.host().free_count(), reserve) << w.scheduler().pending_summary();
@@ -163,6 +165,206 @@ TEST(FullHost, APrefixOnNvmeOnlyComesUpThroughTheReserve) {
   ASSERT_TRUE(r.status.ok()) << r.status.to_string() << "; " << w.scheduler().pending_summary();
   expect_tables_valid(w, r);
   ASSERT_TRUE(w.scheduler().close_sequence(q->id).ok());
+  w.settle();
+  expect_consistent(w);
+  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+}
+
+// Host memory full of private pages but for its reserve; HBM full of the pages of two open
+// sequences: one reused from NVMe (so its blocks may leave HBM at once, being safe below) and one
+// private (its pages can go nowhere: host memory has no frame it may take). A third sequence over
+// a prefix on NVMe needs HBM frames: room is made by dropping the reused blocks, which come back
+// from NVMe for their own next step, not by demoting private pages into frames that never come.
+TEST(FullHost, HbmRoomComesFromBlocksSafeOnNvmeNotFromPagesHostCannotTake) {
+  SimSetup setup = full_tiers_setup(/*with_nvme=*/true);
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld w(setup);
+  const uint32_t layers = setup.geometry.layers;
+  const uint32_t page_tokens = setup.geometry.page_tokens;
+  const uint32_t reserve = 2 * layers;
+  // Two prompts computed once and written through to NVMe.
+  const std::vector<BlockKey> reused = w.prompt(8, /*salt=*/1);
+  const std::vector<BlockKey> prefix = w.prompt(3, /*salt=*/2);
+  for (const auto* keys : {&reused, &prefix}) {
+    ASSERT_TRUE(w.prefill_and_close(*keys, kNanosPerMicro).ok());
+    w.settle();
+  }
+  // Sequence A's private pages fill host memory but for the reserve (a second sequence that takes
+  // all of HBM pushes them there, and closes).
+  const uint32_t a_blocks = (kFrames - reserve) / layers;
+  for (uint32_t blocks : {a_blocks, kFrames / layers}) {
+    auto s = w.scheduler().open_sequence({});
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    const StepItem prefill{s->id, blocks * page_tokens};
+    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    if (blocks != a_blocks) {
+      ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    }
+    w.settle();
+  }
+  // B's private pages take all of HBM but what K needs: K reuses its prompt from NVMe and
+  // decodes a token (one private block). Both stay open; B's pages are the older.
+  auto b = w.scheduler().open_sequence({});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const uint32_t b_blocks = kFrames / layers - static_cast<uint32_t>(reused.size()) - 1;
+  const StepItem b_prefill{b->id, b_blocks * page_tokens};
+  auto rb = w.run_step(std::span(&b_prefill, 1), kNanosPerMicro);
+  ASSERT_TRUE(rb.status.ok()) << rb.status.to_string() << "; " << w.scheduler().pending_summary();
+  w.settle();
+  auto k = w.scheduler().open_sequence(reused);
+  ASSERT_TRUE(k.ok()) << k.status().to_string();
+  ASSERT_EQ(k->reused_blocks, reused.size());
+  const StepItem k_decode{k->id, 1};
+  auto rk = w.run_step(std::span(&k_decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(rk.status.ok()) << rk.status.to_string() << "; " << w.scheduler().pending_summary();
+  w.settle();
+  ASSERT_EQ(w.hbm().free_count(), 0u) << w.scheduler().pending_summary();
+  ASSERT_LE(w.host().free_count(), reserve) << w.scheduler().pending_summary();
+  // The third sequence: its prefix comes up from NVMe into room K's blocks leave.
+  auto q = w.scheduler().open_sequence(prefix);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  ASSERT_EQ(q->reused_blocks, prefix.size());
+  const StepItem q_decode{q->id, 1};
+  auto rq = w.run_step(std::span(&q_decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(rq.status.ok()) << rq.status.to_string();
+  expect_tables_valid(w, rq);
+  ASSERT_TRUE(w.scheduler().close_sequence(q->id).ok());
+  w.settle();
+  // K's next step reads its prompt back from NVMe; nothing of B's was lost.
+  auto rk2 = w.run_step(std::span(&k_decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(rk2.status.ok()) << rk2.status.to_string();
+  expect_tables_valid(w, rk2);
+  EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
+  for (SequenceId id : {k->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+}
+
+// A step that reads a page whose demotion still waits for its host frame keeps the page where it
+// is: the demotion is withdrawn, and the layer is ready at once, with no copy down and back up.
+// Here the host frames are on their way — cached blocks being written to a slow NVMe — when the
+// step comes.
+TEST(FullHost, AStepKeepsAPageWhoseDemotionStillWaitsForItsHostFrame) {
+  SimSetup setup = full_tiers_setup(/*with_nvme=*/true);
+  setup.policies.write = WritePolicy::kWriteBack;
+  setup.nvme_write_gbps = 0.001;  // 16 us per page: the writes are still going when B steps
+  SimWorld w(setup);
+  const uint32_t layers = setup.geometry.layers;
+  const uint32_t page_tokens = setup.geometry.page_tokens;
+  const uint32_t reserve = 2 * layers;
+  // Cached one-block prompts that only host memory holds (write-back: not on NVMe) fill it but
+  // for its reserve, once two open private sequences, B then D, take all of HBM.
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts((kFrames - reserve) / layers, 1, kNanosPerMicro, prompts).ok());
+  const uint32_t half = kFrames / layers / 2;
+  SequenceId b = 0;
+  for (SequenceId* id : {&b, static_cast<SequenceId*>(nullptr)}) {
+    auto s = w.scheduler().open_sequence({});
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    if (id != nullptr) *id = s->id;
+    // B's last block is partial: its next token needs no new frame.
+    const StepItem prefill{s->id, half * page_tokens - (id != nullptr ? 4 : 0)};
+    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    w.settle();
+  }
+  ASSERT_EQ(w.hbm().free_count(), 0u) << w.scheduler().pending_summary();
+  ASSERT_EQ(w.host().free_count(), reserve) << w.scheduler().pending_summary();
+  // C needs HBM frames: B's pages, the older, start down to host memory, whose frames come as
+  // the cached blocks are written to NVMe. Nothing has moved yet when B steps.
+  auto c = w.scheduler().open_sequence({});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const StepItem c_prefill{c->id, 2 * page_tokens};
+  auto c_step = w.scheduler().begin_step(std::span(&c_prefill, 1));
+  ASSERT_TRUE(c_step.ok()) << c_step.status().to_string();
+  const uint64_t demotions_before = w.scheduler().stats().demotions[tier_index(Tier::kHost)];
+  uint32_t b_draining = 0;
+  for (const auto& [key, info] : w.table().snapshot()) {
+    for (const PageInfo& p : info.pages) b_draining += p.hbm == CopyState::kDraining;
+  }
+  ASSERT_GT(b_draining, 0u) << "C's room must come from B's pages: "
+                            << w.scheduler().pending_summary();
+  const StepItem b_decode{b, 1};
+  auto b_step = w.scheduler().begin_step(std::span(&b_decode, 1));
+  ASSERT_TRUE(b_step.ok()) << b_step.status().to_string();
+  for (uint32_t l = 0; l < layers; ++l) {
+    auto ready = w.scheduler().layer_readiness(b_step->id, l);
+    ASSERT_TRUE(ready.ok()) << ready.status().to_string();
+    EXPECT_TRUE((*ready)->finished())
+        << "layer " << l << " waits: " << w.scheduler().pending_summary();
+  }
+  EXPECT_EQ(w.scheduler().stats().demotions[tier_index(Tier::kHost)], demotions_before);
+  // Both steps end; everything is still where a sequence finds it.
+  ASSERT_TRUE(w.scheduler().abort_step(b_step->id).ok());
+  w.settle();
+  ASSERT_TRUE(w.scheduler().abort_step(c_step->id).ok());
+  w.settle();
+  EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
+}
+
+// Host memory full of private pages but for its reserve, HBM full of the pages of open sequences,
+// none of them on NVMe (write-back): a fourth sequence's step still gets HBM frames. A block in
+// use that has a content key leaves HBM by way of NVMe, staged through the reserve, and comes
+// back from there when its sequence steps again.
+TEST(FullHost, ABlockInUseLeavesHbmByWayOfNvmeWhenHostHasNoRoom) {
+  SimSetup setup = full_tiers_setup(/*with_nvme=*/true);
+  setup.policies.write = WritePolicy::kWriteBack;
+  SimWorld w(setup);
+  const uint32_t layers = setup.geometry.layers;
+  const uint32_t page_tokens = setup.geometry.page_tokens;
+  const uint32_t reserve = 2 * layers;
+  // A's private pages fill host memory but for the reserve (pushed there by a sequence that
+  // takes all of HBM, and closes).
+  const uint32_t a_blocks = (kFrames - reserve) / layers;
+  for (uint32_t blocks : {a_blocks, kFrames / layers}) {
+    auto s = w.scheduler().open_sequence({});
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    const StepItem prefill{s->id, blocks * page_tokens};
+    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    if (blocks != a_blocks) {
+      ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    }
+    w.settle();
+  }
+  // B (private) and K (a prompt: blocks with content keys, on no other tier) fill HBM.
+  auto b = w.scheduler().open_sequence({});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const StepItem b_prefill{b->id, 4 * page_tokens};
+  ASSERT_TRUE(w.run_step(std::span(&b_prefill, 1), kNanosPerMicro).status.ok());
+  const std::vector<BlockKey> prompt = w.prompt(kFrames / layers - 4, /*salt=*/3);
+  auto k = w.scheduler().open_sequence(prompt);
+  ASSERT_TRUE(k.ok()) << k.status().to_string();
+  const StepItem k_prefill{k->id, static_cast<uint32_t>(prompt.size()) * page_tokens};
+  ASSERT_TRUE(w.run_step(std::span(&k_prefill, 1), kNanosPerMicro).status.ok());
+  w.settle();
+  ASSERT_EQ(w.hbm().free_count(), 0u) << w.scheduler().pending_summary();
+  ASSERT_EQ(w.host().free_count(), reserve) << w.scheduler().pending_summary();
+  // Q's first token needs a block's worth of HBM frames.
+  auto q = w.scheduler().open_sequence({});
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  const StepItem q_token{q->id, 1};
+  auto rq = w.run_step(std::span(&q_token, 1), kNanosPerMicro);
+  ASSERT_TRUE(rq.status.ok()) << rq.status.to_string();
+  expect_tables_valid(w, rq);
+  uint32_t on_nvme = 0;
+  for (const BlockKey& key : prompt) {
+    auto info = w.table().lookup(key);
+    ASSERT_TRUE(info.ok()) << info.status().to_string();
+    on_nvme += info->nvme == CopyState::kReady;
+  }
+  EXPECT_GT(on_nvme, 0u) << "K's room was to be made through NVMe";
+  EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
+  // Q and B close; K steps again, reading its whole prompt, from wherever it is.
+  for (SequenceId id : {q->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  const StepItem k_decode{k->id, 1};
+  auto rk = w.run_step(std::span(&k_decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(rk.status.ok()) << rk.status.to_string() << "; " << w.scheduler().pending_summary();
+  expect_tables_valid(w, rk);
+  ASSERT_TRUE(w.scheduler().close_sequence(k->id).ok());
   w.settle();
   expect_consistent(w);
   EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();

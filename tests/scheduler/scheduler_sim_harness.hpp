@@ -110,9 +110,12 @@ class SimWorld {
       const bool done = loop().run_while_not([&] { return (*ready)->finished(); });
       r.stall += loop().now() - before;
       // Once the simulation goes idle the layer cannot become ready: the readiness's own "not
-      // ready" says less than that, so it is not asked.
-      Status w = done ? (*ready)->wait(0)
-                      : deadline_exceeded("layer never became ready (simulation idle)");
+      // ready" says less than that, so it is not asked; what the scheduler waits on is told, as
+      // the runtime's wait_layer tells it.
+      Status w =
+          done ? (*ready)->wait(0)
+               : deadline_exceeded("layer never became ready (simulation idle); waiting on: " +
+                                   scheduler().pending_summary());
       if (!w.ok()) {
         r.status = w;
         scheduler().abort_step(info->id).ignore();
