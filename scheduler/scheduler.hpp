@@ -34,7 +34,9 @@
 // being copied out of HBM are pinned (write-through) or draining (eviction), so nothing reuses a
 // frame under a transfer. A failed load makes the page a miss: the waiting layer fails, the engine
 // recomputes; the bytes are never served. Blocks of open sequences (references > 0) and private
-// blocks never lose their last copy: they are demoted whatever admission says, or stay.
+// blocks never lose their last copy: they are demoted whatever admission says, or stay. A plan
+// counts in the tiers below only frames a demotion may take (room_for_plans); a demotion waiting
+// for a host frame that nothing in flight will free is withdrawn (withdraw_demotions).
 //
 // Deadlines. Every wait is bounded (prefetch.deadline_ms for stall accounting, wait_timeout as the
 // hard bound). A late page stalls the step (counted), or, with prefetch.on_late = recompute, the
