@@ -332,6 +332,11 @@ class Scheduler {
   // After `tier` could not store `key` (`why`): remembers it, says so once, and drops the copies
   // that could not go down (HBM pages for the host, host pages for NVMe) when nothing needs them.
   void refused_by_tier(const BlockKey& key, Tier tier, const Status& why);
+  // The block may be written to NVMe: there is an NVMe tier, the block has a content key (the
+  // store is addressed by it; a private block has none yet) and NVMe never refused it.
+  bool nvme_takes(const BlockKey& key) const {
+    return parts_.nvme != nullptr && !key.is_private() && !refused(key, Tier::kNvme);
+  }
   bool refused(const BlockKey& key, Tier tier) const {
     if (refused_.empty()) return false;  // the common case: asked per room-making candidate
     auto it = refused_.find(key);

@@ -107,9 +107,9 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
       // staging takes the reserve and the NVMe link from everything else, and under load (the
       // Mooncake trace at its rate) doing it whenever a plan found no host room doubled the
       // mean TTFT.
-      if (must_keep && !move.to.has_value() && !key.is_private() && parts_.nvme != nullptr &&
-          links_.idle() && host_has_nothing_for_demotions() && !refused(key, Tier::kNvme) &&
-          !refused(key, Tier::kHost) && page_snapshot(key, 0).nvme == CopyState::kAbsent) {
+      if (must_keep && !move.to.has_value() && nvme_takes(key) && !refused(key, Tier::kHost) &&
+          links_.idle() && host_has_nothing_for_demotions() &&
+          page_snapshot(key, 0).nvme == CopyState::kAbsent) {
         stage_to_nvme(key, prio);
       }
       break;
@@ -121,10 +121,8 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
         all_host_ready = page_snapshot(key, l).host == CopyState::kReady;
       }
       const PageSnapshot p0 = page_snapshot(key, 0);
-      // The NVMe store is addressed by content key: a private block (no identity yet) stays in
-      // memory until it is published.
-      const bool to_nvme =
-          !key.is_private() && parts_.nvme != nullptr && !refused(key, Tier::kNvme);
+      // A private block (no content key yet) stays in memory until it is published.
+      const bool to_nvme = nvme_takes(key);
       if (to_nvme && p0.nvme != CopyState::kReady && all_host_ready &&
           (move.to == Tier::kNvme || must_keep) &&
           demote_block_to_nvme(key, prio, /*keep_host=*/false)) {

@@ -237,7 +237,7 @@ bool Scheduler::host_pages_stuck(const BlockKey& key) const {
   // A private block cannot go to NVMe (addressed by content key): only the host pages whose HBM
   // copy is ready may leave, which is what lets HBM and host trade pages when both are full of
   // blocks in use (a page brought up frees its host frame for one going down).
-  const bool nvme_open = !key.is_private() && parts_.nvme != nullptr && !refused(key, Tier::kNvme);
+  const bool nvme_open = nvme_takes(key);
   const bool host_open = !refused(key, Tier::kHost);
   bool stuck = false;
   Status s = parts_.table->visit(key, [&](const EntryView& v) {

@@ -16,16 +16,10 @@ namespace {
 
 using testing::check_tokens;
 using testing::make_tokens;
+using testing::open_or_skip;
 using testing::run_checked_step;
 using testing::ScratchDir;
 using testing::small_config;
-
-std::unique_ptr<Runtime> open_or_skip(const Config& c) {
-  auto rt = Runtime::open(c);
-  if (!rt.ok() && rt.status().code() == StatusCode::kUnavailable) return nullptr;
-  EXPECT_TRUE(rt.ok()) << rt.status().to_string();
-  return rt.ok() ? std::move(rt).value() : nullptr;
-}
 
 TEST(Runtime, PagesSurviveEvictionToHostAndNvmeBitForBit) {
   ScratchDir dir("runtime-evict");

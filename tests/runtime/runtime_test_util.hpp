@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,6 +51,15 @@ inline Config small_config(const std::filesystem::path& dir) {
   c.tiers.nvme.queue_depth = 16;
   c.metrics.listen = "";
   return c;
+}
+
+// The runtime of `c`, or null: when its NVMe store cannot be opened here (kUnavailable: O_DIRECT
+// or io_uring refused) the caller skips the test; any other failure fails it.
+inline std::unique_ptr<Runtime> open_or_skip(const Config& c) {
+  auto rt = Runtime::open(c);
+  if (!rt.ok() && rt.status().code() == StatusCode::kUnavailable) return nullptr;
+  EXPECT_TRUE(rt.ok()) << rt.status().to_string();
+  return rt.ok() ? std::move(rt).value() : nullptr;
 }
 
 // The K/V bytes a token contributes to a page, as a function of its content and position only, so

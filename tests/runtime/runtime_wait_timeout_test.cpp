@@ -113,12 +113,8 @@ TEST(RuntimeWaitTimeout, ShutdownDoesNotWaitForCopiesNothingCanStart) {
   Config c = testing::small_config(dir.path());
   c.tiers.host.capacity_bytes = 64 * 8192;
   c.policies.write = WritePolicy::kWriteThrough;
-  auto opened = Runtime::open(c);
-  if (!opened.ok() && opened.status().code() == StatusCode::kUnavailable) {
-    GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
-  }
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  std::unique_ptr<Runtime> rt = std::move(opened).value();
+  auto rt = testing::open_or_skip(c);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
   const uint32_t page_tokens = rt->geometry().page_tokens;
   // The prefix: two blocks, computed and written through to NVMe.
   const std::vector<uint32_t> prefix = make_tokens(2 * page_tokens, 9);

@@ -39,6 +39,24 @@ uint32_t usable_frames(const SimSetup& s) {
   return s.hbm_frames + s.host_frames - reserve;
 }
 
+// Fills host memory with private pages but for the frames it keeps for NVMe staging: sequence A
+// (left open) computes them, and a second sequence that takes all of HBM pushes them there, and
+// closes.
+Status fill_host_with_private_pages(SimWorld& w) {
+  const uint32_t layers = w.setup().geometry.layers;
+  const uint32_t page_tokens = w.setup().geometry.page_tokens;
+  const uint32_t reserve = 2 * layers;
+  for (const uint32_t blocks : {(kFrames - reserve) / layers, kFrames / layers}) {
+    auto s = w.scheduler().open_sequence({});
+    if (!s.ok()) return s.status();
+    const StepItem prefill{s->id, blocks * page_tokens};
+    KVTIER_RETURN_IF_ERROR(w.run_step(std::span(&prefill, 1), kNanosPerMicro).status);
+    if (blocks == kFrames / layers) KVTIER_RETURN_IF_ERROR(w.scheduler().close_sequence(s->id));
+    w.settle();
+  }
+  return ok_status();
+}
+
 class FullTiers : public ::testing::TestWithParam<bool> {};
 
 TEST_P(FullTiers, TwoSequencesLargerThanHbmTakeTurns) {
@@ -128,27 +146,15 @@ TEST(FullHost, APrefixOnNvmeOnlyComesUpThroughTheReserve) {
   setup.policies.write = WritePolicy::kWriteThrough;
   SimWorld w(setup);
   const uint32_t layers = setup.geometry.layers;
-  const uint32_t page_tokens = setup.geometry.page_tokens;
   const uint32_t reserve = 2 * layers;
   // The prefix: published and written through to NVMe, then closed.
   constexpr uint32_t kPrefixBlocks = 3;
   const std::vector<BlockKey> prefix = w.prompt(kPrefixBlocks, /*salt=*/1);
   ASSERT_TRUE(w.prefill_and_close(prefix, kNanosPerMicro).ok());
   w.settle();
-  // Sequence A's private pages fill host memory but for the reserve: a second sequence that
-  // takes all of HBM pushes them there, and closes.
-  const uint32_t a_blocks = (kFrames - reserve) / layers;
-  for (uint32_t blocks : {a_blocks, kFrames / layers}) {
-    auto s = w.scheduler().open_sequence({});
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    const StepItem prefill{s->id, blocks * page_tokens};
-    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
-    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    if (blocks != a_blocks) {
-      ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
-    }
-    w.settle();
-  }
+  // Sequence A's private pages fill host memory but for the reserve.
+  const Status filled = fill_host_with_private_pages(w);
+  ASSERT_TRUE(filled.ok()) << filled.to_string();
   ASSERT_EQ(w.host().free_count(), reserve) << w.scheduler().pending_summary();
   for (const BlockKey& key : prefix) {
     auto info = w.table().lookup(key);
@@ -189,20 +195,9 @@ TEST(FullHost, HbmRoomComesFromBlocksSafeOnNvmeNotFromPagesHostCannotTake) {
     ASSERT_TRUE(w.prefill_and_close(*keys, kNanosPerMicro).ok());
     w.settle();
   }
-  // Sequence A's private pages fill host memory but for the reserve (a second sequence that takes
-  // all of HBM pushes them there, and closes).
-  const uint32_t a_blocks = (kFrames - reserve) / layers;
-  for (uint32_t blocks : {a_blocks, kFrames / layers}) {
-    auto s = w.scheduler().open_sequence({});
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    const StepItem prefill{s->id, blocks * page_tokens};
-    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
-    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    if (blocks != a_blocks) {
-      ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
-    }
-    w.settle();
-  }
+  // Sequence A's private pages fill host memory but for the reserve.
+  const Status filled = fill_host_with_private_pages(w);
+  ASSERT_TRUE(filled.ok()) << filled.to_string();
   // B's private pages take all of HBM but what K needs: K reuses its prompt from NVMe and
   // decodes a token (one private block). Both stay open; B's pages are the older.
   auto b = w.scheduler().open_sequence({});
@@ -315,20 +310,9 @@ TEST(FullHost, ABlockInUseLeavesHbmByWayOfNvmeWhenHostHasNoRoom) {
   const uint32_t layers = setup.geometry.layers;
   const uint32_t page_tokens = setup.geometry.page_tokens;
   const uint32_t reserve = 2 * layers;
-  // A's private pages fill host memory but for the reserve (pushed there by a sequence that
-  // takes all of HBM, and closes).
-  const uint32_t a_blocks = (kFrames - reserve) / layers;
-  for (uint32_t blocks : {a_blocks, kFrames / layers}) {
-    auto s = w.scheduler().open_sequence({});
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
-    const StepItem prefill{s->id, blocks * page_tokens};
-    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
-    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    if (blocks != a_blocks) {
-      ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
-    }
-    w.settle();
-  }
+  // Sequence A's private pages fill host memory but for the reserve.
+  const Status filled = fill_host_with_private_pages(w);
+  ASSERT_TRUE(filled.ok()) << filled.to_string();
   // B (private) and K (a prompt: blocks with content keys, on no other tier) fill HBM.
   auto b = w.scheduler().open_sequence({});
   ASSERT_TRUE(b.ok()) << b.status().to_string();
