@@ -210,6 +210,7 @@ Status PageTable::create_block(const BlockKey& key, const BlockKey& parent, uint
       e.header().flags |= BlockHeader::kLinked;
     }
   }
+  if (key.is_private()) private_blocks_.fetch_add(1, std::memory_order_relaxed);
   return ok_status();
 }
 
@@ -310,6 +311,7 @@ Status PageTable::erase(const BlockKey& key) {
     ks.map.erase(h, [&](uint32_t s) { return s == slot; });
     hd.flags = 0;
     ks.slab.release(slot);
+    if (key.is_private()) private_blocks_.fetch_sub(1, std::memory_order_relaxed);
     return first_error;
   }
 }
@@ -350,6 +352,7 @@ Result<PublishOutcome> PageTable::publish(const BlockKey& private_key,
     }
     from.map.erase(ph, is_slot);
     e.header().key = content_key;
+    private_blocks_.fetch_sub(1, std::memory_order_relaxed);
     return PublishOutcome::kPublished;
   }
   const uint32_t dest = to.slab.allocate();
@@ -368,6 +371,7 @@ Result<PublishOutcome> PageTable::publish(const BlockKey& private_key,
   from.map.erase(ph, is_slot);
   e.header().flags = 0;
   from.slab.release(slot);
+  private_blocks_.fetch_sub(1, std::memory_order_relaxed);
   return PublishOutcome::kPublished;
 }
 

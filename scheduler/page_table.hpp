@@ -35,7 +35,8 @@
 // private_block_key). When it is full, publish() moves it under its content key; if that key is
 // already cached (another sequence computed the same block), publish changes nothing and says so,
 // and the caller shares the existing block and erases the private one: a shared block is never
-// duplicated.
+// duplicated. The table counts its private blocks (private_blocks()): their pages can live only in
+// HBM and host memory, which the scheduler must know when it decides how much of HBM a step gets.
 //
 // Rejected: one global lock (2 threads would already serialise on match), a lock-free table (no
 // benchmark says the shard mutexes are the bottleneck, and a lock-free design would need a
@@ -166,6 +167,8 @@ class PageTable {
   Result<PublishOutcome> publish(const BlockKey& private_key, const BlockKey& content_key);
   // Number of blocks.
   std::size_t size() const;
+  // Number of blocks under a private key (created private and not yet published or erased).
+  uint64_t private_blocks() const { return private_blocks_.load(std::memory_order_relaxed); }
 
   // The longest prefix of `keys` whose blocks are all cached, counted by the slowest tier each must
   // be loaded from. Each block is checked (and, per options, hit-recorded and acquired) under its
@@ -242,8 +245,9 @@ class PageTable {
   // Checks every invariant; call at a quiescent point (no transfers in flight that the caller has
   // not recorded). Allocators' own audits; used == frames owned by copies, per tier; each frame
   // owned once and allocated; frames present exactly when a copy is not absent; no pinned page that
-  // is absent or draining; per-block counters equal to a recount; cached_children equal to the
-  // linked children present, and every linked child's parent present; index and slabs agree.
+  // is absent or draining; per-block counters and the private-block count equal to a recount;
+  // cached_children equal to the linked children present, and every linked child's parent
+  // present; index and slabs agree.
   Status audit() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
   // Heap bytes held by the table's metadata (indexes, slabs, shard array, the table itself).
   std::size_t memory_bytes() const;
@@ -297,6 +301,7 @@ class PageTable {
   std::unique_ptr<Shard[]> shards_;
   mutable std::atomic<uint64_t> clock_{0};
   mutable std::atomic<uint64_t> nvme_generations_{0};
+  std::atomic<uint64_t> private_blocks_{0};
 };
 
 }  // namespace kvtier

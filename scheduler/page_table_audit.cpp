@@ -103,6 +103,7 @@ Status PageTable::audit() const {
   };
 
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> children;
+  uint64_t private_count = 0;
   for (uint32_t i = 0; i < shard_count(); ++i) {
     const Shard& s = shards_[i];
     uint32_t live = 0;
@@ -111,6 +112,7 @@ Status PageTable::audit() const {
       const BlockHeader& hd = e.header();
       if (!hd.live()) continue;
       ++live;
+      private_count += hd.key.is_private();
       const std::string block = "block " + to_string(hd.key);
       const uint64_t h = hash_key(hd.key);
       if (shard_index(h) != i) return internal_error(block + " is stored in the wrong shard");
@@ -178,6 +180,11 @@ Status PageTable::audit() const {
       }
     });
     KVTIER_RETURN_IF_ERROR(std::move(index_status));
+  }
+
+  if (private_count != private_blocks()) {
+    return internal_error("the table counts " + std::to_string(private_blocks()) +
+                          " private blocks but holds " + std::to_string(private_count));
   }
 
   // cached_children of every block equals the number of its linked children.

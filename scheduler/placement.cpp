@@ -241,6 +241,16 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
         refused = true;
       }
     }
+    if (!move.to && !clean && !move.shadowed && key.is_private()) {
+      // Nowhere to go, and a private block is never lost: only its HBM pages with a host copy
+      // leave (the executor drops no other), so only they count as freed; none, and it is passed
+      // by, or every round of room-making would plan it again and free nothing.
+      move.frames_freed = s.evictable - s.host_missing;
+      if (move.frames_freed == 0) {
+        ++counters_.skipped;
+        continue;
+      }
+    }
     if (move.to) {
       ++counters_.demotions;
     } else if (const auto [it, first] = budget.dropped.emplace(key, move.shadowed);

@@ -36,7 +36,8 @@
 // recomputes; the bytes are never served. Blocks of open sequences (references > 0) and private
 // blocks never lose their last copy: they are demoted whatever admission says, or stay. A plan
 // counts in the tiers below only frames a demotion may take (room_for_plans); a demotion waiting
-// for a host frame that nothing in flight will free is withdrawn (withdraw_demotions).
+// for a host frame that nothing in flight will free is withdrawn (withdraw_host_requests), as is
+// a prefetch's read from NVMe.
 //
 // Deadlines. Every wait is bounded (prefetch.deadline_ms for stall accounting, wait_timeout as the
 // hard bound). A late page stalls the step (counted), or, with prefetch.on_late = recompute, the
@@ -198,6 +199,14 @@ class Scheduler {
   void release_layer(Step& step, uint32_t layer);
   // HBM frames a new batch cannot have (see the definition).
   uint64_t frames_held() const;
+  // A batch's private blocks: those its sequences hold, and those its step will open.
+  struct PrivateBlocks {
+    uint64_t held = 0;
+    uint64_t opened = 0;
+  };
+  // HBM frames that hold private pages host memory cannot take, for a batch computing `window`
+  // layers at a time (see the definition).
+  uint64_t frames_kept_for_private_pages(const PrivateBlocks& batch, uint64_t window) const;
   // How many of `keys` (with repeats) are blocks of pinned prefixes.
   uint64_t protected_count(std::span<const BlockKey> keys) const;
   // Stores the sizes of sequences_ and protected_ into the stats' gauges.
@@ -275,7 +284,7 @@ class Scheduler {
                int refetches);
   void prefetch_block(const BlockKey& key, bool into_hbm);
   // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
-  // request may be withdrawn (withdraw_demotions).
+  // request may be withdrawn (withdraw_host_requests).
   enum class FrameUse : uint8_t {
     kCopy,      // a copy into the tier (a load, a write-through)
     kNvmeRead,  // a host frame an NVMe read fills
@@ -309,12 +318,16 @@ class Scheduler {
   // Carries one planned move out; returns frames it freed at once or started freeing (drains).
   uint64_t execute_move(const PlannedMove& move, TransferPriority prio);
   void demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
-  // Gives up the HBM demotions still waiting for their host frame — only that of page `only`,
-  // or every one — and returns how many: each page stays in HBM, ready, as nothing was copied
-  // yet. Done for a page a step reads (better not moved at all), and when host memory is full of
-  // pages that cannot move: those frames might never come, and the demotions waiting for them
-  // held HBM frames no plan could count on and blocked every request queued behind them.
-  std::size_t withdraw_demotions(const PageKey* only, std::string_view why);
+  // Gives up requests still waiting for a host frame — only those of page `only`, or every one —
+  // and returns how many. HBM demotions: each page stays in HBM, ready, as nothing was copied
+  // yet. With kDemotionsAndPrefetchReads, prefetches' reads from NVMe too: nothing reads them
+  // yet, and a step that wants the page asks again. Done for a page a step reads (better not
+  // moved at all), and when host memory is full of pages that cannot move: those frames might
+  // never come, and the demotions waiting for them held HBM frames no plan could count on and
+  // blocked every request queued behind them, as prefetches of pages no step may read again (the
+  // next step's first layers, loaded as a windowed step ends) kept the scheduler busy for good.
+  enum class Withdrawn : uint8_t { kDemotions, kDemotionsAndPrefetchReads };
+  std::size_t withdraw_host_requests(const PageKey* only, Withdrawn what, std::string_view why);
   // Starts writing the block (every page ready in host memory) to NVMe; false when it cannot
   // (not all in host, already going, NVMe full of blocks that cannot leave).
   bool demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host);

@@ -236,29 +236,42 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
       FrameUse::kDemotion);
 }
 
-std::size_t Scheduler::withdraw_demotions(const PageKey* only, std::string_view why) {
-  std::vector<FrameWaiter> withdrawn;
-  for (auto& q : waiters_[tier_index(Tier::kHost)]) {
+std::size_t Scheduler::withdraw_host_requests(const PageKey* only, Withdrawn what,
+                                              std::string_view why) {
+  std::vector<FrameWaiter> demotions;
+  std::vector<FrameWaiter> reads;
+  auto& queues = waiters_[tier_index(Tier::kHost)];
+  for (int p = 0; p < kNumPriorities; ++p) {
+    const bool prefetch = static_cast<TransferPriority>(p) != TransferPriority::kDemand;
+    auto& q = queues[p];
     for (auto it = q.begin(); it != q.end();) {
-      const bool match = it->use == FrameUse::kDemotion &&
-                         (only == nullptr || (it->key == only->key && it->layer == only->layer));
-      if (!match) {
+      const bool page = only == nullptr || (it->key == only->key && it->layer == only->layer);
+      const bool demotion = it->use == FrameUse::kDemotion;
+      const bool read = what == Withdrawn::kDemotionsAndPrefetchReads && prefetch &&
+                        it->use == FrameUse::kNvmeRead;
+      if (!page || !(demotion || read)) {
         ++it;
         continue;
       }
-      withdrawn.push_back(std::move(*it));
+      (demotion ? demotions : reads).push_back(std::move(*it));
       it = q.erase(it);
     }
   }
-  // Each demotion's own undo: its HBM copy is ready again, its op ends and whoever waited on it
-  // reads the page afresh. Out of the queues first: an undo may queue requests of its own.
-  for (FrameWaiter& w : withdrawn) {
+  // Each request's own undo, out of the queues first (an undo may queue requests of its own): a
+  // demotion's HBM copy is ready again, its op ends and whoever waited on it reads the page
+  // afresh; a prefetch's read from NVMe ends unstarted (its HBM fill, if any, is given up), and a
+  // step that wants the page later asks again, as a demand.
+  for (FrameWaiter& w : demotions) {
     w.granted(cancelled("demotion of " + to_string(w.key) + " layer " + std::to_string(w.layer) +
                         " withdrawn: " + std::string(why)));
   }
-  // The HBM room counted on these pages is to be made otherwise.
-  if (!withdrawn.empty()) parts_.loop->post([this] { serve_frame_waiters(Tier::kHbm); });
-  return withdrawn.size();
+  for (FrameWaiter& w : reads) {
+    w.granted(cancelled("prefetch of " + to_string(w.key) + " layer " + std::to_string(w.layer) +
+                        " from nvme withdrawn: " + std::string(why)));
+  }
+  // The HBM room counted on the demoted pages is to be made otherwise.
+  if (!demotions.empty()) parts_.loop->post([this] { serve_frame_waiters(Tier::kHbm); });
+  return demotions.size() + reads.size();
 }
 
 bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {

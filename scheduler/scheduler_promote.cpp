@@ -64,7 +64,9 @@ void Scheduler::ensure_in_hbm(const BlockKey& key, uint32_t layer, TransferPrior
                   done = std::move(done)](const Status&) mutable {
         ensure_in_hbm(key, layer, prio, std::move(on_filling), std::move(done));
       });
-      if (prio == TransferPriority::kDemand) withdraw_demotions(&pk, "a step reads the page");
+      if (prio == TransferPriority::kDemand) {
+        withdraw_host_requests(&pk, Withdrawn::kDemotions, "a step reads the page");
+      }
       return;
     case CopyState::kAbsent: break;
   }

@@ -109,29 +109,51 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     infos[i].pages = static_cast<uint32_t>(ceil_div(total, pt));
     pages_per_layer += infos[i].pages;
   }
-  // Pages of pinned-prefix blocks are in HBM already, counted with the prefix (frames_held).
+  // Pages of pinned-prefix blocks are in HBM already, counted with the prefix (frames_held). The
+  // batch's private blocks, those it holds and those it will open, are counted for
+  // frames_kept_for_private_pages.
   uint64_t needed_per_layer = pages_per_layer;
+  PrivateBlocks batch_private;
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    const std::size_t known = std::min<std::size_t>(infos[i].pages, seqs[i]->blocks.size());
-    needed_per_layer -= protected_count(std::span(seqs[i]->blocks.data(), known));
+    const Sequence& seq = *seqs[i];
+    const std::size_t known = std::min<std::size_t>(infos[i].pages, seq.blocks.size());
+    needed_per_layer -= protected_count(std::span(seq.blocks.data(), known));
+    batch_private.held += static_cast<uint64_t>(std::count_if(
+        seq.blocks.begin(), seq.blocks.begin() + static_cast<std::ptrdiff_t>(known),
+        [](const BlockKey& k) { return k.is_private(); }));
+    const uint64_t tokens_after = seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
+    for (uint64_t b = known; b < infos[i].pages; ++b) {
+      // A new block is private unless it is a prompt block this step fills (see below).
+      batch_private.opened += !((b + 1) * pt <= tokens_after && b < seq.prompt_keys.size());
+    }
   }
   const uint64_t capacity = parts_.hbm->capacity();
   const uint64_t held = frames_held();
-  const uint64_t available = capacity > held ? capacity - held : 0;
-  if (needed_per_layer > available) {
+  // HBM frames the batch may have when it computes `w` layers at a time.
+  const auto available_for = [&](uint64_t w) {
+    const uint64_t taken = held + frames_kept_for_private_pages(batch_private, w);
+    return capacity > taken ? capacity - taken : 0;
+  };
+  if (needed_per_layer > available_for(1)) {
+    const uint64_t available = available_for(1);
     return resource_exhausted(
         "begin_step: one layer of this batch needs " + std::to_string(needed_per_layer) +
         " HBM frames (" + std::to_string(needed_per_layer * options_.geometry.page_bytes()) +
         " bytes) but only " + std::to_string(available) + " of " + std::to_string(capacity) +
         " are available (the rest are reserved by other open steps or hold pinned prefixes: " +
-        std::to_string(protected_.size()) + " blocks)");
+        std::to_string(protected_.size()) + " blocks; or hold private pages, which cannot go to " +
+        "NVMe and do not fit in host memory: " +
+        std::to_string(parts_.table->private_blocks()) + " private blocks of " +
+        std::to_string(layers) + " pages)");
   }
   uint32_t window = layers;
-  if (needed_per_layer * layers > available) {
-    // Layer by layer: the computing layer plus `layer_window` loading ahead, as HBM allows.
-    const uint64_t fit = std::max<uint64_t>(1, available / std::max<uint64_t>(1, needed_per_layer));
+  if (needed_per_layer * layers > available_for(layers)) {
+    // Layer by layer: the computing layer plus `layer_window` loading ahead, as HBM allows. Each
+    // layer the window gives up leaves HBM room but puts the batch's private pages of that layer
+    // in host memory (frames_kept_for_private_pages), so the widest window that fits is searched.
     window = static_cast<uint32_t>(std::min<uint64_t>(
-        {layers, fit, static_cast<uint64_t>(options_.policies.prefetch.layer_window) + 1}));
+        layers, static_cast<uint64_t>(options_.policies.prefetch.layer_window) + 1));
+    while (window > 1 && needed_per_layer * window > available_for(window)) --window;
     step->windowed = true;
   }
   step->window = window;
@@ -407,6 +429,25 @@ uint64_t Scheduler::frames_held() const {
     held += pages * step->window;
   }
   return held;
+}
+
+// Private pages are never written to NVMe (it is addressed by content key), so they live in HBM or
+// host memory; what host memory cannot hold of them holds HBM frames no plan can free. They are
+// every page of each private block outside the batch, and the batch's own private pages of the
+// layers outside its window (a windowed step keeps only the window's layers in HBM). Host memory
+// offers its frames but its reserve. An estimate from the table's count of private blocks: their
+// pages not yet written, and those of another open step's window (counted in frames_held too),
+// make it count a little high, which at worst makes a step use a narrower window.
+uint64_t Scheduler::frames_kept_for_private_pages(const PrivateBlocks& batch,
+                                                   uint64_t window) const {
+  const uint64_t layers = options_.geometry.layers;
+  const uint64_t all = parts_.table->private_blocks();
+  const uint64_t others = all > batch.held ? all - batch.held : 0;
+  const uint64_t outside_window = layers - std::min(layers, window);
+  const uint64_t pages = others * layers + (batch.held + batch.opened) * outside_window;
+  const uint64_t host = parts_.host->capacity();
+  const uint64_t host_room = host - std::min(host, reserve_frames(Tier::kHost));
+  return pages > host_room ? pages - host_room : 0;
 }
 
 uint64_t Scheduler::protected_count(std::span<const BlockKey> keys) const {

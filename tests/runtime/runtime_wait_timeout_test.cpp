@@ -1,9 +1,13 @@
-// A layer that cannot arrive: an engine that never publishes the blocks it fills keeps them under
-// private keys, which live only in HBM and host memory. Once they fill both, a step that needs one
-// more frame waits for a move no plan can make. The wait ends at the runtime's wait_timeout with
-// kDeadlineExceeded, and the message says what the scheduler waits on and who holds the frames (the
-// private pages), with what the engine can do about it. Nothing is lost: once the engine closes a
-// sequence the step runs, and every page the other sequences wrote reads back as written.
+// Steps that HBM and host memory cannot serve. An engine that never publishes the blocks it fills
+// keeps them under private keys, which live only in HBM and host memory: once they fill both, a
+// step that would need more is refused by begin_step at once (kResourceExhausted), saying how many
+// frames one layer needs, how many are left and that private pages hold the rest. Without NVMe,
+// the blocks of open sequences cannot leave memory either, and begin_step does not count them: a
+// step that needs their frames waits for a move no plan can make, until the runtime's
+// wait_timeout, and the kDeadlineExceeded says what the scheduler waits on and who holds the
+// frames, with what the engine can do about it; a shutdown meanwhile cancels that wait at once.
+// Nothing is lost: once the engine closes a sequence the step runs, and every page the other
+// sequences wrote reads back as written.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,10 +25,12 @@ using testing::run_checked_step;
 
 // A runtime whose HBM and host memory hold 64 frames each, without NVMe, that gives up waiting for
 // a layer after 300 ms.
-std::unique_ptr<Runtime> open_small(const testing::ScratchDir& dir) {
+std::unique_ptr<Runtime> open_small(const testing::ScratchDir& dir,
+                                    WritePolicy write = WritePolicy::kWriteBack) {
   Config c = testing::small_config(dir.path());
   c.tiers.nvme.enabled = false;
   c.tiers.host.capacity_bytes = 64 * 8192;
+  c.policies.write = write;
   RuntimeOptions options;
   options.wait_timeout = std::chrono::milliseconds(300);
   auto opened = Runtime::open(c, options);
@@ -57,8 +63,8 @@ PrivateSequences fill_with_private_blocks(Runtime& rt, int count, uint32_t block
   return out;
 }
 
-TEST(RuntimeWaitTimeout, PrivatePagesFillingHostAreNamedInTheTimeout) {
-  testing::ScratchDir dir("runtime-wait-timeout");
+TEST(RuntimeWaitTimeout, PrivatePagesFillingTheTiersRefuseAStepAtOnce) {
+  testing::ScratchDir dir("runtime-wait-refused");
   auto rt = open_small(dir);
   ASSERT_NE(rt, nullptr);
   const uint32_t page_tokens = rt->geometry().page_tokens;
@@ -70,19 +76,18 @@ TEST(RuntimeWaitTimeout, PrivatePagesFillingHostAreNamedInTheTimeout) {
   ASSERT_EQ(seqs.ids.size(), static_cast<std::size_t>(kSequences));
   bool bytes_ok = true;
   const auto start = std::chrono::steady_clock::now();
-  Status stuck = run_checked_step(*rt, seqs.ids.back(), seqs.tokens.back(), 0,
-                                  kBlocks * page_tokens, &bytes_ok);
-  ASSERT_EQ(stuck.code(), StatusCode::kDeadlineExceeded) << stuck.to_string();
-  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
-  const std::string& why = stuck.message();
-  EXPECT_NE(why.find("wait_layer: step "), std::string::npos) << why;
-  EXPECT_NE(why.find("the scheduler is waiting on: "), std::string::npos) << why;
-  EXPECT_NE(why.find(" private, "), std::string::npos) << "who holds the frames: " << why;
+  Status refused = run_checked_step(*rt, seqs.ids.back(), seqs.tokens.back(), 0,
+                                    kBlocks * page_tokens, &bytes_ok);
+  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
+      << "refused without waiting";
+  const std::string& why = refused.message();
+  EXPECT_NE(why.find("one layer of this batch needs 10 HBM frames"), std::string::npos) << why;
   EXPECT_NE(why.find("cannot go to NVMe"), std::string::npos) << why;
-  EXPECT_NE(why.find("full_block_keys"), std::string::npos) << why;
+  EXPECT_NE(why.find("30 private blocks"), std::string::npos) << why;
 
-  // The engine frees one sequence; the step that waited in vain now runs (120 pages: HBM and
-  // host full but for 8 frames). It closes another, and the two left take turns, each step
+  // The engine frees one sequence; the refused step now runs (120 pages: HBM and host full but
+  // for 8 frames). It closes another, and the two left take turns, each step
   // bringing one up and sending the other down, and read back every token they wrote.
   ASSERT_TRUE(rt->close_sequence(seqs.ids[0]).ok());
   Status retried = run_checked_step(*rt, seqs.ids.back(), seqs.tokens.back(), 0,
@@ -103,37 +108,92 @@ TEST(RuntimeWaitTimeout, PrivatePagesFillingHostAreNamedInTheTimeout) {
   ASSERT_TRUE(rt->shutdown().ok());
 }
 
+// Without NVMe: A's private pages fill host memory, and B's prompt, open, three quarters of HBM.
+// Neither can leave memory. Returns A and B, and B's tokens.
+struct BlocksInUse {
+  SequenceId private_sequence = 0;
+  SequenceId prompt_sequence = 0;
+  std::vector<uint32_t> prompt;
+};
+BlocksInUse fill_with_blocks_in_use(Runtime& rt) {
+  BlocksInUse out;
+  const uint32_t page_tokens = rt.geometry().page_tokens;
+  bool bytes_ok = true;
+  PrivateSequences a = fill_with_private_blocks(rt, 2, 16);  // 64 pages; the second stays empty
+  EXPECT_EQ(a.ids.size(), 2u);
+  if (a.ids.size() != 2) return out;
+  EXPECT_TRUE(rt.close_sequence(a.ids[1]).ok());
+  out.private_sequence = a.ids[0];
+  out.prompt = make_tokens(12 * page_tokens, 7);
+  auto b = rt.open_sequence(rt.block_keys(out.prompt));
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (!b.ok()) return out;
+  out.prompt_sequence = b->id;
+  Status s = run_checked_step(rt, b->id, out.prompt, 0, 12 * page_tokens, &bytes_ok);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(bytes_ok);
+  return out;
+}
+
+TEST(RuntimeWaitTimeout, ALayerThatCannotArriveIsNamedInTheTimeout) {
+  testing::ScratchDir dir("runtime-wait-timeout");
+  auto rt = open_small(dir);
+  ASSERT_NE(rt, nullptr);
+  const uint32_t page_tokens = rt->geometry().page_tokens;
+  const BlocksInUse held = fill_with_blocks_in_use(*rt);
+  ASSERT_NE(held.prompt_sequence, 0u);
+  // C's 5 blocks need 20 frames at once; HBM has 16 to give.
+  auto c = rt->open_sequence({});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const std::vector<uint32_t> tokens = make_tokens(5 * page_tokens, 11);
+  bool bytes_ok = true;
+  const auto start = std::chrono::steady_clock::now();
+  Status stuck = run_checked_step(*rt, c->id, tokens, 0, 5 * page_tokens, &bytes_ok);
+  ASSERT_EQ(stuck.code(), StatusCode::kDeadlineExceeded) << stuck.to_string();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+  const std::string& why = stuck.message();
+  EXPECT_NE(why.find("wait_layer: step "), std::string::npos) << why;
+  EXPECT_NE(why.find("the scheduler is waiting on: "), std::string::npos) << why;
+  EXPECT_NE(why.find("waiting for hbm frames"), std::string::npos) << why;
+  EXPECT_NE(why.find(" private, "), std::string::npos) << "who holds the frames: " << why;
+  EXPECT_NE(why.find("cannot go to NVMe"), std::string::npos) << why;
+  EXPECT_NE(why.find("full_block_keys"), std::string::npos) << why;
+  // The engine closes A: C's step runs, and B's next step reads its whole prompt back.
+  ASSERT_TRUE(rt->close_sequence(held.private_sequence).ok());
+  Status retried = run_checked_step(*rt, c->id, tokens, 0, 5 * page_tokens, &bytes_ok);
+  ASSERT_TRUE(retried.ok()) << retried.to_string();
+  std::vector<uint32_t> prompt = held.prompt;
+  prompt.push_back(3);
+  Status b_step = run_checked_step(*rt, held.prompt_sequence, prompt, prompt.size() - 1, 1,
+                                   &bytes_ok);
+  ASSERT_TRUE(b_step.ok()) << b_step.to_string();
+  EXPECT_TRUE(bytes_ok) << "a page read back differs from what its sequence wrote";
+  for (SequenceId id : {c->id, held.prompt_sequence}) ASSERT_TRUE(rt->close_sequence(id).ok());
+  ASSERT_TRUE(rt->shutdown().ok());
+}
+
 // Shutting down while a copy waits for frames that only the engine could free (its sequences are
 // still open) does not wait out shutdown_timeout: it cancels the copy at once and says what held
-// it. The copy: a prefix cached on NVMe only, prefetched for a new sequence while host memory is
-// full of private pages but for the frames it keeps for staging NVMe writes, which no prefetch
-// may take.
+// it. The copy: write-through of a prompt to host memory, which private pages fill.
 TEST(RuntimeWaitTimeout, ShutdownDoesNotWaitForCopiesNothingCanStart) {
   testing::ScratchDir dir("runtime-wait-shutdown");
-  Config c = testing::small_config(dir.path());
-  c.tiers.host.capacity_bytes = 64 * 8192;
-  c.policies.write = WritePolicy::kWriteThrough;
-  auto rt = testing::open_or_skip(c);
-  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
+  auto rt = open_small(dir, WritePolicy::kWriteThrough);
+  ASSERT_NE(rt, nullptr);
   const uint32_t page_tokens = rt->geometry().page_tokens;
-  // The prefix: two blocks, computed and written through to NVMe.
-  const std::vector<uint32_t> prefix = make_tokens(2 * page_tokens, 9);
+  // A (16 blocks: all of HBM) and A2 (14 blocks), private, fill host memory with 56 of A's pages
+  // and HBM with the rest; B's two-block prompt takes the HBM frames of A's last pages, which
+  // fill host memory.
+  PrivateSequences seqs = fill_with_private_blocks(*rt, 2, 16);
+  ASSERT_EQ(seqs.ids.size(), 2u);
   bool bytes_ok = true;
-  {
-    auto seq = rt->open_sequence(rt->block_keys(prefix));
-    ASSERT_TRUE(seq.ok()) << seq.status().to_string();
-    ASSERT_TRUE(run_checked_step(*rt, seq->id, prefix, 0, 2 * page_tokens, &bytes_ok).ok());
-    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
-  }
-  // Private pages fill HBM (64 frames) and host memory but for its reserve (56 of 64): three
-  // sequences of 10 blocks over 4 layers.
-  PrivateSequences seqs = fill_with_private_blocks(*rt, 4, 10);
-  ASSERT_EQ(seqs.ids.size(), 4u);
-  auto m = rt->match(rt->block_keys(prefix));
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  ASSERT_EQ(m->by_tier[tier_index(Tier::kNvme)], 2u) << "the prefix must be on NVMe only";
-  auto again = rt->open_sequence(rt->block_keys(prefix));
-  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  seqs.tokens[1].resize(14 * page_tokens);
+  ASSERT_TRUE(
+      run_checked_step(*rt, seqs.ids[1], seqs.tokens[1], 0, 14 * page_tokens, &bytes_ok).ok());
+  const std::vector<uint32_t> prompt = make_tokens(2 * page_tokens, 9);
+  auto b = rt->open_sequence(rt->block_keys(prompt));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  Status s = run_checked_step(*rt, b->id, prompt, 0, 2 * page_tokens, &bytes_ok);
+  ASSERT_TRUE(s.ok()) << s.to_string();
   const auto start = std::chrono::steady_clock::now();
   Status down = rt->shutdown();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));

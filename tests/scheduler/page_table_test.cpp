@@ -634,6 +634,7 @@ TEST_F(PageTableTest, PublishMovesAPrivateBlockWithItsState) {
     const BlockKey priv = private_block_key(/*sequence=*/42, i);
     const BlockKey content = content_key(1000 + i);
     create(priv, parent, 1);
+    EXPECT_EQ(pt().private_blocks(), 1u);
     drive(priv, CopyId::hbm(0), CopyState::kReady);
     drive(priv, CopyId::host(1), CopyState::kFilling);
     ASSERT_TRUE(pt().pin(priv, 0).ok());
@@ -643,6 +644,7 @@ TEST_F(PageTableTest, PublishMovesAPrivateBlockWithItsState) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(*r, PublishOutcome::kPublished);
     EXPECT_FALSE(pt().contains(priv));
+    EXPECT_EQ(pt().private_blocks(), 0u) << "a published block is private no more";
     BlockInfo after = info(content);
     before.key = content;
     EXPECT_EQ(after, before);
@@ -663,12 +665,15 @@ TEST_F(PageTableTest, PublishOfAnAlreadyCachedBlockChangesNothing) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, PublishOutcome::kAlreadyCached);
   EXPECT_EQ(pt().snapshot(), before);
+  EXPECT_EQ(pt().private_blocks(), 1u);
   // The caller then shares the existing block and drops its private copy.
   ok(pt().acquire(content));
   ok(pt().drop(priv, CopyId::hbm(0)));
   ASSERT_TRUE(pt().release(priv).ok());
   ok(pt().erase(priv));
   EXPECT_EQ(info(content).refcount, 2u);
+  EXPECT_EQ(pt().private_blocks(), 0u);
+  ok(pt().audit());
 }
 
 TEST_F(PageTableTest, PublishChecksItsArguments) {

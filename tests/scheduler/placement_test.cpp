@@ -530,5 +530,62 @@ TEST(PlacementPrivate, APrivateBlockLeavesHostOnlyWhereHbmHoldsItsPages) {
   EXPECT_EQ(plan.shortfall, 0u);
 }
 
+
+// In HBM, a private block goes down to host memory or stays: with no host room, only its pages
+// that host memory holds already may leave, and one with none is passed by (planning its drop
+// would free nothing, round after round). HBM (2 layers, 4 frames) holds private blocks P (both
+// pages; host memory holds layer 0 too) and Q (both pages, none in host memory), oldest first;
+// host memory is full: P's page and private block R, which cannot leave it.
+TEST(PlacementPrivate, APrivateBlockLeavesHbmOnlyWhereHostHoldsItsPages) {
+  auto made = pt_test::TableRig::make(/*layers=*/2, 1, 4, 3, 4);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  pt_test::TableRig rig = std::move(made).value();
+  const auto write = make_write_strategy(WritePolicy::kWriteBack, 2);
+  const NvmeAdmission admission(0u);
+  EvictorOptions eo;
+  eo.capacity_blocks = 4;
+  std::array<std::unique_ptr<Evictor>, kNumTiers> evictors;
+  for (auto& e : evictors) e = make_evictor(EvictionPolicy::kLru, eo);
+  const BlockKey q{1, 0};
+  const BlockKey p{2, 0};
+  const BlockKey r{3, 0};
+  const auto ready = [&](const BlockKey& key, Tier tier, uint32_t layer) {
+    ASSERT_TRUE(rig.table
+                    ->update(key,
+                             [&](EntryView& v) -> Status {
+                               KVTIER_RETURN_IF_ERROR(
+                                   v.begin_fill(CopyId::page(tier, layer)).status());
+                               return v.complete_fill(CopyId::page(tier, layer));
+                             })
+                    .ok());
+  };
+  for (const BlockKey& key : {p, q, r}) {
+    ASSERT_TRUE(rig.table->create_block(key, BlockKey{}, key.is_private() ? 1 : 0).ok());
+  }
+  const auto track = [&](const BlockKey& key, Tier tier) {
+    BlockFacts f;
+    f.key = key;
+    evictors[tier_index(tier)]->on_insert(f);
+  };
+  for (const BlockKey& key : {p, q}) {
+    for (uint32_t l = 0; l < 2; ++l) ready(key, Tier::kHbm, l);
+    track(key, Tier::kHbm);
+  }
+  ready(p, Tier::kHost, 0);
+  track(p, Tier::kHost);
+  for (uint32_t l = 0; l < 2; ++l) ready(r, Tier::kHost, l);
+  track(r, Tier::kHost);
+  std::array<Evictor*, kNumTiers> raw{};
+  for (Tier t : kAllTiers)
+    raw[static_cast<std::size_t>(tier_index(t))] = evictors[tier_index(t)].get();
+  Placement placement(*rig.table, raw, admission, *write);
+  const PlacementPlan plan = placement.plan_room(Tier::kHbm, 3, {0, 0, 4});
+  ASSERT_EQ(plan.moves.size(), 1u) << "Q frees nothing: it is not in the plan";
+  EXPECT_EQ(plan.moves[0].block.key, p);
+  EXPECT_EQ(plan.moves[0].to, std::nullopt);
+  EXPECT_EQ(plan.moves[0].frames_freed, 1u) << "only its page host memory holds may leave";
+  EXPECT_EQ(plan.shortfall, 2u);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -2,10 +2,10 @@
 // so they cannot go to NVMe, which is addressed by content key), with or without an NVMe tier. Two
 // sequences larger than HBM take turns: each step brings one sequence's pages up and sends the
 // other's down, which works only if the two tiers trade pages — a page brought up frees its host
-// frame for one going down. Past what the tiers hold, a step cannot finish; the engine aborts it,
-// and once it closes a sequence every queued move completes and the scheduler is idle again. With
-// host memory full of private pages, a prefix on NVMe only still comes up through the frames
-// kept for staging.
+// frame for one going down. Past what the tiers hold, begin_step refuses a step, and once the
+// engine closes a sequence the others step again and the scheduler is idle. A step that fits only
+// layer by layer beside private pages that fill HBM is windowed. With host memory full of private
+// pages, a prefix on NVMe only still comes up through the frames kept for staging.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -113,11 +113,14 @@ TEST_P(FullTiers, AStepPastWhatTheTiersHoldFailsAndTheRestMovesOnOnceASequenceCl
     auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
     ASSERT_TRUE(r.status.ok()) << "sequence " << i << ": " << r.status.to_string();
   }
+  // Not one layer of it fits beside the private pages host memory cannot take: begin_step says so
+  // and opens nothing.
   const StepItem too_much{seqs[3], (left + 1) * page_tokens};
   auto failed = w.run_step(std::span(&too_much, 1), kNanosPerMicro);
-  EXPECT_EQ(failed.status.code(), StatusCode::kDeadlineExceeded) << failed.status.to_string();
+  EXPECT_EQ(failed.status.code(), StatusCode::kResourceExhausted) << failed.status.to_string();
   EXPECT_NE(failed.status.message().find("cannot go to NVMe"), std::string::npos)
       << failed.status.to_string();
+  EXPECT_EQ(w.table().private_blocks(), 3 * blocks) << "the refused step opened a block";
   // The engine closes a sequence: what waited for frames goes on, and the fourth sequence's step
   // (and one more step of each other sequence) runs.
   ASSERT_TRUE(w.scheduler().close_sequence(seqs[0]).ok());
@@ -349,6 +352,44 @@ TEST(FullHost, ABlockInUseLeavesHbmByWayOfNvmeWhenHostHasNoRoom) {
   ASSERT_TRUE(rk.status.ok()) << rk.status.to_string() << "; " << w.scheduler().pending_summary();
   expect_tables_valid(w, rk);
   ASSERT_TRUE(w.scheduler().close_sequence(k->id).ok());
+  w.settle();
+  expect_consistent(w);
+  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+}
+
+// Host memory full of private pages but for its reserve, and B's private pages in half of HBM:
+// they can go nowhere. K reuses a prompt from NVMe that needs more than the other half of HBM for
+// all its layers at once, though not for a few: begin_step counts B's pages as taken, so the step
+// is windowed and runs, where pinning every layer would wait for frames that never come.
+TEST(FullHost, AStepWindowsWhenHbmHoldsPrivatePagesHostCannotTake) {
+  SimSetup setup = full_tiers_setup(/*with_nvme=*/true);
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld w(setup);
+  const uint32_t layers = setup.geometry.layers;
+  const uint32_t page_tokens = setup.geometry.page_tokens;
+  const std::vector<BlockKey> reused = w.prompt(kFrames / layers - 4, /*salt=*/1);
+  ASSERT_TRUE(w.prefill_and_close(reused, kNanosPerMicro).ok());
+  w.settle();
+  const Status filled = fill_host_with_private_pages(w);
+  ASSERT_TRUE(filled.ok()) << filled.to_string();
+  auto b = w.scheduler().open_sequence({});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const StepItem b_prefill{b->id, kFrames / layers / 2 * page_tokens};
+  ASSERT_TRUE(w.run_step(std::span(&b_prefill, 1), kNanosPerMicro).status.ok());
+  w.settle();
+  ASSERT_GT(w.host().free_count() + kFrames / 2, w.hbm().capacity() - w.hbm().free_count())
+      << "B's pages must be in HBM: " << w.scheduler().pending_summary();
+  auto k = w.scheduler().open_sequence(reused);
+  ASSERT_TRUE(k.ok()) << k.status().to_string();
+  ASSERT_EQ(k->reused_blocks, reused.size());
+  const StepItem k_decode{k->id, 1};
+  auto rk = w.run_step(std::span(&k_decode, 1), kNanosPerMicro);
+  ASSERT_TRUE(rk.status.ok()) << rk.status.to_string() << "; " << w.scheduler().pending_summary();
+  EXPECT_TRUE(rk.info.windowed);
+  EXPECT_LT(rk.info.window, layers);
+  expect_tables_valid(w, rk);
+  EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
+  for (SequenceId id : {k->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
   w.settle();
   expect_consistent(w);
   EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
