@@ -382,6 +382,8 @@ class Scheduler {
   // No host frame is free beyond the reserve and none is on its way (draining to NVMe): HBM
   // demotions waiting for a host frame wait until the engine frees one.
   bool host_has_nothing_for_demotions() const;
+  // Host memory has room for every HBM page of `key` it lacks (room_for_plans of HBM).
+  bool host_takes_demotion_of(const BlockKey& key) const;
   // Requests waiting for a frame of `tier` (HBM, host), every priority.
   uint64_t frames_awaited(Tier tier) const;
   struct PrefixPin {

@@ -100,15 +100,15 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
           demote_page_to_host(key, l, prio);
         }
       }
-      // In use, with no NVMe copy, and host memory has no room for it now or later (nothing
-      // free beyond the reserve, nothing on its way, no transfer in flight that could change
-      // that): its pages leave HBM by way of NVMe, staged through the frames host memory keeps
-      // for that, and once written they are dropped like any page with a copy below. Only then:
+      // In use, with no NVMe copy, and host memory has no room for it now or later (not enough
+      // free beyond the reserve for its pages, no transfer in flight that could change that):
+      // its pages leave HBM by way of NVMe, staged through the frames host memory keeps for
+      // that, and once written they are dropped like any page with a copy below. Only then:
       // staging takes the reserve and the NVMe link from everything else, and under load (the
       // Mooncake trace at its rate) doing it whenever a plan found no host room doubled the
       // mean TTFT.
       if (must_keep && !move.to.has_value() && nvme_takes(key) && !refused(key, Tier::kHost) &&
-          links_.idle() && host_has_nothing_for_demotions() &&
+          links_.idle() && !host_takes_demotion_of(key) &&
           page_snapshot(key, 0).nvme == CopyState::kAbsent) {
         stage_to_nvme(key, prio);
       }

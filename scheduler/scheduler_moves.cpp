@@ -279,6 +279,15 @@ bool Scheduler::host_has_nothing_for_demotions() const {
          draining_[tier_index(Tier::kHost)] == 0;
 }
 
+bool Scheduler::host_takes_demotion_of(const BlockKey& key) const {
+  uint64_t pages = 0;  // HBM pages that a demotion would copy down
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    pages += p.hbm == CopyState::kReady && p.host == CopyState::kAbsent;
+  }
+  return room_for_plans(Tier::kHbm)[tier_index(Tier::kHost)] >= pages;
+}
+
 std::array<uint64_t, kNumTiers> Scheduler::room_for_plans(Tier asked) const {
   std::array<uint64_t, kNumTiers> room{};
   for (Tier t : kAllTiers) {

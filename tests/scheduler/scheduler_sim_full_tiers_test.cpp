@@ -302,12 +302,17 @@ TEST(FullHost, AStepKeepsAPageWhoseDemotionStillWaitsForItsHostFrame) {
   EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
 }
 
-// Host memory full of private pages but for its reserve, HBM full of the pages of open sequences,
-// none of them on NVMe (write-back): a fourth sequence's step still gets HBM frames. A block in
-// use that has a content key leaves HBM by way of NVMe, staged through the reserve, and comes
-// back from there when its sequence steps again.
-TEST(FullHost, ABlockInUseLeavesHbmByWayOfNvmeWhenHostHasNoRoom) {
+// Host memory full of private pages but for its reserve and the frames of the parameter (fewer
+// than a block has pages), HBM full of the pages of open sequences, none of them on NVMe
+// (write-back): a fourth sequence's step still gets HBM frames. A block in use that has a content
+// key leaves HBM by way of NVMe, staged through the reserve, and comes back from there when its
+// sequence steps again.
+class FullHostFreeFrames : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(FullHostFreeFrames, ABlockInUseLeavesHbmByWayOfNvmeWhenHostHasNoRoomForIt) {
   SimSetup setup = full_tiers_setup(/*with_nvme=*/true);
+  setup.host_frames += GetParam();
+  ASSERT_LT(GetParam(), setup.geometry.layers);
   setup.policies.write = WritePolicy::kWriteBack;
   SimWorld w(setup);
   const uint32_t layers = setup.geometry.layers;
@@ -328,7 +333,7 @@ TEST(FullHost, ABlockInUseLeavesHbmByWayOfNvmeWhenHostHasNoRoom) {
   ASSERT_TRUE(w.run_step(std::span(&k_prefill, 1), kNanosPerMicro).status.ok());
   w.settle();
   ASSERT_EQ(w.hbm().free_count(), 0u) << w.scheduler().pending_summary();
-  ASSERT_EQ(w.host().free_count(), reserve) << w.scheduler().pending_summary();
+  ASSERT_EQ(w.host().free_count(), reserve + GetParam()) << w.scheduler().pending_summary();
   // Q's first token needs a block's worth of HBM frames.
   auto q = w.scheduler().open_sequence({});
   ASSERT_TRUE(q.ok()) << q.status().to_string();
@@ -394,6 +399,8 @@ TEST(FullHost, AStepWindowsWhenHbmHoldsPrivatePagesHostCannotTake) {
   expect_consistent(w);
   EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
 }
+
+INSTANTIATE_TEST_SUITE_P(BeyondTheReserve, FullHostFreeFrames, ::testing::Values(0u, 2u));
 
 INSTANTIATE_TEST_SUITE_P(Nvme, FullTiers, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
