@@ -11,6 +11,13 @@ namespace {
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// Whether block `b` of a sequence with `prompt_blocks` prompt keys is a prompt block that a step
+// leaving the sequence at `tokens_after` tokens fills completely (made under its content key).
+bool fills_prompt_block(uint64_t b, std::size_t prompt_blocks, uint64_t tokens_after,
+                        uint32_t page_tokens) {
+  return (b + 1) * page_tokens <= tokens_after && b < prompt_blocks;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Scheduler::PublishedStep>> Scheduler::published(StepId id) const {
@@ -124,7 +131,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     const uint64_t tokens_after = seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
     for (uint64_t b = known; b < infos[i].pages; ++b) {
       // A new block is private unless it is a prompt block this step fills (see below).
-      batch_private.opened += !((b + 1) * pt <= tokens_after && b < seq.prompt_keys.size());
+      batch_private.opened += !fills_prompt_block(b, seq.prompt_keys.size(), tokens_after, pt);
     }
   }
   const uint64_t capacity = parts_.hbm->capacity();
@@ -177,8 +184,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
       // block's instead of crowding host memory as private pages that can go nowhere else.
       // Otherwise — a block left partial, a key in use, or no key known — it is private until
       // published.
-      const bool full_after = (b + 1) * pt <= tokens_after;
-      const bool prompt = full_after && b < seq.prompt_keys.size();
+      const bool prompt = fills_prompt_block(b, seq.prompt_keys.size(), tokens_after, pt);
       const bool keyed = prompt && !parts_.table->contains(seq.prompt_keys[b]);
       const bool refill = prompt && !keyed && refillable(seq.prompt_keys[b]);
       const BlockKey key =
