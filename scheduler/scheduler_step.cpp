@@ -117,7 +117,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     pages_per_layer += infos[i].pages;
   }
   // Pages of pinned-prefix blocks are in HBM already, counted with the prefix (frames_held). The
-  // batch's private blocks, those it holds and those it will open, are counted for
+  // batch's private blocks, those it will open and those it holds, are counted for
   // frames_kept_for_private_pages.
   uint64_t needed_per_layer = pages_per_layer;
   PrivateBlocks batch_private;
@@ -125,13 +125,23 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     const Sequence& seq = *seqs[i];
     const std::size_t known = std::min<std::size_t>(infos[i].pages, seq.blocks.size());
     needed_per_layer -= protected_count(std::span(seq.blocks.data(), known));
-    batch_private.held += static_cast<uint64_t>(std::count_if(
-        seq.blocks.begin(), seq.blocks.begin() + static_cast<std::ptrdiff_t>(known),
-        [](const BlockKey& k) { return k.is_private(); }));
     const uint64_t tokens_after = seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
     for (uint64_t b = known; b < infos[i].pages; ++b) {
       // A new block is private unless it is a prompt block this step fills (see below).
       batch_private.opened += !fills_prompt_block(b, seq.prompt_keys.size(), tokens_after, pt);
+    }
+  }
+  // Counting the blocks the batch holds walks its whole context: only when every private page
+  // there is, the batch's own counted as outside HBM, could overflow host memory (the common
+  // case, with full blocks published, keeps nothing in HBM for them).
+  if (frames_kept_for_private_pages(batch_private, /*window=*/0) > 0) {
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const Sequence& seq = *seqs[i];
+      const auto known =
+          static_cast<std::ptrdiff_t>(std::min<std::size_t>(infos[i].pages, seq.blocks.size()));
+      batch_private.held +=
+          static_cast<uint64_t>(std::count_if(seq.blocks.begin(), seq.blocks.begin() + known,
+                                              [](const BlockKey& k) { return k.is_private(); }));
     }
   }
   const uint64_t capacity = parts_.hbm->capacity();
@@ -149,9 +159,8 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
         " bytes) but only " + std::to_string(available) + " of " + std::to_string(capacity) +
         " are available (the rest are reserved by other open steps or hold pinned prefixes: " +
         std::to_string(protected_.size()) + " blocks; or hold private pages, which cannot go to " +
-        "NVMe and do not fit in host memory: " +
-        std::to_string(parts_.table->private_blocks()) + " private blocks of " +
-        std::to_string(layers) + " pages)");
+        "NVMe and do not fit in host memory: " + std::to_string(parts_.table->private_blocks()) +
+        " private blocks of " + std::to_string(layers) + " pages)");
   }
   uint32_t window = layers;
   if (needed_per_layer * layers > available_for(layers)) {
@@ -445,7 +454,7 @@ uint64_t Scheduler::frames_held() const {
 // pages not yet written, and those of another open step's window (counted in frames_held too),
 // make it count a little high, which at worst makes a step use a narrower window.
 uint64_t Scheduler::frames_kept_for_private_pages(const PrivateBlocks& batch,
-                                                   uint64_t window) const {
+                                                  uint64_t window) const {
   const uint64_t layers = options_.geometry.layers;
   const uint64_t all = parts_.table->private_blocks();
   const uint64_t others = all > batch.held ? all - batch.held : 0;

@@ -164,8 +164,8 @@ TEST(RuntimeWaitTimeout, ALayerThatCannotArriveIsNamedInTheTimeout) {
   ASSERT_TRUE(retried.ok()) << retried.to_string();
   std::vector<uint32_t> prompt = held.prompt;
   prompt.push_back(3);
-  Status b_step = run_checked_step(*rt, held.prompt_sequence, prompt, prompt.size() - 1, 1,
-                                   &bytes_ok);
+  Status b_step =
+      run_checked_step(*rt, held.prompt_sequence, prompt, prompt.size() - 1, 1, &bytes_ok);
   ASSERT_TRUE(b_step.ok()) << b_step.to_string();
   EXPECT_TRUE(bytes_ok) << "a page read back differs from what its sequence wrote";
   for (SequenceId id : {c->id, held.prompt_sequence}) ASSERT_TRUE(rt->close_sequence(id).ok());

@@ -477,26 +477,28 @@ TEST_F(PlacementShadowed, ABlockIsNotDroppedFromTwoTiersInOnePlan) {
   EXPECT_EQ(plan.shortfall, 0u);
 }
 
-// A private block (K/V an engine wrote, with no content key yet) never goes to NVMe, which is
-// addressed by content key, and is never lost: in host memory only its pages whose HBM copy is
-// ready can leave, and only those count as freed. Host memory (2 layers, 4 frames) holds private
-// block P (both pages; HBM holds layer 1 again), private block Q (both pages, nothing in HBM)
-// and block 3 (both pages), oldest first.
-TEST(PlacementPrivate, APrivateBlockLeavesHostOnlyWhereHbmHoldsItsPages) {
-  auto made = pt_test::TableRig::make(/*layers=*/2, 1, 4, 6, 4);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  pt_test::TableRig rig = std::move(made).value();
-  const auto write = make_write_strategy(WritePolicy::kWriteBack, 2);
-  const NvmeAdmission admission(0u);
-  EvictorOptions eo;
-  eo.capacity_blocks = 4;
-  std::array<std::unique_ptr<Evictor>, kNumTiers> evictors;
-  for (auto& e : evictors) e = make_evictor(EvictionPolicy::kLru, eo);
-  const BlockKey p{1, 0};
-  const BlockKey q{2, 0};
-  ASSERT_TRUE(p.is_private() && q.is_private());
-  const auto ready = [&](const BlockKey& key, Tier tier, uint32_t layer) {
-    ASSERT_TRUE(rig.table
+// Two-layer blocks over LRU tiers with write-back and no admission threshold, for the private
+// block tests: blocks are created (private ones with the reference their sequence holds), given
+// ready pages, and tracked by a tier's evictor one by one, oldest first.
+class PrivateBlockRig {
+ public:
+  static constexpr uint32_t kLayers = 2;
+
+  PrivateBlockRig(uint32_t hbm_frames, uint32_t host_frames)
+      : write_(make_write_strategy(WritePolicy::kWriteBack, 2)), admission_(0u) {
+    auto made = pt_test::TableRig::make(kLayers, 1, hbm_frames, host_frames, 4);
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    if (made.ok()) rig_ = std::move(made).value();
+    EvictorOptions eo;
+    eo.capacity_blocks = 4;
+    for (auto& e : evictors_) e = make_evictor(EvictionPolicy::kLru, eo);
+  }
+
+  void create(const BlockKey& key) {
+    ASSERT_TRUE(rig_.table->create_block(key, BlockKey{}, key.is_private() ? 1 : 0).ok());
+  }
+  void ready(const BlockKey& key, Tier tier, uint32_t layer) {
+    ASSERT_TRUE(rig_.table
                     ->update(key,
                              [&](EntryView& v) -> Status {
                                KVTIER_RETURN_IF_ERROR(
@@ -504,20 +506,43 @@ TEST(PlacementPrivate, APrivateBlockLeavesHostOnlyWhereHbmHoldsItsPages) {
                                return v.complete_fill(CopyId::page(tier, layer));
                              })
                     .ok());
-  };
-  for (const BlockKey& key : {p, q, key_of(3)}) {
-    ASSERT_TRUE(rig.table->create_block(key, BlockKey{}, key.is_private() ? 1 : 0).ok());
-    for (uint32_t l = 0; l < 2; ++l) ready(key, Tier::kHost, l);
+  }
+  void track(const BlockKey& key, Tier tier) {
     BlockFacts f;
     f.key = key;
-    evictors[tier_index(Tier::kHost)]->on_insert(f);
+    evictors_[tier_index(tier)]->on_insert(f);
   }
-  ready(p, Tier::kHbm, 1);
-  std::array<Evictor*, kNumTiers> raw{};
-  for (Tier t : kAllTiers)
-    raw[static_cast<std::size_t>(tier_index(t))] = evictors[tier_index(t)].get();
-  Placement placement(*rig.table, raw, admission, *write);
-  const PlacementPlan plan = placement.plan_room(Tier::kHost, 3, {0, 0, 4});
+  PlacementPlan plan_room(Tier tier, uint64_t frames) {
+    std::array<Evictor*, kNumTiers> raw{};
+    for (Tier t : kAllTiers) raw[tier_index(t)] = evictors_[tier_index(t)].get();
+    Placement placement(*rig_.table, raw, admission_, *write_);
+    return placement.plan_room(tier, frames, {0, 0, 4});
+  }
+
+ private:
+  pt_test::TableRig rig_;
+  std::unique_ptr<WriteStrategy> write_;
+  NvmeAdmission admission_;
+  std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
+};
+
+// A private block (K/V an engine wrote, with no content key yet) never goes to NVMe, which is
+// addressed by content key, and is never lost: in host memory only its pages whose HBM copy is
+// ready can leave, and only those count as freed. Host memory (2 layers, 4 frames) holds private
+// block P (both pages; HBM holds layer 1 again), private block Q (both pages, nothing in HBM)
+// and block 3 (both pages), oldest first.
+TEST(PlacementPrivate, APrivateBlockLeavesHostOnlyWhereHbmHoldsItsPages) {
+  PrivateBlockRig rig(/*hbm_frames=*/4, /*host_frames=*/6);
+  const BlockKey p{1, 0};
+  const BlockKey q{2, 0};
+  ASSERT_TRUE(p.is_private() && q.is_private());
+  for (const BlockKey& key : {p, q, key_of(3)}) {
+    rig.create(key);
+    for (uint32_t l = 0; l < PrivateBlockRig::kLayers; ++l) rig.ready(key, Tier::kHost, l);
+    rig.track(key, Tier::kHost);
+  }
+  rig.ready(p, Tier::kHbm, 1);
+  const PlacementPlan plan = rig.plan_room(Tier::kHost, 3);
   // Block 3 first (an open sequence holds the private blocks: they go last), then P's one page;
   // Q frees nothing.
   ASSERT_EQ(plan.moves.size(), 2u);
@@ -530,56 +555,26 @@ TEST(PlacementPrivate, APrivateBlockLeavesHostOnlyWhereHbmHoldsItsPages) {
   EXPECT_EQ(plan.shortfall, 0u);
 }
 
-
 // In HBM, a private block goes down to host memory or stays: with no host room, only its pages
 // that host memory holds already may leave, and one with none is passed by (planning its drop
 // would free nothing, round after round). HBM (2 layers, 4 frames) holds private blocks P (both
 // pages; host memory holds layer 0 too) and Q (both pages, none in host memory), oldest first;
 // host memory is full: P's page and private block R, which cannot leave it.
 TEST(PlacementPrivate, APrivateBlockLeavesHbmOnlyWhereHostHoldsItsPages) {
-  auto made = pt_test::TableRig::make(/*layers=*/2, 1, 4, 3, 4);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  pt_test::TableRig rig = std::move(made).value();
-  const auto write = make_write_strategy(WritePolicy::kWriteBack, 2);
-  const NvmeAdmission admission(0u);
-  EvictorOptions eo;
-  eo.capacity_blocks = 4;
-  std::array<std::unique_ptr<Evictor>, kNumTiers> evictors;
-  for (auto& e : evictors) e = make_evictor(EvictionPolicy::kLru, eo);
+  PrivateBlockRig rig(/*hbm_frames=*/4, /*host_frames=*/3);
   const BlockKey q{1, 0};
   const BlockKey p{2, 0};
   const BlockKey r{3, 0};
-  const auto ready = [&](const BlockKey& key, Tier tier, uint32_t layer) {
-    ASSERT_TRUE(rig.table
-                    ->update(key,
-                             [&](EntryView& v) -> Status {
-                               KVTIER_RETURN_IF_ERROR(
-                                   v.begin_fill(CopyId::page(tier, layer)).status());
-                               return v.complete_fill(CopyId::page(tier, layer));
-                             })
-                    .ok());
-  };
-  for (const BlockKey& key : {p, q, r}) {
-    ASSERT_TRUE(rig.table->create_block(key, BlockKey{}, key.is_private() ? 1 : 0).ok());
-  }
-  const auto track = [&](const BlockKey& key, Tier tier) {
-    BlockFacts f;
-    f.key = key;
-    evictors[tier_index(tier)]->on_insert(f);
-  };
+  for (const BlockKey& key : {p, q, r}) rig.create(key);
   for (const BlockKey& key : {p, q}) {
-    for (uint32_t l = 0; l < 2; ++l) ready(key, Tier::kHbm, l);
-    track(key, Tier::kHbm);
+    for (uint32_t l = 0; l < PrivateBlockRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
+    rig.track(key, Tier::kHbm);
   }
-  ready(p, Tier::kHost, 0);
-  track(p, Tier::kHost);
-  for (uint32_t l = 0; l < 2; ++l) ready(r, Tier::kHost, l);
-  track(r, Tier::kHost);
-  std::array<Evictor*, kNumTiers> raw{};
-  for (Tier t : kAllTiers)
-    raw[static_cast<std::size_t>(tier_index(t))] = evictors[tier_index(t)].get();
-  Placement placement(*rig.table, raw, admission, *write);
-  const PlacementPlan plan = placement.plan_room(Tier::kHbm, 3, {0, 0, 4});
+  rig.ready(p, Tier::kHost, 0);
+  rig.track(p, Tier::kHost);
+  for (uint32_t l = 0; l < PrivateBlockRig::kLayers; ++l) rig.ready(r, Tier::kHost, l);
+  rig.track(r, Tier::kHost);
+  const PlacementPlan plan = rig.plan_room(Tier::kHbm, 3);
   ASSERT_EQ(plan.moves.size(), 1u) << "Q frees nothing: it is not in the plan";
   EXPECT_EQ(plan.moves[0].block.key, p);
   EXPECT_EQ(plan.moves[0].to, std::nullopt);
