@@ -169,8 +169,12 @@ auto PageTable::with_entry(const BlockKey& key, Op&& op)
   MutexLock lock(s.mu);
   const uint32_t slot = find_slot(s, h, key);
   if (slot == FlatKeyMap::kNotFound) return not_found_error(key);
-  EntryView view = make_view(entry_at(s, slot), nullptr);
-  return op(view);
+  const EntryRef e = entry_at(s, slot);
+  const uint32_t refs_before = e.header().refcount;
+  EntryView view = make_view(e, nullptr);
+  auto result = op(view);
+  count_references(refs_before, e.header().refcount);
+  return result;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,6 +215,7 @@ Status PageTable::create_block(const BlockKey& key, const BlockKey& parent, uint
     }
   }
   if (key.is_private()) private_blocks_.fetch_add(1, std::memory_order_relaxed);
+  count_references(0, initial_refs);
   return ok_status();
 }
 
@@ -404,6 +409,7 @@ MatchResult PageTable::match(std::span<const BlockKey> keys, const MatchOptions&
     if (!tier) break;
     if (options.acquire) {
       if (hd.refcount == std::numeric_limits<uint32_t>::max()) break;
+      count_references(hd.refcount, hd.refcount + 1);
       ++hd.refcount;
     }
     if (options.record_hits) {
@@ -608,6 +614,7 @@ Status PageTable::update_erased(const BlockKey& key, Status (*call)(void*, Entry
     backup = heap_backup.get();
   }
   std::memcpy(backup, e.bytes(), layout_.stride);
+  const uint32_t refs_before = e.header().refcount;
   EntryView::Undo undo;
   Status result = [&] {
     EntryView view = make_view(e, &undo);
@@ -621,6 +628,7 @@ Status PageTable::update_erased(const BlockKey& key, Status (*call)(void*, Entry
     }
     return result;
   }
+  count_references(refs_before, e.header().refcount);
   Status first_error;
   for (const auto& f : undo.frees) {
     Status fs = free_tier_frame(allocators_, f.tier, f.frame);

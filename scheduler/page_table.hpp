@@ -37,6 +37,9 @@
 // and the caller shares the existing block and erases the private one: a shared block is never
 // duplicated. The table counts its private blocks (private_blocks()): their pages can live only in
 // HBM and host memory, which the scheduler must know when it decides how much of HBM a step gets.
+// For the same reason it counts its blocks with references (referenced_blocks()): without NVMe,
+// the blocks of open sequences cannot leave memory either. The count changes wherever a reference
+// count leaves or reaches zero (create_block, acquire, release, match with acquire, update).
 //
 // Rejected: one global lock (2 threads would already serialise on match), a lock-free table (no
 // benchmark says the shard mutexes are the bottleneck, and a lock-free design would need a
@@ -169,6 +172,8 @@ class PageTable {
   std::size_t size() const;
   // Number of blocks under a private key (created private and not yet published or erased).
   uint64_t private_blocks() const { return private_blocks_.load(std::memory_order_relaxed); }
+  // Number of blocks with at least one reference.
+  uint64_t referenced_blocks() const { return referenced_blocks_.load(std::memory_order_relaxed); }
 
   // The longest prefix of `keys` whose blocks are all cached, counted by the slowest tier each must
   // be loaded from. Each block is checked (and, per options, hit-recorded and acquired) under its
@@ -245,7 +250,8 @@ class PageTable {
   // Checks every invariant; call at a quiescent point (no transfers in flight that the caller has
   // not recorded). Allocators' own audits; used == frames owned by copies, per tier; each frame
   // owned once and allocated; frames present exactly when a copy is not absent; no pinned page that
-  // is absent or draining; per-block counters and the private-block count equal to a recount;
+  // is absent or draining; per-block counters and the private- and referenced-block counts equal
+  // to a recount;
   // cached_children equal to the linked children present, and every linked child's parent
   // present; index and slabs agree.
   Status audit() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
@@ -288,6 +294,11 @@ class PageTable {
   void group_by_shard(std::span<const BlockKey> keys, ShardGroups& groups) const;
   Status not_found_error(const BlockKey& key) const;
 
+  // Keeps referenced_blocks_ when a block's reference count went from `before` to `after`.
+  void count_references(uint32_t before, uint32_t after) {
+    if (before == 0 && after > 0) referenced_blocks_.fetch_add(1, std::memory_order_relaxed);
+    if (before > 0 && after == 0) referenced_blocks_.fetch_sub(1, std::memory_order_relaxed);
+  }
   // Runs op(EntryView&) on one entry under its shard lock, frees immediately (single transitions).
   template <typename Op>
   auto with_entry(const BlockKey& key, Op&& op) -> decltype(op(std::declval<EntryView&>()));
@@ -302,6 +313,7 @@ class PageTable {
   mutable std::atomic<uint64_t> clock_{0};
   mutable std::atomic<uint64_t> nvme_generations_{0};
   std::atomic<uint64_t> private_blocks_{0};
+  std::atomic<uint64_t> referenced_blocks_{0};
 };
 
 }  // namespace kvtier

@@ -104,6 +104,7 @@ Status PageTable::audit() const {
 
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> children;
   uint64_t private_count = 0;
+  uint64_t referenced_count = 0;
   for (uint32_t i = 0; i < shard_count(); ++i) {
     const Shard& s = shards_[i];
     uint32_t live = 0;
@@ -113,6 +114,7 @@ Status PageTable::audit() const {
       if (!hd.live()) continue;
       ++live;
       private_count += hd.key.is_private();
+      referenced_count += hd.refcount > 0;
       const std::string block = "block " + to_string(hd.key);
       const uint64_t h = hash_key(hd.key);
       if (shard_index(h) != i) return internal_error(block + " is stored in the wrong shard");
@@ -185,6 +187,10 @@ Status PageTable::audit() const {
   if (private_count != private_blocks()) {
     return internal_error("the table counts " + std::to_string(private_blocks()) +
                           " private blocks but holds " + std::to_string(private_count));
+  }
+  if (referenced_count != referenced_blocks()) {
+    return internal_error("the table counts " + std::to_string(referenced_blocks()) +
+                          " blocks with references but holds " + std::to_string(referenced_count));
   }
 
   // cached_children of every block equals the number of its linked children.

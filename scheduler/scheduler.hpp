@@ -199,14 +199,21 @@ class Scheduler {
   void release_layer(Step& step, uint32_t layer);
   // HBM frames a new batch cannot have (see the definition).
   uint64_t frames_held() const;
-  // A batch's private blocks: those its sequences hold, and those its step will open.
-  struct PrivateBlocks {
+  // A block whose pages can live only in HBM and host memory: a private block (NVMe is addressed
+  // by content key) and, without NVMe, every block an open sequence holds.
+  bool kept_in_memory(const BlockKey& key) const {
+    return key.is_private() || parts_.nvme == nullptr;
+  }
+  // A batch's blocks kept in memory: those its sequences hold (each once, pinned prefixes aside:
+  // frames_held counts them), and those its step will open.
+  struct KeptBlocks {
     uint64_t held = 0;
     uint64_t opened = 0;
   };
-  // HBM frames that hold private pages host memory cannot take, for a batch computing `window`
-  // layers at a time (see the definition).
-  uint64_t frames_kept_for_private_pages(const PrivateBlocks& batch, uint64_t window) const;
+  // HBM frames that hold pages of blocks kept in memory that host memory cannot take, for a batch
+  // computing `window` layers at a time beside `frames_held` (see the definition).
+  uint64_t frames_kept_in_memory(const KeptBlocks& batch, uint64_t window,
+                                 uint64_t frames_held) const;
   // How many of `keys` (with repeats) are blocks of pinned prefixes.
   uint64_t protected_count(std::span<const BlockKey> keys) const;
   // Stores the sizes of sequences_ and protected_ into the stats' gauges.

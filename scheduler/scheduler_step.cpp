@@ -117,56 +117,68 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     pages_per_layer += infos[i].pages;
   }
   // Pages of pinned-prefix blocks are in HBM already, counted with the prefix (frames_held). The
-  // batch's private blocks, those it will open and those it holds, are counted for
-  // frames_kept_for_private_pages.
+  // batch's blocks kept in memory, those it will open and those it holds, are counted for
+  // frames_kept_in_memory.
   uint64_t needed_per_layer = pages_per_layer;
-  PrivateBlocks batch_private;
+  KeptBlocks batch_kept;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Sequence& seq = *seqs[i];
     const std::size_t known = std::min<std::size_t>(infos[i].pages, seq.blocks.size());
     needed_per_layer -= protected_count(std::span(seq.blocks.data(), known));
     const uint64_t tokens_after = seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
     for (uint64_t b = known; b < infos[i].pages; ++b) {
-      // A new block is private unless it is a prompt block this step fills (see below).
-      batch_private.opened += !fills_prompt_block(b, seq.prompt_keys.size(), tokens_after, pt);
-    }
-  }
-  // Counting the blocks the batch holds walks its whole context: only when every private page
-  // there is, the batch's own counted as outside HBM, could overflow host memory (the common
-  // case, with full blocks published, keeps nothing in HBM for them).
-  if (frames_kept_for_private_pages(batch_private, /*window=*/0) > 0) {
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      const Sequence& seq = *seqs[i];
-      const auto known =
-          static_cast<std::ptrdiff_t>(std::min<std::size_t>(infos[i].pages, seq.blocks.size()));
-      batch_private.held +=
-          static_cast<uint64_t>(std::count_if(seq.blocks.begin(), seq.blocks.begin() + known,
-                                              [](const BlockKey& k) { return k.is_private(); }));
+      // A new block is private unless it is a prompt block this step fills (see below); without
+      // NVMe either kind stays in memory.
+      batch_kept.opened += parts_.nvme == nullptr ||
+                           !fills_prompt_block(b, seq.prompt_keys.size(), tokens_after, pt);
     }
   }
   const uint64_t capacity = parts_.hbm->capacity();
   const uint64_t held = frames_held();
+  // Counting the blocks the batch holds walks its whole context: only when every page kept in
+  // memory there is, the batch's own counted as outside HBM, could overflow host memory (the
+  // common case, with NVMe and full blocks published, keeps nothing in HBM for them).
+  if (frames_kept_in_memory(batch_kept, /*window=*/0, held) > 0) {
+    std::unordered_set<BlockKey, BlockKeyHash> counted;  // sequences may share prompt blocks
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const Sequence& seq = *seqs[i];
+      const std::size_t known = std::min<std::size_t>(infos[i].pages, seq.blocks.size());
+      for (std::size_t b = 0; b < known; ++b) {
+        const BlockKey& key = seq.blocks[b];
+        if (kept_in_memory(key) && !protected_.contains(key) && counted.insert(key).second) {
+          ++batch_kept.held;
+        }
+      }
+    }
+  }
   // HBM frames the batch may have when it computes `w` layers at a time.
   const auto available_for = [&](uint64_t w) {
-    const uint64_t taken = held + frames_kept_for_private_pages(batch_private, w);
+    const uint64_t taken = held + frames_kept_in_memory(batch_kept, w, held);
     return capacity > taken ? capacity - taken : 0;
   };
   if (needed_per_layer > available_for(1)) {
     const uint64_t available = available_for(1);
+    const std::string kept =
+        parts_.nvme != nullptr
+            ? "hold private pages, which cannot go to NVMe and do not fit in host memory: " +
+                  std::to_string(parts_.table->private_blocks()) + " private blocks"
+            : "hold pages of blocks in use, which cannot leave memory without an NVMe tier and "
+              "do not fit in host memory: " +
+                  std::to_string(parts_.table->referenced_blocks()) + " blocks in use, " +
+                  std::to_string(parts_.table->private_blocks()) + " of them private,";
     return resource_exhausted(
         "begin_step: one layer of this batch needs " + std::to_string(needed_per_layer) +
         " HBM frames (" + std::to_string(needed_per_layer * options_.geometry.page_bytes()) +
         " bytes) but only " + std::to_string(available) + " of " + std::to_string(capacity) +
         " are available (the rest are reserved by other open steps or hold pinned prefixes: " +
-        std::to_string(protected_.size()) + " blocks; or hold private pages, which cannot go to " +
-        "NVMe and do not fit in host memory: " + std::to_string(parts_.table->private_blocks()) +
-        " private blocks of " + std::to_string(layers) + " pages)");
+        std::to_string(protected_.size()) + " blocks; or " + kept + " of " +
+        std::to_string(layers) + " pages)");
   }
   uint32_t window = layers;
   if (needed_per_layer * layers > available_for(layers)) {
     // Layer by layer: the computing layer plus `layer_window` loading ahead, as HBM allows. Each
-    // layer the window gives up leaves HBM room but puts the batch's private pages of that layer
-    // in host memory (frames_kept_for_private_pages), so the widest window that fits is searched.
+    // layer the window gives up leaves HBM room but puts the batch's pages kept in memory of that
+    // layer in host memory (frames_kept_in_memory), so the widest window that fits is searched.
     window = static_cast<uint32_t>(std::min<uint64_t>(
         layers, static_cast<uint64_t>(options_.policies.prefetch.layer_window) + 1));
     while (window > 1 && needed_per_layer * window > available_for(window)) --window;
@@ -446,20 +458,27 @@ uint64_t Scheduler::frames_held() const {
   return held;
 }
 
-// Private pages are never written to NVMe (it is addressed by content key), so they live in HBM or
-// host memory; what host memory cannot hold of them holds HBM frames no plan can free. They are
-// every page of each private block outside the batch, and the batch's own private pages of the
-// layers outside its window (a windowed step keeps only the window's layers in HBM). Host memory
-// offers its frames but its reserve. An estimate from the table's count of private blocks: their
-// pages not yet written, and those of another open step's window (counted in frames_held too),
-// make it count a little high, which at worst makes a step use a narrower window.
-uint64_t Scheduler::frames_kept_for_private_pages(const PrivateBlocks& batch,
-                                                  uint64_t window) const {
+// Pages of blocks kept in memory (kept_in_memory: private blocks, whose pages are never written to
+// NVMe as it is addressed by content key, and without NVMe every block in use) live in HBM or host
+// memory; what host memory cannot hold of them holds HBM frames no plan can free. They are every
+// page of each such block outside the batch, and the batch's own of the layers outside its window
+// (a windowed step keeps only the window's layers in HBM). Host memory offers its frames but its
+// reserve. An estimate from the table's counts of private and referenced blocks:
+// - with NVMe, private pages not yet written and those in another open step's window (counted in
+//   frames_held too) make it count a little high, which at worst makes a step use a narrower
+//   window;
+// - without NVMe, every page frames_held counts (pinned prefixes, open steps' windows) belongs to
+//   a block in use, so those pages are taken off; a block two steps share is taken off twice,
+//   which makes it count low, and a step that does not fit after all waits for its frames.
+uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t window,
+                                          uint64_t frames_held) const {
   const uint64_t layers = options_.geometry.layers;
-  const uint64_t all = parts_.table->private_blocks();
+  const bool nvme = parts_.nvme != nullptr;
+  const uint64_t all = nvme ? parts_.table->private_blocks() : parts_.table->referenced_blocks();
   const uint64_t others = all > batch.held ? all - batch.held : 0;
   const uint64_t outside_window = layers - std::min(layers, window);
-  const uint64_t pages = others * layers + (batch.held + batch.opened) * outside_window;
+  uint64_t pages = others * layers + (batch.held + batch.opened) * outside_window;
+  if (!nvme) pages -= std::min(pages, frames_held);
   const uint64_t host = parts_.host->capacity();
   const uint64_t host_room = host - std::min(host, reserve_frames(Tier::kHost));
   return pages > host_room ? pages - host_room : 0;

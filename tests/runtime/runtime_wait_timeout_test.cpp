@@ -1,13 +1,13 @@
 // Steps that HBM and host memory cannot serve. An engine that never publishes the blocks it fills
-// keeps them under private keys, which live only in HBM and host memory: once they fill both, a
-// step that would need more is refused by begin_step at once (kResourceExhausted), saying how many
-// frames one layer needs, how many are left and that private pages hold the rest. Without NVMe,
-// the blocks of open sequences cannot leave memory either, and begin_step does not count them: a
-// step that needs their frames waits for a move no plan can make, until the runtime's
+// keeps them under private keys, which live only in HBM and host memory; without NVMe, so do the
+// blocks of every open sequence. Once they fill both tiers, a step that would need more is refused
+// by begin_step at once (kResourceExhausted), saying how many frames one layer needs, how many are
+// left and what holds the rest. A step that begin_step admits but whose layer cannot arrive in time
+// (here: a link too slow for the pages that must leave HBM first) gives up at the runtime's
 // wait_timeout, and the kDeadlineExceeded says what the scheduler waits on and who holds the
-// frames, with what the engine can do about it; a shutdown meanwhile cancels that wait at once.
-// Nothing is lost: once the engine closes a sequence the step runs, and every page the other
-// sequences wrote reads back as written.
+// frames; a shutdown while copies wait for frames only the engine can free cancels them at once.
+// Nothing is lost: once the engine closes a sequence (or the copies end) the step runs, and every
+// page the other sequences wrote reads back as written.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -83,8 +83,8 @@ TEST(RuntimeWaitTimeout, PrivatePagesFillingTheTiersRefuseAStepAtOnce) {
       << "refused without waiting";
   const std::string& why = refused.message();
   EXPECT_NE(why.find("one layer of this batch needs 10 HBM frames"), std::string::npos) << why;
-  EXPECT_NE(why.find("cannot go to NVMe"), std::string::npos) << why;
-  EXPECT_NE(why.find("30 private blocks"), std::string::npos) << why;
+  EXPECT_NE(why.find("cannot leave memory without an NVMe tier"), std::string::npos) << why;
+  EXPECT_NE(why.find("30 blocks in use, 30 of them private"), std::string::npos) << why;
 
   // The engine frees one sequence; the refused step now runs (120 pages: HBM and host full but
   // for 8 frames). It closes another, and the two left take turns, each step
@@ -135,29 +135,29 @@ BlocksInUse fill_with_blocks_in_use(Runtime& rt) {
   return out;
 }
 
-TEST(RuntimeWaitTimeout, ALayerThatCannotArriveIsNamedInTheTimeout) {
-  testing::ScratchDir dir("runtime-wait-timeout");
+TEST(RuntimeWaitTimeout, BlocksInUseFillingTheTiersWithoutNvmeRefuseAStepAtOnce) {
+  testing::ScratchDir dir("runtime-wait-in-use");
   auto rt = open_small(dir);
   ASSERT_NE(rt, nullptr);
   const uint32_t page_tokens = rt->geometry().page_tokens;
   const BlocksInUse held = fill_with_blocks_in_use(*rt);
   ASSERT_NE(held.prompt_sequence, 0u);
-  // C's 5 blocks need 20 frames at once; HBM has 16 to give.
+  // C's 5 blocks need 5 frames a layer; B's published prompt holds 48 of HBM's 64 frames and
+  // cannot leave it (host memory is full of A's private pages, and there is no NVMe), and C's own
+  // pages of the layers it is not computing would need room too.
   auto c = rt->open_sequence({});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const std::vector<uint32_t> tokens = make_tokens(5 * page_tokens, 11);
   bool bytes_ok = true;
   const auto start = std::chrono::steady_clock::now();
-  Status stuck = run_checked_step(*rt, c->id, tokens, 0, 5 * page_tokens, &bytes_ok);
-  ASSERT_EQ(stuck.code(), StatusCode::kDeadlineExceeded) << stuck.to_string();
-  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
-  const std::string& why = stuck.message();
-  EXPECT_NE(why.find("wait_layer: step "), std::string::npos) << why;
-  EXPECT_NE(why.find("the scheduler is waiting on: "), std::string::npos) << why;
-  EXPECT_NE(why.find("waiting for hbm frames"), std::string::npos) << why;
-  EXPECT_NE(why.find(" private, "), std::string::npos) << "who holds the frames: " << why;
-  EXPECT_NE(why.find("cannot go to NVMe"), std::string::npos) << why;
-  EXPECT_NE(why.find("full_block_keys"), std::string::npos) << why;
+  Status refused = run_checked_step(*rt, c->id, tokens, 0, 5 * page_tokens, &bytes_ok);
+  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
+      << "refused without waiting";
+  const std::string& why = refused.message();
+  EXPECT_NE(why.find("one layer of this batch needs 5 HBM frames"), std::string::npos) << why;
+  EXPECT_NE(why.find("cannot leave memory without an NVMe tier"), std::string::npos) << why;
+  EXPECT_NE(why.find("28 blocks in use, 16 of them private"), std::string::npos) << why;
   // The engine closes A: C's step runs, and B's next step reads its whole prompt back.
   ASSERT_TRUE(rt->close_sequence(held.private_sequence).ok());
   Status retried = run_checked_step(*rt, c->id, tokens, 0, 5 * page_tokens, &bytes_ok);
@@ -170,6 +170,53 @@ TEST(RuntimeWaitTimeout, ALayerThatCannotArriveIsNamedInTheTimeout) {
   EXPECT_TRUE(bytes_ok) << "a page read back differs from what its sequence wrote";
   for (SequenceId id : {c->id, held.prompt_sequence}) ASSERT_TRUE(rt->close_sequence(id).ok());
   ASSERT_TRUE(rt->shutdown().ok());
+}
+
+// HBM holds a closed sequence's prompt, cached and written nowhere else (write-back); a new step of
+// two blocks fits only layer by layer, and the frames its later layers need are freed only by
+// copies to host memory, over a link throttled to 0.4 s a page. Such a layer cannot arrive within
+// wait_timeout: the step gives up with kDeadlineExceeded, naming the frames it waits for and the
+// copies in flight. Once they end, the same step runs.
+TEST(RuntimeWaitTimeout, ALayerASlowLinkCannotBringInTimeIsNamedInTheTimeout) {
+  testing::ScratchDir dir("runtime-wait-slow-link");
+  Config c = testing::small_config(dir.path());
+  c.tiers.nvme.enabled = false;
+  c.tiers.host.capacity_bytes = 64 * 8192;
+  c.tiers.hbm.link_gbps = 8192.0 / 0.4 / 1e9;
+  RuntimeOptions options;
+  options.wait_timeout = std::chrono::milliseconds(300);
+  auto opened = Runtime::open(c, options);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Runtime& rt = **opened;
+  const uint32_t page_tokens = rt.geometry().page_tokens;
+  bool bytes_ok = true;
+  const std::vector<uint32_t> prompt = make_tokens(15 * page_tokens, 5);
+  auto b = rt.open_sequence(rt.block_keys(prompt));
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_TRUE(run_checked_step(rt, b->id, prompt, 0, 15 * page_tokens, &bytes_ok).ok());
+  ASSERT_TRUE(rt.close_sequence(b->id).ok());
+  // C's 2 blocks need 8 frames, 2 a layer; B left 4 free.
+  auto seq = rt.open_sequence({});
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  const std::vector<uint32_t> tokens = make_tokens(2 * page_tokens, 11);
+  Status stuck = run_checked_step(rt, seq->id, tokens, 0, 2 * page_tokens, &bytes_ok);
+  ASSERT_EQ(stuck.code(), StatusCode::kDeadlineExceeded) << stuck.to_string();
+  const std::string& why = stuck.message();
+  EXPECT_NE(why.find("wait_layer: step "), std::string::npos) << why;
+  EXPECT_NE(why.find("the scheduler is waiting on: "), std::string::npos) << why;
+  EXPECT_NE(why.find("waiting for hbm frames"), std::string::npos) << why;
+  EXPECT_NE(why.find("bytes in flight"), std::string::npos) << why;
+  EXPECT_NE(why.find("drain hbm"), std::string::npos) << why;
+  EXPECT_NE(why.find("hbm frames: "), std::string::npos) << "who holds the frames: " << why;
+  Status retried = Status();
+  for (int attempt = 0; attempt < 40; ++attempt) {
+    retried = run_checked_step(rt, seq->id, tokens, 0, 2 * page_tokens, &bytes_ok);
+    if (retried.code() != StatusCode::kDeadlineExceeded) break;
+  }
+  ASSERT_TRUE(retried.ok()) << retried.to_string();
+  EXPECT_TRUE(bytes_ok) << "a page read back differs from what its sequence wrote";
+  ASSERT_TRUE(rt.close_sequence(seq->id).ok());
+  ASSERT_TRUE(rt.shutdown().ok());
 }
 
 // Shutting down while a copy waits for frames that only the engine could free (its sequences are
@@ -200,6 +247,8 @@ TEST(RuntimeWaitTimeout, ShutdownDoesNotWaitForCopiesNothingCanStart) {
   EXPECT_EQ(down.code(), StatusCode::kCancelled) << down.to_string();
   EXPECT_NE(down.message().find("waiting for host frames"), std::string::npos) << down.message();
   EXPECT_NE(down.message().find(" private, "), std::string::npos) << down.message();
+  EXPECT_NE(down.message().find("full_block_keys"), std::string::npos)
+      << "what the engine can do: " << down.message();
 }
 
 }  // namespace

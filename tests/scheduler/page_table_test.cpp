@@ -515,6 +515,60 @@ TEST_F(PageTableTest, ReferenceCounting) {
   EXPECT_EQ(pt().acquire(k).code(), StatusCode::kNotFound);
 }
 
+// The table counts blocks with references wherever a count leaves or reaches zero: creation,
+// acquire and release, match with acquire, a committed update (not a rolled-back one) and publish.
+TEST_F(PageTableTest, TheReferencedBlockCountFollowsEveryWayToReferenceABlock) {
+  const BlockKey a = content_key(1);
+  const BlockKey b = content_key(2);
+  create(a);
+  EXPECT_EQ(pt().referenced_blocks(), 0u);
+  create(b, a, /*initial_refs=*/2);
+  EXPECT_EQ(pt().referenced_blocks(), 1u);
+  ok(pt().acquire(a));
+  ok(pt().acquire(a));
+  EXPECT_EQ(pt().referenced_blocks(), 2u) << "a block counts once, however many references";
+  EXPECT_EQ(pt().release(a).value_or(99), 1u);
+  EXPECT_EQ(pt().referenced_blocks(), 2u);
+  EXPECT_EQ(pt().release(a).value_or(99), 0u);
+  EXPECT_FALSE(pt().release(a).ok());
+  EXPECT_EQ(pt().referenced_blocks(), 1u) << "a release below zero changes nothing";
+  ok(pt().audit());
+
+  // Match with acquire references the matched prefix; b already had references.
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    drive(a, CopyId::hbm(l), CopyState::kReady);
+    drive(b, CopyId::hbm(l), CopyState::kReady);
+  }
+  const std::vector<BlockKey> chain = {a, b};
+  EXPECT_EQ(pt().match(chain, MatchOptions{.acquire = true}).blocks, 2u);
+  EXPECT_EQ(pt().referenced_blocks(), 2u);
+  ok(pt().audit());
+
+  // An update counts when it commits, and not when it rolls back.
+  ok(pt().update(a, [](EntryView& v) { return v.release().status(); }));
+  EXPECT_EQ(pt().referenced_blocks(), 1u);
+  EXPECT_EQ(pt().update(a,
+                        [](EntryView& v) -> Status {
+                          KVTIER_RETURN_IF_ERROR(v.acquire());
+                          return cancelled("caller gave up");
+                        })
+                .code(),
+            StatusCode::kCancelled);
+  EXPECT_EQ(pt().referenced_blocks(), 1u);
+  ok(pt().audit());
+
+  // Publish moves a referenced private block under its key: still one block with references.
+  const BlockKey priv = private_block_key(3, 0);
+  create(priv, {}, 1);
+  EXPECT_EQ(pt().referenced_blocks(), 2u);
+  ASSERT_TRUE(pt().publish(priv, content_key(9)).ok());
+  EXPECT_EQ(pt().referenced_blocks(), 2u);
+  EXPECT_EQ(pt().release(content_key(9)).value_or(99), 0u);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pt().release(b).ok());
+  EXPECT_EQ(pt().referenced_blocks(), 0u);
+  ok(pt().audit());
+}
+
 TEST_F(PageTableTest, EraseRefusesCopiesInFlightAndFreesReadyOnes) {
   const BlockKey k = content_key(1);
   create(k);
