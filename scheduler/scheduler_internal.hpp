@@ -45,13 +45,14 @@ struct Scheduler::Step {
   bool windowed = false;
   bool ended = false;
   Nanos begun = 0;
-  // Pages (block table slots) per layer; the step may hold pages_per_layer x window HBM frames
-  // at once (Scheduler::frames_held).
-  uint64_t pages_per_layer = 0;
   std::vector<StepItemInfo> items;
   // Per item: the keys of the blocks it reads this step (after its appends), and the index of the
   // first block it writes into.
   std::vector<std::vector<BlockKey>> blocks;
+  // Per item: how many of its leading blocks an earlier item holds too (shared_prefix_lengths);
+  // the step holds a frame per layer for each of the others, window layers at a time
+  // (Scheduler::frames_held).
+  std::vector<uint32_t> shared_blocks;
   std::vector<uint32_t> first_written;
   std::shared_ptr<PublishedStep> shared;
   // Blocks created by this step (their pages are written by the engine, nothing to load).

@@ -5,6 +5,7 @@
 
 #include "scheduler/scheduler.hpp"
 #include "scheduler/scheduler_internal.hpp"
+#include "scheduler/shared_prefixes.hpp"
 
 namespace kvtier {
 namespace {
@@ -109,22 +110,25 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     infos[i].new_tokens = batch[i].new_tokens;
   }
 
-  // Does one layer of the batch fit in HBM? Does all of it?
-  uint64_t pages_per_layer = 0;
+  // Does one layer of the batch fit in HBM? Does all of it? A layer takes a frame per block of the
+  // batch, but for blocks an earlier sequence of the batch holds too (a shared prompt) and blocks
+  // of pinned prefixes (frames_held counts them). The batch's blocks kept in memory, those it will
+  // open and those it holds, are counted for frames_kept_in_memory.
+  std::vector<std::span<const BlockKey>> contexts(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const uint64_t total = seqs[i]->tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
     infos[i].pages = static_cast<uint32_t>(ceil_div(total, pt));
-    pages_per_layer += infos[i].pages;
+    contexts[i] = std::span(seqs[i]->blocks.data(),
+                            std::min<std::size_t>(infos[i].pages, seqs[i]->blocks.size()));
   }
-  // Pages of pinned-prefix blocks are in HBM already, counted with the prefix (frames_held). The
-  // batch's blocks kept in memory, those it will open and those it holds, are counted for
-  // frames_kept_in_memory.
-  uint64_t needed_per_layer = pages_per_layer;
+  std::vector<uint32_t> shared = shared_prefix_lengths(contexts);
+  uint64_t needed_per_layer = 0;
   KeptBlocks batch_kept;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Sequence& seq = *seqs[i];
-    const std::size_t known = std::min<std::size_t>(infos[i].pages, seq.blocks.size());
-    needed_per_layer -= protected_count(std::span(seq.blocks.data(), known));
+    const std::span<const BlockKey> own = contexts[i].subspan(shared[i]);
+    const std::size_t known = contexts[i].size();
+    needed_per_layer += own.size() - protected_count(own) + (infos[i].pages - known);
     const uint64_t tokens_after = seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
     for (uint64_t b = known; b < infos[i].pages; ++b) {
       // A new block is private unless it is a prompt block this step fills (see below); without
@@ -139,15 +143,9 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   // memory there is, the batch's own counted as outside HBM, could overflow host memory (the
   // common case, with NVMe and full blocks published, keeps nothing in HBM for them).
   if (frames_kept_in_memory(batch_kept, /*window=*/0, held) > 0) {
-    std::unordered_set<BlockKey, BlockKeyHash> counted;  // sequences may share prompt blocks
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      const Sequence& seq = *seqs[i];
-      const std::size_t known = std::min<std::size_t>(infos[i].pages, seq.blocks.size());
-      for (std::size_t b = 0; b < known; ++b) {
-        const BlockKey& key = seq.blocks[b];
-        if (kept_in_memory(key) && !protected_.contains(key) && counted.insert(key).second) {
-          ++batch_kept.held;
-        }
+      for (const BlockKey& key : contexts[i].subspan(shared[i])) {
+        batch_kept.held += kept_in_memory(key) && !protected_.contains(key);
       }
     }
   }
@@ -185,7 +183,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
     step->windowed = true;
   }
   step->window = window;
-  step->pages_per_layer = pages_per_layer;
+  step->shared_blocks = std::move(shared);
 
   // Create the blocks the appended tokens need (private until full and published).
   for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -444,16 +442,19 @@ void Scheduler::abort_failed_fills(const Step& step, uint32_t layer) {
 }
 
 // HBM frames begin_step cannot give a new batch: every layer of each pinned-prefix block (never an
-// HBM victim) and each open step's pages per layer x window, pinned or not yet — a step pins its
+// HBM victim) and each open step's frames per layer x window, pinned or not yet — a step pins its
 // frames only as they are granted, so counting pins alone would let two steps each take part of
-// HBM and wait on each other until the timeout. A step's pages of pinned-prefix blocks are
-// counted once, with the prefix.
+// HBM and wait on each other until the timeout. A step's frames per layer are its blocks but those
+// an earlier item of its batch holds too, and those of pinned prefixes (counted with the prefix).
 uint64_t Scheduler::frames_held() const {
   uint64_t held = static_cast<uint64_t>(protected_.size()) * options_.geometry.layers;
   for (const auto& [id, step] : steps_) {
-    uint64_t pages = step->pages_per_layer;
-    for (const auto& blocks : step->blocks) pages -= protected_count(blocks);
-    held += pages * step->window;
+    uint64_t frames = 0;
+    for (std::size_t i = 0; i < step->blocks.size(); ++i) {
+      const auto own = std::span(step->blocks[i]).subspan(step->shared_blocks[i]);
+      frames += own.size() - protected_count(own);
+    }
+    held += frames * step->window;
   }
   return held;
 }

@@ -330,6 +330,71 @@ TEST(SchedulerSim, BeginStepCountsTheFramesOfPinnedPrefixes) {
   expect_consistent(w);
 }
 
+// Sequences of one batch that share a prompt read its blocks through one frame per layer: the
+// batch is charged for the shared blocks once, in begin_step and in what its open step holds
+// against the next one (frames_held). Three sequences over a 4-block system prompt, a block of
+// their own each: 7 frames a layer, all 4 layers in 32 frames, where 15 a layer would be windowed.
+TEST(SchedulerSim, ABatchThatSharesAPromptIsChargedForItOnce) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  SimWorld w(setup);
+  const uint32_t page_tokens = setup.geometry.page_tokens;
+  const std::vector<BlockKey> system = w.prompt(4, 1, /*shared_prefix=*/4);
+  ASSERT_TRUE(w.prefill_and_close(system, kNanosPerMicro).ok());
+  const auto open_batch = [&](uint32_t sequences, uint32_t salt) {
+    std::vector<StepItem> items;
+    for (uint32_t i = 0; i < sequences; ++i) {
+      auto s = w.scheduler().open_sequence(w.prompt(5, salt + i, /*shared_prefix=*/4));
+      EXPECT_TRUE(s.ok()) << s.status().to_string();
+      if (!s.ok()) return items;
+      EXPECT_EQ(s->reused_blocks, 4u);
+      items.push_back(StepItem{s->id, page_tokens});
+    }
+    return items;
+  };
+  const auto close_batch = [&](const std::vector<StepItem>& items) {
+    for (const StepItem& item : items) {
+      ASSERT_TRUE(w.scheduler().close_sequence(item.sequence).ok());
+    }
+    w.settle();  // the system prompt's pages moved by a windowed step are matched once settled
+  };
+
+  const std::vector<StepItem> three = open_batch(3, 10);
+  ASSERT_EQ(three.size(), 3u);
+  auto r = w.run_step(three, kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_FALSE(r.info.windowed) << "4 shared + 3 own blocks x 4 layers fit in 32 frames";
+  EXPECT_EQ(r.invalid_frames, 0u);
+  close_batch(three);
+
+  // Five sequences: 9 frames a layer, 36 for all layers: windowed.
+  const std::vector<StepItem> five = open_batch(5, 20);
+  ASSERT_EQ(five.size(), 5u);
+  r = w.run_step(five, kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_TRUE(r.info.windowed) << "4 shared + 5 own blocks x 4 layers exceed 32 frames";
+  EXPECT_EQ(r.invalid_frames, 0u);
+  close_batch(five);
+
+  // While the three-sequence step is open it holds 28 frames: a one-block step fits beside it.
+  const std::vector<StepItem> again = open_batch(3, 30);
+  auto open = w.scheduler().begin_step(again);
+  ASSERT_TRUE(open.ok()) << open.status().to_string();
+  auto alone = w.scheduler().open_sequence({});
+  ASSERT_TRUE(alone.ok());
+  const StepItem one{alone->id, page_tokens};
+  auto beside = w.scheduler().begin_step(std::span(&one, 1));
+  ASSERT_TRUE(beside.ok()) << beside.status().to_string();
+  EXPECT_FALSE(beside->windowed) << "4 frames are left beside the open step's 28";
+  for (const StepInfo* step : {&*open, &*beside}) {
+    ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
+  }
+  close_batch(again);
+  ASSERT_TRUE(w.scheduler().close_sequence(alone->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // The converse: a prefix is not pinned into frames an open step was admitted against.
 TEST(SchedulerSim, PinPrefixDoesNotTakeTheFramesOfOpenSteps) {
   SimSetup setup;
