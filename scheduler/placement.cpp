@@ -46,12 +46,16 @@ struct Snapshot {
   bool nvme_absent = true;
   bool all_in_memory = false;  // every page ready in HBM or host (an NVMe copy can be written)
   bool shadowed = false;       // every page ready in a faster tier (EntryView::shadowed)
+  // Its pages can live only in HBM and host memory, and none may be lost: a private block (NVMe
+  // is addressed by content key), and with no NVMe tier, a block an open sequence holds.
+  bool kept_in_memory = false;
 };
 
-Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier) {
+Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier, bool nvme_tier) {
   Snapshot s;
   Status st = table.visit(key, [&](const EntryView& v) {
     s.found = true;
+    s.kept_in_memory = key.is_private() || (!nvme_tier && v.refcount() > 0);
     s.parent = v.parent();
     s.hits = v.stats().hits;
     s.layers = v.layers();
@@ -71,9 +75,9 @@ Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier) {
       if (c == CopyState::kFilling || c == CopyState::kDraining) s.in_flight = true;
       if (c != CopyState::kReady) continue;
       if (tier == Tier::kHbm && v.pins(l) != 0) continue;
-      // A private block cannot go to NVMe and must not be lost: a host page of it leaves only
-      // when its HBM copy is ready.
-      if (tier == Tier::kHost && key.is_private() && v.state(CopyId::hbm(l)) != CopyState::kReady) {
+      // A block kept in memory must not be lost: a host page of it leaves only when its HBM copy
+      // is ready.
+      if (tier == Tier::kHost && s.kept_in_memory && v.state(CopyId::hbm(l)) != CopyState::kReady) {
         continue;
       }
       ++s.evictable;
@@ -150,6 +154,7 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
   const auto taken = [&](const BlockKey& k) {
     return budget.leaving[ti].count(k) != 0 || budget.arriving[ti].count(k) != 0;
   };
+  const bool nvme_tier = evictors_[static_cast<std::size_t>(tier_index(Tier::kNvme))] != nullptr;
   Budget::Candidates& c = budget.candidates[ti];
   const auto refuse = [&](const BlockKey& k) {
     return skip[ti](k) || taken(k) || (!c.referenced_too && read_next_from(table_, k, tier));
@@ -178,7 +183,7 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
     const BlockKey key = c.keys[c.next++];
     if (taken(key)) continue;        // chosen or arriving since the batch was fetched
     budget.leaving[ti].insert(key);  // never proposed twice in one plan
-    const Snapshot s = read_block(table_, key, tier);
+    const Snapshot s = read_block(table_, key, tier, nvme_tier);
     // Memory tiers give up pages one by one: a block whose other pages are pinned (a step's
     // window) or in flight still frees its ready, unpinned ones. The NVMe copy is one extent.
     if (!s.found || s.evictable == 0 || (tier == Tier::kNvme && s.in_flight)) {
@@ -241,10 +246,10 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
         refused = true;
       }
     }
-    if (!move.to && !clean && !move.shadowed && key.is_private()) {
-      // Nowhere to go, and a private block is never lost: only its HBM pages with a host copy
-      // leave (the executor drops no other), so only they count as freed; none, and it is passed
-      // by, or every round of room-making would plan it again and free nothing.
+    if (!move.to && !clean && !move.shadowed && s.kept_in_memory) {
+      // Nowhere to go, and a block kept in memory is never lost: only its HBM pages with a host
+      // copy leave (the executor drops no other), so only they count as freed; none, and it is
+      // passed by, or every round of room-making would plan it again and free nothing.
       move.frames_freed = s.evictable - s.host_missing;
       if (move.frames_freed == 0) {
         ++counters_.skipped;

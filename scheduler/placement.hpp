@@ -33,9 +33,11 @@
 //     the destination's room is planned first, recursively (host -> NVMe -> drop), and those
 //     moves come earlier in the plan;
 //   - otherwise drop: a cache may lose a block; the next request recomputes it;
-//   - a private block (BlockKey::is_private: K/V an engine wrote that has no content key yet)
-//     never goes to NVMe, which is addressed by content key, and is never lost: in host memory
-//     only its pages whose HBM copy is ready can leave, and only those count as freed.
+//   - a block kept in memory is never lost and never goes to NVMe: a private block
+//     (BlockKey::is_private: K/V an engine wrote that has no content key yet; NVMe is addressed
+//     by content key) and, with no NVMe tier, a block an open sequence holds. In host memory only
+//     its pages whose HBM copy is ready can leave, in HBM with no room below only those host
+//     memory holds, and only those count as freed.
 // A block is never duplicated within a tier: copies are per key, and a shared block (refcount > 1)
 // is one copy that every sequence reads.
 //

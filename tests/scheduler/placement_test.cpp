@@ -480,22 +480,41 @@ TEST_F(PlacementShadowed, ABlockIsNotDroppedFromTwoTiersInOnePlan) {
 // Two-layer blocks over LRU tiers with write-back and no admission threshold, for the private
 // block tests: blocks are created (private ones with the reference their sequence holds), given
 // ready pages, and tracked by a tier's evictor one by one, oldest first.
-class PrivateBlockRig {
+// Blocks whose pages can live only in HBM and host memory and must not be lost: private blocks
+// (NVMe is addressed by content key), and, where there is no NVMe tier, blocks an open sequence
+// holds. The rig makes one or the other kind of such block, and cached blocks that may be lost.
+enum class KeptKind { kPrivate, kInUseWithoutNvme };
+
+class KeptBlockRig {
  public:
   static constexpr uint32_t kLayers = 2;
 
-  PrivateBlockRig(uint32_t hbm_frames, uint32_t host_frames)
-      : write_(make_write_strategy(WritePolicy::kWriteBack, 2)), admission_(0u) {
-    auto made = pt_test::TableRig::make(kLayers, 1, hbm_frames, host_frames, 4);
+  KeptBlockRig(KeptKind kind, uint32_t hbm_frames, uint32_t host_frames)
+      : kind_(kind), write_(make_write_strategy(WritePolicy::kWriteBack, 2)), admission_(0u) {
+    const int64_t nvme_extents = kind == KeptKind::kPrivate ? 4 : -1;
+    auto made = pt_test::TableRig::make(kLayers, 1, hbm_frames, host_frames, nvme_extents);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     if (made.ok()) rig_ = std::move(made).value();
     EvictorOptions eo;
     eo.capacity_blocks = 4;
-    for (auto& e : evictors_) e = make_evictor(EvictionPolicy::kLru, eo);
+    for (Tier t : kAllTiers) {
+      if (t != Tier::kNvme || nvme_extents >= 0) {
+        evictors_[tier_index(t)] = make_evictor(EvictionPolicy::kLru, eo);
+      }
+    }
   }
 
-  void create(const BlockKey& key) {
-    ASSERT_TRUE(rig_.table->create_block(key, BlockKey{}, key.is_private() ? 1 : 0).ok());
+  bool nvme() const { return kind_ == KeptKind::kPrivate; }
+  // The n-th block that must stay in memory: private, or with content key and a reference.
+  BlockKey kept(uint64_t n) {
+    const BlockKey key = kind_ == KeptKind::kPrivate ? BlockKey{n, 0} : key_of(100 + n);
+    EXPECT_TRUE(rig_.table->create_block(key, BlockKey{}, 1).ok());
+    return key;
+  }
+  // A cached block no sequence holds.
+  BlockKey cached(uint64_t n) {
+    EXPECT_TRUE(rig_.table->create_block(key_of(n), BlockKey{}, 0).ok());
+    return key_of(n);
   }
   void ready(const BlockKey& key, Tier tier, uint32_t layer) {
     ASSERT_TRUE(rig_.table
@@ -516,63 +535,63 @@ class PrivateBlockRig {
     std::array<Evictor*, kNumTiers> raw{};
     for (Tier t : kAllTiers) raw[tier_index(t)] = evictors_[tier_index(t)].get();
     Placement placement(*rig_.table, raw, admission_, *write_);
-    return placement.plan_room(tier, frames, {0, 0, 4});
+    return placement.plan_room(tier, frames, {0, 0, nvme() ? 4u : 0u});
   }
 
  private:
+  KeptKind kind_;
   pt_test::TableRig rig_;
   std::unique_ptr<WriteStrategy> write_;
   NvmeAdmission admission_;
   std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
 };
 
-// A private block (K/V an engine wrote, with no content key yet) never goes to NVMe, which is
-// addressed by content key, and is never lost: in host memory only its pages whose HBM copy is
-// ready can leave, and only those count as freed. Host memory (2 layers, 4 frames) holds private
-// block P (both pages; HBM holds layer 1 again), private block Q (both pages, nothing in HBM)
-// and block 3 (both pages), oldest first.
-TEST(PlacementPrivate, APrivateBlockLeavesHostOnlyWhereHbmHoldsItsPages) {
-  PrivateBlockRig rig(/*hbm_frames=*/4, /*host_frames=*/6);
-  const BlockKey p{1, 0};
-  const BlockKey q{2, 0};
-  ASSERT_TRUE(p.is_private() && q.is_private());
-  for (const BlockKey& key : {p, q, key_of(3)}) {
-    rig.create(key);
-    for (uint32_t l = 0; l < PrivateBlockRig::kLayers; ++l) rig.ready(key, Tier::kHost, l);
+class PlacementKept : public ::testing::TestWithParam<KeptKind> {};
+
+// A block kept in memory never goes to NVMe and is never lost: in host memory only its pages whose
+// HBM copy is ready can leave, and only those count as freed. Host memory (2 layers, 4 frames)
+// holds kept blocks P (both pages; HBM holds layer 1 again) and Q (both pages, nothing in HBM), and
+// cached block 3 (both pages), oldest first.
+TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHostOnlyWhereHbmHoldsItsPages) {
+  KeptBlockRig rig(GetParam(), /*hbm_frames=*/4, /*host_frames=*/6);
+  const BlockKey p = rig.kept(1);
+  const BlockKey q = rig.kept(2);
+  const BlockKey c = rig.cached(3);
+  for (const BlockKey& key : {p, q, c}) {
+    for (uint32_t l = 0; l < KeptBlockRig::kLayers; ++l) rig.ready(key, Tier::kHost, l);
     rig.track(key, Tier::kHost);
   }
   rig.ready(p, Tier::kHbm, 1);
   const PlacementPlan plan = rig.plan_room(Tier::kHost, 3);
-  // Block 3 first (an open sequence holds the private blocks: they go last), then P's one page;
-  // Q frees nothing.
+  // Block 3 first (open sequences hold P and Q: they go last), to NVMe where there is one, then
+  // P's one page; Q frees nothing.
   ASSERT_EQ(plan.moves.size(), 2u);
-  EXPECT_EQ(plan.moves[0].block.key, key_of(3));
-  EXPECT_EQ(plan.moves[0].to, Tier::kNvme);
+  EXPECT_EQ(plan.moves[0].block.key, c);
+  EXPECT_EQ(plan.moves[0].to, rig.nvme() ? std::optional(Tier::kNvme) : std::nullopt);
   EXPECT_EQ(plan.moves[0].frames_freed, 2u);
   EXPECT_EQ(plan.moves[1].block.key, p);
-  EXPECT_EQ(plan.moves[1].to, std::nullopt) << "a private block never goes to NVMe";
+  EXPECT_EQ(plan.moves[1].to, std::nullopt) << "a block kept in memory never goes to NVMe";
   EXPECT_EQ(plan.moves[1].frames_freed, 1u) << "only its page that HBM holds may leave";
   EXPECT_EQ(plan.shortfall, 0u);
 }
 
-// In HBM, a private block goes down to host memory or stays: with no host room, only its pages
-// that host memory holds already may leave, and one with none is passed by (planning its drop
-// would free nothing, round after round). HBM (2 layers, 4 frames) holds private blocks P (both
+// In HBM, a block kept in memory goes down to host memory or stays: with no host room, only its
+// pages that host memory holds already may leave, and one with none is passed by (planning its
+// drop would free nothing, round after round). HBM (2 layers, 4 frames) holds kept blocks P (both
 // pages; host memory holds layer 0 too) and Q (both pages, none in host memory), oldest first;
-// host memory is full: P's page and private block R, which cannot leave it.
-TEST(PlacementPrivate, APrivateBlockLeavesHbmOnlyWhereHostHoldsItsPages) {
-  PrivateBlockRig rig(/*hbm_frames=*/4, /*host_frames=*/3);
-  const BlockKey q{1, 0};
-  const BlockKey p{2, 0};
-  const BlockKey r{3, 0};
-  for (const BlockKey& key : {p, q, r}) rig.create(key);
+// host memory is full: P's page and kept block R, which cannot leave it.
+TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHbmOnlyWhereHostHoldsItsPages) {
+  KeptBlockRig rig(GetParam(), /*hbm_frames=*/4, /*host_frames=*/3);
+  const BlockKey q = rig.kept(1);
+  const BlockKey p = rig.kept(2);
+  const BlockKey r = rig.kept(3);
   for (const BlockKey& key : {p, q}) {
-    for (uint32_t l = 0; l < PrivateBlockRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
+    for (uint32_t l = 0; l < KeptBlockRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
     rig.track(key, Tier::kHbm);
   }
   rig.ready(p, Tier::kHost, 0);
   rig.track(p, Tier::kHost);
-  for (uint32_t l = 0; l < PrivateBlockRig::kLayers; ++l) rig.ready(r, Tier::kHost, l);
+  for (uint32_t l = 0; l < KeptBlockRig::kLayers; ++l) rig.ready(r, Tier::kHost, l);
   rig.track(r, Tier::kHost);
   const PlacementPlan plan = rig.plan_room(Tier::kHbm, 3);
   ASSERT_EQ(plan.moves.size(), 1u) << "Q frees nothing: it is not in the plan";
@@ -581,6 +600,13 @@ TEST(PlacementPrivate, APrivateBlockLeavesHbmOnlyWhereHostHoldsItsPages) {
   EXPECT_EQ(plan.moves[0].frames_freed, 1u) << "only its page host memory holds may leave";
   EXPECT_EQ(plan.shortfall, 2u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, PlacementKept,
+                         ::testing::Values(KeptKind::kPrivate, KeptKind::kInUseWithoutNvme),
+                         [](const ::testing::TestParamInfo<KeptKind>& info) {
+                           return std::string(
+                               info.param == KeptKind::kPrivate ? "Private" : "InUseWithoutNvme");
+                         });
 
 }  // namespace
 }  // namespace kvtier
