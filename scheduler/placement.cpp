@@ -15,6 +15,9 @@ struct Placement::Budget {
   // the copy above, so a block shadowed-dropped in one tier is dropped from no other in the same
   // plan, nor is a block dropped elsewhere shadowed-dropped (moving it down stays allowed).
   std::unordered_map<BlockKey, bool, BlockKeyHash> dropped;
+  // Keys whose host pages a move of this plan takes out of host memory (dropped, or written to
+  // NVMe and dropped): HBM pages of theirs have no host copy to fall back on any more.
+  std::unordered_set<BlockKey, BlockKeyHash> host_pages_leave;
   // Each tier's victims in its evictor's order, fetched in growing batches. The evictors do not
   // change while a plan is made, so a tier asked for room again (once per block demoted into it)
   // continues where it stopped. Rejected: asking the evictor afresh each time, which walks its
@@ -183,7 +186,10 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
     const BlockKey key = c.keys[c.next++];
     if (taken(key)) continue;        // chosen or arriving since the batch was fetched
     budget.leaving[ti].insert(key);  // never proposed twice in one plan
-    const Snapshot s = read_block(table_, key, tier, nvme_tier);
+    Snapshot s = read_block(table_, key, tier, nvme_tier);
+    if (tier == Tier::kHbm && budget.host_pages_leave.count(key) != 0) {
+      s.host_missing = s.evictable;  // its host copies leave in this plan: each page needs a frame
+    }
     // Memory tiers give up pages one by one: a block whose other pages are pinned (a step's
     // window) or in flight still frees its ready, unpinned ones. The NVMe copy is one extent.
     if (!s.found || s.evictable == 0 || (tier == Tier::kNvme && s.in_flight)) {
@@ -270,6 +276,7 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
     }
     budget.free[ti] += move.frames_freed;
     freed += move.frames_freed;
+    if (tier == Tier::kHost) budget.host_pages_leave.insert(key);
     plan.moves.push_back(move);
   }
   return freed >= frames ? 0 : frames - freed;

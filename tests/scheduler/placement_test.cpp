@@ -25,6 +25,14 @@ namespace {
 // Content keys (namespace tag 7): a key with tag 0 is private (BlockKey::is_private).
 BlockKey key_of(uint64_t id) { return BlockKey{id, uint64_t{7} << 48}; }
 
+// The plan's move of `id`'s copy in `from`; null when it does not move.
+const PlannedMove* move_of(const PlacementPlan& plan, uint64_t id, Tier from) {
+  for (const PlannedMove& m : plan.moves) {
+    if (m.block.key == key_of(id) && m.from == from) return &m;
+  }
+  return nullptr;
+}
+
 // A ready copy of block `id`'s page `layer` in `tier` (the block exists already).
 void add_ready_page(PageTable& table, Tier tier, uint64_t id, uint32_t layer = 0) {
   ASSERT_TRUE(table
@@ -291,14 +299,6 @@ class PlacementRig : public ::testing::Test {
     rig_ = std::move(pt_test::TableRig::make(1, 1, 2, 2, with_nvme ? 4 : -1)).value();
   }
 
-  // The plan's move of `id`'s copy in `from`; null when it does not move.
-  static const PlannedMove* move_of(const PlacementPlan& plan, uint64_t id, Tier from) {
-    for (const PlannedMove& m : plan.moves) {
-      if (m.block.key == key_of(id) && m.from == from) return &m;
-    }
-    return nullptr;
-  }
-
   pt_test::TableRig rig_;
   std::unique_ptr<WriteStrategy> write_;
   NvmeAdmission admission_{0u};
@@ -477,19 +477,21 @@ TEST_F(PlacementShadowed, ABlockIsNotDroppedFromTwoTiersInOnePlan) {
   EXPECT_EQ(plan.shortfall, 0u);
 }
 
-// Two-layer blocks over LRU tiers with write-back and no admission threshold, for the private
-// block tests: blocks are created (private ones with the reference their sequence holds), given
-// ready pages, and tracked by a tier's evictor one by one, oldest first.
 // Blocks whose pages can live only in HBM and host memory and must not be lost: private blocks
 // (NVMe is addressed by content key), and, where there is no NVMe tier, blocks an open sequence
-// holds. The rig makes one or the other kind of such block, and cached blocks that may be lost.
+// holds.
 enum class KeptKind { kPrivate, kInUseWithoutNvme };
 
-class KeptBlockRig {
+// Two-layer blocks over LRU tiers with write-back and no admission threshold, with an NVMe tier
+// for KeptKind::kPrivate and none for kInUseWithoutNvme: blocks kept in memory of that kind, and
+// cached blocks that may be lost, are created, given ready pages, and tracked by a tier's evictor
+// one by one, oldest first.
+
+class TwoLayerRig {
  public:
   static constexpr uint32_t kLayers = 2;
 
-  KeptBlockRig(KeptKind kind, uint32_t hbm_frames, uint32_t host_frames)
+  TwoLayerRig(KeptKind kind, uint32_t hbm_frames, uint32_t host_frames)
       : kind_(kind), write_(make_write_strategy(WritePolicy::kWriteBack, 2)), admission_(0u) {
     const int64_t nvme_extents = kind == KeptKind::kPrivate ? 4 : -1;
     auto made = pt_test::TableRig::make(kLayers, 1, hbm_frames, host_frames, nvme_extents);
@@ -553,12 +555,12 @@ class PlacementKept : public ::testing::TestWithParam<KeptKind> {};
 // holds kept blocks P (both pages; HBM holds layer 1 again) and Q (both pages, nothing in HBM), and
 // cached block 3 (both pages), oldest first.
 TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHostOnlyWhereHbmHoldsItsPages) {
-  KeptBlockRig rig(GetParam(), /*hbm_frames=*/4, /*host_frames=*/6);
+  TwoLayerRig rig(GetParam(), /*hbm_frames=*/4, /*host_frames=*/6);
   const BlockKey p = rig.kept(1);
   const BlockKey q = rig.kept(2);
   const BlockKey c = rig.cached(3);
   for (const BlockKey& key : {p, q, c}) {
-    for (uint32_t l = 0; l < KeptBlockRig::kLayers; ++l) rig.ready(key, Tier::kHost, l);
+    for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(key, Tier::kHost, l);
     rig.track(key, Tier::kHost);
   }
   rig.ready(p, Tier::kHbm, 1);
@@ -581,23 +583,55 @@ TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHostOnlyWhereHbmHoldsItsPages) {
 // pages; host memory holds layer 0 too) and Q (both pages, none in host memory), oldest first;
 // host memory is full: P's page and kept block R, which cannot leave it.
 TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHbmOnlyWhereHostHoldsItsPages) {
-  KeptBlockRig rig(GetParam(), /*hbm_frames=*/4, /*host_frames=*/3);
+  TwoLayerRig rig(GetParam(), /*hbm_frames=*/4, /*host_frames=*/3);
   const BlockKey q = rig.kept(1);
   const BlockKey p = rig.kept(2);
   const BlockKey r = rig.kept(3);
   for (const BlockKey& key : {p, q}) {
-    for (uint32_t l = 0; l < KeptBlockRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
+    for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
     rig.track(key, Tier::kHbm);
   }
   rig.ready(p, Tier::kHost, 0);
   rig.track(p, Tier::kHost);
-  for (uint32_t l = 0; l < KeptBlockRig::kLayers; ++l) rig.ready(r, Tier::kHost, l);
+  for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(r, Tier::kHost, l);
   rig.track(r, Tier::kHost);
   const PlacementPlan plan = rig.plan_room(Tier::kHbm, 3);
   ASSERT_EQ(plan.moves.size(), 1u) << "Q frees nothing: it is not in the plan";
   EXPECT_EQ(plan.moves[0].block.key, p);
   EXPECT_EQ(plan.moves[0].to, std::nullopt);
   EXPECT_EQ(plan.moves[0].frames_freed, 1u) << "only its page host memory holds may leave";
+  EXPECT_EQ(plan.shortfall, 2u);
+}
+
+// A block whose host page leaves in a plan needs, to be demoted from HBM in the same plan, a host
+// frame for every page, not only for those host memory did not hold. HBM (2 layers, 4 frames)
+// holds cached blocks A and B, oldest first; host memory (3 frames, no NVMe) holds B's layer 0
+// (shadowed: HBM holds it too) and cached block C, oldest first. Room for all of HBM: A goes down,
+// for which host memory drops B's page and C. B would then need both frames host memory has no
+// more of (one is left): it stays, and it cannot be dropped either, as the drop of its host page
+// relies on its HBM copy. The plan says it is 2 frames short.
+TEST(PlacementTwoTiers, ABlockWhoseHostPageLeavesInThePlanNeedsAHostFrameForEveryPage) {
+  TwoLayerRig rig(KeptKind::kInUseWithoutNvme, /*hbm_frames=*/4, /*host_frames=*/3);
+  const BlockKey a = rig.cached(1);
+  const BlockKey b = rig.cached(2);
+  const BlockKey c = rig.cached(3);
+  for (const BlockKey& key : {a, b}) {
+    for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
+    rig.track(key, Tier::kHbm);
+  }
+  rig.ready(b, Tier::kHost, 0);
+  rig.track(b, Tier::kHost);
+  for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(c, Tier::kHost, l);
+  rig.track(c, Tier::kHost);
+  const PlacementPlan plan = rig.plan_room(Tier::kHbm, 4);
+  const PlannedMove* a_down = move_of(plan, 1, Tier::kHbm);
+  ASSERT_NE(a_down, nullptr);
+  EXPECT_EQ(a_down->to, Tier::kHost);
+  EXPECT_EQ(a_down->frames_taken, 2u);
+  ASSERT_NE(move_of(plan, 2, Tier::kHost), nullptr) << "B's host page made room for A";
+  ASSERT_NE(move_of(plan, 3, Tier::kHost), nullptr) << "so did C";
+  EXPECT_EQ(move_of(plan, 2, Tier::kHbm), nullptr)
+      << "B would take one host frame for two pages, or be lost from both tiers";
   EXPECT_EQ(plan.shortfall, 2u);
 }
 
