@@ -251,9 +251,8 @@ class PageTable {
   // not recorded). Allocators' own audits; used == frames owned by copies, per tier; each frame
   // owned once and allocated; frames present exactly when a copy is not absent; no pinned page that
   // is absent or draining; per-block counters and the private- and referenced-block counts equal
-  // to a recount;
-  // cached_children equal to the linked children present, and every linked child's parent
-  // present; index and slabs agree.
+  // to a recount; cached_children equal to the linked children present, and every linked child's
+  // parent present; index and slabs agree.
   Status audit() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
   // Heap bytes held by the table's metadata (indexes, slabs, shard array, the table itself).
   std::size_t memory_bytes() const;

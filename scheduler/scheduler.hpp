@@ -199,8 +199,8 @@ class Scheduler {
   void release_layer(Step& step, uint32_t layer);
   // HBM frames a new batch cannot have (see the definition).
   uint64_t frames_held() const;
-  // A block whose pages can live only in HBM and host memory: a private block (NVMe is addressed
-  // by content key) and, without NVMe, every block an open sequence holds.
+  // Whether the pages of a block a sequence holds can live only in HBM and host memory: a private
+  // block's (NVMe is addressed by content key) and, without NVMe, any block's.
   bool kept_in_memory(const BlockKey& key) const {
     return key.is_private() || parts_.nvme == nullptr;
   }
