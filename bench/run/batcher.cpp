@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include "scheduler/shared_prefixes.hpp"
+
 namespace kvtier::bench::run {
 namespace {
 
@@ -14,7 +16,11 @@ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 Batcher::Batcher(const Workload& workload, const BatcherConfig& config, BaselineResult& result,
                  std::atomic<uint64_t>* progress)
-    : workload_(workload), config_(config), result_(result), progress_(progress) {
+    : workload_(workload),
+      config_(config),
+      result_(result),
+      progress_(progress),
+      held_(config.layers) {
   budget_frames_ =
       static_cast<uint64_t>(config.admit_fraction * static_cast<double>(config.hbm_frames));
   result_.records.resize(workload.requests.size());
@@ -52,6 +58,8 @@ Status Batcher::admit(const OpenFn& open, Nanos now) {
     const Request& req = workload_.requests[i];
     const uint64_t pages = ceil_div(req.input_tokens + req.output_tokens, pt);
     const uint64_t frames = pages * config_.layers;
+    std::span<const BlockKey> keys;
+    if (config_.reuse) keys = std::span(req.keys).first(req.prompt_blocks(pt));
     if (frames > budget_frames_) {
       // Larger than HBM: only a layer window streamed through HBM can run it, which needs a host
       // tier to stream from, one layer that fits, and the GPU to itself.
@@ -65,7 +73,7 @@ Status Batcher::admit(const OpenFn& open, Nanos now) {
         continue;
       }
       if (!running_.empty()) break;
-    } else if (running_frames_ + frames > budget_frames_) {
+    } else if (held_.frames() + held_.estimate(keys, pages) > budget_frames_) {
       break;
     }
     waiting_.pop_front();
@@ -73,9 +81,6 @@ Status Batcher::admit(const OpenFn& open, Nanos now) {
     LiveRequest live;
     live.index = i;
     live.req = &req;
-    live.frames = frames;
-    std::span<const BlockKey> keys;
-    if (config_.reuse) keys = std::span(req.keys).first(req.prompt_blocks(pt));
     auto opened = open(keys);
     if (!opened.ok()) {
       return opened.status().with_context("open_sequence of request " + std::to_string(req.id));
@@ -91,8 +96,8 @@ Status Batcher::admit(const OpenFn& open, Nanos now) {
       rec.reused_tokens[tier_index(t)] =
           static_cast<uint64_t>(opened->reused_by_tier[tier_index(t)]) * pt;
     }
-    running_frames_ += frames;
-    running_.push_back(live);
+    live.share = held_.add(keys, opened->reused_blocks, pages);
+    running_.push_back(std::move(live));
   }
   return ok_status();
 }
@@ -129,13 +134,19 @@ std::size_t Batcher::hold(const std::function<bool(const LiveRequest&)>& ready, 
 }
 
 bool Batcher::windowed_batch() const {
-  uint64_t pages = 0;
+  std::vector<uint64_t> pages;
+  std::vector<std::span<const BlockKey>> prompts;  // the prompt blocks each one reads
   for (const LiveRequest& r : running_) {
     if (r.holding) continue;
     const uint64_t add = std::min<uint64_t>(r.prompt_left, config_.max_batched_tokens) + 1;
-    pages += ceil_div(r.ctx + add, config_.page_tokens);
+    pages.push_back(ceil_div(r.ctx + add, config_.page_tokens));
+    const uint64_t keyed = config_.reuse ? r.req->prompt_blocks(config_.page_tokens) : 0;
+    prompts.push_back(std::span(r.req->keys).first(std::min(pages.back(), keyed)));
   }
-  return pages * config_.layers > config_.hbm_frames;
+  const std::vector<uint32_t> shared = shared_prefix_lengths(prompts);
+  uint64_t frames = 0;
+  for (std::size_t i = 0; i < pages.size(); ++i) frames += pages[i] - shared[i];
+  return frames * config_.layers > config_.hbm_frames;
 }
 
 StepPlan Batcher::plan(Nanos now, uint32_t max_iterations, const CostFn& cost) {
@@ -271,7 +282,7 @@ Status Batcher::complete(const StepPlan& plan, Nanos end,
       continue;
     }
     KVTIER_RETURN_IF_ERROR(close(it->seq, it->out_done).with_context("close_sequence"));
-    running_frames_ -= it->frames;
+    held_.remove(it->share);
     finish_one();
     it = running_.erase(it);
   }

@@ -3,8 +3,9 @@
 //
 //   arrivals   requests join the waiting queue at their arrival time;
 //   admission  in arrival order while the running requests' full KV (prompt + output, pages of
-//              every layer) fits in admit_fraction of the HBM frames and fewer than max_sequences
-//              run. A request whose KV exceeds that runs alone (the scheduler streams it through
+//              every layer; a prompt block requests share counted once, see HeldBlocks) fits in
+//              admit_fraction of the HBM frames and fewer than max_sequences run. A request whose
+//              KV exceeds that runs alone (the scheduler streams it through
 //              HBM a layer window at a time) when a host tier can hold it, and is rejected
 //              otherwise. Opening the sequence with the prompt's keys (when the baseline reuses)
 //              tells how much of the prompt is cached: prefill starts after it;
@@ -33,6 +34,7 @@
 #include <span>
 #include <vector>
 
+#include "bench/run/held_blocks.hpp"
 #include "bench/run/perf_model.hpp"
 #include "bench/run/results.hpp"
 #include "bench/run/workload.hpp"
@@ -61,7 +63,7 @@ struct LiveRequest {
   uint64_t ctx = 0;  // tokens with K/V, as the scheduler counts them
   uint64_t prompt_left = 0;
   uint64_t out_done = 0;
-  uint64_t frames = 0;  // HBM frames its full KV takes (admission accounting)
+  HeldBlocks::Share share;  // its part of the HBM frames the running requests take (admission)
   uint32_t reused_blocks = 0;
   bool holding = false;  // waiting for its reused prefix to leave NVMe (see Batcher::hold)
   Nanos admitted = 0;
@@ -107,7 +109,8 @@ class Batcher {
   std::vector<HintedRequest> hints(Nanos now, double prefill_tokens_per_s, std::size_t window);
   bool hints_dirty() const { return hints_dirty_; }
 
-  // True when the running batch, one iteration on, would not fit in HBM all at once.
+  // True when the running batch, one iteration on, would not fit in HBM all at once (prompt
+  // blocks requests share counted once, as begin_step counts them).
   bool windowed_batch() const;
   // Plans the next step: up to `max_iterations` iterations, stopping before `next_arrival`
   // (modeled time from `now`); `cost` gives an iteration's modeled time (0 when unmodeled).
@@ -133,7 +136,7 @@ class Batcher {
   BaselineResult& result_;
   std::atomic<uint64_t>* progress_;
   uint64_t budget_frames_ = 0;
-  uint64_t running_frames_ = 0;
+  HeldBlocks held_;
   std::size_t next_ = 0;
   std::size_t finished_ = 0;
   std::deque<std::size_t> waiting_;

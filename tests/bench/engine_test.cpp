@@ -182,6 +182,70 @@ TEST(Batcher, AdmitsInOrderWhileKvFitsAndPlansChunkedPrefill) {
   EXPECT_DOUBLE_EQ(p.iterations[0].prefill_pairs, chunk_pairs(0, 64));
 }
 
+// The frames of running requests count a prompt block they share once: a block another running
+// request holds and this one reused is referenced, not copied; one it computed itself beside
+// them (neither could reuse the other's unfinished block) is a copy of its own.
+TEST(HeldBlocks, APromptBlockRunningRequestsShareIsCountedOnce) {
+  HeldBlocks held(/*layers=*/2);
+  const std::vector<BlockKey> prompt = {BlockKey{1, 7}, BlockKey{2, 7}, BlockKey{3, 7}};
+  EXPECT_EQ(held.estimate(prompt, 5), 10u) << "nothing held: 5 pages of 2 layers";
+  const HeldBlocks::Share a = held.add(prompt, /*reused=*/0, 5);
+  EXPECT_EQ(held.frames(), 10u);
+  EXPECT_EQ(held.estimate(prompt, 5), 4u) << "the 3 prompt blocks held: 2 pages of its own";
+  const HeldBlocks::Share b = held.add(prompt, /*reused=*/3, 5);
+  EXPECT_EQ(held.frames(), 14u);
+  const HeldBlocks::Share c = held.add(prompt, /*reused=*/1, 5);
+  EXPECT_EQ(held.frames(), 22u) << "C computed blocks 1 and 2 again: copies of its own";
+  // A leaves: its blocks stay counted while B and C hold them.
+  held.remove(a);
+  EXPECT_EQ(held.frames(), 18u);
+  held.remove(b);
+  held.remove(c);
+  EXPECT_EQ(held.frames(), 0u);
+  // Another prompt after a shared first block: only the leading run counts as held.
+  const HeldBlocks::Share d = held.add(prompt, 3, 5);
+  const std::vector<BlockKey> other = {BlockKey{1, 7}, BlockKey{9, 7}, BlockKey{3, 7}};
+  EXPECT_EQ(held.estimate(other, 5), 8u);
+  held.remove(d);
+}
+
+// Three requests over one 6-block prompt, in 30 frames of 2 layers: each one's full KV is 7 pages
+// (14 frames), so counted apart two fit; sharing the prompt, the second and third add a page each.
+TEST(Batcher, RequestsThatReuseARunningPromptAreAdmittedBesideIt) {
+  for (const uint32_t reused : {6u, 0u}) {
+    Workload w;
+    w.page_tokens = 16;
+    std::vector<BlockKey> keys;
+    for (uint64_t k = 1; k <= 6; ++k) keys.push_back(BlockKey{k, 7});
+    for (int i = 0; i < 3; ++i) {
+      Request r;
+      r.id = i;
+      r.input_tokens = 96;
+      r.output_tokens = 4;
+      r.keys = keys;
+      w.requests.push_back(r);
+    }
+    BatcherConfig c;
+    c.page_tokens = 16;
+    c.layers = 2;
+    c.hbm_frames = 30;
+    BaselineResult result;
+    Batcher b(w, c, result, nullptr);
+    b.take_arrivals(0);
+    SequenceId next = 1;
+    ASSERT_TRUE(b.admit([&](std::span<const BlockKey> k) -> Result<OpenedSequence> {
+                   OpenedSequence o;
+                   o.id = next++;
+                   // The first finds nothing cached; the others what the test says.
+                   o.reused_blocks = o.id == 1 ? 0 : std::min<uint32_t>(reused, k.size());
+                   o.reused_tokens = o.reused_blocks * 16ull;
+                   return o;
+                 }).ok());
+    EXPECT_EQ(b.running().size(), reused == 6 ? 3u : 2u)
+        << "reused " << reused << ": a request that computes the prompt again holds a copy";
+  }
+}
+
 TEST(Batcher, RejectsWhatNoTierCanHold) {
   Workload w;
   w.page_tokens = 16;
