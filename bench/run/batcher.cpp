@@ -97,6 +97,7 @@ Status Batcher::admit(const OpenFn& open, Nanos now) {
           static_cast<uint64_t>(opened->reused_by_tier[tier_index(t)]) * pt;
     }
     live.share = held_.add(keys, opened->reused_blocks, pages);
+    live.computed_blocks = std::min<uint64_t>(opened->reused_blocks, keys.size());
     running_.push_back(std::move(live));
   }
   return ok_status();
@@ -275,6 +276,15 @@ Status Batcher::complete(const StepPlan& plan, Nanos end,
     RequestRecord& rec = result_.records[r->index];
     if (r->first_iteration >= 0) rec.first_token = at(r->first_iteration);
     if (r->last_iteration >= 0) rec.finish = at(r->last_iteration);
+    if (config_.reuse) {
+      const uint64_t full = std::min<uint64_t>(r->ctx / config_.page_tokens,
+                                               r->req->prompt_blocks(config_.page_tokens));
+      if (full > r->computed_blocks) {
+        held_.computed(
+            std::span(r->req->keys).subspan(r->computed_blocks, full - r->computed_blocks));
+        r->computed_blocks = full;
+      }
+    }
   }
   for (auto it = running_.begin(); it != running_.end();) {
     if (!it->done) {

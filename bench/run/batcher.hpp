@@ -63,7 +63,8 @@ struct LiveRequest {
   uint64_t ctx = 0;  // tokens with K/V, as the scheduler counts them
   uint64_t prompt_left = 0;
   uint64_t out_done = 0;
-  HeldBlocks::Share share;  // its part of the HBM frames the running requests take (admission)
+  HeldBlocks::Share share;       // its part of the HBM frames the running requests take (admission)
+  uint64_t computed_blocks = 0;  // prompt blocks whose prefill has ended (HeldBlocks::computed)
   uint32_t reused_blocks = 0;
   bool holding = false;  // waiting for its reused prefix to leave NVMe (see Batcher::hold)
   Nanos admitted = 0;
