@@ -47,18 +47,16 @@ struct Snapshot {
   uint32_t host_missing = 0;  // evictable pages without a host copy (HBM only)
   bool nvme_ready = false;
   bool nvme_absent = true;
-  bool all_in_memory = false;  // every page ready in HBM or host (an NVMe copy can be written)
-  bool shadowed = false;       // every page ready in a faster tier (EntryView::shadowed)
-  // Its pages can live only in HBM and host memory, and none may be lost: a private block (NVMe
-  // is addressed by content key), and with no NVMe tier, a block an open sequence holds.
-  bool kept_in_memory = false;
+  bool all_in_memory = false;   // every page ready in HBM or host (an NVMe copy can be written)
+  bool shadowed = false;        // every page ready in a faster tier (EntryView::shadowed)
+  bool kept_in_memory = false;  // see kvtier::kept_in_memory
 };
 
 Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier, bool nvme_tier) {
   Snapshot s;
   Status st = table.visit(key, [&](const EntryView& v) {
     s.found = true;
-    s.kept_in_memory = key.is_private() || (!nvme_tier && v.refcount() > 0);
+    s.kept_in_memory = kept_in_memory(key, v.refcount() > 0, nvme_tier);
     s.parent = v.parent();
     s.hits = v.stats().hits;
     s.layers = v.layers();

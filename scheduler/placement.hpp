@@ -73,6 +73,13 @@
 
 namespace kvtier {
 
+// Whether a block's pages can live only in HBM and host memory, and none may be lost: a private
+// block's (NVMe is addressed by content key) and, with no NVMe tier, one an open sequence holds.
+// The one rule behind placement's plans and begin_step's count of the frames such pages keep.
+inline bool kept_in_memory(const BlockKey& key, bool referenced, bool nvme_tier) {
+  return key.is_private() || (referenced && !nvme_tier);
+}
+
 // One block's copy leaving one tier.
 struct PlannedMove {
   BlockFacts block;           // key and parent from the page table, the rest from the evictor

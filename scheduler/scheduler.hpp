@@ -199,10 +199,9 @@ class Scheduler {
   void release_layer(Step& step, uint32_t layer);
   // HBM frames a new batch cannot have (see the definition).
   uint64_t frames_held() const;
-  // Whether the pages of a block a sequence holds can live only in HBM and host memory: a private
-  // block's (NVMe is addressed by content key) and, without NVMe, any block's.
-  bool kept_in_memory(const BlockKey& key) const {
-    return key.is_private() || parts_.nvme == nullptr;
+  // kvtier::kept_in_memory of a block a sequence holds.
+  bool held_block_kept_in_memory(const BlockKey& key) const {
+    return kept_in_memory(key, /*referenced=*/true, /*nvme_tier=*/parts_.nvme != nullptr);
   }
   // A batch's blocks kept in memory: those its sequences hold (each once, pinned prefixes aside:
   // frames_held counts them), and those its step will open.

@@ -145,7 +145,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   if (frames_kept_in_memory(batch_kept, /*window=*/0, held) > 0) {
     for (std::size_t i = 0; i < batch.size(); ++i) {
       for (const BlockKey& key : contexts[i].subspan(shared[i])) {
-        batch_kept.held += kept_in_memory(key) && !protected_.contains(key);
+        batch_kept.held += held_block_kept_in_memory(key) && !protected_.contains(key);
       }
     }
   }
@@ -459,12 +459,12 @@ uint64_t Scheduler::frames_held() const {
   return held;
 }
 
-// Pages of blocks kept in memory (kept_in_memory: private blocks, whose pages are never written to
-// NVMe as it is addressed by content key, and without NVMe every block in use) live in HBM or host
-// memory; what host memory cannot hold of them holds HBM frames no plan can free. They are every
-// page of each such block outside the batch, and the batch's own of the layers outside its window
-// (a windowed step keeps only the window's layers in HBM). Host memory offers its frames but its
-// reserve. An estimate from the table's counts of private and referenced blocks:
+// Pages of blocks kept in memory (kvtier::kept_in_memory: private blocks, whose pages are never
+// written to NVMe as it is addressed by content key, and without NVMe every block in use) live in
+// HBM or host memory; what host memory cannot hold of them holds HBM frames no plan can free. They
+// are every page of each such block outside the batch, and the batch's own of the layers outside
+// its window (a windowed step keeps only the window's layers in HBM). Host memory offers its frames
+// but its reserve. An estimate from the table's counts of private and referenced blocks:
 // - with NVMe, private pages not yet written and those in another open step's window (counted in
 //   frames_held too) make it count a little high, which at worst makes a step use a narrower
 //   window;

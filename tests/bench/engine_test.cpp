@@ -148,20 +148,36 @@ TEST(Engine, ServesNoMetricsUnlessAskedTo) {
   EXPECT_TRUE(VirtualRunOptions{}.metrics.listen.empty());
 }
 
-TEST(Batcher, AdmitsInOrderWhileKvFitsAndPlansChunkedPrefill) {
+// `count` requests of `input` prompt and `output` generated tokens over prompt blocks `keys`, in
+// 16-token pages, all arriving at 0.
+Workload same_requests(int count, uint64_t input, uint64_t output,
+                       const std::vector<BlockKey>& keys = {}) {
   Workload w;
   w.page_tokens = 16;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < count; ++i) {
     Request r;
     r.id = i;
-    r.input_tokens = 100;
-    r.output_tokens = 4;
+    r.input_tokens = input;
+    r.output_tokens = output;
+    r.keys = keys;
     w.requests.push_back(r);
   }
+  return w;
+}
+
+// A batcher over 16-token pages of 2 layers, with `hbm_frames` HBM frames.
+BatcherConfig two_layer_batcher(uint64_t hbm_frames) {
   BatcherConfig c;
   c.page_tokens = 16;
   c.layers = 2;
-  c.hbm_frames = 30;  // 7 pages x 2 layers = 14 frames per request: two fit at 0.95
+  c.hbm_frames = hbm_frames;
+  return c;
+}
+
+TEST(Batcher, AdmitsInOrderWhileKvFitsAndPlansChunkedPrefill) {
+  const Workload w = same_requests(3, 100, 4);
+  // 7 pages x 2 layers = 14 frames per request: two fit at 0.95
+  BatcherConfig c = two_layer_batcher(30);
   c.max_batched_tokens = 64;
   BaselineResult result;
   Batcher b(w, c, result, nullptr);
@@ -219,22 +235,10 @@ TEST(HeldBlocks, APromptBlockRunningRequestsShareIsCountedOnce) {
 // and each would hold a copy: two fit.
 TEST(Batcher, RequestsThatReuseARunningPromptAreAdmittedBesideIt) {
   for (const uint32_t reused : {6u, 0u}) {
-    Workload w;
-    w.page_tokens = 16;
     std::vector<BlockKey> keys;
     for (uint64_t k = 1; k <= 6; ++k) keys.push_back(BlockKey{k, 7});
-    for (int i = 0; i < 3; ++i) {
-      Request r;
-      r.id = i;
-      r.input_tokens = 96;
-      r.output_tokens = 4;
-      r.keys = keys;
-      w.requests.push_back(r);
-    }
-    BatcherConfig c;
-    c.page_tokens = 16;
-    c.layers = 2;
-    c.hbm_frames = 30;
+    const Workload w = same_requests(3, 96, 4, keys);
+    const BatcherConfig c = two_layer_batcher(30);
     BaselineResult result;
     Batcher b(w, c, result, nullptr);
     b.take_arrivals(0);
@@ -251,16 +255,8 @@ TEST(Batcher, RequestsThatReuseARunningPromptAreAdmittedBesideIt) {
 }
 
 TEST(Batcher, RejectsWhatNoTierCanHold) {
-  Workload w;
-  w.page_tokens = 16;
-  Request r;
-  r.input_tokens = 1000;
-  r.output_tokens = 1;
-  w.requests.push_back(r);
-  BatcherConfig c;
-  c.page_tokens = 16;
-  c.layers = 2;
-  c.hbm_frames = 40;
+  const Workload w = same_requests(1, 1000, 1);
+  BatcherConfig c = two_layer_batcher(40);
   c.host_frames = 0;
   BaselineResult result;
   Batcher b(w, c, result, nullptr);

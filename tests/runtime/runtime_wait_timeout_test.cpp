@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime_test_util.hpp"
@@ -24,18 +26,34 @@ using testing::make_tokens;
 using testing::run_checked_step;
 
 // A runtime whose HBM and host memory hold 64 frames each, without NVMe, that gives up waiting for
-// a layer after 300 ms.
+// a layer after 300 ms; `link_gbps` throttles the HBM link (0: unthrottled).
 std::unique_ptr<Runtime> open_small(const testing::ScratchDir& dir,
-                                    WritePolicy write = WritePolicy::kWriteBack) {
+                                    WritePolicy write = WritePolicy::kWriteBack,
+                                    double link_gbps = 0.0) {
   Config c = testing::small_config(dir.path());
   c.tiers.nvme.enabled = false;
   c.tiers.host.capacity_bytes = 64 * 8192;
+  c.tiers.hbm.link_gbps = link_gbps;
   c.policies.write = write;
   RuntimeOptions options;
   options.wait_timeout = std::chrono::milliseconds(300);
   auto opened = Runtime::open(c, options);
   EXPECT_TRUE(opened.ok()) << opened.status().to_string();
   return opened.ok() ? std::move(opened).value() : nullptr;
+}
+
+// A step of `new_tokens` tokens of `tokens` by `seq` is refused at once (kResourceExhausted, before
+// wait_timeout), with a message that says each of `says`.
+void expect_refused_at_once(Runtime& rt, SequenceId seq, const std::vector<uint32_t>& tokens,
+                            uint32_t new_tokens, std::initializer_list<std::string_view> says) {
+  bool bytes_ok = true;
+  const auto start = std::chrono::steady_clock::now();
+  Status refused = run_checked_step(rt, seq, tokens, 0, new_tokens, &bytes_ok);
+  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
+      << "refused without waiting";
+  const std::string& why = refused.message();
+  for (std::string_view part : says) EXPECT_NE(why.find(part), std::string::npos) << why;
 }
 
 // Opens `count` sequences with no prompt blocks and has all but the last append `blocks` blocks
@@ -75,16 +93,10 @@ TEST(RuntimeWaitTimeout, PrivatePagesFillingTheTiersRefuseAStepAtOnce) {
   PrivateSequences seqs = fill_with_private_blocks(*rt, kSequences, kBlocks);
   ASSERT_EQ(seqs.ids.size(), static_cast<std::size_t>(kSequences));
   bool bytes_ok = true;
-  const auto start = std::chrono::steady_clock::now();
-  Status refused = run_checked_step(*rt, seqs.ids.back(), seqs.tokens.back(), 0,
-                                    kBlocks * page_tokens, &bytes_ok);
-  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.to_string();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
-      << "refused without waiting";
-  const std::string& why = refused.message();
-  EXPECT_NE(why.find("one layer of this batch needs 10 HBM frames"), std::string::npos) << why;
-  EXPECT_NE(why.find("cannot leave memory without an NVMe tier"), std::string::npos) << why;
-  EXPECT_NE(why.find("30 blocks in use, 30 of them private"), std::string::npos) << why;
+  expect_refused_at_once(
+      *rt, seqs.ids.back(), seqs.tokens.back(), kBlocks * page_tokens,
+      {"one layer of this batch needs 10 HBM frames", "cannot leave memory without an NVMe tier",
+       "30 blocks in use, 30 of them private"});
 
   // The engine frees one sequence; the refused step now runs (120 pages: HBM and host full but
   // for 8 frames). It closes another, and the two left take turns, each step
@@ -149,15 +161,10 @@ TEST(RuntimeWaitTimeout, BlocksInUseFillingTheTiersWithoutNvmeRefuseAStepAtOnce)
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const std::vector<uint32_t> tokens = make_tokens(5 * page_tokens, 11);
   bool bytes_ok = true;
-  const auto start = std::chrono::steady_clock::now();
-  Status refused = run_checked_step(*rt, c->id, tokens, 0, 5 * page_tokens, &bytes_ok);
-  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.to_string();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
-      << "refused without waiting";
-  const std::string& why = refused.message();
-  EXPECT_NE(why.find("one layer of this batch needs 5 HBM frames"), std::string::npos) << why;
-  EXPECT_NE(why.find("cannot leave memory without an NVMe tier"), std::string::npos) << why;
-  EXPECT_NE(why.find("28 blocks in use, 16 of them private"), std::string::npos) << why;
+  expect_refused_at_once(
+      *rt, c->id, tokens, 5 * page_tokens,
+      {"one layer of this batch needs 5 HBM frames", "cannot leave memory without an NVMe tier",
+       "28 blocks in use, 16 of them private"});
   // The engine closes A: C's step runs, and B's next step reads its whole prompt back.
   ASSERT_TRUE(rt->close_sequence(held.private_sequence).ok());
   Status retried = run_checked_step(*rt, c->id, tokens, 0, 5 * page_tokens, &bytes_ok);
@@ -179,15 +186,9 @@ TEST(RuntimeWaitTimeout, BlocksInUseFillingTheTiersWithoutNvmeRefuseAStepAtOnce)
 // copies in flight. Once they end, the same step runs.
 TEST(RuntimeWaitTimeout, ALayerASlowLinkCannotBringInTimeIsNamedInTheTimeout) {
   testing::ScratchDir dir("runtime-wait-slow-link");
-  Config c = testing::small_config(dir.path());
-  c.tiers.nvme.enabled = false;
-  c.tiers.host.capacity_bytes = 64 * 8192;
-  c.tiers.hbm.link_gbps = 8192.0 / 0.4 / 1e9;
-  RuntimeOptions options;
-  options.wait_timeout = std::chrono::milliseconds(300);
-  auto opened = Runtime::open(c, options);
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  Runtime& rt = **opened;
+  auto opened = open_small(dir, WritePolicy::kWriteBack, /*link_gbps=*/8192.0 / 0.4 / 1e9);
+  ASSERT_NE(opened, nullptr);
+  Runtime& rt = *opened;
   const uint32_t page_tokens = rt.geometry().page_tokens;
   bool bytes_ok = true;
   const std::vector<uint32_t> prompt = make_tokens(15 * page_tokens, 5);

@@ -528,6 +528,11 @@ class TwoLayerRig {
                              })
                     .ok());
   }
+  // Every page of `key` ready in `tier`, and the tier's evictor tracking it.
+  void whole(const BlockKey& key, Tier tier) {
+    for (uint32_t l = 0; l < kLayers; ++l) ready(key, tier, l);
+    track(key, tier);
+  }
   void track(const BlockKey& key, Tier tier) {
     BlockFacts f;
     f.key = key;
@@ -559,10 +564,7 @@ TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHostOnlyWhereHbmHoldsItsPages) {
   const BlockKey p = rig.kept(1);
   const BlockKey q = rig.kept(2);
   const BlockKey c = rig.cached(3);
-  for (const BlockKey& key : {p, q, c}) {
-    for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(key, Tier::kHost, l);
-    rig.track(key, Tier::kHost);
-  }
+  for (const BlockKey& key : {p, q, c}) rig.whole(key, Tier::kHost);
   rig.ready(p, Tier::kHbm, 1);
   const PlacementPlan plan = rig.plan_room(Tier::kHost, 3);
   // Block 3 first (open sequences hold P and Q: they go last), to NVMe where there is one, then
@@ -587,14 +589,10 @@ TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHbmOnlyWhereHostHoldsItsPages) {
   const BlockKey q = rig.kept(1);
   const BlockKey p = rig.kept(2);
   const BlockKey r = rig.kept(3);
-  for (const BlockKey& key : {p, q}) {
-    for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
-    rig.track(key, Tier::kHbm);
-  }
+  for (const BlockKey& key : {p, q}) rig.whole(key, Tier::kHbm);
   rig.ready(p, Tier::kHost, 0);
   rig.track(p, Tier::kHost);
-  for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(r, Tier::kHost, l);
-  rig.track(r, Tier::kHost);
+  rig.whole(r, Tier::kHost);
   const PlacementPlan plan = rig.plan_room(Tier::kHbm, 3);
   ASSERT_EQ(plan.moves.size(), 1u) << "Q frees nothing: it is not in the plan";
   EXPECT_EQ(plan.moves[0].block.key, p);
@@ -615,14 +613,10 @@ TEST(PlacementTwoTiers, ABlockWhoseHostPageLeavesInThePlanNeedsAHostFrameForEver
   const BlockKey a = rig.cached(1);
   const BlockKey b = rig.cached(2);
   const BlockKey c = rig.cached(3);
-  for (const BlockKey& key : {a, b}) {
-    for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(key, Tier::kHbm, l);
-    rig.track(key, Tier::kHbm);
-  }
+  for (const BlockKey& key : {a, b}) rig.whole(key, Tier::kHbm);
   rig.ready(b, Tier::kHost, 0);
   rig.track(b, Tier::kHost);
-  for (uint32_t l = 0; l < TwoLayerRig::kLayers; ++l) rig.ready(c, Tier::kHost, l);
-  rig.track(c, Tier::kHost);
+  rig.whole(c, Tier::kHost);
   const PlacementPlan plan = rig.plan_room(Tier::kHbm, 4);
   const PlannedMove* a_down = move_of(plan, 1, Tier::kHbm);
   ASSERT_NE(a_down, nullptr);

@@ -18,7 +18,7 @@
 namespace kvtier {
 namespace {
 
-using testing::expect_consistent;
+using testing::close_and_expect_idle;
 using testing::expect_tables_valid;
 using testing::SimSetup;
 using testing::SimWorld;
@@ -87,10 +87,7 @@ TEST_P(FullTiers, TwoSequencesLargerThanHbmTakeTurns) {
     w.settle();
   }
   EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
-  for (SequenceId id : seqs) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
-  w.settle();
-  expect_consistent(w);
-  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+  close_and_expect_idle(w, seqs);
 }
 
 TEST_P(FullTiers, AStepPastWhatTheTiersHoldFailsAndTheRestMovesOnOnceASequenceCloses) {
@@ -132,10 +129,7 @@ TEST_P(FullTiers, AStepPastWhatTheTiersHoldFailsAndTheRestMovesOnOnceASequenceCl
                                << w.scheduler().pending_summary();
     expect_tables_valid(w, r);
   }
-  for (int i = 1; i < 4; ++i) ASSERT_TRUE(w.scheduler().close_sequence(seqs[i]).ok());
-  w.settle();
-  expect_consistent(w);
-  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+  close_and_expect_idle(w, std::span(seqs).subspan(1));
   EXPECT_EQ(w.hbm().free_count(), setup.hbm_frames);
   EXPECT_EQ(w.host().free_count(), setup.host_frames);
 }
@@ -173,10 +167,7 @@ TEST(FullHost, APrefixOnNvmeOnlyComesUpThroughTheReserve) {
   auto r = w.run_step(std::span(&decode, 1), kNanosPerMicro);
   ASSERT_TRUE(r.status.ok()) << r.status.to_string() << "; " << w.scheduler().pending_summary();
   expect_tables_valid(w, r);
-  ASSERT_TRUE(w.scheduler().close_sequence(q->id).ok());
-  w.settle();
-  expect_consistent(w);
-  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+  close_and_expect_idle(w, {q->id});
 }
 
 // Host memory full of private pages but for its reserve; HBM full of the pages of two open
@@ -234,10 +225,7 @@ TEST(FullHost, HbmRoomComesFromBlocksSafeOnNvmeNotFromPagesHostCannotTake) {
   ASSERT_TRUE(rk2.status.ok()) << rk2.status.to_string();
   expect_tables_valid(w, rk2);
   EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
-  for (SequenceId id : {k->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
-  w.settle();
-  expect_consistent(w);
-  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+  close_and_expect_idle(w, {k->id, b->id});
 }
 
 // A step that reads a page whose demotion still waits for its host frame keeps the page where it
@@ -356,10 +344,7 @@ TEST_P(FullHostFreeFrames, ABlockInUseLeavesHbmByWayOfNvmeWhenHostHasNoRoomForIt
   auto rk = w.run_step(std::span(&k_decode, 1), kNanosPerMicro);
   ASSERT_TRUE(rk.status.ok()) << rk.status.to_string() << "; " << w.scheduler().pending_summary();
   expect_tables_valid(w, rk);
-  ASSERT_TRUE(w.scheduler().close_sequence(k->id).ok());
-  w.settle();
-  expect_consistent(w);
-  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+  close_and_expect_idle(w, {k->id});
 }
 
 // Host memory full of private pages but for its reserve, and B's private pages in half of HBM:
@@ -394,10 +379,7 @@ TEST(FullHost, AStepWindowsWhenHbmHoldsPrivatePagesHostCannotTake) {
   EXPECT_LT(rk.info.window, layers);
   expect_tables_valid(w, rk);
   EXPECT_EQ(testing::lost_page(w), "") << "a page of a sequence has no copy left";
-  for (SequenceId id : {k->id, b->id}) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
-  w.settle();
-  expect_consistent(w);
-  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+  close_and_expect_idle(w, {k->id, b->id});
 }
 
 INSTANTIATE_TEST_SUITE_P(BeyondTheReserve, FullHostFreeFrames, ::testing::Values(0u, 2u));

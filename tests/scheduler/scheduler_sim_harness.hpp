@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -194,6 +196,18 @@ inline void expect_consistent(SimWorld& w) {
   EXPECT_TRUE(audit.ok()) << audit.to_string();
   EXPECT_EQ(w.hbm().used() + w.hbm().free_count(), w.hbm().capacity());
   EXPECT_EQ(w.host().used() + w.host().free_count(), w.host().capacity());
+}
+
+// Closes `ids`, lets every move end, and checks that the table is consistent and the scheduler
+// idle: how a test that leaves nothing open ends.
+inline void close_and_expect_idle(SimWorld& w, std::span<const SequenceId> ids) {
+  for (SequenceId id : ids) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+  EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
+}
+inline void close_and_expect_idle(SimWorld& w, std::initializer_list<SequenceId> ids) {
+  close_and_expect_idle(w, std::span(ids.begin(), ids.size()));
 }
 
 // A block some sequence references must keep every page somewhere (or have it on its way): the
