@@ -97,6 +97,38 @@ bool Scheduler::idle() const {
   return true;
 }
 
+Status Scheduler::audit_membership() const {
+  std::array<std::size_t, kNumTiers> ready{};
+  for (const auto& [key, info] : parts_.table->snapshot()) {
+    for (Tier t : kAllTiers) {
+      const Evictor* e = evictor(t);
+      if (e == nullptr) continue;
+      bool has = t == Tier::kNvme && info.nvme == CopyState::kReady;
+      for (const PageInfo& p : info.pages) {
+        has = has || (t == Tier::kHbm && p.hbm == CopyState::kReady) ||
+              (t == Tier::kHost && p.host == CopyState::kReady);
+      }
+      ready[tier_index(t)] += has;
+      if (has != e->contains(key)) {
+        return internal_error(
+            "block " + to_string(key) + (has ? " has" : " has no") + " ready copy in " +
+            std::string(tier_name(t)) + " but that tier's " + std::string(e->name()) + " evictor " +
+            (has ? "does not track it (it can never be chosen to leave)" : "tracks it"));
+      }
+    }
+  }
+  for (Tier t : kAllTiers) {
+    const Evictor* e = evictor(t);
+    if (e != nullptr && e->size() != ready[tier_index(t)]) {
+      return internal_error(std::string(tier_name(t)) + " evictor tracks " +
+                            std::to_string(e->size()) + " blocks, but " +
+                            std::to_string(ready[tier_index(t)]) +
+                            " blocks have a ready copy there");
+    }
+  }
+  return ok_status();
+}
+
 std::string Scheduler::pending_summary() const {
   std::string out;
   for (Link l : kAllLinks) {

@@ -147,6 +147,11 @@ class Scheduler {
   // True when no copy is queued on a link or in flight. With no engine call to come (shutdown),
   // nothing pending can move any more: what still waits, waits for frames nothing will free.
   bool transfers_idle() const { return links_.idle(); }
+  // Checks that each tier's evictor tracks exactly the blocks with a ready copy in that tier (a
+  // page for HBM and host memory, the extent for NVMe): one it does not track can never be chosen
+  // to leave, and its frames are lost to the cache. Call at a quiescent point; it reads the page
+  // table's consistent cut (PageTable::snapshot), so it is for tests and diagnostics.
+  Status audit_membership() const;
   // What keeps the scheduler from being idle, for diagnostics ("3 ops (hbm fill ...), ...").
   std::string pending_summary() const;
 

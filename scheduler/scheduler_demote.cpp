@@ -183,8 +183,11 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
   op->drain = true;
   ops_.emplace(pk, std::move(op));
   const auto undo = [this, key, layer, pk](const Status& why) {
+    // The page is ready in HBM again: its tier's policy must see it, or no plan could ever
+    // choose it (a withdrawn demotion left such pages out of HBM's victims for good).
     parts_.table->cancel_drain(key, CopyId::hbm(layer)).ignore();
     draining_[tier_index(Tier::kHbm)] -= 1;
+    sync_membership(key, Tier::kHbm);
     finish_op(pk, why);
   };
   demotions_awaiting_host_ += 1;

@@ -415,6 +415,7 @@ void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
       auto info = parts_.table->lookup(key);
       if (info.ok() && info->pages[layer].host == CopyState::kReady) {
         parts_.table->drop(key, CopyId::host(layer)).ignore();
+        sync_membership(key, Tier::kHost);
         serve_frame_waiters(Tier::kHost);
       }
     }

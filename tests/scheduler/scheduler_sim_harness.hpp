@@ -194,6 +194,8 @@ class SimWorld {
 inline void expect_consistent(SimWorld& w) {
   Status audit = w.table().audit();
   EXPECT_TRUE(audit.ok()) << audit.to_string();
+  Status members = w.scheduler().audit_membership();
+  EXPECT_TRUE(members.ok()) << members.to_string();
   EXPECT_EQ(w.hbm().used() + w.hbm().free_count(), w.hbm().capacity());
   EXPECT_EQ(w.host().used() + w.host().free_count(), w.host().capacity());
 }

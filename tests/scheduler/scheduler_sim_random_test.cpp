@@ -1,7 +1,8 @@
 // The scheduler in virtual time under random workloads: 40 seeds over the five eviction and three
 // write policies, each opening, stepping and closing sequences at random over small tiers. After
-// every operation the page table passes its audit and no block a sequence references has lost a
-// page; at the end every frame is accounted for and the scheduler is idle.
+// every operation the page table passes its audit, each tier's policy tracks exactly the blocks
+// with a ready copy there, and no block a sequence references has lost a page; at the end every
+// frame is accounted for and the scheduler is idle.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -64,6 +65,8 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
     w.settle();
     Status audit = w.table().audit();
     ASSERT_TRUE(audit.ok()) << "op " << op << ": " << audit.to_string();
+    Status members = w.scheduler().audit_membership();
+    ASSERT_TRUE(members.ok()) << "op " << op << ": " << members.to_string();
     const std::string lost = lost_page(w);
     ASSERT_EQ(lost, "") << "op " << op << " (choice " << choice
                         << "): a referenced block lost a page";
