@@ -246,6 +246,15 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
         budget.arriving[ni].insert(key);
         move.to = *next;
         move.frames_taken = static_cast<uint32_t>(need);
+      } else if (tier == Tier::kHbm && s.kept_in_memory && budget.free[ni] > 0) {
+        // It cannot be dropped: as many of its pages go down as host memory has room for.
+        const uint64_t down = std::min(need, budget.free[ni]);
+        budget.free[ni] -= down;
+        budget.arriving[ni].insert(key);
+        move.to = *next;
+        move.frames_taken = static_cast<uint32_t>(down);
+        move.pages_down = static_cast<uint32_t>(down);
+        move.frames_freed = s.evictable - s.host_missing + move.pages_down;
       } else {
         refused = true;
       }
@@ -303,11 +312,15 @@ Result<ExecutionResult> execute_plan_metadata(PageTable& table,
         KVTIER_RETURN_IF_ERROR(v.drop(CopyId::nvme()));
       } else {
         uint32_t moved = 0;
-        for (uint32_t l = 0; l < v.layers(); ++l) {
+        uint32_t down = 0;
+        for (uint32_t i = 0; i < v.layers(); ++i) {
+          const uint32_t l = v.layers() - 1 - i;  // highest first, as pages_down says
           const CopyId src = CopyId::page(m.from, l);
           if (v.state(src) != CopyState::kReady) continue;
           if (m.from == Tier::kHbm && v.pins(l) != 0) continue;
           if (m.to == Tier::kHost && v.state(CopyId::host(l)) == CopyState::kAbsent) {
+            if (m.pages_down != 0 && down == m.pages_down) continue;  // stays in HBM
+            ++down;
             KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::host(l)).status());
             KVTIER_RETURN_IF_ERROR(v.complete_fill(CopyId::host(l)));
             gained = true;

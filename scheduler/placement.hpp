@@ -37,7 +37,9 @@
 //     (BlockKey::is_private: K/V an engine wrote that has no content key yet; NVMe is addressed
 //     by content key) and, with no NVMe tier, a block an open sequence holds. In host memory only
 //     its pages whose HBM copy is ready can leave, in HBM with no room below only those host
-//     memory holds, and only those count as freed.
+//     memory holds, and only those count as freed. When host memory has room for some of its
+//     HBM pages but not all, those go down (PlannedMove::pages_down): memory full of such pages
+//     still trades a page down for one a step needs, where a whole block would not fit.
 // A block is never duplicated within a tier: copies are per key, and a shared block (refcount > 1)
 // is one copy that every sequence reads.
 //
@@ -89,6 +91,9 @@ struct PlannedMove {
   uint32_t frames_taken = 0;  // frames of `to` (pages without a copy there yet; 1 NVMe extent)
   bool clean_below = false;   // dropped because a ready copy exists in a slower tier
   bool shadowed = false;      // dropped because a faster tier holds every page
+  // A block kept in memory that host memory has room for only in part: this many of its HBM
+  // pages without a host copy go down, the highest layers first (read last by a step); 0: all.
+  uint32_t pages_down = 0;
 };
 
 struct PlacementPlan {

@@ -209,10 +209,12 @@ class Scheduler {
     return kept_in_memory(key, /*referenced=*/true, /*nvme_tier=*/parts_.nvme != nullptr);
   }
   // A batch's blocks kept in memory: those its sequences hold (each once, pinned prefixes aside:
-  // frames_held counts them), and those its step will open.
+  // frames_held counts them), and those its step will open. `trades`: pages of those it holds may
+  // wait in host memory, and come up only by trading places with pages in HBM.
   struct KeptBlocks {
     uint64_t held = 0;
     uint64_t opened = 0;
+    bool trades = false;
   };
   // HBM frames that hold pages of blocks kept in memory that host memory cannot take, for a batch
   // computing `window` layers at a time beside `frames_held` (see the definition).

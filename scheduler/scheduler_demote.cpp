@@ -89,15 +89,19 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
       const bool must_keep = may_lose_last_copy(key, Tier::kHbm);
       // A block the host tier refused is dropped rather than demoted (when it may be).
       const bool demote = move.to.has_value() && !refused(key, Tier::kHost);
-      for (uint32_t l = 0; l < layers; ++l) {
+      uint32_t down = 0;
+      for (uint32_t i = 0; i < layers; ++i) {
+        const uint32_t l = layers - 1 - i;  // highest first (PlannedMove::pages_down)
         const PageSnapshot p = page_snapshot(key, l);
         if (p.hbm != CopyState::kReady || p.pins != 0) continue;
         if (p.host == CopyState::kReady || (!must_keep && !demote)) {
           if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
             stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
           }
-        } else if (demote && p.host == CopyState::kAbsent && parts_.host->capacity() > 0) {
+        } else if (demote && p.host == CopyState::kAbsent && parts_.host->capacity() > 0 &&
+                   (move.pages_down == 0 || down < move.pages_down)) {
           demote_page_to_host(key, l, prio);
+          ++down;
         }
       }
       // In use, with no NVMe copy, and host memory has no room for it now or later (not enough

@@ -125,29 +125,28 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   uint64_t needed_per_layer = 0;
   KeptBlocks batch_kept;
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    const Sequence& seq = *seqs[i];
     const std::span<const BlockKey> own = contexts[i].subspan(shared[i]);
     const std::size_t known = contexts[i].size();
     needed_per_layer += own.size() - protected_count(own) + (infos[i].pages - known);
-    const uint64_t tokens_after = seq.tokens + infos[i].recomputed_tokens + infos[i].new_tokens;
-    for (uint64_t b = known; b < infos[i].pages; ++b) {
-      // A new block is private unless it is a prompt block this step fills (see below); without
-      // NVMe either kind stays in memory.
-      batch_kept.opened += parts_.nvme == nullptr ||
-                           !fills_prompt_block(b, seq.prompt_keys.size(), tokens_after, pt);
-    }
+    // Every block the step opens stays in memory while it writes it: a private one until it is
+    // published, and a prompt block it fills under its content key too, as NVMe takes only whole
+    // blocks and its last layers are written last.
+    batch_kept.opened += infos[i].pages - known;
   }
   const uint64_t capacity = parts_.hbm->capacity();
   const uint64_t held = frames_held();
   // Counting the blocks the batch holds walks its whole context: only when every page kept in
   // memory there is, the batch's own counted as outside HBM, could overflow host memory (the
   // common case, with NVMe and full blocks published, keeps nothing in HBM for them).
-  if (frames_kept_in_memory(batch_kept, /*window=*/0, held) > 0) {
+  KeptBlocks bound = batch_kept;
+  bound.trades = true;
+  if (frames_kept_in_memory(bound, /*window=*/0, held) > 0) {
     for (std::size_t i = 0; i < batch.size(); ++i) {
       for (const BlockKey& key : contexts[i].subspan(shared[i])) {
         batch_kept.held += held_block_kept_in_memory(key) && !protected_.contains(key);
       }
     }
+    batch_kept.trades = batch_kept.held > 0;
   }
   // HBM frames the batch may have when it computes `w` layers at a time.
   const auto available_for = [&](uint64_t w) {
@@ -465,7 +464,12 @@ uint64_t Scheduler::frames_held() const {
 // HBM or host memory; what host memory cannot hold of them holds HBM frames no plan can free. They
 // are every page of each such block outside the batch, and the batch's own of the layers outside
 // its window (a windowed step keeps only the window's layers in HBM). Host memory offers its frames
-// but its reserve. An estimate from the table's counts of private and referenced blocks:
+// but its reserve, and when the batch holds such blocks one frame less, for trades: a page of
+// theirs waiting in host memory comes up only into a free HBM frame, and a page goes down to free
+// one only into a free host frame, so memory filled to the last frame with pages that cannot leave
+// would keep the step's pages where they are until its timeout (the random simulation found such
+// steps). A batch that only opens blocks writes them in HBM and needs no trade. An estimate from
+// the table's counts of private and referenced blocks:
 // - with NVMe, private pages not yet written and those in another open step's window (counted in
 //   frames_held too) make it count a little high, which at worst makes a step use a narrower
 //   window;
@@ -482,7 +486,8 @@ uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t wind
   uint64_t pages = others * layers + (batch.held + batch.opened) * outside_window;
   if (!nvme) pages -= std::min(pages, frames_held);
   const uint64_t host = parts_.host->capacity();
-  const uint64_t host_room = host - std::min(host, reserve_frames(Tier::kHost));
+  const uint64_t trade_frames = batch.trades ? 1 : 0;
+  const uint64_t host_room = host - std::min(host, reserve_frames(Tier::kHost) + trade_frames);
   return pages > host_room ? pages - host_room : 0;
 }
 

@@ -538,14 +538,23 @@ class TwoLayerRig {
     f.key = key;
     evictors_[tier_index(tier)]->on_insert(f);
   }
-  PlacementPlan plan_room(Tier tier, uint64_t frames) {
-    std::array<Evictor*, kNumTiers> raw{};
-    for (Tier t : kAllTiers) raw[tier_index(t)] = evictors_[tier_index(t)].get();
-    Placement placement(*rig_.table, raw, admission_, *write_);
-    return placement.plan_room(tier, frames, {0, 0, nvme() ? 4u : 0u});
+  // Room for `frames` in `tier`, with `host_free` host frames free and every NVMe extent.
+  PlacementPlan plan_room(Tier tier, uint64_t frames, uint64_t host_free = 0) {
+    Placement placement(*rig_.table, evictors(), admission_, *write_);
+    return placement.plan_room(tier, frames, {0, host_free, nvme() ? 4u : 0u});
   }
+  Result<ExecutionResult> execute(const PlacementPlan& plan) {
+    return execute_plan_metadata(*rig_.table, evictors(), plan);
+  }
+  Result<BlockInfo> lookup(const BlockKey& key) const { return rig_.table->lookup(key); }
 
  private:
+  std::array<Evictor*, kNumTiers> evictors() const {
+    std::array<Evictor*, kNumTiers> raw{};
+    for (Tier t : kAllTiers) raw[tier_index(t)] = evictors_[tier_index(t)].get();
+    return raw;
+  }
+
   KeptKind kind_;
   pt_test::TableRig rig_;
   std::unique_ptr<WriteStrategy> write_;
@@ -599,6 +608,37 @@ TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHbmOnlyWhereHostHoldsItsPages) {
   EXPECT_EQ(plan.moves[0].to, std::nullopt);
   EXPECT_EQ(plan.moves[0].frames_freed, 1u) << "only its page host memory holds may leave";
   EXPECT_EQ(plan.shortfall, 2u);
+}
+
+// Host memory with room for part of a block kept in memory takes that part: HBM and host memory
+// full of such pages trade them one by one (a page goes down into the last free host frame, one a
+// step needs comes up into the HBM frame it left) where a whole block would never fit. HBM (2
+// layers, 4 frames) holds kept block Q (both pages); host memory (3 frames) holds kept block R,
+// which cannot leave it, and has one frame free. Room for one HBM frame: Q's last layer goes down
+// (a step reads it last), its first stays.
+TEST_P(PlacementKept, HostRoomForPartOfABlockKeptInMemoryTakesThatPart) {
+  TwoLayerRig rig(GetParam(), /*hbm_frames=*/4, /*host_frames=*/3);
+  const BlockKey q = rig.kept(1);
+  const BlockKey r = rig.kept(2);
+  rig.whole(q, Tier::kHbm);
+  rig.whole(r, Tier::kHost);
+  const PlacementPlan plan = rig.plan_room(Tier::kHbm, 1, /*host_free=*/1);
+  ASSERT_EQ(plan.moves.size(), 1u);
+  EXPECT_EQ(plan.moves[0].block.key, q);
+  EXPECT_EQ(plan.moves[0].to, Tier::kHost);
+  EXPECT_EQ(plan.moves[0].pages_down, 1u);
+  EXPECT_EQ(plan.moves[0].frames_taken, 1u);
+  EXPECT_EQ(plan.moves[0].frames_freed, 1u);
+  EXPECT_EQ(plan.shortfall, 0u);
+  auto done = rig.execute(plan);
+  ASSERT_TRUE(done.ok()) << done.status().to_string();
+  EXPECT_EQ(done->executed, 1u);
+  auto info = rig.lookup(q);
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->pages[0].hbm, CopyState::kReady) << "its first layer stays in HBM";
+  EXPECT_EQ(info->pages[0].host, CopyState::kAbsent);
+  EXPECT_EQ(info->pages[1].hbm, CopyState::kAbsent);
+  EXPECT_EQ(info->pages[1].host, CopyState::kReady) << "its last layer went down";
 }
 
 // A block whose host page leaves in a plan needs, to be demoted from HBM in the same plan, a host
