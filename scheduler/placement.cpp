@@ -45,18 +45,21 @@ struct Snapshot {
   uint32_t pinned = 0;        // pinned HBM pages
   bool in_flight = false;     // a copy in the tier is filling or draining
   uint32_t host_missing = 0;  // evictable pages without a host copy (HBM only)
+  uint32_t hbm_missing = 0;   // evictable pages without a ready HBM copy (host only)
   bool nvme_ready = false;
   bool nvme_absent = true;
   bool all_in_memory = false;   // every page ready in HBM or host (an NVMe copy can be written)
   bool shadowed = false;        // every page ready in a faster tier (EntryView::shadowed)
   bool kept_in_memory = false;  // see kvtier::kept_in_memory
+  bool referenced = false;      // an open sequence holds it
 };
 
 Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier, bool nvme_tier) {
   Snapshot s;
   Status st = table.visit(key, [&](const EntryView& v) {
     s.found = true;
-    s.kept_in_memory = kept_in_memory(key, v.refcount() > 0, nvme_tier);
+    s.referenced = v.refcount() > 0;
+    s.kept_in_memory = kept_in_memory(key, s.referenced, nvme_tier);
     s.parent = v.parent();
     s.hits = v.stats().hits;
     s.layers = v.layers();
@@ -83,6 +86,7 @@ Snapshot read_block(const PageTable& table, const BlockKey& key, Tier tier, bool
       }
       ++s.evictable;
       if (tier == Tier::kHbm && v.state(CopyId::host(l)) == CopyState::kAbsent) ++s.host_missing;
+      if (tier == Tier::kHost && v.state(CopyId::hbm(l)) != CopyState::kReady) ++s.hbm_missing;
     }
   });
   if (!st.ok()) s.found = false;
@@ -190,7 +194,11 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
     }
     // Memory tiers give up pages one by one: a block whose other pages are pinned (a step's
     // window) or in flight still frees its ready, unpinned ones. The NVMe copy is one extent.
-    if (!s.found || s.evictable == 0 || (tier == Tier::kNvme && s.in_flight)) {
+    // A block in use whose NVMe copy is the last of some page stays (the executor would refuse
+    // the drop): counted as freed, it let host memory plan room it never got, and HBM demoted into
+    // it, round after round at one instant (NVMe smaller than the blocks in use).
+    if (!s.found || s.evictable == 0 || (tier == Tier::kNvme && s.in_flight) ||
+        (tier == Tier::kNvme && s.referenced && !s.all_in_memory)) {
       ++counters_.skipped;
       continue;
     }
@@ -259,11 +267,15 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
         refused = true;
       }
     }
-    if (!move.to && !clean && !move.shadowed && s.kept_in_memory) {
-      // Nowhere to go, and a block kept in memory is never lost: only its HBM pages with a host
-      // copy leave (the executor drops no other), so only they count as freed; none, and it is
-      // passed by, or every round of room-making would plan it again and free nothing.
-      move.frames_freed = s.evictable - s.host_missing;
+    // Nowhere to go, and a block kept in memory is never lost: only its HBM pages with a host
+    // copy leave (the executor drops no other), so only they count as freed; none, and it is
+    // passed by, or every round of room-making would plan it again and free nothing. The same
+    // holds in host memory for a block an open sequence holds that has no NVMe copy and is not
+    // written there (NVMe smaller than the blocks in use): only its pages HBM holds leave.
+    // (In HBM such a block still counts: the executor stages it to NVMe through the reserve.)
+    const bool in_use_stays = tier == Tier::kHost && s.referenced;
+    if (!move.to && !clean && !move.shadowed && (s.kept_in_memory || in_use_stays)) {
+      move.frames_freed = s.evictable - (tier == Tier::kHbm ? s.host_missing : s.hbm_missing);
       if (move.frames_freed == 0) {
         ++counters_.skipped;
         continue;

@@ -16,8 +16,9 @@
 //     moved 28.3 TB host->HBM (13.7 TB with it) and served 1.78 requests/s (2.26), with stall
 //     38 % of step time (11 %);
 //   - skipped: a page pinned in that tier, a copy of the block in flight there (filling or
-//     draining), a block already in the plan; the evictor itself skips what its policy protects
-//     (prefix_aware and lookahead: a block before its children);
+//     draining), a block already in the plan, an NVMe copy of a block in use that is the last of
+//     some page; the evictor itself skips what its policy protects (prefix_aware and lookahead: a
+//     block before its children);
 //   - plain drop: a faster tier holds every page and the write strategy keeps no copies below
 //     on purpose (shadowed: under write_back, a copy a promotion left below), a ready copy
 //     already exists in a slower tier (clean below), or the strategy does not write down
@@ -37,9 +38,10 @@
 //     (BlockKey::is_private: K/V an engine wrote that has no content key yet; NVMe is addressed
 //     by content key) and, with no NVMe tier, a block an open sequence holds. In host memory only
 //     its pages whose HBM copy is ready can leave, in HBM with no room below only those host
-//     memory holds, and only those count as freed. When host memory has room for some of its
-//     HBM pages but not all, those go down (PlannedMove::pages_down): memory full of such pages
-//     still trades a page down for one a step needs, where a whole block would not fit.
+//     memory holds, and only those count as freed. The same in host memory for a block in use
+//     with no NVMe copy that the plan does not write there. When host memory has room for some of
+//     its HBM pages but not all, those go down (PlannedMove::pages_down): memory full of such
+//     pages still trades a page down for one a step needs, where a whole block would not fit.
 // A block is never duplicated within a tier: copies are per key, and a shared block (refcount > 1)
 // is one copy that every sequence reads.
 //

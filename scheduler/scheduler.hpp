@@ -220,6 +220,10 @@ class Scheduler {
   // computing `window` layers at a time beside `frames_held` (see the definition).
   uint64_t frames_kept_in_memory(const KeptBlocks& batch, uint64_t window,
                                  uint64_t frames_held) const;
+  // Blocks whose pages must live in HBM or host memory: without NVMe every block in use; with it
+  // the private ones, and the blocks in use with a content key that NVMe has no extent for (an
+  // NVMe tier smaller than what open sequences hold).
+  uint64_t blocks_kept_in_memory() const;
   // How many of `keys` (with repeats) are blocks of pinned prefixes.
   uint64_t protected_count(std::span<const BlockKey> keys) const;
   // Stores the sizes of sequences_ and protected_ into the stats' gauges.

@@ -155,14 +155,18 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   };
   if (needed_per_layer > available_for(1)) {
     const uint64_t available = available_for(1);
+    const std::string in_use = std::to_string(parts_.table->referenced_blocks()) +
+                               " blocks in use, " + std::to_string(parts_.table->private_blocks()) +
+                               " of them private,";
     const std::string kept =
         parts_.nvme != nullptr
-            ? "hold private pages, which cannot go to NVMe and do not fit in host memory: " +
-                  std::to_string(parts_.table->private_blocks()) + " private blocks"
+            ? "hold pages of private blocks, which cannot go to NVMe, and of blocks in use that "
+              "NVMe has no room for, which do not fit in host memory: " +
+                  in_use + " NVMe has room for " + std::to_string(parts_.nvme->capacity()) +
+                  " blocks; in all " + std::to_string(blocks_kept_in_memory()) + " blocks"
             : "hold pages of blocks in use, which cannot leave memory without an NVMe tier and "
               "do not fit in host memory: " +
-                  std::to_string(parts_.table->referenced_blocks()) + " blocks in use, " +
-                  std::to_string(parts_.table->private_blocks()) + " of them private,";
+                  in_use;
     return resource_exhausted(
         "begin_step: one layer of this batch needs " + std::to_string(needed_per_layer) +
         " HBM frames (" + std::to_string(needed_per_layer * options_.geometry.page_bytes()) +
@@ -472,7 +476,7 @@ uint64_t Scheduler::frames_held() const {
 // the table's counts of private and referenced blocks:
 // - with NVMe, private pages not yet written and those in another open step's window (counted in
 //   frames_held too) make it count a little high, which at worst makes a step use a narrower
-//   window;
+//   window; blocks in use beyond what NVMe holds count as kept (blocks_kept_in_memory);
 // - without NVMe, every page frames_held counts (pinned prefixes, open steps' windows) belongs to
 //   a block in use, so those pages are taken off; a block two steps share is taken off twice,
 //   which makes it count low, and a step that does not fit after all waits for its frames.
@@ -480,7 +484,7 @@ uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t wind
                                           uint64_t frames_held) const {
   const uint64_t layers = options_.geometry.layers;
   const bool nvme = parts_.nvme != nullptr;
-  const uint64_t all = nvme ? parts_.table->private_blocks() : parts_.table->referenced_blocks();
+  const uint64_t all = blocks_kept_in_memory();
   const uint64_t others = all > batch.held ? all - batch.held : 0;
   const uint64_t outside_window = layers - std::min(layers, window);
   uint64_t pages = others * layers + (batch.held + batch.opened) * outside_window;
@@ -489,6 +493,15 @@ uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t wind
   const uint64_t trade_frames = batch.trades ? 1 : 0;
   const uint64_t host_room = host - std::min(host, reserve_frames(Tier::kHost) + trade_frames);
   return pages > host_room ? pages - host_room : 0;
+}
+
+uint64_t Scheduler::blocks_kept_in_memory() const {
+  const uint64_t referenced = parts_.table->referenced_blocks();
+  if (parts_.nvme == nullptr) return referenced;
+  const uint64_t private_blocks = parts_.table->private_blocks();
+  const uint64_t keyed = referenced - std::min(referenced, private_blocks);
+  const uint64_t extents = parts_.nvme->capacity();
+  return private_blocks + (keyed > extents ? keyed - extents : 0);
 }
 
 uint64_t Scheduler::protected_count(std::span<const BlockKey> keys) const {

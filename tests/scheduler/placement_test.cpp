@@ -538,10 +538,27 @@ class TwoLayerRig {
     f.key = key;
     evictors_[tier_index(tier)]->on_insert(f);
   }
-  // Room for `frames` in `tier`, with `host_free` host frames free and every NVMe extent.
-  PlacementPlan plan_room(Tier tier, uint64_t frames, uint64_t host_free = 0) {
+  // A block with its content key that an open sequence holds.
+  BlockKey in_use(uint64_t n) {
+    EXPECT_TRUE(rig_.table->create_block(key_of(200 + n), BlockKey{}, 1).ok());
+    return key_of(200 + n);
+  }
+  // Its NVMe copy ready (taking an extent), and NVMe's evictor tracking it.
+  void on_nvme(const BlockKey& key) {
+    ASSERT_TRUE(rig_.table
+                    ->update(key,
+                             [&](EntryView& v) -> Status {
+                               KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::nvme()).status());
+                               return v.complete_fill(CopyId::nvme());
+                             })
+                    .ok());
+    track(key, Tier::kNvme);
+  }
+  // Room for `frames` in `tier`, with `host_free` host frames and `nvme_free` NVMe extents free.
+  PlacementPlan plan_room(Tier tier, uint64_t frames, uint64_t host_free = 0,
+                          uint64_t nvme_free = 4) {
     Placement placement(*rig_.table, evictors(), admission_, *write_);
-    return placement.plan_room(tier, frames, {0, host_free, nvme() ? 4u : 0u});
+    return placement.plan_room(tier, frames, {0, host_free, nvme() ? nvme_free : 0u});
   }
   Result<ExecutionResult> execute(const PlacementPlan& plan) {
     return execute_plan_metadata(*rig_.table, evictors(), plan);
@@ -639,6 +656,32 @@ TEST_P(PlacementKept, HostRoomForPartOfABlockKeptInMemoryTakesThatPart) {
   EXPECT_EQ(info->pages[0].host, CopyState::kAbsent);
   EXPECT_EQ(info->pages[1].hbm, CopyState::kAbsent);
   EXPECT_EQ(info->pages[1].host, CopyState::kReady) << "its last layer went down";
+}
+
+// NVMe smaller than the blocks in use: its 4 extents hold blocks open sequences read from there
+// (their only copy), and host memory (2 layers, 4 frames) holds block U in use, with no NVMe copy
+// (HBM holds its layer 1 too), and kept block R. Room for 2 host frames: nothing on NVMe may be
+// dropped, so U cannot be written there, and only its page HBM holds may leave. Before, the plan
+// dropped an NVMe block and wrote U in its place, which the executor refused; host memory then
+// never got the room HBM's plans had demoted into, round after round at one instant.
+TEST(PlacementInUse, ABlockInUseThatNvmeCannotTakeLeavesHostOnlyWhereHbmHoldsItsPages) {
+  TwoLayerRig rig(KeptKind::kPrivate, /*hbm_frames=*/4, /*host_frames=*/4);
+  for (uint64_t n = 1; n <= 4; ++n) rig.on_nvme(rig.in_use(n));
+  const BlockKey r = rig.kept(1);
+  const BlockKey u = rig.in_use(5);
+  rig.whole(r, Tier::kHost);
+  rig.whole(u, Tier::kHost);
+  rig.ready(u, Tier::kHbm, 1);
+  const PlacementPlan plan = rig.plan_room(Tier::kHost, 2, /*host_free=*/0, /*nvme_free=*/0);
+  for (const PlannedMove& m : plan.moves) {
+    EXPECT_NE(m.from, Tier::kNvme)
+        << "a block in use lost its only copy, " << to_string(m.block.key);
+  }
+  const PlannedMove* u_out = move_of(plan, 205, Tier::kHost);
+  ASSERT_NE(u_out, nullptr);
+  EXPECT_EQ(u_out->to, std::nullopt);
+  EXPECT_EQ(u_out->frames_freed, 1u) << "only its page HBM holds may leave";
+  EXPECT_EQ(plan.shortfall, 1u);
 }
 
 // A block whose host page leaves in a plan needs, to be demoted from HBM in the same plan, a host

@@ -382,6 +382,48 @@ TEST(FullHost, AStepWindowsWhenHbmHoldsPrivatePagesHostCannotTake) {
   close_and_expect_idle(w, {k->id, b->id});
 }
 
+// An NVMe tier smaller than the blocks in use: they have a content key, but those NVMe has no
+// extent for cannot leave memory either. Three open sequences over prompts of B blocks fill HBM,
+// host memory (but for its reserve) and NVMe's 4 extents but for a few blocks; a fourth sequence's
+// prefill of more than those is refused at once, naming NVMe's size, and once the engine closes
+// a sequence it runs.
+TEST(FullTiersSmallNvme, BlocksInUseThatNvmeHasNoRoomForStayInMemory) {
+  SimSetup setup = full_tiers_setup(/*with_nvme=*/true);
+  setup.nvme_extents = 4;
+  SimWorld w(setup);
+  const uint32_t layers = setup.geometry.layers;
+  const uint32_t page_tokens = setup.geometry.page_tokens;
+  const uint32_t room = usable_frames(setup) / layers + setup.nvme_extents;  // blocks
+  const uint32_t blocks = room / 3;
+  std::vector<SequenceId> seqs;
+  for (uint32_t i = 0; i < 3; ++i) {
+    const std::vector<BlockKey> prompt = w.prompt(blocks, /*salt=*/i + 1);
+    auto s = w.scheduler().open_sequence(prompt);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    seqs.push_back(s->id);
+    const StepItem prefill{s->id, blocks * page_tokens};
+    auto r = w.run_step(std::span(&prefill, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << "sequence " << i << ": " << r.status.to_string();
+    w.settle();
+  }
+  ASSERT_EQ(w.table().private_blocks(), 0u) << "every prompt block has its content key";
+  const std::vector<BlockKey> fourth = w.prompt(blocks, /*salt=*/4);
+  auto s = w.scheduler().open_sequence(fourth);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  seqs.push_back(s->id);
+  const StepItem too_much{s->id, blocks * page_tokens};
+  auto failed = w.run_step(std::span(&too_much, 1), kNanosPerMicro);
+  EXPECT_EQ(failed.status.code(), StatusCode::kResourceExhausted) << failed.status.to_string();
+  EXPECT_NE(failed.status.message().find("NVMe has room for 4"), std::string::npos)
+      << failed.status.to_string();
+  ASSERT_TRUE(w.scheduler().close_sequence(seqs[0]).ok());
+  w.settle();
+  auto r = w.run_step(std::span(&too_much, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string() << "; " << w.scheduler().pending_summary();
+  expect_tables_valid(w, r);
+  close_and_expect_idle(w, std::span(seqs).subspan(1));
+}
+
 INSTANTIATE_TEST_SUITE_P(BeyondTheReserve, FullHostFreeFrames, ::testing::Values(0u, 2u));
 
 INSTANTIATE_TEST_SUITE_P(Nvme, FullTiers, ::testing::Bool(),
