@@ -414,6 +414,10 @@ class Scheduler {
                              uint32_t host_frame, TransferPriority prio,
                              std::function<void(bool)> done);
   void finish_op(const PageKey& page, const Status& status);
+  // Ends the ops of `pages` (those in flight), then tells each one's waiters.
+  void finish_ops(std::span<const PageKey> pages, const Status& status);
+  // The host pages of every layer of `key` (a whole-block transfer's ops).
+  std::vector<PageKey> host_pages_of(const BlockKey& key) const;
   Evictor* evictor(Tier tier) const { return evictors_[tier_index(tier)].get(); }
   FrameAllocator* frames(Tier tier) const;
   // What the policies are told about a block when it enters a tier (BlockFacts' request fields).

@@ -344,7 +344,7 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
               stats_.evictions[tier_index(Tier::kHost)].fetch_add(layers,
                                                                   std::memory_order_relaxed);
             }
-            for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, s);
+            finish_ops(host_pages_of(key), s);
           } else if (--reading_[key] == 0) {
             reading_.erase(key);
           }
@@ -394,6 +394,9 @@ void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
     if (--st->remaining != 0) return;
     staging_.erase(key);
     if (--reading_[key] == 0) reading_.erase(key);
+    // The staged pages are host memory's now, whether NVMe takes the block or not (full of
+    // blocks in use): its policy must see them.
+    sync_membership(key, Tier::kHost);
     if (!st->failed) demote_block_to_nvme(key, prio, /*keep_host=*/false);
     serve_memory_waiters();  // the block read is a victim again
   };

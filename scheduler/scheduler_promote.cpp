@@ -263,6 +263,13 @@ void Scheduler::copy_up(const BlockKey& key, uint32_t layer, TransferPriority pr
   if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
 }
 
+std::vector<Scheduler::PageKey> Scheduler::host_pages_of(const BlockKey& key) const {
+  std::vector<PageKey> pages;
+  pages.reserve(options_.geometry.layers);
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) pages.push_back({key, l, Tier::kHost});
+  return pages;
+}
+
 void Scheduler::give_up_fill(const BlockKey& key, uint32_t layer) {
   parts_.table->abort_fill(key, CopyId::hbm(layer)).ignore();
   if (page_snapshot(key, layer).hbm == CopyState::kFilling) {
@@ -399,9 +406,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
     op->prefetch = prio != TransferPriority::kDemand;
     ops_.emplace(PageKey{key, l, Tier::kHost}, std::move(op));
   }
-  auto fail_all = [this, key, layers](const Status& why) {
-    for (uint32_t l = 0; l < layers; ++l) finish_op(PageKey{key, l, Tier::kHost}, why);
-  };
+  auto fail_all = [this, key](const Status& why) { finish_ops(host_pages_of(key), why); };
   for (uint32_t l = 0; l < layers; ++l) {
     request_frame(
         Tier::kHost, key, l, prio,
@@ -460,9 +465,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
                     stats_.promotions[tier_index(Tier::kHost)].fetch_add(layers,
                                                                          std::memory_order_relaxed);
                     sync_membership(key, Tier::kHost);
-                    for (uint32_t j = 0; j < layers; ++j) {
-                      finish_op(PageKey{key, j, Tier::kHost}, ok_status());
-                    }
+                    finish_ops(host_pages_of(key), ok_status());
                   } else {
                     stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
                     drop_nvme_copy(key);
