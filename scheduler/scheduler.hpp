@@ -416,6 +416,8 @@ class Scheduler {
   void finish_op(const PageKey& page, const Status& status);
   // Ends the ops of `pages` (those in flight), then tells each one's waiters.
   void finish_ops(std::span<const PageKey> pages, const Status& status);
+  // What an ended op owes: its waiters told, a prefetch counted, a private block looked at again.
+  void tell_waiters(const PageKey& page, PageOp& op, const Status& status);
   // The host pages of every layer of `key` (a whole-block transfer's ops).
   std::vector<PageKey> host_pages_of(const BlockKey& key) const;
   Evictor* evictor(Tier tier) const { return evictors_[tier_index(tier)].get(); }

@@ -41,14 +41,19 @@ void Scheduler::attach(const PageKey& page, Done done) {
 }
 
 void Scheduler::finish_op(const PageKey& page, const Status& status) {
-  finish_ops(std::span(&page, 1), status);
+  // The outcome is handled here: told to the op's waiters, if it still has any (the caller has
+  // already counted a failure and dropped what it could not complete).
+  status.ignore();
+  auto it = ops_.find(page);
+  if (it == ops_.end()) return;
+  std::unique_ptr<PageOp> op = std::move(it->second);
+  ops_.erase(it);
+  tell_waiters(page, *op, status);
 }
 
 void Scheduler::finish_ops(std::span<const PageKey> pages, const Status& status) {
-  // The outcome is handled here: told to the ops' waiters, if they still have any (the caller has
-  // already counted a failure and dropped what it could not complete). Every op ends before any
-  // waiter runs: a waiter may start a transfer of the same pages (a whole-block read's waiter
-  // planning the block's write to NVMe), whose ops must not meet these.
+  // Every op ends before any waiter runs: a waiter may start a transfer of the same pages (a
+  // whole-block read's waiter planning the block's write to NVMe), whose ops must not meet these.
   status.ignore();
   std::vector<std::pair<PageKey, std::unique_ptr<PageOp>>> ended;
   for (const PageKey& page : pages) {
@@ -57,18 +62,20 @@ void Scheduler::finish_ops(std::span<const PageKey> pages, const Status& status)
     ended.emplace_back(page, std::move(it->second));
     ops_.erase(it);
   }
-  for (auto& [page, op] : ended) {
-    // An HBM prefetch no step joined in flight: it arrived ahead of need (or failed, or was never
-    // needed). Those a step joined were counted when it did (demand_prefetched).
-    if (op->prefetch && page.tier == Tier::kHbm) {
-      stats_.prefetches.fetch_add(1, std::memory_order_relaxed);
-    }
-    for (Done& d : op->waiters) d(status);
-    if (page.key.is_private()) after_change(page.key);
-    if (page.key.is_private() && !pending_publish_.empty()) {
-      // A deferred publish may be possible now; run it as its own task, outside this completion.
-      parts_.loop->post([this] { publish_pending(); });
-    }
+  for (auto& [page, op] : ended) tell_waiters(page, *op, status);
+}
+
+void Scheduler::tell_waiters(const PageKey& page, PageOp& op, const Status& status) {
+  // An HBM prefetch no step joined in flight: it arrived ahead of need (or failed, or was never
+  // needed). Those a step joined were counted when it did (demand_prefetched).
+  if (op.prefetch && page.tier == Tier::kHbm) {
+    stats_.prefetches.fetch_add(1, std::memory_order_relaxed);
+  }
+  for (Done& d : op.waiters) d(status);
+  if (page.key.is_private()) after_change(page.key);
+  if (page.key.is_private() && !pending_publish_.empty()) {
+    // A deferred publish may be possible now; run it as its own task, outside this completion.
+    parts_.loop->post([this] { publish_pending(); });
   }
 }
 
