@@ -5,7 +5,9 @@
 // frame for one going down. Past what the tiers hold, begin_step refuses a step, and once the
 // engine closes a sequence the others step again and the scheduler is idle. A step that fits only
 // layer by layer beside private pages that fill HBM is windowed. With host memory full of private
-// pages, a prefix on NVMe only still comes up through the frames kept for staging.
+// pages, a prefix on NVMe only still comes up through the frames kept for staging. With NVMe
+// smaller than the blocks in use, those it has no room for stay in memory too, and begin_step
+// counts them.
 #include <gtest/gtest.h>
 
 #include <cstdint>
