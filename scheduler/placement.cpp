@@ -254,7 +254,7 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
         budget.arriving[ni].insert(key);
         move.to = *next;
         move.frames_taken = static_cast<uint32_t>(need);
-      } else if (tier == Tier::kHbm && s.kept_in_memory && budget.free[ni] > 0) {
+      } else if (*next == Tier::kHost && s.kept_in_memory && budget.free[ni] > 0) {
         // It cannot be dropped: as many of its pages go down as host memory has room for.
         const uint64_t down = std::min(need, budget.free[ni]);
         budget.free[ni] -= down;
