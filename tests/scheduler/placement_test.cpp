@@ -519,18 +519,16 @@ class TwoLayerRig {
     return key_of(n);
   }
   void ready(const BlockKey& key, Tier tier, uint32_t layer) {
-    ASSERT_TRUE(rig_.table
-                    ->update(key,
-                             [&](EntryView& v) -> Status {
-                               KVTIER_RETURN_IF_ERROR(
-                                   v.begin_fill(CopyId::page(tier, layer)).status());
-                               return v.complete_fill(CopyId::page(tier, layer));
-                             })
-                    .ok());
+    fill(key, CopyId::page(tier, layer));
   }
   // Every page of `key` ready in `tier`, and the tier's evictor tracking it.
   void whole(const BlockKey& key, Tier tier) {
     for (uint32_t l = 0; l < kLayers; ++l) ready(key, tier, l);
+    track(key, tier);
+  }
+  // One page of `key` ready in `tier`, and the tier's evictor tracking it.
+  void one_page(const BlockKey& key, Tier tier, uint32_t layer) {
+    ready(key, tier, layer);
     track(key, tier);
   }
   void track(const BlockKey& key, Tier tier) {
@@ -545,13 +543,7 @@ class TwoLayerRig {
   }
   // Its NVMe copy ready (taking an extent), and NVMe's evictor tracking it.
   void on_nvme(const BlockKey& key) {
-    ASSERT_TRUE(rig_.table
-                    ->update(key,
-                             [&](EntryView& v) -> Status {
-                               KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::nvme()).status());
-                               return v.complete_fill(CopyId::nvme());
-                             })
-                    .ok());
+    fill(key, CopyId::nvme());
     track(key, Tier::kNvme);
   }
   // Room for `frames` in `tier`, with `host_free` host frames and `nvme_free` NVMe extents free.
@@ -566,6 +558,16 @@ class TwoLayerRig {
   Result<BlockInfo> lookup(const BlockKey& key) const { return rig_.table->lookup(key); }
 
  private:
+  // A complete copy of `key`, filled and ready at once.
+  void fill(const BlockKey& key, const CopyId& copy) {
+    ASSERT_TRUE(rig_.table
+                    ->update(key,
+                             [&](EntryView& v) -> Status {
+                               KVTIER_RETURN_IF_ERROR(v.begin_fill(copy).status());
+                               return v.complete_fill(copy);
+                             })
+                    .ok());
+  }
   std::array<Evictor*, kNumTiers> evictors() const {
     std::array<Evictor*, kNumTiers> raw{};
     for (Tier t : kAllTiers) raw[tier_index(t)] = evictors_[tier_index(t)].get();
@@ -616,8 +618,7 @@ TEST_P(PlacementKept, ABlockKeptInMemoryLeavesHbmOnlyWhereHostHoldsItsPages) {
   const BlockKey p = rig.kept(2);
   const BlockKey r = rig.kept(3);
   for (const BlockKey& key : {p, q}) rig.whole(key, Tier::kHbm);
-  rig.ready(p, Tier::kHost, 0);
-  rig.track(p, Tier::kHost);
+  rig.one_page(p, Tier::kHost, 0);
   rig.whole(r, Tier::kHost);
   const PlacementPlan plan = rig.plan_room(Tier::kHbm, 3);
   ASSERT_EQ(plan.moves.size(), 1u) << "Q frees nothing: it is not in the plan";
@@ -697,8 +698,7 @@ TEST(PlacementTwoTiers, ABlockWhoseHostPageLeavesInThePlanNeedsAHostFrameForEver
   const BlockKey b = rig.cached(2);
   const BlockKey c = rig.cached(3);
   for (const BlockKey& key : {a, b}) rig.whole(key, Tier::kHbm);
-  rig.ready(b, Tier::kHost, 0);
-  rig.track(b, Tier::kHost);
+  rig.one_page(b, Tier::kHost, 0);
   rig.whole(c, Tier::kHost);
   const PlacementPlan plan = rig.plan_room(Tier::kHbm, 4);
   const PlannedMove* a_down = move_of(plan, 1, Tier::kHbm);
