@@ -300,6 +300,11 @@ kvt_status kvt_runtime_stats(const kvt_runtime* runtime, kvt_stats* out) {
   });
 }
 
+kvt_status kvt_runtime_audit(kvt_runtime* runtime) {
+  return guarded("kvt_runtime_audit",
+                 [&] { return with_runtime(runtime, [](Runtime& rt) { return rt.audit(); }); });
+}
+
 kvt_status kvt_runtime_metrics_port(const kvt_runtime* runtime, uint16_t* port) {
   return guarded("kvt_runtime_metrics_port", [&] {
     KVTIER_RETURN_IF_ERROR(require(port, "port"));

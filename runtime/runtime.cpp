@@ -396,6 +396,13 @@ RuntimeStats Runtime::Impl::snapshot() const {
   return r;
 }
 
+Status Runtime::audit() {
+  return impl_->on_loop([&] {
+    KVTIER_RETURN_IF_ERROR(impl_->table->audit());
+    return impl_->scheduler->audit_membership();
+  });
+}
+
 uint16_t Runtime::metrics_port() const {
   Impl::Call call = impl_->enter();
   if (!call.status.ok()) return 0;

@@ -149,8 +149,10 @@ class Scheduler {
   bool transfers_idle() const { return links_.idle(); }
   // Checks that each tier's evictor tracks exactly the blocks with a ready copy in that tier (a
   // page for HBM and host memory, the extent for NVMe): one it does not track can never be chosen
-  // to leave, and its frames are lost to the cache. Call at a quiescent point; it reads the page
-  // table's consistent cut (PageTable::snapshot), so it is for tests and diagnostics.
+  // to leave, and its frames are lost to the cache; one it tracks without a ready copy (leaving
+  // already) would be counted as room twice. A block whose copies there are still arriving may
+  // be untracked until the last lands. Holds between any two of the loop's tasks; it reads the
+  // page table's consistent cut (PageTable::snapshot), so it is for tests and diagnostics.
   Status audit_membership() const;
   // What keeps the scheduler from being idle, for diagnostics ("3 ops (hbm fill ...), ...").
   std::string pending_summary() const;

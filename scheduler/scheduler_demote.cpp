@@ -313,6 +313,9 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
       ops_.emplace(PageKey{key, l, Tier::kHost}, std::move(drain));
     }
     draining_[tier_index(Tier::kHost)] += layers;
+    // Leaving host memory: its policy lets the block go now, not when the write ends (a block
+    // staged from HBM just before was tracked there the moment its pages landed).
+    sync_membership(key, Tier::kHost);
   } else {
     reading_[key] += 1;
   }

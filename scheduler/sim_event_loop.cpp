@@ -44,6 +44,7 @@ bool SimEventLoop::run_one() {
   }
   clock_.advance_to(ev.time);
   ev.task();
+  if (after_each_event_) after_each_event_();
   return true;
 }
 

@@ -324,6 +324,10 @@ KVT_API kvt_status kvt_runtime_hbm_view(const kvt_runtime* runtime, kvt_hbm_view
 KVT_API kvt_status kvt_runtime_stats(const kvt_runtime* runtime, kvt_stats* out);
 /* The port the metrics endpoint listens on (0 when metrics are off). */
 KVT_API kvt_status kvt_runtime_metrics_port(const kvt_runtime* runtime, uint16_t* port);
+/* Checks kvtier's own invariants between two of its decisions (every frame owned by one copy,
+ * counts equal to a recount, each tier's eviction policy tracking exactly the blocks it holds).
+ * KVT_INTERNAL names the first broken one. Walks the whole page table: for tests and debugging. */
+KVT_API kvt_status kvt_runtime_audit(kvt_runtime* runtime);
 
 /* Keys in the runtime's namespace (config model.namespace, or the model name); sized as
  * kvt_chain_block_keys. */

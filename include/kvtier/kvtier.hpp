@@ -158,6 +158,12 @@ class Runtime {
   RuntimeStats stats() const;
   // The port the metrics exporter listens on (0 when metrics are off or failed to bind).
   uint16_t metrics_port() const;
+  // Checks kvtier's own invariants, on the loop between two of its decisions: every allocated frame
+  // and extent belongs to exactly one copy and the page table's counts equal a recount
+  // (PageTable::audit), and each tier's eviction policy tracks exactly the blocks with a ready copy
+  // there (a block it missed could never leave). kInternal naming the first broken one. It walks
+  // the whole table under all its locks: for tests and debugging, not for every step.
+  Status audit();
 
   // Finishes or cancels in-flight transfers, optionally persists cached blocks to NVMe, and stops
   // the loop. Every later call returns kFailedPrecondition. Idempotent. kDeadlineExceeded when

@@ -407,7 +407,15 @@ void register_runtime(py::module_& m) {
             }
             return stats_dict(s);
           },
-          "A snapshot of the runtime's counters; per-tier values are dicts keyed by tier name.");
+          "A snapshot of the runtime's counters; per-tier values are dicts keyed by tier name.")
+      .def(
+          "audit",
+          [](PyRuntime& self) {
+            with_runtime(self.state, [](Runtime& rt) { throw_if_error(rt.audit()); });
+          },
+          release,
+          "Checks kvtier's own invariants (frames, counts, each tier's eviction policy); raises "
+          "InternalError naming the first broken one. Walks the whole page table: for tests.");
 }
 
 }  // namespace kvtier::python

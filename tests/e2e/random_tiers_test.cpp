@@ -4,7 +4,8 @@
 // KvShadow (bench/engine/kv_shadow.hpp): one whose HBM holds everything, then the random one. Every
 // K/V row the random run reads must be what it wrote or what the first run published under the
 // block's key — checked at the read, so a page that came back wrong fails naming itself — and
-// both runs must give the same tokens and logits, bit for bit.
+// both runs must give the same tokens and logits, bit for bit. Throughout the random run an
+// auditor thread checks the runtime's invariants (Runtime::audit) between the loop's decisions.
 //
 // Compile definitions: KVTIER_RANDOM_TIERS_SEEDS, how many seeds run (a few in the default set,
 // many in the slow variant), from KVTIER_RANDOM_TIERS_FIRST_SEED;
@@ -119,7 +120,11 @@ TEST_P(RandomTiers, EveryReadIsWhatWasWrittenAndOutputsMatchHbmForEverything) {
   auto rt = open_runtime(config);
   if (rt == nullptr) GTEST_SKIP() << "the NVMe store cannot be opened here";
   const uint64_t verified_before = options.kv_shadow->verified_rows();
+  testing::Auditor auditor(*rt);
   const RunResult r = run_engine(*rt, setup.requests, options);
+  EXPECT_EQ(auditor.stop(), "");
+  const Status quiet = rt->audit();
+  EXPECT_TRUE(quiet.ok()) << quiet.to_string();
   expect_identical(reference.outputs, r.outputs, setup.describe);
   EXPECT_GT(options.kv_shadow->verified_rows(), verified_before);
   EXPECT_EQ(r.runtime.failed_loads, 0u);

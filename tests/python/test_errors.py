@@ -88,6 +88,7 @@ def test_bad_calls_are_errors_and_nothing_leaks(tmp_path):
     stats = rt.stats()
     assert stats["used_bytes"]["hbm"] == 0, "an error leaked HBM frames"
     assert stats["open_sequences"] == 0
+    rt.audit()  # the errors above left every invariant intact
 
     # Shutdown while an array views the arena is refused, as mmap.close() is.
     frames = rt.hbm_frames()
@@ -102,7 +103,7 @@ def test_bad_calls_are_errors_and_nothing_leaks(tmp_path):
     assert rt.closed
     rt.shutdown()  # idempotent
 
-    for call in (lambda: rt.open_sequence(keys), lambda: rt.match(keys), rt.stats,
+    for call in (lambda: rt.open_sequence(keys), lambda: rt.match(keys), rt.stats, rt.audit,
                  rt.hbm_frames, rt.hbm_view, lambda: rt.begin_step([(seq.id, 1)]),
                  lambda: step.wait_layer(0)):
         with pytest.raises(kvtier.FailedPreconditionError, match="shut down"):

@@ -78,6 +78,7 @@ def test_pages_survive_host_nvme_and_a_restart(tmp_path):
             rt.close_sequence(seq.id)
         stats = rt.stats()
         assert stats["failed_loads"] == 0 and stats["checksum_failures"] == 0
+        rt.audit()
 
     with open_runtime(text) as rt:
         assert rt.stats()["nvme_recovered_blocks"] > 0

@@ -346,6 +346,7 @@ static void test_prefill_and_reuse(kvt_runtime* rt, const uint32_t* tokens) {
   for (int t = 0; t < KVT_NUM_TIERS; ++t) {
     CHECK(stats.used_bytes[t] <= stats.capacity_bytes[t], "tier %d over capacity", t);
   }
+  MUST(kvt_runtime_audit(rt));
 }
 
 static void test_bad_input(kvt_runtime* rt, const uint32_t* tokens) {
@@ -485,6 +486,7 @@ static void test_after_shutdown(kvt_runtime* rt, const uint32_t* tokens) {
                "shut down");
   EXPECT_ERROR(kvt_sequence_open(rt, keys, kBlocks, &seq), KVT_FAILED_PRECONDITION,
                "kvt_sequence_open", "shut down");
+  EXPECT_ERROR(kvt_runtime_audit(rt), KVT_FAILED_PRECONDITION, "kvt_runtime_audit", "shut down");
   EXPECT_ERROR(kvt_step_begin(rt, &one, 1, &step), KVT_FAILED_PRECONDITION, "kvt_step_begin",
                "shut down");
   EXPECT_ERROR(kvt_step_wait_layer(step, 0), KVT_FAILED_PRECONDITION, "kvt_step_wait_layer",

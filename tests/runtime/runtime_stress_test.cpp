@@ -1,5 +1,7 @@
 // Engine threads calling the Runtime concurrently while its loop moves pages between tiers: the
-// bytes every thread reads back are the bytes written, and the accounting is exact afterwards.
+// bytes every thread reads back are the bytes written, the runtime's invariants hold between any
+// two of the loop's decisions (an auditor thread calls Runtime::audit throughout), and the
+// accounting is exact afterwards.
 // Labelled `stress`: `make tsan` runs it under ThreadSanitizer.
 #include <gtest/gtest.h>
 
@@ -11,6 +13,7 @@
 namespace kvtier {
 namespace {
 
+using testing::Auditor;
 using testing::make_tokens;
 using testing::run_checked_step;
 using testing::ScratchDir;
@@ -32,6 +35,7 @@ TEST(RuntimeStress, EngineThreadsShareAPrefixWhileTheLoopMovesPages) {
   constexpr int kRequestsPerThread = 12;
   std::atomic<int> bad_bytes{0};
   std::atomic<int> failures{0};
+  Auditor auditor(*rt);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -61,6 +65,11 @@ TEST(RuntimeStress, EngineThreadsShareAPrefixWhileTheLoopMovesPages) {
     });
   }
   for (auto& th : threads) th.join();
+  const std::string broken = auditor.stop();
+  EXPECT_EQ(broken, "");
+  EXPECT_GT(auditor.passed(), 0u);
+  const Status quiet = rt->audit();
+  EXPECT_TRUE(quiet.ok()) << quiet.to_string();
   EXPECT_EQ(bad_bytes.load(), 0) << "a thread read back bytes that differ from what was written";
   EXPECT_EQ(failures.load(), 0);
   const RuntimeStats s = rt->stats();

@@ -1,15 +1,18 @@
 // Helpers for Runtime tests: a small configuration over emulated HBM, a host pool and an NVMe store
 // in a temporary directory, and a stand-in engine that writes deterministic K/V bytes into the
-// frames it is given and checks them when it reads them back.
+// frames it is given and checks them when it reads them back; an auditor thread that checks the
+// runtime's invariants while engine threads call it.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvtier/kvtier.hpp"
@@ -151,5 +154,39 @@ inline Status run_checked_step(Runtime& rt, SequenceId seq, const std::vector<ui
   }
   return rt.end_step(step->id);
 }
+
+// Calls Runtime::audit over and over on a thread of its own, from construction to stop(), so
+// the invariants are checked between whichever two loop decisions the engine threads leave it.
+// stop() joins and returns "" or the first failure, with how many audits passed before it.
+class Auditor {
+ public:
+  explicit Auditor(Runtime& rt)
+      : thread_([this, &rt] {
+          while (!stopping_.load()) {
+            Status s = rt.audit();
+            if (!s.ok()) {
+              broken_ = s.to_string() + " (after " + std::to_string(passed_) + " audits passed)";
+              return;
+            }
+            ++passed_;
+          }
+        }) {}
+  ~Auditor() { stop(); }
+  Auditor(const Auditor&) = delete;
+  Auditor& operator=(const Auditor&) = delete;
+
+  std::string stop() {
+    stopping_ = true;
+    if (thread_.joinable()) thread_.join();
+    return broken_;
+  }
+  uint64_t passed() const { return passed_.load(); }
+
+ private:
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> passed_{0};
+  std::string broken_;  // written by the thread, read after join
+  std::thread thread_;  // last: starts once the fields above exist
+};
 
 }  // namespace kvtier::testing

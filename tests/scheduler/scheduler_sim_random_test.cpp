@@ -2,10 +2,10 @@
 // write policies, each opening, stepping and closing sequences at random over small tiers (every
 // fourth with NVMe smaller than the blocks in use). The workload never publishes, so memory fills
 // with private pages that cannot go to NVMe and steps must trade pages in the last free frames.
-// After every operation the page table passes its audit, each tier's policy tracks exactly the
-// blocks with a ready copy there, and no block a sequence references has lost a page; a step is
-// either refused at once or completes; at the end every frame is accounted for and the scheduler
-// is idle.
+// After every event of the loop the page table passes its audit and each tier's policy tracks
+// exactly the blocks with a ready copy there; after every operation no block a sequence
+// references has lost a page; a step is either refused at once or completes; at the end every
+// frame is accounted for and the scheduler is idle.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -67,6 +67,7 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
       open.erase(open.begin() + static_cast<long>(i));
     }
     w.settle();
+    ASSERT_EQ(w.broken(), "") << "op " << op << " (choice " << choice << ")";
     Status audit = w.table().audit();
     ASSERT_TRUE(audit.ok()) << "op " << op << ": " << audit.to_string();
     Status members = w.scheduler().audit_membership();
