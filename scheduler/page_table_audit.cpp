@@ -83,20 +83,26 @@ Status PageTable::audit() const {
   };
   for (Tier t : kAllTiers) own[tier_index(t)].owned.assign(capacity(t), false);
 
-  // Checks one copy's state/frame pair and claims its frame.
-  const auto claim = [&](const BlockKey& key, Tier t, const std::string& where, CopyState st,
+  // Checks one copy's state/frame pair and claims its frame. `layer`: CopyId::kWholeBlock for
+  // the NVMe extent. Messages are built only on failure: tests audit after every event.
+  const auto claim = [&](const BlockKey& key, Tier t, uint32_t layer, CopyState st,
                          uint32_t f) -> Status {
-    const std::string what =
-        "block " + to_string(key) + " " + where + " " + std::string(tier_name(t)) + " copy (" +
-        std::string(copy_state_name(st)) + ", frame " + std::to_string(f) + "): ";
+    const auto broken = [&](std::string_view why) {
+      const std::string where =
+          layer == CopyId::kWholeBlock ? "whole-block" : "layer " + std::to_string(layer);
+      return internal_error("block " + to_string(key) + " " + where + " " +
+                            std::string(tier_name(t)) + " copy (" +
+                            std::string(copy_state_name(st)) + ", frame " + std::to_string(f) +
+                            "): " + std::string(why));
+    };
     if (st == CopyState::kAbsent) {
-      if (f != FrameAllocator::kNoFrame) return internal_error(what + "absent but has a frame");
+      if (f != FrameAllocator::kNoFrame) return broken("absent but has a frame");
       return ok_status();
     }
     Ownership& o = own[tier_index(t)];
-    if (f >= o.owned.size()) return internal_error(what + "frame past the tier's capacity");
-    if (!allocated(t, f)) return internal_error(what + "frame is not allocated");
-    if (o.owned[f]) return internal_error(what + "frame is owned by another copy too");
+    if (f >= o.owned.size()) return broken("frame past the tier's capacity");
+    if (!allocated(t, f)) return broken("frame is not allocated");
+    if (o.owned[f]) return broken("frame is owned by another copy too");
     o.owned[f] = true;
     ++o.count;
     return ok_status();
@@ -115,27 +121,26 @@ Status PageTable::audit() const {
       ++live;
       private_count += hd.key.is_private();
       referenced_count += hd.refcount > 0;
-      const std::string block = "block " + to_string(hd.key);
+      const auto block = [&hd] { return "block " + to_string(hd.key); };  // for messages
       const uint64_t h = hash_key(hd.key);
-      if (shard_index(h) != i) return internal_error(block + " is stored in the wrong shard");
+      if (shard_index(h) != i) return internal_error(block() + " is stored in the wrong shard");
       if (find_slot(s, h, hd.key) != slot) {
-        return internal_error(block + " is not indexed at its slot");
+        return internal_error(block() + " is not indexed at its slot");
       }
       if ((hd.flags & ~(BlockHeader::kLive | BlockHeader::kLinked | BlockHeader::kHasChecksum)) !=
           0) {
-        return internal_error(block + " has unknown flags");
+        return internal_error(block() + " has unknown flags");
       }
       uint32_t hbm_copies = 0, host_copies = 0, hbm_ready = 0, mem_ready = 0, pinned = 0;
       for (uint32_t l = 0; l < layers(); ++l) {
         const uint16_t m = e.meta(l);
         const CopyState hs = meta_hbm_state(m);
         const CopyState ms = meta_host_state(m);
-        const std::string where = "layer " + std::to_string(l);
-        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHbm, where, hs, e.hbm_frame(l)));
-        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHost, where, ms, e.host_frame(l)));
+        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHbm, l, hs, e.hbm_frame(l)));
+        KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kHost, l, ms, e.host_frame(l)));
         const uint32_t p = meta_pins(m);
         if (p > 0 && hs != CopyState::kFilling && hs != CopyState::kReady) {
-          return internal_error(block + " layer " + std::to_string(l) + " has " +
+          return internal_error(block() + " layer " + std::to_string(l) + " has " +
                                 std::to_string(p) + " pins on a " +
                                 std::string(copy_state_name(hs)) + " hbm copy");
         }
@@ -145,12 +150,12 @@ Status PageTable::audit() const {
         mem_ready += hs == CopyState::kReady || ms == CopyState::kReady;
         pinned += p > 0;
       }
-      KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kNvme, "whole-block",
+      KVTIER_RETURN_IF_ERROR(claim(hd.key, Tier::kNvme, CopyId::kWholeBlock,
                                    static_cast<CopyState>(hd.nvme_state), hd.nvme_extent));
       if (hbm_copies != hd.hbm_copies || host_copies != hd.host_copies ||
           hbm_ready != hd.hbm_ready || mem_ready != hd.mem_ready || pinned != hd.pinned_pages) {
         return internal_error(
-            block + " page counters disagree with its pages (hbm copies " +
+            block() + " page counters disagree with its pages (hbm copies " +
             std::to_string(hd.hbm_copies) + "/" + std::to_string(hbm_copies) + ", host copies " +
             std::to_string(hd.host_copies) + "/" + std::to_string(host_copies) + ", hbm ready " +
             std::to_string(hd.hbm_ready) + "/" + std::to_string(hbm_ready) + ", memory ready " +
@@ -160,7 +165,7 @@ Status PageTable::audit() const {
       if ((hd.flags & BlockHeader::kLinked) != 0) {
         const uint64_t ph = hash_key(hd.parent);
         if (find_slot(shard_for(ph), ph, hd.parent) == FlatKeyMap::kNotFound) {
-          return internal_error(block + " is counted as a child of " + to_string(hd.parent) +
+          return internal_error(block() + " is counted as a child of " + to_string(hd.parent) +
                                 ", which is not in the table");
         }
         ++children[hd.parent];

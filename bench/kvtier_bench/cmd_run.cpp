@@ -69,6 +69,7 @@ struct RunOptions {
   bool no_progress = false;
   std::string metrics;  // serve the kvtier baseline's metrics here
   double metrics_hold = 0;
+  uint64_t audit = 0;  // check invariants every N events (virtual clock)
   // --clock real
   double link_factor = 2.0;
   uint64_t real_requests = 0;
@@ -165,6 +166,10 @@ class RunCommand final : public Command {
     p.add_double("metrics-hold", "S",
                  "keep serving them S seconds (at most 86400) after the run (default 0)",
                  &o_.metrics_hold);
+    p.add_uint("audit", "N",
+               "virtual: check kvtier's invariants after every Nth event of the simulated loop "
+               "and fail at the first broken one (slow: for testing)",
+               &o_.audit);
     p.add_double("link-factor", "X",
                  "real: throttle the host->HBM link to X > 0 times the measured demand "
                  "(default 2)",
@@ -254,6 +259,9 @@ class RunCommand final : public Command {
       return invalid_argument("--layer-group " + std::to_string(o_.layer_group) +
                               " is too large: it must divide the model's layers (at most " +
                               std::to_string(kMaxLayerGroup) + ")");
+    }
+    if (o_.audit > 0 && o_.clock != "virtual") {
+      return invalid_argument("--audit checks the simulated loop: it needs --clock virtual");
     }
     if (!(o_.link_factor > 0)) {
       return invalid_argument(
@@ -374,6 +382,7 @@ class RunCommand final : public Command {
     vo.nvme_kv_dtype = ctx.config.tiers.nvme.kv_dtype;
     vo.watermarks = {ctx.config.tiers.hbm.watermarks, ctx.config.tiers.host.watermarks,
                      ctx.config.tiers.nvme.watermarks};
+    vo.audit_every = o_.audit;
     const uint64_t longest_kv = workload.max_request_tokens() * model.kv_bytes_per_token();
     if (workload.hbm_kv_fraction > 0 && o_.hbm == 0) {
       vo.hbm_kv_bytes = std::min<uint64_t>(

@@ -56,6 +56,11 @@ struct VirtualRunOptions {
   // final values for metrics_hold_s after the run so a scraper sees them.
   MetricsConfig metrics = metrics_off();
   double metrics_hold_s = 0;
+  // Check kvtier's own invariants after every `audit_every`th event of the simulated loop (0:
+  // never): the page table's audit and each tier's policy membership (Scheduler::
+  // audit_membership). The run fails with the first broken one, naming the event. Each check
+  // walks the whole table: for tests of the scheduler at scale, not for figures.
+  uint64_t audit_every = 0;
 
   static MetricsConfig metrics_off() {
     MetricsConfig m;

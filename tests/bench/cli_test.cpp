@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -226,6 +227,29 @@ TEST(CliRun, ALinkFactorAtOrBelowZeroIsAnError) {
     EXPECT_THAT(r.err, HasSubstr(std::string("--link-factor must be > 0")));
     EXPECT_THAT(r.out, IsEmpty());
   }
+}
+
+// --audit checks the scheduler's invariants after every event and changes nothing it reports
+// but the wall time; it has no simulated loop to check with the real clock.
+TEST(CliRun, AuditingEveryEventPassesAndLeavesTheFiguresAsTheyAre) {
+  const ChildRun plain = run_bench(tiny_run({"--csv"}));
+  const ChildRun audited = run_bench(tiny_run({"--csv", "--audit", "1"}));
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(audited.exit_code, 0) << audited.err;
+  const auto without_wall = [](const std::string& csv) {
+    std::string out;
+    std::istringstream lines(csv);
+    for (std::string line; std::getline(lines, line);) {
+      out += line.substr(0, line.rfind(',')) + "\n";  // the last column: wall time
+    }
+    return out;
+  };
+  EXPECT_EQ(without_wall(audited.out), without_wall(plain.out));
+
+  const ChildRun real = run_bench(
+      {"run", "--clock", "real", "--audit", "1", "--real-requests", "1", "--no-progress"});
+  EXPECT_EQ(real.exit_code, 2);
+  EXPECT_THAT(real.err, HasSubstr("--audit checks the simulated loop: it needs --clock virtual"));
 }
 
 // An emulated HBM larger than the machine can map runs with what it could map (a warning says

@@ -1,10 +1,15 @@
 // The engine over the simulated scheduler, per baseline: the invariants every run must hold
 // (requests served once, token times ordered, tiers a baseline lacks never used, no reuse without
-// keys), the ordering a reuse-heavy workload must show, determinism, and contexts larger than HBM.
+// keys), the ordering a reuse-heavy workload must show, determinism, contexts larger than HBM,
+// and the scheduler's invariants after every event.
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 #include "bench/run/batcher.hpp"
 #include "run_test_util.hpp"
+#include "scheduler/policies/evictor.hpp"
 
 namespace kvtier::bench::run {
 namespace {
@@ -140,6 +145,50 @@ TEST(Engine, AHostTierSmallerThanTheWorkingSetNeverStarvesALoad) {
     EXPECT_EQ(r.completed() + r.rejected(), r.requests()) << hbm;
     EXPECT_GT(r.completed(), r.requests() * 9 / 10) << hbm;
     EXPECT_GT(r.hit_rate(Tier::kNvme), 0.0) << hbm << ": the workload must overflow host memory";
+  }
+}
+
+// The scheduler's invariants (the page table's audit, each tier's policy tracking exactly the
+// blocks with a ready copy there) hold after every event of the simulated loop, over each
+// eviction policy on tiers the workload overflows and a context windowed through a small HBM;
+// and auditing changes nothing the run reports. (At larger scale: default_run_test.cpp.)
+TEST(Engine, TheSchedulerKeepsItsInvariantsAfterEveryEvent) {
+  const PerfModel m = h200_8b();
+  struct Case {
+    std::string name;
+    Workload workload;
+    VirtualRunOptions options;
+    EvictionPolicy eviction = EvictionPolicy::kLru;
+  };
+  std::vector<Case> cases;
+  for (EvictionPolicy e : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kS3Fifo,
+                           EvictionPolicy::kPrefixAware, EvictionPolicy::kLookahead}) {
+    cases.push_back(
+        {"tiny chat, " + std::string(eviction_policy_name(e)), tiny_chat(m), tiny_tiers(m), e});
+  }
+  auto context = generate_workload(
+      "long_context", {{"context", "40000"}, {"questions", "2"}, {"answer_tokens", "8"}}, 1,
+      m.sim_geometry().page_tokens);
+  ASSERT_TRUE(context.ok());
+  VirtualRunOptions windowed = tiny_tiers(m);
+  const uint64_t kv = context->max_request_tokens() * m.kv_bytes_per_token();
+  windowed.hbm_kv_bytes = kv / 5;
+  windowed.host_bytes = 2 * kv;
+  cases.push_back({"long context, HBM a fifth of it", *context, windowed});
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    PoliciesConfig policies;
+    policies.eviction = c.eviction;
+    auto specs = make_baselines("kvtier", policies, m.prefill_tokens_per_s());
+    ASSERT_TRUE(specs.ok());
+    const BaselineResult plain = run_or_fail(c.workload, specs->front(), m, c.options);
+    c.options.audit_every = 1;
+    const BaselineResult audited = run_or_fail(c.workload, specs->front(), m, c.options);
+    EXPECT_GT(audited.hit_rate(Tier::kHost) + audited.hit_rate(Tier::kNvme), 0.0)
+        << "nothing moved between tiers: the case checks too little";
+    EXPECT_EQ(audited.link_bytes, plain.link_bytes);
+    EXPECT_EQ(audited.steps, plain.steps);
+    EXPECT_EQ(audited.prefill_tokens, plain.prefill_tokens);
   }
 }
 
