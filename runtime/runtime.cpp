@@ -397,10 +397,7 @@ RuntimeStats Runtime::Impl::snapshot() const {
 }
 
 Status Runtime::audit() {
-  return impl_->on_loop([&] {
-    KVTIER_RETURN_IF_ERROR(impl_->table->audit());
-    return impl_->scheduler->audit_membership();
-  });
+  return impl_->on_loop([&] { return impl_->scheduler->audit(); });
 }
 
 uint16_t Runtime::metrics_port() const {

@@ -153,6 +153,11 @@ Status Scheduler::audit_membership() const {
   return ok_status();
 }
 
+Status Scheduler::audit() const {
+  KVTIER_RETURN_IF_ERROR(parts_.table->audit());
+  return audit_membership();
+}
+
 std::string Scheduler::pending_summary() const {
   std::string out;
   for (Link l : kAllLinks) {

@@ -154,6 +154,9 @@ class Scheduler {
   // be untracked until the last lands. Holds between any two of the loop's tasks; it reads the
   // page table's consistent cut (PageTable::snapshot), so it is for tests and diagnostics.
   Status audit_membership() const;
+  // Every invariant a test or an operator can ask for: the page table's audit (frames, counts),
+  // then audit_membership. Holds between any two of the loop's tasks; walks the whole table.
+  Status audit() const;
   // What keeps the scheduler from being idle, for diagnostics ("3 ops (hbm fill ...), ...").
   std::string pending_summary() const;
 

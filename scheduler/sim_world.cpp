@@ -2,6 +2,7 @@
 #include "scheduler/sim_world.hpp"
 
 #include <algorithm>
+#include <string>
 
 namespace kvtier {
 
@@ -40,9 +41,24 @@ Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
   return w;
 }
 
+void SimWorld::audit_every(uint64_t events) {
+  if (events == 0) {
+    loop_.after_each_event({});
+    return;
+  }
+  loop_.after_each_event([this, events, seen = uint64_t{0}]() mutable {
+    if (++seen % events != 0 || !audit_failure_.ok()) return;
+    audit_failure_ =
+        scheduler_->audit().with_context("after event " + std::to_string(seen) + " (virtual time " +
+                                         std::to_string(nanos_to_seconds(loop_.now())) + " s)");
+  });
+}
+
 SimWorld::~SimWorld() {
   // The scheduler's pending callbacks live in the loop's heap; drop the scheduler first, then the
   // port and table it refers to (the loop's remaining events are destroyed unrun with the loop).
+  // An audit failure no one asked for is the caller's to have read (audit_failure).
+  audit_failure_.ignore();
   scheduler_.reset();
   port_.reset();
   table_.reset();

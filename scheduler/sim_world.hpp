@@ -52,6 +52,12 @@ class SimWorld {
   const FrameAllocator& host() const { return *host_; }
   const ExtentAllocator* nvme() const { return nvme_.get(); }  // null: no NVMe tier
   const SimWorldSpec& spec() const { return spec_; }
+  // Runs Scheduler::audit after every `events`th event of the loop (0: never) and keeps the first
+  // failure, naming the event and the virtual time: the invariants must hold between any two of
+  // the loop's tasks, where an engine thread of the runtime may look, not only when it is idle.
+  void audit_every(uint64_t events);
+  // OK, or the first invariant an audit found broken.
+  const Status& audit_failure() const { return audit_failure_; }
 
  private:
   explicit SimWorld(const SimWorldSpec& spec) : spec_(spec) {}
@@ -64,6 +70,7 @@ class SimWorld {
   SimEventLoop loop_;
   std::unique_ptr<SimTransferPort> port_;
   std::unique_ptr<Scheduler> scheduler_;
+  Status audit_failure_;
 };
 
 }  // namespace kvtier

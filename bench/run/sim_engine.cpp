@@ -245,22 +245,11 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
     KVTIER_ASSIGN_OR_RETURN(metrics,
                             MetricsExporter::create(options.metrics, sim_metrics_sources(*world)));
   }
-  Status broken = ok_status();  // the first invariant an audit found broken
-  if (options.audit_every > 0) {
-    world->loop().after_each_event([&world, &broken, every = options.audit_every,
-                                    events = uint64_t{0}]() mutable {
-      if (++events % every != 0 || !broken.ok()) return;
-      broken = world->table().audit();
-      if (broken.ok()) broken = world->scheduler().audit_membership();
-      if (!broken.ok()) {
-        broken = broken.with_context("after event " + std::to_string(events) + " (virtual time " +
-                                     std::to_string(nanos_to_seconds(world->loop().now())) + " s)");
-      }
-    });
-  }
+  world->audit_every(options.audit_every);
   Engine engine(workload, baseline, model, options, *world, result);
   KVTIER_RETURN_IF_ERROR(engine.run().with_context("baseline " + baseline.name));
-  KVTIER_RETURN_IF_ERROR(broken.with_context("baseline " + baseline.name + ": audit"));
+  KVTIER_RETURN_IF_ERROR(
+      world->audit_failure().with_context("baseline " + baseline.name + ": audit"));
   if (metrics != nullptr && metrics->serving() && options.metrics_hold_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(options.metrics_hold_s));
   }

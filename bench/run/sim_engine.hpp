@@ -57,9 +57,9 @@ struct VirtualRunOptions {
   MetricsConfig metrics = metrics_off();
   double metrics_hold_s = 0;
   // Check kvtier's own invariants after every `audit_every`th event of the simulated loop (0:
-  // never): the page table's audit and each tier's policy membership (Scheduler::
-  // audit_membership). The run fails with the first broken one, naming the event. Each check
-  // walks the whole table: for tests of the scheduler at scale, not for figures.
+  // never): Scheduler::audit, the page table's audit and each tier's policy membership
+  // (SimWorld::audit_every). The run fails with the first broken one, naming the event. Each
+  // check walks the whole table: for tests of the scheduler at scale, not for figures.
   uint64_t audit_every = 0;
 
   static MetricsConfig metrics_off() {

@@ -38,9 +38,6 @@ struct SimSetup {
   std::array<Watermarks, kNumTiers> watermarks{Watermarks{0.9, 1.0}, Watermarks{0.9, 1.0},
                                                Watermarks{0.9, 1.0}};
   uint64_t max_inflight_bytes = 64ull << 20;  // per link
-  // Audit the page table and the policies' membership after every event the loop runs (see
-  // SimWorld::broken); off only where a test's table is too large to walk that often.
-  bool audit_every_event = true;
 };
 
 class SimWorld {
@@ -64,12 +61,8 @@ class SimWorld {
     auto w = kvtier::SimWorld::create(spec);
     EXPECT_TRUE(w.ok()) << w.status().to_string();
     world_ = std::move(w).value();
-    if (setup.audit_every_event && world_ != nullptr) {
-      loop().after_each_event([this] { audit_after_event(); });
-    }
+    if (world_ != nullptr) world_->audit_every(1);  // see broken()
   }
-  SimWorld(const SimWorld&) = delete;  // the loop's observer holds `this`
-  SimWorld& operator=(const SimWorld&) = delete;
 
   Scheduler& scheduler() { return world_->scheduler(); }
   PageTable& table() { return world_->table(); }
@@ -80,7 +73,10 @@ class SimWorld {
   const SimSetup& setup() const { return setup_; }
   // The first invariant broken between two of the loop's events ("" when none): in the runtime
   // an engine thread may look at the state at any such point, not only when the loop is idle.
-  const std::string& broken() const { return broken_; }
+  std::string broken() const {
+    const Status& s = world_->audit_failure();
+    return s.ok() ? "" : s.to_string();
+  }
   // Keys for a prompt of `blocks` full blocks; `salt` makes distinct prompts.
   std::vector<BlockKey> prompt(uint32_t blocks, uint32_t salt, uint32_t shared_prefix = 0) {
     std::vector<uint32_t> tokens(static_cast<std::size_t>(blocks) * setup_.geometry.page_tokens);
@@ -197,18 +193,8 @@ class SimWorld {
   void settle() { loop().run_until_idle(); }
 
  private:
-  void audit_after_event() {
-    ++events_;
-    if (!broken_.empty()) return;
-    Status s = table().audit();
-    if (s.ok()) s = scheduler().audit_membership();
-    if (!s.ok()) broken_ = "after event " + std::to_string(events_) + ": " + s.to_string();
-  }
-
   SimSetup setup_;
   std::unique_ptr<kvtier::SimWorld> world_;
-  uint64_t events_ = 0;
-  std::string broken_;
 };
 
 // The page table passes its audit and every frame of HBM and host memory is used or free, now
