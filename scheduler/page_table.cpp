@@ -471,6 +471,22 @@ Result<uint32_t> PageTable::drop_all(const BlockKey& key, Tier tier) {
 Result<uint32_t> PageTable::pin(const BlockKey& key, uint32_t layer) {
   return with_entry(key, [&](EntryView& v) { return v.pin(layer); });
 }
+std::optional<uint32_t> PageTable::pin_ready(const BlockKey& key, uint32_t layer) {
+  if (layer >= layers()) return std::nullopt;
+  const uint64_t h = hash_key(key);
+  Shard& s = shard_for(h);
+  MutexLock lock(s.mu);
+  const uint32_t slot = find_slot(s, h, key);
+  if (slot == FlatKeyMap::kNotFound) return std::nullopt;
+  EntryView v = make_view(entry_at(s, slot), nullptr);
+  if (v.state(CopyId::hbm(layer)) != CopyState::kReady || v.pins(layer) >= kMaxPins) {
+    return std::nullopt;
+  }
+  Result<uint32_t> frame = v.pin(layer);
+  if (!frame.ok()) return std::nullopt;
+  return *frame;
+}
+
 Status PageTable::unpin(const BlockKey& key, uint32_t layer) {
   return with_entry(key, [&](EntryView& v) { return v.unpin(layer); });
 }
@@ -552,6 +568,56 @@ Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_laye
   }
   return failure.with_context(what + " (block " + std::to_string(failed_index) + " of " +
                               std::to_string(n) + "; the pins taken were released)");
+}
+
+Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uint32_t first_layer,
+                                             uint32_t count, std::span<uint32_t> frames,
+                                             std::span<uint8_t> pinned) {
+  if (static_cast<uint64_t>(first_layer) + count > layers()) {
+    return invalid_argument("pin_layers_ready of layers [" + std::to_string(first_layer) + ", " +
+                            std::to_string(static_cast<uint64_t>(first_layer) + count) +
+                            "): the blocks have " + std::to_string(layers()) + " layers");
+  }
+  if (frames.size() != keys.size() * count || pinned.size() != keys.size()) {
+    return invalid_argument("pin_layers_ready: " + std::to_string(keys.size()) + " keys x " +
+                            std::to_string(count) + " layers but room for " +
+                            std::to_string(frames.size()) + " frames and " +
+                            std::to_string(pinned.size()) + " marks");
+  }
+  const std::size_t n = keys.size();
+  ShardGroups& g = thread_scratch();
+  group_by_shard(keys, g);
+  uint32_t blocks = 0;
+  for (uint32_t si = 0; si < shard_count(); ++si) {
+    if (g.start[si] == g.start[si + 1]) continue;
+    Shard& s = shards_[si];
+    MutexLock lock(s.mu);
+    for (std::size_t pos = g.start[si]; pos < g.start[si + 1]; ++pos) {
+      const uint32_t i = g.order[pos];
+      pinned[i] = 0;
+      const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
+      if (slot == FlatKeyMap::kNotFound) continue;
+      EntryView v = make_view(entry_at(s, slot), nullptr);
+      bool all_ready = true;
+      for (uint32_t c = 0; c < count && all_ready; ++c) {
+        all_ready = v.state(CopyId::hbm(first_layer + c)) == CopyState::kReady;
+      }
+      if (!all_ready) continue;
+      uint32_t done = 0;
+      for (; done < count; ++done) {
+        Result<uint32_t> r = v.pin(first_layer + done);
+        if (!r.ok()) break;  // a page at the most pins it can have: the block stays as it was
+        frames[done * n + i] = *r;
+      }
+      if (done < count) {
+        for (uint32_t u = 0; u < done; ++u) v.unpin(first_layer + u).ignore();
+        continue;
+      }
+      pinned[i] = 1;
+      ++blocks;
+    }
+  }
+  return blocks;
 }
 
 Status PageTable::unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer,

@@ -200,6 +200,11 @@ class PageTable {
 
   // ---- Pins (HBM pages) ----
   Result<uint32_t> pin(const BlockKey& key, uint32_t layer);  // returns the HBM frame
+  // Pins the page only if its HBM copy is ready, in one lookup, and returns its frame; nullopt,
+  // changing nothing, when the block is unknown, the copy is not ready or the page has the most
+  // pins it can. The step's fast path for a page already resident (no error text is built for
+  // the pages that are not: the caller takes its general path for those).
+  std::optional<uint32_t> pin_ready(const BlockKey& key, uint32_t layer);
   Status unpin(const BlockKey& key, uint32_t layer);
   // Pins pages [first_layer, first_layer + count) of every block in `keys` and writes their HBM
   // frames to `frames`, one block table per layer: frames[(layer - first_layer) * keys.size() + i].
@@ -208,6 +213,14 @@ class PageTable {
   // listed twice is pinned twice.
   Status pin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count,
                     std::span<uint32_t> frames);
+  // The same where it can be done in full and nothing else: each block whose pages
+  // [first_layer, first_layer + count) are all ready in HBM (each below the most pins a page can
+  // have) is pinned there, its frames written as above and pinned[i] set to 1; any other block
+  // (unknown, or a page not ready) is left as it was, with pinned[i] = 0. Returns how many blocks
+  // were pinned; kInvalidArgument (pinning nothing) for a layer range or spans that do not fit.
+  Result<uint32_t> pin_layers_ready(std::span<const BlockKey> keys, uint32_t first_layer,
+                                    uint32_t count, std::span<uint32_t> frames,
+                                    std::span<uint8_t> pinned);
   // Unpins the same pages; keeps going past errors and returns the first.
   Status unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count);
   // One layer: a step's block table for `layer`.

@@ -184,6 +184,7 @@ class Scheduler {
   struct PublishedStep;
   struct PageOp;
   struct FrameWaiter;
+  struct ResidentPins;
   struct PageKey {
     BlockKey key;
     uint32_t layer = 0;
@@ -205,8 +206,14 @@ class Scheduler {
   // ---- Sequences and steps (scheduler.cpp, scheduler_step.cpp, scheduler_publish.cpp) ----
   Result<Sequence*> find_sequence(SequenceId id);
   Result<Step*> find_step(StepId id) const;
-  Status plan_layer(Step& step, uint32_t layer);
+  // Pins the blocks of a step that is not windowed which are resident in every layer, all layers
+  // at once (one lookup per block: most of a decode step's blocks), for plan_layer to read.
+  ResidentPins pin_resident_blocks(Step& step);
+  // Pins what `layer` reads, loading what is missing; `resident`: what pin_resident_blocks pinned.
+  Status plan_layer(Step& step, uint32_t layer, const ResidentPins* resident = nullptr);
   void release_layer(Step& step, uint32_t layer);
+  // Unpins every page the step pinned in `layer` (release_layer, abort_step).
+  void unpin_layer(Step& step, uint32_t layer);
   // HBM frames a new batch cannot have (see the definition).
   uint64_t frames_held() const;
   // kvtier::kept_in_memory of a block a sequence holds.

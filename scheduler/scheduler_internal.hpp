@@ -62,10 +62,23 @@ struct Scheduler::Step {
   std::unordered_set<BlockKey, BlockKeyHash> refilled;
   // Per item, the sequence's token count before the step (to undo an aborted step).
   std::vector<uint64_t> tokens_before;
-  // Per layer: the (block) pages this step pinned there, so unpinning matches pinning exactly.
+  // Per layer: the (block) pages this step pinned there one by one; and the blocks it pinned in
+  // every layer at once (pin_resident_blocks), whose pages are unpinned with each layer's, or all
+  // at once by an end_step that no end_layer came before. So unpinning matches pinning exactly.
   std::vector<std::vector<BlockKey>> pinned;
+  std::vector<BlockKey> resident;
   std::vector<uint8_t> planned;
   std::vector<uint8_t> released;
+};
+
+// The blocks of a step that is not windowed that were resident in HBM in every layer when it
+// began, pinned there at once (Scheduler::pin_resident_blocks). Per slot of plan_layer's order
+// (the step's items, then each item's blocks): whether the block was, and its frames, one block
+// table per layer (frames[layer * slots + slot]).
+struct Scheduler::ResidentPins {
+  std::size_t slots = 0;
+  std::vector<uint8_t> pinned;
+  std::vector<uint32_t> frames;
 };
 
 // A transfer in flight for one copy (a fill, or the drain of a copy leaving its tier); those who

@@ -265,7 +265,8 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
       }
     }
   }
-  for (uint32_t l = 0; l < s.window; ++l) KVTIER_RETURN_IF_ERROR(plan_layer(s, l));
+  const ResidentPins resident = s.windowed ? ResidentPins{} : pin_resident_blocks(s);
+  for (uint32_t l = 0; l < s.window; ++l) KVTIER_RETURN_IF_ERROR(plan_layer(s, l, &resident));
 
   StepInfo info;
   info.id = s.id;
@@ -276,7 +277,32 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   return info;
 }
 
-Status Scheduler::plan_layer(Step& step, uint32_t layer) {
+Scheduler::ResidentPins Scheduler::pin_resident_blocks(Step& step) {
+  ResidentPins r;
+  std::vector<BlockKey> keys;
+  for (const auto& blocks : step.blocks) {
+    for (const BlockKey& key : blocks) {
+      // A block the step creates or refills is written, never pinned here: the null key, which
+      // names no block, leaves it to plan_layer.
+      keys.push_back(step.new_blocks.contains(key) ? BlockKey{} : key);
+    }
+  }
+  r.slots = keys.size();
+  r.pinned.assign(r.slots, 0);
+  r.frames.assign(r.slots * step.layers, 0);
+  auto pinned = parts_.table->pin_layers_ready(keys, 0, step.layers, r.frames, r.pinned);
+  if (!pinned.ok()) {
+    // Not expected (the spans are sized above): every page then takes plan_layer's path.
+    r.pinned.assign(r.slots, 0);
+    return r;
+  }
+  for (std::size_t slot = 0; slot < r.slots; ++slot) {
+    if (r.pinned[slot]) step.resident.push_back(keys[slot]);
+  }
+  return r;
+}
+
+Status Scheduler::plan_layer(Step& step, uint32_t layer, const ResidentPins* resident) {
   step.planned[layer] = 1;
   const uint32_t pt = options_.geometry.page_tokens;
   LayerTable& table = step.shared->tables[layer];
@@ -299,6 +325,22 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer) {
   for (std::size_t i = 0; i < step.items.size(); ++i) {
     for (const BlockKey& key : step.blocks[i]) {
       const uint32_t my_slot = slot++;
+      if (resident != nullptr && my_slot < resident->slots && resident->pinned[my_slot]) {
+        table.indices[my_slot] =
+            static_cast<int32_t>(resident->frames[layer * resident->slots + my_slot]);
+        continue;
+      }
+      const bool written = step.new_blocks.contains(key);
+      if (!written) {
+        // Resident, the common case: pinned in one lookup, nothing to wait for. (The general path
+        // below ends the same way for a ready page, through a snapshot, a second lookup and two
+        // callbacks: most of a decode step's cost when it ran for every page.)
+        if (const std::optional<uint32_t> frame = parts_.table->pin_ready(key, layer)) {
+          step.pinned[layer].push_back(key);
+          table.indices[my_slot] = static_cast<int32_t>(*frame);
+          continue;
+        }
+      }
       ready->add_pending();
       auto on_filling = [this, id, layer, key, my_slot](uint32_t frame) {
         auto it = steps_.find(id);
@@ -320,7 +362,7 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer) {
           ready->page_failed(s);
         }
       };
-      if (step.new_blocks.contains(key)) {
+      if (written) {
         plan_written_page(id, key, layer, step.refilled.contains(key), on_filling, ready, 0);
         continue;
       }
@@ -510,13 +552,17 @@ uint64_t Scheduler::protected_count(std::span<const BlockKey> keys) const {
       keys.begin(), keys.end(), [this](const BlockKey& k) { return protected_.contains(k); }));
 }
 
+void Scheduler::unpin_layer(Step& step, uint32_t layer) {
+  // One lock per shard for the layer's pins; a page whose pin is gone already (its block was
+  // given up) is passed over.
+  parts_.table->unpin_layer(step.pinned[layer], layer).ignore();
+  step.pinned[layer].clear();
+  if (!step.resident.empty()) parts_.table->unpin_layer(step.resident, layer).ignore();
+}
+
 void Scheduler::release_layer(Step& step, uint32_t layer) {
   step.released[layer] = 1;
-  for (const BlockKey& key : step.pinned[layer]) {
-    Status s = parts_.table->unpin(key, layer);
-    if (!s.ok()) s.ignore();
-  }
-  step.pinned[layer].clear();
+  unpin_layer(step, layer);
   abort_failed_fills(step, layer);
   if (step.windowed) {
     // The context does not fit: the finished layer leaves HBM now, to make room for the next.
@@ -537,8 +583,16 @@ void Scheduler::release_layer(Step& step, uint32_t layer) {
     }
     serve_frame_waiters(Tier::kHbm);
   }
-  for (const auto& blocks : step.blocks) {
-    for (const BlockKey& key : blocks) sync_membership(key, Tier::kHbm);
+  // HBM's policy hears, in the batch's order, of the pages the engine wrote (finish_written_pages
+  // made them copies) and, windowed, of the pages that began to leave above (a block whose last
+  // ready page drains leaves the policy). The context a step that is not windowed only read
+  // changed no membership here (loads and aborted fills report their own), so it is not walked
+  // again for every layer.
+  for (std::size_t i = 0; i < step.blocks.size(); ++i) {
+    const std::size_t first = step.windowed ? 0 : step.first_written[i];
+    for (std::size_t b = first; b < step.blocks[i].size(); ++b) {
+      sync_membership(step.blocks[i][b], Tier::kHbm);
+    }
   }
   // Unpinned pages may be what a waiting request needs room from.
   serve_frame_waiters(Tier::kHbm);
@@ -655,6 +709,12 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
                                " never became ready (a load failed, or it was not waited for); "
                                "its pages were not written, so the step was aborted");
   }
+  if (std::find(step->released.begin(), step->released.end(), 1) == step->released.end()) {
+    // No layer was ended on its own: the blocks pinned in every layer at once are unpinned the
+    // same way, one lookup each instead of one per page.
+    parts_.table->unpin_layers(step->resident, 0, step->layers).ignore();
+    step->resident.clear();
+  }
   for (uint32_t l = 0; l < step->layers; ++l) {
     if (!step->released[l]) {
       finish_written_pages(*step, l);
@@ -714,10 +774,7 @@ Status Scheduler::abort_step(StepId id) {
   for (uint32_t l = 0; l < step->layers; ++l) {
     if (step->planned[l] && !step->released[l]) {
       step->released[l] = 1;
-      for (const BlockKey& key : step->pinned[l]) {
-        parts_.table->unpin(key, l).ignore();
-      }
-      step->pinned[l].clear();
+      unpin_layer(*step, l);
       abort_failed_fills(*step, l);
     }
   }

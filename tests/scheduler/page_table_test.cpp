@@ -399,6 +399,78 @@ TEST_F(PageTableTest, PinLayersFillsOneBlockTablePerLayerAllOrNothing) {
   EXPECT_TRUE(pt().pin_layers(keys, 0, 0, {}).ok());
 }
 
+// The step's fast path: a page is pinned only when its HBM copy is ready, and anything else
+// leaves the entry exactly as it was (the caller then takes the general path).
+TEST_F(PageTableTest, PinReadyPinsOnlyAReadyHbmPage) {
+  const BlockKey k = content_key(1);
+  create(k);
+  EXPECT_FALSE(pt().pin_ready(k, 0).has_value()) << "absent";
+  auto frame = pt().begin_fill(k, CopyId::hbm(0));
+  ASSERT_TRUE(frame.ok());
+  EXPECT_FALSE(pt().pin_ready(k, 0).has_value()) << "filling: pin() takes it, pin_ready not";
+  EXPECT_EQ(info(k).pages[0].pins, 0u);
+  ok(pt().complete_fill(k, CopyId::hbm(0)));
+  const std::optional<uint32_t> pinned = pt().pin_ready(k, 0);
+  ASSERT_TRUE(pinned.has_value());
+  EXPECT_EQ(*pinned, *frame);
+  EXPECT_EQ(info(k).pages[0].pins, 1u);
+  EXPECT_FALSE(pt().pin_ready(content_key(2), 0).has_value()) << "unknown block";
+  EXPECT_FALSE(pt().pin_ready(k, kLayers).has_value()) << "past the last layer";
+  EXPECT_FALSE(pt().pin_ready(BlockKey{}, 0).has_value()) << "the null key names no block";
+  while (pt().pin(k, 0).ok()) {
+  }
+  EXPECT_EQ(info(k).pages[0].pins, kMaxPins);
+  EXPECT_FALSE(pt().pin_ready(k, 0).has_value()) << "at the most pins a page can have";
+  EXPECT_EQ(info(k).pages[0].pins, kMaxPins);
+  for (uint32_t i = 0; i < kMaxPins; ++i) ok(pt().unpin(k, 0));
+}
+
+// A step that is not windowed pins each block resident in every layer at once: a block with any
+// page not ready is left alone entirely, so the general path sees it untouched.
+TEST_F(PageTableTest, PinLayersReadyPinsWholeResidentBlocksAndLeavesTheRest) {
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 5; ++i) {
+    keys.push_back(content_key(i + 1));
+    create(keys.back());
+    for (uint32_t l = 0; l < kLayers; ++l) drive(keys.back(), CopyId::hbm(l), CopyState::kReady);
+  }
+  ok(pt().drop(keys[1], CopyId::hbm(2)));                       // one page missing
+  ASSERT_TRUE(pt().begin_drain(keys[3], CopyId::hbm(0)).ok());  // one page leaving
+  keys.push_back(BlockKey{});                                   // names no block
+  keys.push_back(keys[0]);                                      // listed twice: pinned twice
+  const std::size_t n = keys.size();
+  std::vector<uint32_t> frames(n * kLayers, 0);
+  std::vector<uint8_t> pinned(n, 7);
+  auto blocks = pt().pin_layers_ready(keys, 0, kLayers, frames, pinned);
+  ASSERT_TRUE(blocks.ok()) << blocks.status().to_string();
+  EXPECT_EQ(*blocks, 4u);
+  EXPECT_EQ(pinned, (std::vector<uint8_t>{1, 0, 1, 0, 1, 0, 1}));
+  for (std::size_t i : {std::size_t{0}, std::size_t{2}, std::size_t{4}}) {
+    const BlockInfo b = info(keys[i]);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      EXPECT_EQ(frames[l * n + i], b.pages[l].hbm_frame) << "block " << i << " layer " << l;
+      EXPECT_EQ(b.pages[l].pins, i == 0 ? 2u : 1u) << "block " << i << " layer " << l;
+    }
+  }
+  for (std::size_t i : {std::size_t{1}, std::size_t{3}}) {
+    for (const PageInfo& p : info(keys[i]).pages) EXPECT_EQ(p.pins, 0u) << "block " << i;
+  }
+  ok(pt().complete_drain(keys[3], CopyId::hbm(0)));
+  // Spans that do not fit, or layers past the last: an error, and nothing pinned.
+  std::vector<uint8_t> short_marks(n - 1);
+  EXPECT_EQ(pt().pin_layers_ready(keys, 0, kLayers, frames, short_marks).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(pt().pin_layers_ready(keys, 1, kLayers, frames, pinned).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(info(keys[2]).pages[0].pins, 1u);
+  // Unpinned as pin_layers' pins are.
+  const std::vector<BlockKey> whole = {keys[0], keys[0], keys[2], keys[4]};
+  ok(pt().unpin_layers(whole, 0, kLayers));
+  for (const BlockKey& k : whole) {
+    for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Allocation through the tiers
 // ---------------------------------------------------------------------------------------------

@@ -395,6 +395,76 @@ TEST(SchedulerSim, ABatchThatSharesAPromptIsChargedForItOnce) {
   expect_consistent(w);
 }
 
+// A decode step whose context is resident pins it in every layer when it begins (one lookup per
+// block, not per page), lists those frames in each layer's table, and gives every pin back however
+// it ends: end_step alone, end_layer layer by layer, or abort_step.
+TEST(SchedulerSim, AStepPinsItsResidentContextInEveryLayerAndEveryWayOfEndingUnpinsIt) {
+  SimSetup setup;
+  SimWorld w(setup);
+  const uint32_t layers = setup.geometry.layers;
+  const std::vector<BlockKey> context = w.prompt(3, 1);
+  ASSERT_TRUE(w.prefill_and_close(context, kNanosPerMicro).ok());
+  w.settle();
+  auto seq = w.scheduler().open_sequence(context);
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  ASSERT_EQ(seq->reused_blocks, 3u);
+  const auto pins = [&](const BlockKey& key, uint32_t layer) {
+    auto info = w.table().lookup(key);
+    EXPECT_TRUE(info.ok());
+    return info.ok() ? info->pages[layer].pins : 99u;
+  };
+  const auto expect_context_pins = [&](std::initializer_list<uint32_t> per_layer,
+                                       const char* when) {
+    for (const BlockKey& key : context) {
+      uint32_t l = 0;
+      for (uint32_t want : per_layer) {
+        EXPECT_EQ(pins(key, l), want) << when << ", layer " << l;
+        ++l;
+      }
+    }
+  };
+  enum class Ending { kEndStep, kEndLayers, kAbort };
+  for (Ending ending : {Ending::kEndStep, Ending::kEndLayers, Ending::kAbort}) {
+    SCOPED_TRACE(static_cast<int>(ending));
+    const StepItem decode{seq->id, 1};
+    auto step = w.scheduler().begin_step(std::span(&decode, 1));
+    ASSERT_TRUE(step.ok()) << step.status().to_string();
+    ASSERT_FALSE(step->windowed);
+    expect_context_pins({1, 1, 1, 1}, "while the step is open");
+    for (uint32_t l = 0; l < layers; ++l) {
+      auto ready = w.scheduler().layer_readiness(step->id, l);
+      ASSERT_TRUE(ready.ok());
+      ASSERT_TRUE(w.loop().run_while_not([&] { return (*ready)->finished(); }));
+      auto table = w.scheduler().layer_table(step->id, l);
+      ASSERT_TRUE(table.ok()) << table.status().to_string();
+      for (std::size_t b = 0; b < context.size(); ++b) {
+        auto info = w.table().lookup(context[b]);
+        ASSERT_TRUE(info.ok());
+        EXPECT_EQ(table->indices[b], static_cast<int32_t>(info->pages[l].hbm_frame))
+            << "block " << b << " layer " << l;
+      }
+    }
+    switch (ending) {
+      case Ending::kEndStep: break;
+      case Ending::kEndLayers:
+        ASSERT_TRUE(w.scheduler().end_layer(step->id, 0).ok());
+        expect_context_pins({0, 1, 1, 1}, "after end_layer(0)");
+        ASSERT_TRUE(w.scheduler().end_layer(step->id, 2).ok());
+        expect_context_pins({0, 1, 0, 1}, "after end_layer(2)");
+        break;
+      case Ending::kAbort:
+        ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
+        expect_context_pins({0, 0, 0, 0}, "after abort_step");
+        continue;
+    }
+    ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+    expect_context_pins({0, 0, 0, 0}, "after end_step");
+  }
+  ASSERT_TRUE(w.scheduler().close_sequence(seq->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // The converse: a prefix is not pinned into frames an open step was admitted against.
 TEST(SchedulerSim, PinPrefixDoesNotTakeTheFramesOfOpenSteps) {
   SimSetup setup;

@@ -1,0 +1,195 @@
+// What the step contract costs the engine's thread when nothing has to move: decode steps of a
+// batch whose KV is all resident in HBM, through the public Runtime (emulated HBM, so no GPU):
+// begin_step, wait_layer and layer_table for every layer, end_step. This is time on the critical
+// path of every step a serving engine takes, and it grows with the pages the batch reads
+// (sequences x context / page_tokens x layers), so it is reported per page read.
+//
+// Beside it, in the same process, the baseline: the page table's own cost for the same pins, with
+// no scheduler around it (PageTable::pin_layers + unpin_layers over the same number of blocks and
+// layers, as page_table_bench measures it). The ratio of the two is what the scheduler adds per
+// page: its bookkeeping, the loop hand-off and the block tables.
+//
+// Geometry: 32 layers, 16-token pages (a serving engine's page size); the page's bytes do not
+// matter (nothing is copied), so they are small. Arguments: sequences, context tokens each.
+// Run: build/bin/step_bench [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvtier/kvtier.hpp"
+#include "scheduler/page_table.hpp"
+#include "tiers/frame_allocator.hpp"
+
+namespace kvtier {
+namespace {
+
+constexpr uint32_t kLayers = 32;
+constexpr uint32_t kPageTokens = 16;
+
+[[noreturn]] void die(const Status& s, const char* what) {
+  std::fprintf(stderr, "step_bench: %s: %s\n", what, s.to_string().c_str());
+  std::exit(1);
+}
+void must(const Status& s, const char* what) {
+  if (!s.ok()) die(s, what);
+}
+
+// Pages a decode step of `sequences` x `context` tokens reads, plus room to grow and spare.
+uint64_t frames_for(uint32_t sequences, uint32_t context, uint64_t steps_ahead) {
+  const uint64_t blocks_each = (context + steps_ahead) / kPageTokens + 2;
+  return (static_cast<uint64_t>(sequences) * blocks_each + 64) * kLayers;
+}
+
+// A runtime with `sequences` open sequences of `context` tokens each, prefilled and resident in
+// HBM, and the batch that decodes one token of each.
+struct DecodingBatch {
+  std::filesystem::path dir;
+  std::unique_ptr<Runtime> runtime;
+  std::vector<StepItem> batch;
+
+  DecodingBatch(uint32_t sequences, uint32_t context, uint64_t steps_ahead) {
+    dir = std::filesystem::temp_directory_path() /
+          ("kvtier-step-bench-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    Config c;
+    c.model.name = "step-bench";
+    c.model.geometry =
+        Geometry{kLayers, /*kv_heads=*/1, /*head_dim=*/64, Dtype::kBF16, kPageTokens};
+    const uint64_t page_bytes = c.model.geometry.page_bytes();
+    c.tiers.hbm.backend = HbmBackend::kEmulated;
+    c.tiers.hbm.capacity_bytes = frames_for(sequences, context, steps_ahead) * page_bytes;
+    c.tiers.host.capacity_bytes = 1024 * page_bytes;
+    c.tiers.host.huge_pages = false;
+    c.tiers.host.lock_memory = false;
+    // NVMe holds every block of the batch: were it smaller, the blocks in use it could not take
+    // would have to stay in memory, and the step would be windowed to leave them room.
+    c.tiers.nvme.capacity_bytes = c.tiers.hbm.capacity_bytes;
+    c.tiers.nvme.paths = {(dir / "store.kvs").string()};
+    c.metrics.listen = "";
+    RuntimeOptions options;
+    options.persist_on_shutdown = false;
+    auto rt = Runtime::open(c, options);
+    if (!rt.ok()) die(rt.status(), "open the runtime");
+    runtime = std::move(rt).value();
+    // Distinct prompts, prefilled in one step each.
+    for (uint32_t s = 0; s < sequences; ++s) {
+      std::vector<uint32_t> tokens(context);
+      for (uint32_t t = 0; t < context; ++t) tokens[t] = s * 1'000'003u + t;
+      auto opened = runtime->open_sequence(runtime->block_keys(tokens));
+      if (!opened.ok()) die(opened.status(), "open a sequence");
+      const StepItem prefill{opened->id, context};
+      step(std::span(&prefill, 1));
+      batch.push_back(StepItem{opened->id, 1});
+    }
+  }
+  ~DecodingBatch() {
+    runtime.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+
+  // One step: begin, every layer waited for and its block table read, end.
+  void step(std::span<const StepItem> items) {
+    auto info = runtime->begin_step(items);
+    if (!info.ok()) die(info.status(), "begin_step");
+    for (uint32_t l = 0; l < info->layers; ++l) {
+      must(runtime->wait_layer(info->id, l), "wait_layer");
+      auto table = runtime->layer_table(info->id, l);
+      if (!table.ok()) die(table.status(), "layer_table");
+      benchmark::DoNotOptimize(table->indices.data());
+    }
+    must(runtime->end_step(info->id), "end_step");
+  }
+};
+
+void BM_DecodeStepResident(benchmark::State& state) {
+  const auto sequences = static_cast<uint32_t>(state.range(0));
+  const auto context = static_cast<uint32_t>(state.range(1));
+  // Google Benchmark picks the iteration count; room for a generous number of decoded tokens.
+  constexpr uint64_t kStepsAhead = 1024;
+  DecodingBatch d(sequences, context, kStepsAhead);
+  uint64_t pages = 0;
+  uint64_t steps = 0;
+  for (auto _ : state) {
+    if (steps == kStepsAhead) {
+      state.SkipWithError("more steps than the batch has room for");
+      break;
+    }
+    d.step(d.batch);
+    ++steps;
+    pages += static_cast<uint64_t>(sequences) *
+             ((context + steps + kPageTokens - 1) / kPageTokens) * kLayers;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(pages));
+  state.counters["pages_per_step"] =
+      benchmark::Counter(static_cast<double>(pages) / static_cast<double>(steps));
+  state.SetLabel("pages read per second, through the Runtime");
+}
+BENCHMARK(BM_DecodeStepResident)
+    ->Args({8, 1024})
+    ->Args({32, 4096})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_DecodeStepBaselinePageTablePins(benchmark::State& state) {
+  // The same pages pinned and unpinned in a bare page table: the floor under the step.
+  const auto sequences = static_cast<uint32_t>(state.range(0));
+  const auto context = static_cast<uint32_t>(state.range(1));
+  const uint32_t blocks_each = context / kPageTokens;
+  auto hbm = FrameAllocator::create(static_cast<uint32_t>(frames_for(sequences, context, 0)));
+  if (!hbm.ok()) die(hbm.status(), "hbm allocator");
+  PageTableOptions options;
+  options.layers = kLayers;
+  options.expected_blocks = static_cast<uint64_t>(sequences) * blocks_each;
+  auto t = PageTable::create(options, TierAllocators{hbm->get(), nullptr, nullptr});
+  if (!t.ok()) die(t.status(), "page table");
+  PageTable& table = **t;
+  std::vector<std::vector<BlockKey>> chains(sequences);
+  for (uint32_t s = 0; s < sequences; ++s) {
+    BlockKey parent = namespace_root("step-bench");
+    for (uint32_t b = 0; b < blocks_each; ++b) {
+      uint32_t tokens[kPageTokens];
+      for (uint32_t i = 0; i < kPageTokens; ++i) tokens[i] = s * 1'000'003u + b * kPageTokens + i;
+      const BlockKey key = chain_block_key(parent, tokens);
+      must(table.create_block(key, b == 0 ? BlockKey{} : parent), "create_block");
+      must(table.update(key,
+                        [](EntryView& v) -> Status {
+                          for (uint32_t l = 0; l < v.layers(); ++l) {
+                            KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::hbm(l)).status());
+                            KVTIER_RETURN_IF_ERROR(v.complete_fill(CopyId::hbm(l)));
+                          }
+                          return ok_status();
+                        }),
+           "fill");
+      chains[s].push_back(key);
+      parent = key;
+    }
+  }
+  std::vector<uint32_t> frames(static_cast<std::size_t>(blocks_each) * kLayers);
+  uint64_t pages = 0;
+  for (auto _ : state) {
+    for (const auto& chain : chains) {
+      must(table.pin_layers(chain, 0, kLayers, frames), "pin_layers");
+    }
+    for (const auto& chain : chains) must(table.unpin_layers(chain, 0, kLayers), "unpin_layers");
+    pages += static_cast<uint64_t>(sequences) * blocks_each * kLayers;
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(pages));
+  state.SetLabel("baseline: the page table's pins alone");
+}
+BENCHMARK(BM_DecodeStepBaselinePageTablePins)
+    ->Args({8, 1024})
+    ->Args({32, 4096})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace kvtier
+
+BENCHMARK_MAIN();
