@@ -208,9 +208,15 @@ class Scheduler {
   Result<Step*> find_step(StepId id) const;
   // Pins the blocks of a step that is not windowed which are resident in every layer, all layers
   // at once (one lookup per block: most of a decode step's blocks), for plan_layer to read.
-  ResidentPins pin_resident_blocks(Step& step);
+  void pin_resident_blocks(Step& step, ResidentPins& r);
+  // Unpins the pages `r` holds ahead of the page plan_layer is at (before room is planned) and
+  // hands the others to the step's per-layer lists.
+  void give_back_pins_ahead(ResidentPins& r);
+  // What every room plan of HBM does first (make_room, check_watermarks): a plan must see the pins
+  // begin_step took page by page, never those it took ahead.
+  void give_back_pins_ahead_before_planning();
   // Pins what `layer` reads, loading what is missing; `resident`: what pin_resident_blocks pinned.
-  Status plan_layer(Step& step, uint32_t layer, const ResidentPins* resident = nullptr);
+  Status plan_layer(Step& step, uint32_t layer, ResidentPins* resident = nullptr);
   void release_layer(Step& step, uint32_t layer);
   // Unpins every page the step pinned in `layer` (release_layer, abort_step).
   void unpin_layer(Step& step, uint32_t layer);
@@ -493,6 +499,9 @@ class Scheduler {
   // down by write-through): the frame must not be reused until the read ends. Blocks with any page
   // in here are skipped by the placement.
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> reading_;
+  // While begin_step plans a step's layers: the pins it took ahead of the page it is at, which
+  // make_room gives back before it plans (ResidentPins). Null otherwise.
+  ResidentPins* pins_ahead_ = nullptr;
   // HBM pages of refilled blocks (Step::refilled) the engine is writing, with the readers that
   // wait for the write to end (they retry ensure_in_hbm then).
   std::unordered_map<PageKey, std::vector<std::function<void()>>, PageKeyHash> engine_writes_;

@@ -73,12 +73,23 @@ struct Scheduler::Step {
 
 // The blocks of a step that is not windowed that were resident in HBM in every layer when it
 // began, pinned there at once (Scheduler::pin_resident_blocks). Per slot of plan_layer's order
-// (the step's items, then each item's blocks): whether the block was, and its frames, one block
-// table per layer (frames[layer * slots + slot]).
+// (the step's items, then each item's blocks): the block, whether it was pinned so, and its
+// frames, one block table per layer (frames[layer * slots + slot]).
+//
+// Pinning them at once must change nothing but the cost: page by page, a room plan made for a
+// page of layer L (a fill, a load) could still choose pages the order had not reached. So
+// plan_layer keeps the page it is at in (layer, slot), and before any room is planned while they
+// are held, Scheduler::give_back_pins_ahead unpins what lies ahead of it; from there on every page
+// takes plan_layer's page-by-page path, as before.
 struct Scheduler::ResidentPins {
+  Step* step = nullptr;
   std::size_t slots = 0;
+  std::vector<BlockKey> keys;
   std::vector<uint8_t> pinned;
   std::vector<uint32_t> frames;
+  bool held = false;   // pins ahead of (layer, slot) are held: plan_layer reads `frames`
+  uint32_t layer = 0;  // the page plan_layer is at
+  std::size_t slot = 0;
 };
 
 // A transfer in flight for one copy (a fill, or the drain of a copy leaving its tier); those who

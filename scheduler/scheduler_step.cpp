@@ -265,8 +265,20 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
       }
     }
   }
-  const ResidentPins resident = s.windowed ? ResidentPins{} : pin_resident_blocks(s);
-  for (uint32_t l = 0; l < s.window; ++l) KVTIER_RETURN_IF_ERROR(plan_layer(s, l, &resident));
+  ResidentPins resident;
+  if (!s.windowed) pin_resident_blocks(s, resident);
+  pins_ahead_ = &resident;
+  Status planned = ok_status();
+  for (uint32_t l = 0; l < s.window && planned.ok(); ++l) planned = plan_layer(s, l, &resident);
+  pins_ahead_ = nullptr;
+  if (resident.held) {
+    // Held to the end, no room planned meanwhile: the step holds these blocks whole (unpinned with
+    // each layer it ends, or all at once by end_step).
+    for (std::size_t slot = 0; slot < resident.slots; ++slot) {
+      if (resident.pinned[slot]) s.resident.push_back(resident.keys[slot]);
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(planned);
 
   StepInfo info;
   info.id = s.id;
@@ -277,32 +289,55 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   return info;
 }
 
-Scheduler::ResidentPins Scheduler::pin_resident_blocks(Step& step) {
-  ResidentPins r;
-  std::vector<BlockKey> keys;
+void Scheduler::pin_resident_blocks(Step& step, ResidentPins& r) {
+  r.step = &step;
   for (const auto& blocks : step.blocks) {
     for (const BlockKey& key : blocks) {
       // A block the step creates or refills is written, never pinned here: the null key, which
       // names no block, leaves it to plan_layer.
-      keys.push_back(step.new_blocks.contains(key) ? BlockKey{} : key);
+      r.keys.push_back(step.new_blocks.contains(key) ? BlockKey{} : key);
     }
   }
-  r.slots = keys.size();
+  r.slots = r.keys.size();
   r.pinned.assign(r.slots, 0);
   r.frames.assign(r.slots * step.layers, 0);
-  auto pinned = parts_.table->pin_layers_ready(keys, 0, step.layers, r.frames, r.pinned);
+  auto pinned = parts_.table->pin_layers_ready(r.keys, 0, step.layers, r.frames, r.pinned);
   if (!pinned.ok()) {
     // Not expected (the spans are sized above): every page then takes plan_layer's path.
     r.pinned.assign(r.slots, 0);
-    return r;
+    return;
   }
-  for (std::size_t slot = 0; slot < r.slots; ++slot) {
-    if (r.pinned[slot]) step.resident.push_back(keys[slot]);
-  }
-  return r;
+  r.held = *pinned > 0;
 }
 
-Status Scheduler::plan_layer(Step& step, uint32_t layer, const ResidentPins* resident) {
+void Scheduler::give_back_pins_ahead_before_planning() {
+  if (pins_ahead_ != nullptr && pins_ahead_->held) give_back_pins_ahead(*pins_ahead_);
+}
+
+void Scheduler::give_back_pins_ahead(ResidentPins& r) {
+  r.held = false;
+  Step& step = *r.step;
+  // Layer by layer, plan_layer had reached every page before (layer, slot): those stay pinned and
+  // go to the per-layer lists; the pages from there on are unpinned, as page by page they were not
+  // pinned yet.
+  std::vector<BlockKey> reached;  // pinned blocks whose page in `r.layer` was reached
+  std::vector<BlockKey> ahead;
+  for (std::size_t slot = 0; slot < r.slots; ++slot) {
+    if (!r.pinned[slot]) continue;
+    const BlockKey& key = r.keys[slot];
+    for (uint32_t l = 0; l < r.layer; ++l) step.pinned[l].push_back(key);
+    if (slot < r.slot) {
+      step.pinned[r.layer].push_back(key);
+      reached.push_back(key);
+    } else {
+      ahead.push_back(key);
+    }
+  }
+  parts_.table->unpin_layers(reached, r.layer + 1, step.layers - r.layer - 1).ignore();
+  parts_.table->unpin_layers(ahead, r.layer, step.layers - r.layer).ignore();
+}
+
+Status Scheduler::plan_layer(Step& step, uint32_t layer, ResidentPins* resident) {
   step.planned[layer] = 1;
   const uint32_t pt = options_.geometry.page_tokens;
   LayerTable& table = step.shared->tables[layer];
@@ -325,10 +360,14 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer, const ResidentPins* res
   for (std::size_t i = 0; i < step.items.size(); ++i) {
     for (const BlockKey& key : step.blocks[i]) {
       const uint32_t my_slot = slot++;
-      if (resident != nullptr && my_slot < resident->slots && resident->pinned[my_slot]) {
-        table.indices[my_slot] =
-            static_cast<int32_t>(resident->frames[layer * resident->slots + my_slot]);
-        continue;
+      if (resident != nullptr && resident->held) {
+        resident->layer = layer;
+        resident->slot = my_slot;
+        if (resident->pinned[my_slot]) {
+          table.indices[my_slot] =
+              static_cast<int32_t>(resident->frames[layer * resident->slots + my_slot]);
+          continue;
+        }
       }
       const bool written = step.new_blocks.contains(key);
       if (!written) {
@@ -369,6 +408,7 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer, const ResidentPins* res
       ensure_in_hbm(key, layer, TransferPriority::kDemand, on_filling, loaded);
     }
   }
+  if (resident != nullptr && resident->held) resident->slot = resident->slots;  // layer reached
   ready->seal();
   return ok_status();
 }

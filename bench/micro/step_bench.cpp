@@ -10,7 +10,9 @@
 // page: its bookkeeping, the loop hand-off and the block tables.
 //
 // Geometry: 32 layers, 16-token pages (a serving engine's page size); the page's bytes do not
-// matter (nothing is copied), so they are small. Arguments: sequences, context tokens each.
+// matter (nothing is copied), so they are small. Arguments: sequences, context tokens each (and
+// for the Runtime, 1 when the engine ends each layer as it is done, as a layer-pipelined engine
+// does, instead of leaving it all to end_step).
 // Run: build/bin/step_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <unistd.h>
@@ -94,8 +96,9 @@ struct DecodingBatch {
     std::filesystem::remove_all(dir, ec);
   }
 
-  // One step: begin, every layer waited for and its block table read, end.
-  void step(std::span<const StepItem> items) {
+  // One step: begin, every layer waited for and its block table read (and, for an engine that
+  // pipelines layers, ended as soon as it is done), end.
+  void step(std::span<const StepItem> items, bool end_each_layer = false) {
     auto info = runtime->begin_step(items);
     if (!info.ok()) die(info.status(), "begin_step");
     for (uint32_t l = 0; l < info->layers; ++l) {
@@ -103,6 +106,7 @@ struct DecodingBatch {
       auto table = runtime->layer_table(info->id, l);
       if (!table.ok()) die(table.status(), "layer_table");
       benchmark::DoNotOptimize(table->indices.data());
+      if (end_each_layer) must(runtime->end_layer(info->id, l), "end_layer");
     }
     must(runtime->end_step(info->id), "end_step");
   }
@@ -111,6 +115,7 @@ struct DecodingBatch {
 void BM_DecodeStepResident(benchmark::State& state) {
   const auto sequences = static_cast<uint32_t>(state.range(0));
   const auto context = static_cast<uint32_t>(state.range(1));
+  const bool end_each_layer = state.range(2) != 0;
   // Google Benchmark picks the iteration count; room for a generous number of decoded tokens.
   constexpr uint64_t kStepsAhead = 1024;
   DecodingBatch d(sequences, context, kStepsAhead);
@@ -121,7 +126,7 @@ void BM_DecodeStepResident(benchmark::State& state) {
       state.SkipWithError("more steps than the batch has room for");
       break;
     }
-    d.step(d.batch);
+    d.step(d.batch, end_each_layer);
     ++steps;
     pages += static_cast<uint64_t>(sequences) *
              ((context + steps + kPageTokens - 1) / kPageTokens) * kLayers;
@@ -129,11 +134,14 @@ void BM_DecodeStepResident(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(pages));
   state.counters["pages_per_step"] =
       benchmark::Counter(static_cast<double>(pages) / static_cast<double>(steps));
-  state.SetLabel("pages read per second, through the Runtime");
+  state.SetLabel(end_each_layer ? "pages read per second, through the Runtime, end_layer each"
+                                : "pages read per second, through the Runtime");
 }
 BENCHMARK(BM_DecodeStepResident)
-    ->Args({8, 1024})
-    ->Args({32, 4096})
+    ->Args({8, 1024, 0})
+    ->Args({8, 1024, 1})
+    ->Args({32, 4096, 0})
+    ->Args({32, 4096, 1})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -465,6 +465,50 @@ TEST(SchedulerSim, AStepPinsItsResidentContextInEveryLayerAndEveryWayOfEndingUnp
   expect_consistent(w);
 }
 
+// The same when room must be planned while the step begins (HBM full of cached blocks, and the
+// decoded token opens a block): the plan sees only the pins page-by-page order had reached, and
+// the pins taken ahead are given back and taken again page by page, each page pinned once.
+TEST(SchedulerSim, RoomPlannedWhileAStepBeginsLeavesEachPagePinnedOnce) {
+  SimSetup setup;  // 64 HBM frames: 16 blocks of 4 layers
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> fillers;
+  ASSERT_TRUE(w.compute_prompts(13, 1, kNanosPerMicro, fillers).ok());
+  const std::vector<BlockKey> context = w.prompt(3, 100);
+  ASSERT_TRUE(w.prefill_and_close(context, kNanosPerMicro).ok());
+  w.settle();
+  ASSERT_EQ(w.hbm().free_count(), 0u) << "the step's new page must make room";
+  auto seq = w.scheduler().open_sequence(context);
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  ASSERT_EQ(seq->reused_blocks, 3u);
+  const uint64_t plans_before = w.scheduler().placement_counters().plans;
+  const StepItem decode{seq->id, 1};
+  auto step = w.scheduler().begin_step(std::span(&decode, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  ASSERT_FALSE(step->windowed);
+  EXPECT_GT(w.scheduler().placement_counters().plans, plans_before);
+  for (const BlockKey& key : context) {
+    auto info = w.table().lookup(key);
+    ASSERT_TRUE(info.ok());
+    for (uint32_t l = 0; l < setup.geometry.layers; ++l) {
+      EXPECT_EQ(info->pages[l].pins, 1u) << "layer " << l;
+    }
+  }
+  for (uint32_t l = 0; l < setup.geometry.layers; ++l) {
+    auto ready = w.scheduler().layer_readiness(step->id, l);
+    ASSERT_TRUE(ready.ok());
+    ASSERT_TRUE(w.loop().run_while_not([&] { return (*ready)->finished(); }));
+  }
+  ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  for (const BlockKey& key : context) {
+    auto info = w.table().lookup(key);
+    ASSERT_TRUE(info.ok());
+    for (const PageInfo& p : info->pages) EXPECT_EQ(p.pins, 0u);
+  }
+  ASSERT_TRUE(w.scheduler().close_sequence(seq->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // The converse: a prefix is not pinned into frames an open step was admitted against.
 TEST(SchedulerSim, PinPrefixDoesNotTakeTheFramesOfOpenSteps) {
   SimSetup setup;
