@@ -317,6 +317,40 @@ Result<uint32_t> EntryView::pin(uint32_t layer) {
   return entry_.hbm_frame(layer);
 }
 
+bool EntryView::pin_range(uint32_t first, uint32_t count, bool ready_only, uint32_t* frames,
+                          std::size_t stride) {
+  for (uint32_t l = first; l < first + count; ++l) {
+    const uint16_t m = entry_.meta(l);
+    const CopyState s = meta_hbm_state(m);
+    const bool pinnable = s == CopyState::kReady || (!ready_only && s == CopyState::kFilling);
+    if (!pinnable || meta_pins(m) == kMaxPins) return false;
+  }
+  for (uint32_t c = 0; c < count; ++c) {
+    const uint32_t l = first + c;
+    const uint16_t m = entry_.meta(l);
+    const uint32_t p = meta_pins(m);
+    entry_.set_meta(l, make_meta(meta_hbm_state(m), meta_host_state(m), p + 1));
+    if (p == 0) ++entry_.header().pinned_pages;
+    frames[c * stride] = entry_.hbm_frame(l);
+  }
+  return true;
+}
+
+uint32_t EntryView::unpin_range(uint32_t first, uint32_t count) {
+  uint32_t not_pinned = first + count;
+  for (uint32_t l = first; l < first + count; ++l) {
+    const uint16_t m = entry_.meta(l);
+    const uint32_t p = meta_pins(m);
+    if (p == 0) {
+      if (not_pinned == first + count) not_pinned = l;
+      continue;
+    }
+    entry_.set_meta(l, make_meta(meta_hbm_state(m), meta_host_state(m), p - 1));
+    if (p == 1) --entry_.header().pinned_pages;
+  }
+  return not_pinned;
+}
+
 Status EntryView::unpin(uint32_t layer) {
   const CopyId copy = CopyId::hbm(layer);
   KVTIER_RETURN_IF_ERROR(check_copy(copy, "unpin"));

@@ -100,6 +100,15 @@ class EntryView {
   // Pins the HBM copy of `layer` (filling or ready) and returns its frame.
   Result<uint32_t> pin(uint32_t layer);
   Status unpin(uint32_t layer);
+  // The batched forms behind PageTable::pin_layers and unpin_layers, for layers
+  // [first, first + count), which the caller has checked lie within the block. pin_range pins
+  // every page or none: each must be ready (or, unless `ready_only`, filling) and below the most
+  // pins; it writes the frame of layer first + c to frames[c * stride] and returns true, or returns
+  // false having changed nothing (pin() on each page says why). unpin_range unpins every pinned
+  // page and returns the first layer that was not pinned, or first + count when all were.
+  bool pin_range(uint32_t first, uint32_t count, bool ready_only, uint32_t* frames,
+                 std::size_t stride);
+  uint32_t unpin_range(uint32_t first, uint32_t count);
   // Drops every ready, unpinned copy in `tier` and returns how many were dropped; copies in
   // flight (filling, draining) and pinned pages are left alone.
   Result<uint32_t> drop_all(Tier tier);

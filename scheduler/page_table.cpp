@@ -545,14 +545,20 @@ Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_laye
         failure = not_found_error(keys[i]);
       } else {
         EntryView v = make_view(entry_at(s, slot), nullptr);
-        for (uint32_t c = 0; c < count; ++c) {
-          Result<uint32_t> r = v.pin(first_layer + c);
-          if (!r.ok()) {
-            failure = std::move(r).status();
-            for (uint32_t u = 0; u < c; ++u) v.unpin(first_layer + u).ignore();
-            break;
+        uint32_t* out = count == 0 ? nullptr : frames.data() + i;
+        if (!v.pin_range(first_layer, count, /*ready_only=*/false, out, n)) {
+          // Which page could not be pinned, in pin()'s words (pin_range changed nothing).
+          uint32_t c = 0;
+          for (; c < count && failure.ok(); ++c) {
+            Result<uint32_t> r = v.pin(first_layer + c);
+            if (!r.ok()) failure = std::move(r).status();
           }
-          frames[c * n + i] = *r;
+          const uint32_t pinned_here = failure.ok() ? c : c - 1;
+          for (uint32_t u = 0; u < pinned_here; ++u) v.unpin(first_layer + u).ignore();
+          if (failure.ok()) {
+            failure = internal_error("block " + to_string(keys[i]) +
+                                     ": pin_range refused a page that pin() took");
+          }
         }
       }
       if (!failure.ok()) {
@@ -598,21 +604,8 @@ Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uin
       const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
       if (slot == FlatKeyMap::kNotFound) continue;
       EntryView v = make_view(entry_at(s, slot), nullptr);
-      bool all_ready = true;
-      for (uint32_t c = 0; c < count && all_ready; ++c) {
-        all_ready = v.state(CopyId::hbm(first_layer + c)) == CopyState::kReady;
-      }
-      if (!all_ready) continue;
-      uint32_t done = 0;
-      for (; done < count; ++done) {
-        Result<uint32_t> r = v.pin(first_layer + done);
-        if (!r.ok()) break;  // a page at the most pins it can have: the block stays as it was
-        frames[done * n + i] = *r;
-      }
-      if (done < count) {
-        for (uint32_t u = 0; u < done; ++u) v.unpin(first_layer + u).ignore();
-        continue;
-      }
+      uint32_t* out = count == 0 ? nullptr : frames.data() + i;
+      if (!v.pin_range(first_layer, count, /*ready_only=*/true, out, n)) continue;
       pinned[i] = 1;
       ++blocks;
     }
@@ -643,10 +636,9 @@ Status PageTable::unpin_layers(std::span<const BlockKey> keys, uint32_t first_la
         continue;
       }
       EntryView v = make_view(entry_at(s, slot), nullptr);
-      for (uint32_t c = 0; c < count; ++c) {
-        Status st = v.unpin(first_layer + c);
-        if (!st.ok() && first_error.ok()) first_error = std::move(st);
-      }
+      const uint32_t not_pinned = v.unpin_range(first_layer, count);
+      // unpin() of a page that is not pinned changes nothing and says so.
+      if (not_pinned < first_layer + count && first_error.ok()) first_error = v.unpin(not_pinned);
     }
   }
   return first_error;

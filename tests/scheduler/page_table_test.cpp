@@ -469,6 +469,17 @@ TEST_F(PageTableTest, PinLayersReadyPinsWholeResidentBlocksAndLeavesTheRest) {
   for (const BlockKey& k : whole) {
     for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
   }
+  // A page that is not pinned is named, and every pinned one is unpinned all the same.
+  std::vector<uint32_t> two(2 * kLayers);
+  ok(pt().pin_layers(std::vector<BlockKey>{keys[0], keys[2]}, 0, kLayers, two));
+  ok(pt().unpin(keys[0], 1));
+  Status s = pt().unpin_layers(std::vector<BlockKey>{keys[0], keys[2]}, 0, kLayers);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("layer 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("not pinned"), std::string::npos) << s.message();
+  for (const BlockKey& k : {keys[0], keys[2]}) {
+    for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
