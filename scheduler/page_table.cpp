@@ -479,12 +479,9 @@ std::optional<uint32_t> PageTable::pin_ready(const BlockKey& key, uint32_t layer
   const uint32_t slot = find_slot(s, h, key);
   if (slot == FlatKeyMap::kNotFound) return std::nullopt;
   EntryView v = make_view(entry_at(s, slot), nullptr);
-  if (v.state(CopyId::hbm(layer)) != CopyState::kReady || v.pins(layer) >= kMaxPins) {
-    return std::nullopt;
-  }
-  Result<uint32_t> frame = v.pin(layer);
-  if (!frame.ok()) return std::nullopt;
-  return *frame;
+  uint32_t frame = 0;
+  if (!v.pin_range(layer, 1, /*ready_only=*/true, &frame, 1)) return std::nullopt;
+  return frame;
 }
 
 Status PageTable::unpin(const BlockKey& key, uint32_t layer) {
