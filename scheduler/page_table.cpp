@@ -512,75 +512,89 @@ PageTable::ShardGroups& PageTable::thread_scratch() {
   return groups;
 }
 
-Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count,
-                             std::span<uint32_t> frames) {
-  const std::string what = "pin_layers of layers [" + std::to_string(first_layer) + ", " +
-                           std::to_string(static_cast<uint64_t>(first_layer) + count) + ")";
-  if (static_cast<uint64_t>(first_layer) + count > layers()) {
-    return invalid_argument(what + ": the blocks have " + std::to_string(layers()) + " layers");
-  }
-  if (frames.size() != keys.size() * count) {
-    return invalid_argument(what + ": " + std::to_string(keys.size()) + " keys x " +
-                            std::to_string(count) + " layers but room for " +
-                            std::to_string(frames.size()) + " frames");
-  }
-  const std::size_t n = keys.size();
+template <typename Fn>
+std::size_t PageTable::for_each_by_shard(std::span<const BlockKey> keys, Fn&& fn) {
   ShardGroups& g = thread_scratch();
   group_by_shard(keys, g);
-  std::size_t done = 0;  // positions in g.order whose pages are all pinned
-  Status failure;
-  failure.ignore();
-  std::size_t failed_index = 0;
-  for (uint32_t si = 0; si < shard_count() && failure.ok(); ++si) {
+  std::size_t done = 0;
+  for (uint32_t si = 0; si < shard_count(); ++si) {
     if (g.start[si] == g.start[si + 1]) continue;
     Shard& s = shards_[si];
     MutexLock lock(s.mu);
     for (std::size_t pos = g.start[si]; pos < g.start[si + 1]; ++pos) {
       const uint32_t i = g.order[pos];
       const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
+      bool go_on = false;
       if (slot == FlatKeyMap::kNotFound) {
-        failure = not_found_error(keys[i]);
+        go_on = fn(i, nullptr);
       } else {
         EntryView v = make_view(entry_at(s, slot), nullptr);
-        uint32_t* out = count == 0 ? nullptr : frames.data() + i;
-        if (!v.pin_range(first_layer, count, /*ready_only=*/false, out, n)) {
-          // Which page could not be pinned, in pin()'s words (pin_range changed nothing).
-          uint32_t c = 0;
-          for (; c < count && failure.ok(); ++c) {
-            Result<uint32_t> r = v.pin(first_layer + c);
-            if (!r.ok()) failure = std::move(r).status();
-          }
-          const uint32_t pinned_here = failure.ok() ? c : c - 1;
-          for (uint32_t u = 0; u < pinned_here; ++u) v.unpin(first_layer + u).ignore();
-          if (failure.ok()) {
-            failure = internal_error("block " + to_string(keys[i]) +
-                                     ": pin_range refused a page that pin() took");
-          }
-        }
+        go_on = fn(i, &v);
       }
-      if (!failure.ok()) {
-        failed_index = i;
-        break;
-      }
+      if (!go_on) return done;
       ++done;
     }
   }
-  if (failure.ok()) return failure;
-  for (std::size_t pos = 0; pos < done; ++pos) {
-    for (uint32_t c = 0; c < count; ++c) unpin(keys[g.order[pos]], first_layer + c).ignore();
+  return done;
+}
+
+Status PageTable::check_layer_range(const char* op, uint32_t first, uint32_t count) const {
+  if (static_cast<uint64_t>(first) + count <= layers()) return ok_status();
+  return invalid_argument(std::string(op) + " of layers [" + std::to_string(first) + ", " +
+                          std::to_string(static_cast<uint64_t>(first) + count) +
+                          "): the blocks have " + std::to_string(layers()) + " layers");
+}
+
+Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count,
+                             std::span<uint32_t> frames) {
+  KVTIER_RETURN_IF_ERROR(check_layer_range("pin_layers", first_layer, count));
+  const auto what = [&] {
+    return "pin_layers of layers [" + std::to_string(first_layer) + ", " +
+           std::to_string(static_cast<uint64_t>(first_layer) + count) + ")";
+  };
+  if (frames.size() != keys.size() * count) {
+    return invalid_argument(what() + ": " + std::to_string(keys.size()) + " keys x " +
+                            std::to_string(count) + " layers but room for " +
+                            std::to_string(frames.size()) + " frames");
   }
-  return failure.with_context(what + " (block " + std::to_string(failed_index) + " of " +
+  const std::size_t n = keys.size();
+  Status failure;
+  failure.ignore();
+  std::size_t failed_index = 0;
+  const std::size_t done = for_each_by_shard(keys, [&](uint32_t i, EntryView* v) {
+    if (v == nullptr) {
+      failure = not_found_error(keys[i]);
+    } else if (!v->pin_range(first_layer, count, /*ready_only=*/false,
+                             count == 0 ? nullptr : frames.data() + i, n)) {
+      // Which page could not be pinned, in pin()'s words (pin_range changed nothing).
+      uint32_t c = 0;
+      for (; c < count && failure.ok(); ++c) {
+        Result<uint32_t> r = v->pin(first_layer + c);
+        if (!r.ok()) failure = std::move(r).status();
+      }
+      const uint32_t pinned_here = failure.ok() ? c : c - 1;
+      for (uint32_t u = 0; u < pinned_here; ++u) v->unpin(first_layer + u).ignore();
+      if (failure.ok()) {
+        failure = internal_error("block " + to_string(keys[i]) +
+                                 ": pin_range refused a page that pin() took");
+      }
+    }
+    failed_index = i;
+    return failure.ok();
+  });
+  if (failure.ok()) return failure;
+  const std::vector<uint32_t>& order = thread_scratch().order;
+  for (std::size_t pos = 0; pos < done; ++pos) {
+    for (uint32_t c = 0; c < count; ++c) unpin(keys[order[pos]], first_layer + c).ignore();
+  }
+  return failure.with_context(what() + " (block " + std::to_string(failed_index) + " of " +
                               std::to_string(n) + "; the pins taken were released)");
 }
 
 Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uint32_t first_layer,
                                              uint32_t count, std::span<uint32_t> frames,
                                              std::span<uint8_t> pinned) {
-  if (static_cast<uint64_t>(first_layer) + count > layers()) {
-    return invalid_argument("pin_layers_ready of layers [" + std::to_string(first_layer) + ", " +
-                            std::to_string(static_cast<uint64_t>(first_layer) + count) +
-                            "): the blocks have " + std::to_string(layers()) + " layers");
-  }
+  KVTIER_RETURN_IF_ERROR(check_layer_range("pin_layers_ready", first_layer, count));
   if (frames.size() != keys.size() * count || pinned.size() != keys.size()) {
     return invalid_argument("pin_layers_ready: " + std::to_string(keys.size()) + " keys x " +
                             std::to_string(count) + " layers but room for " +
@@ -588,56 +602,31 @@ Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uin
                             std::to_string(pinned.size()) + " marks");
   }
   const std::size_t n = keys.size();
-  ShardGroups& g = thread_scratch();
-  group_by_shard(keys, g);
   uint32_t blocks = 0;
-  for (uint32_t si = 0; si < shard_count(); ++si) {
-    if (g.start[si] == g.start[si + 1]) continue;
-    Shard& s = shards_[si];
-    MutexLock lock(s.mu);
-    for (std::size_t pos = g.start[si]; pos < g.start[si + 1]; ++pos) {
-      const uint32_t i = g.order[pos];
-      pinned[i] = 0;
-      const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
-      if (slot == FlatKeyMap::kNotFound) continue;
-      EntryView v = make_view(entry_at(s, slot), nullptr);
-      uint32_t* out = count == 0 ? nullptr : frames.data() + i;
-      if (!v.pin_range(first_layer, count, /*ready_only=*/true, out, n)) continue;
-      pinned[i] = 1;
-      ++blocks;
-    }
-  }
+  for_each_by_shard(keys, [&](uint32_t i, EntryView* v) {
+    pinned[i] = v != nullptr && v->pin_range(first_layer, count, /*ready_only=*/true,
+                                             count == 0 ? nullptr : frames.data() + i, n);
+    blocks += pinned[i];
+    return true;
+  });
   return blocks;
 }
 
 Status PageTable::unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer,
                                uint32_t count) {
-  if (static_cast<uint64_t>(first_layer) + count > layers()) {
-    return invalid_argument("unpin_layers of layers [" + std::to_string(first_layer) + ", " +
-                            std::to_string(static_cast<uint64_t>(first_layer) + count) +
-                            "): the blocks have " + std::to_string(layers()) + " layers");
-  }
-  ShardGroups& g = thread_scratch();
-  group_by_shard(keys, g);
+  KVTIER_RETURN_IF_ERROR(check_layer_range("unpin_layers", first_layer, count));
   Status first_error;
   first_error.ignore();
-  for (uint32_t si = 0; si < shard_count(); ++si) {
-    if (g.start[si] == g.start[si + 1]) continue;
-    Shard& s = shards_[si];
-    MutexLock lock(s.mu);
-    for (std::size_t pos = g.start[si]; pos < g.start[si + 1]; ++pos) {
-      const uint32_t i = g.order[pos];
-      const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
-      if (slot == FlatKeyMap::kNotFound) {
-        if (first_error.ok()) first_error = not_found_error(keys[i]);
-        continue;
-      }
-      EntryView v = make_view(entry_at(s, slot), nullptr);
-      const uint32_t not_pinned = v.unpin_range(first_layer, count);
-      // unpin() of a page that is not pinned changes nothing and says so.
-      if (not_pinned < first_layer + count && first_error.ok()) first_error = v.unpin(not_pinned);
+  for_each_by_shard(keys, [&](uint32_t i, EntryView* v) {
+    if (v == nullptr) {
+      if (first_error.ok()) first_error = not_found_error(keys[i]);
+      return true;
     }
-  }
+    const uint32_t not_pinned = v->unpin_range(first_layer, count);
+    // unpin() of a page that is not pinned changes nothing and says so.
+    if (not_pinned < first_layer + count && first_error.ok()) first_error = v->unpin(not_pinned);
+    return true;
+  });
   return first_error;
 }
 

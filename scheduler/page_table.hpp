@@ -304,6 +304,14 @@ class PageTable {
   }
   BlockInfo info_of(EntryRef entry) const;
   void group_by_shard(std::span<const BlockKey> keys, ShardGroups& groups) const;
+  // The batched pin calls' walk: every key of `keys`, shard by shard, each shard locked once,
+  // calling fn(i, view) with the entry of keys[i], or a null view when the table has none. fn
+  // returns false to stop. Returns how many calls returned true before that: the first ones in
+  // thread_scratch().order.
+  template <typename Fn>
+  std::size_t for_each_by_shard(std::span<const BlockKey> keys, Fn&& fn);
+  // kInvalidArgument "<op> of layers [first, first + count): ..." past the blocks' layers.
+  Status check_layer_range(const char* op, uint32_t first, uint32_t count) const;
   Status not_found_error(const BlockKey& key) const;
 
   // Keeps referenced_blocks_ when a block's reference count went from `before` to `after`.

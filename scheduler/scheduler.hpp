@@ -209,14 +209,12 @@ class Scheduler {
   // Pins the blocks of a step that is not windowed which are resident in every layer, all layers
   // at once (one lookup per block: most of a decode step's blocks), for plan_layer to read.
   void pin_resident_blocks(Step& step, ResidentPins& r);
-  // Unpins the pages `r` holds ahead of the page plan_layer is at (before room is planned) and
-  // hands the others to the step's per-layer lists.
-  void give_back_pins_ahead(ResidentPins& r);
   // What every room plan of HBM does first (make_room, check_watermarks): a plan must see the pins
-  // begin_step took page by page, never those it took ahead.
-  void give_back_pins_ahead_before_planning();
-  // Pins what `layer` reads, loading what is missing; `resident`: what pin_resident_blocks pinned.
-  Status plan_layer(Step& step, uint32_t layer, ResidentPins* resident = nullptr);
+  // begin_step took page by page, never those it took ahead. So the pins pins_ahead_ holds ahead
+  // of the page plan_layer is at are unpinned, and the others go to the step's per-layer lists.
+  void give_back_pins_ahead();
+  // Pins what `layer` reads, loading what is missing (blocks pins_ahead_ holds: their frames).
+  Status plan_layer(Step& step, uint32_t layer);
   void release_layer(Step& step, uint32_t layer);
   // Unpins every page the step pinned in `layer` (release_layer, abort_step).
   void unpin_layer(Step& step, uint32_t layer);

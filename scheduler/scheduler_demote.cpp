@@ -513,7 +513,7 @@ void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
 }
 
 void Scheduler::check_watermarks() {
-  give_back_pins_ahead_before_planning();
+  give_back_pins_ahead();
   for (Tier t : kAllTiers) {
     uint64_t capacity = 0;
     uint64_t used = 0;

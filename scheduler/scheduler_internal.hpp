@@ -74,7 +74,7 @@ struct Scheduler::Step {
 // The blocks of a step that is not windowed that were resident in HBM in every layer when it
 // began, pinned there at once (Scheduler::pin_resident_blocks). Per slot of plan_layer's order
 // (the step's items, then each item's blocks): the block, whether it was pinned so, and its
-// frames, one block table per layer (frames[layer * slots + slot]).
+// frames, one block table per layer (frames[layer * keys.size() + slot]).
 //
 // Pinning them at once must change nothing but the cost: page by page, a room plan made for a
 // page of layer L (a fill, a load) could still choose pages the order had not reached. So
@@ -83,7 +83,6 @@ struct Scheduler::Step {
 // takes plan_layer's page-by-page path, as before.
 struct Scheduler::ResidentPins {
   Step* step = nullptr;
-  std::size_t slots = 0;
   std::vector<BlockKey> keys;
   std::vector<uint8_t> pinned;
   std::vector<uint32_t> frames;

@@ -325,7 +325,7 @@ std::array<uint64_t, kNumTiers> Scheduler::room_for_plans(Tier asked) const {
 }
 
 void Scheduler::make_room(Tier tier, TransferPriority prio) {
-  give_back_pins_ahead_before_planning();
+  give_back_pins_ahead();
   if (tier == Tier::kHbm && parts_.host->free_count() + draining_[tier_index(Tier::kHost)] <
                                 reserve_frames(Tier::kHost)) {
     // HBM's room is made by demotions into host memory, which never take its reserve. Host memory

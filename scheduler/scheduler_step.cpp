@@ -269,12 +269,12 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   if (!s.windowed) pin_resident_blocks(s, resident);
   pins_ahead_ = &resident;
   Status planned = ok_status();
-  for (uint32_t l = 0; l < s.window && planned.ok(); ++l) planned = plan_layer(s, l, &resident);
+  for (uint32_t l = 0; l < s.window && planned.ok(); ++l) planned = plan_layer(s, l);
   pins_ahead_ = nullptr;
   if (resident.held) {
     // Held to the end, no room planned meanwhile: the step holds these blocks whole (unpinned with
     // each layer it ends, or all at once by end_step).
-    for (std::size_t slot = 0; slot < resident.slots; ++slot) {
+    for (std::size_t slot = 0; slot < resident.keys.size(); ++slot) {
       if (resident.pinned[slot]) s.resident.push_back(resident.keys[slot]);
     }
   }
@@ -298,23 +298,20 @@ void Scheduler::pin_resident_blocks(Step& step, ResidentPins& r) {
       r.keys.push_back(step.new_blocks.contains(key) ? BlockKey{} : key);
     }
   }
-  r.slots = r.keys.size();
-  r.pinned.assign(r.slots, 0);
-  r.frames.assign(r.slots * step.layers, 0);
+  r.pinned.assign(r.keys.size(), 0);
+  r.frames.assign(r.keys.size() * step.layers, 0);
   auto pinned = parts_.table->pin_layers_ready(r.keys, 0, step.layers, r.frames, r.pinned);
   if (!pinned.ok()) {
     // Not expected (the spans are sized above): every page then takes plan_layer's path.
-    r.pinned.assign(r.slots, 0);
+    r.pinned.assign(r.keys.size(), 0);
     return;
   }
   r.held = *pinned > 0;
 }
 
-void Scheduler::give_back_pins_ahead_before_planning() {
-  if (pins_ahead_ != nullptr && pins_ahead_->held) give_back_pins_ahead(*pins_ahead_);
-}
-
-void Scheduler::give_back_pins_ahead(ResidentPins& r) {
+void Scheduler::give_back_pins_ahead() {
+  if (pins_ahead_ == nullptr || !pins_ahead_->held) return;
+  ResidentPins& r = *pins_ahead_;
   r.held = false;
   Step& step = *r.step;
   // Layer by layer, plan_layer had reached every page before (layer, slot): those stay pinned and
@@ -322,7 +319,7 @@ void Scheduler::give_back_pins_ahead(ResidentPins& r) {
   // pinned yet.
   std::vector<BlockKey> reached;  // pinned blocks whose page in `r.layer` was reached
   std::vector<BlockKey> ahead;
-  for (std::size_t slot = 0; slot < r.slots; ++slot) {
+  for (std::size_t slot = 0; slot < r.keys.size(); ++slot) {
     if (!r.pinned[slot]) continue;
     const BlockKey& key = r.keys[slot];
     for (uint32_t l = 0; l < r.layer; ++l) step.pinned[l].push_back(key);
@@ -337,7 +334,7 @@ void Scheduler::give_back_pins_ahead(ResidentPins& r) {
   parts_.table->unpin_layers(ahead, r.layer, step.layers - r.layer).ignore();
 }
 
-Status Scheduler::plan_layer(Step& step, uint32_t layer, ResidentPins* resident) {
+Status Scheduler::plan_layer(Step& step, uint32_t layer) {
   step.planned[layer] = 1;
   const uint32_t pt = options_.geometry.page_tokens;
   LayerTable& table = step.shared->tables[layer];
@@ -356,16 +353,22 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer, ResidentPins* resident)
   table.indices.assign(total, -1);
 
   const StepId id = step.id;
+  // The pins begin_step holds ahead for this step, while it holds them (a plan may give them back
+  // in the middle of the layer).
+  const auto held_ahead = [this, &step]() -> ResidentPins* {
+    return pins_ahead_ != nullptr && pins_ahead_->held && pins_ahead_->step == &step ? pins_ahead_
+                                                                                     : nullptr;
+  };
   uint32_t slot = 0;
   for (std::size_t i = 0; i < step.items.size(); ++i) {
     for (const BlockKey& key : step.blocks[i]) {
       const uint32_t my_slot = slot++;
-      if (resident != nullptr && resident->held) {
+      if (ResidentPins* resident = held_ahead()) {
         resident->layer = layer;
         resident->slot = my_slot;
         if (resident->pinned[my_slot]) {
           table.indices[my_slot] =
-              static_cast<int32_t>(resident->frames[layer * resident->slots + my_slot]);
+              static_cast<int32_t>(resident->frames[layer * resident->keys.size() + my_slot]);
           continue;
         }
       }
@@ -408,7 +411,7 @@ Status Scheduler::plan_layer(Step& step, uint32_t layer, ResidentPins* resident)
       ensure_in_hbm(key, layer, TransferPriority::kDemand, on_filling, loaded);
     }
   }
-  if (resident != nullptr && resident->held) resident->slot = resident->slots;  // layer reached
+  if (ResidentPins* resident = held_ahead()) resident->slot = resident->keys.size();  // reached
   ready->seal();
   return ok_status();
 }

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench/micro/page_table_setup.hpp"
 #include "kvtier/block_key.hpp"
 #include "scheduler/page_table.hpp"
 #include "tiers/extent_allocator.hpp"
@@ -30,36 +31,10 @@ constexpr uint32_t kLayers = 32;
 constexpr uint32_t kChainBlocks = 8192;
 constexpr int kMaxThreads = 2;
 
-[[noreturn]] void die(const Status& s, const char* what) {
-  std::fprintf(stderr, "page_table_bench: %s: %s\n", what, s.to_string().c_str());
-  std::exit(1);
-}
-void must(const Status& s, const char* what) {
-  if (!s.ok()) die(s, what);
-}
-
-std::vector<BlockKey> make_chain(std::string_view ns, uint32_t blocks) {
-  std::vector<BlockKey> keys;
-  keys.reserve(blocks);
-  BlockKey parent = namespace_root(ns);
-  uint32_t tokens[16];
-  for (uint32_t b = 0; b < blocks; ++b) {
-    for (uint32_t t = 0; t < 16; ++t) tokens[t] = b * 16 + t;
-    parent = chain_block_key(parent, tokens);
-    keys.push_back(parent);
-  }
-  return keys;
-}
-
-Status fill_hbm(PageTable& pt, const BlockKey& k) {
-  return pt.update(k, [](EntryView& v) -> Status {
-    for (uint32_t l = 0; l < v.layers(); ++l) {
-      KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::hbm(l)).status());
-      KVTIER_RETURN_IF_ERROR(v.complete_fill(CopyId::hbm(l)));
-    }
-    return ok_status();
-  });
-}
+using bench_setup::die;
+using bench_setup::fill_hbm;
+using bench_setup::make_chain;
+using bench_setup::must;
 
 // A table whose chains are cached with every page ready in HBM.
 struct CachedChains {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/micro/page_table_setup.hpp"
 #include "kvtier/kvtier.hpp"
 #include "scheduler/page_table.hpp"
 #include "tiers/frame_allocator.hpp"
@@ -34,13 +35,8 @@ namespace {
 constexpr uint32_t kLayers = 32;
 constexpr uint32_t kPageTokens = 16;
 
-[[noreturn]] void die(const Status& s, const char* what) {
-  std::fprintf(stderr, "step_bench: %s: %s\n", what, s.to_string().c_str());
-  std::exit(1);
-}
-void must(const Status& s, const char* what) {
-  if (!s.ok()) die(s, what);
-}
+using bench_setup::die;
+using bench_setup::must;
 
 // HBM frames for a decode step of `sequences` x `context` tokens growing by `steps_ahead`: the
 // pages it reads stay below 80 % of them, under the default watermarks (0.85 / 0.95). Above the
@@ -164,24 +160,13 @@ void BM_DecodeStepBaselinePageTablePins(benchmark::State& state) {
   auto t = PageTable::create(options, TierAllocators{hbm->get(), nullptr, nullptr});
   if (!t.ok()) die(t.status(), "page table");
   PageTable& table = **t;
-  std::vector<std::vector<BlockKey>> chains(sequences);
+  std::vector<std::vector<BlockKey>> chains;
   for (uint32_t s = 0; s < sequences; ++s) {
-    BlockKey parent = namespace_root("step-bench");
-    for (uint32_t b = 0; b < blocks_each; ++b) {
-      uint32_t tokens[kPageTokens];
-      for (uint32_t i = 0; i < kPageTokens; ++i) tokens[i] = s * 1'000'003u + b * kPageTokens + i;
-      const BlockKey key = chain_block_key(parent, tokens);
-      must(table.create_block(key, b == 0 ? BlockKey{} : parent), "create_block");
-      must(table.update(key,
-                        [](EntryView& v) -> Status {
-                          for (uint32_t l = 0; l < v.layers(); ++l) {
-                            KVTIER_RETURN_IF_ERROR(v.begin_fill(CopyId::hbm(l)).status());
-                            KVTIER_RETURN_IF_ERROR(v.complete_fill(CopyId::hbm(l)));
-                          }
-                          return ok_status();
-                        }),
-           "fill");
-      chains[s].push_back(key);
+    chains.push_back(bench_setup::make_chain("step-bench-" + std::to_string(s), blocks_each));
+    BlockKey parent;
+    for (const BlockKey& key : chains.back()) {
+      must(table.create_block(key, parent), "create_block");
+      must(bench_setup::fill_hbm(table, key), "fill");
       parent = key;
     }
   }

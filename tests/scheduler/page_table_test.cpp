@@ -53,6 +53,22 @@ class PageTableTest : public ::testing::Test {
     if (target == CopyState::kReady) return;
     ok(pt().begin_drain(k, c));
   }
+  // Blocks content_key(1..n), every layer ready in HBM.
+  std::vector<BlockKey> resident_blocks(uint64_t n) {
+    std::vector<BlockKey> keys;
+    for (uint64_t i = 0; i < n; ++i) {
+      keys.push_back(content_key(i + 1));
+      create(keys.back());
+      for (uint32_t l = 0; l < kLayers; ++l) drive(keys.back(), CopyId::hbm(l), CopyState::kReady);
+    }
+    return keys;
+  }
+  // Pins the page until it has the most pins it can; returns how many pins that took.
+  uint32_t pin_to_the_limit(const BlockKey& k, uint32_t layer) {
+    uint32_t pins = 0;
+    while (pt().pin(k, layer).ok()) ++pins;
+    return pins;
+  }
   // Brings one copy back to absent (freeing its frame).
   void clear(const BlockKey& k, const CopyId& c) {
     const BlockInfo i = info(k);
@@ -314,8 +330,7 @@ TEST_F(PageTableTest, PinCountSaturatesWithAnError) {
   const BlockKey k = content_key(1);
   create(k);
   drive(k, CopyId::hbm(1), CopyState::kReady);
-  uint32_t pins = 0;
-  while (pt().pin(k, 1).ok()) ++pins;
+  const uint32_t pins = pin_to_the_limit(k, 1);
   EXPECT_EQ(pins, kMaxPins);
   EXPECT_EQ(pt().pin(k, 1).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(info(k).pages[1].pins, kMaxPins);
@@ -365,12 +380,7 @@ TEST_F(PageTableTest, PinLayerIsAllOrNothing) {
 }
 
 TEST_F(PageTableTest, PinLayersFillsOneBlockTablePerLayerAllOrNothing) {
-  std::vector<BlockKey> keys;
-  for (uint64_t i = 0; i < 5; ++i) {
-    keys.push_back(content_key(i + 1));
-    create(keys.back());
-    for (uint32_t l = 0; l < kLayers; ++l) drive(keys.back(), CopyId::hbm(l), CopyState::kReady);
-  }
+  const std::vector<BlockKey> keys = resident_blocks(5);
   const std::size_t n = keys.size();
   std::vector<uint32_t> frames(n * 3);
   ok(pt().pin_layers(keys, 1, 3, frames));
@@ -417,8 +427,7 @@ TEST_F(PageTableTest, PinReadyPinsOnlyAReadyHbmPage) {
   EXPECT_FALSE(pt().pin_ready(content_key(2), 0).has_value()) << "unknown block";
   EXPECT_FALSE(pt().pin_ready(k, kLayers).has_value()) << "past the last layer";
   EXPECT_FALSE(pt().pin_ready(BlockKey{}, 0).has_value()) << "the null key names no block";
-  while (pt().pin(k, 0).ok()) {
-  }
+  pin_to_the_limit(k, 0);
   EXPECT_EQ(info(k).pages[0].pins, kMaxPins);
   EXPECT_FALSE(pt().pin_ready(k, 0).has_value()) << "at the most pins a page can have";
   EXPECT_EQ(info(k).pages[0].pins, kMaxPins);
@@ -428,12 +437,7 @@ TEST_F(PageTableTest, PinReadyPinsOnlyAReadyHbmPage) {
 // A step that is not windowed pins each block resident in every layer at once: a block with any
 // page not ready is left alone entirely, so the general path sees it untouched.
 TEST_F(PageTableTest, PinLayersReadyPinsWholeResidentBlocksAndLeavesTheRest) {
-  std::vector<BlockKey> keys;
-  for (uint64_t i = 0; i < 5; ++i) {
-    keys.push_back(content_key(i + 1));
-    create(keys.back());
-    for (uint32_t l = 0; l < kLayers; ++l) drive(keys.back(), CopyId::hbm(l), CopyState::kReady);
-  }
+  std::vector<BlockKey> keys = resident_blocks(5);
   ok(pt().drop(keys[1], CopyId::hbm(2)));                       // one page missing
   ASSERT_TRUE(pt().begin_drain(keys[3], CopyId::hbm(0)).ok());  // one page leaving
   keys.push_back(BlockKey{});                                   // names no block
