@@ -4,8 +4,12 @@
 // store, transfer engine) -> page table (allocating through the tiers' allocators, and through a
 // "shadow" extent allocator sized like the NVMe store, whose extents are capacity tokens: the store
 // itself places blocks, the page table counts them) -> event loop -> transfer port -> scheduler ->
-// metrics. Engine calls that change the cache are marshalled onto the loop with run_sync; waits and
-// reads go straight to the scheduler's thread-safe parts.
+// metrics. Engine calls that change the cache are marshalled onto the loop with run_sync (which
+// runs them on the engine's thread when the loop is idle); waits and reads go straight to the
+// scheduler's thread-safe parts. Calls that read the whole page table under every shard lock (the
+// audit, the summary of a wait that timed out, shutdown's persisting) go to the loop's own thread
+// (run_on_loop_thread): the caller's thread already holds a lock (the runtime's, shutdown's), and
+// one more than the shards is more than ThreadSanitizer follows in one thread.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -288,7 +292,7 @@ Status Runtime::wait_layer(StepId step, uint32_t layer) {
   // Past the wait timeout: say what the scheduler is still waiting on and who holds the frames,
   // which is where an operator starts (the call is already held open: run on the loop directly).
   std::string pending;
-  Status asked = impl_->loop->run_sync(
+  Status asked = impl_->loop->run_on_loop_thread(
       [&] {
         pending = impl_->scheduler->pending_summary();
         return ok_status();
@@ -397,7 +401,10 @@ RuntimeStats Runtime::Impl::snapshot() const {
 }
 
 Status Runtime::audit() {
-  return impl_->on_loop([&] { return impl_->scheduler->audit(); });
+  Impl::Call call = impl_->enter();
+  KVTIER_RETURN_IF_ERROR(call.status);
+  return impl_->loop->run_on_loop_thread([&] { return impl_->scheduler->audit(); },
+                                         impl_->call_timeout());
 }
 
 uint16_t Runtime::metrics_port() const {
@@ -414,7 +421,7 @@ Status Runtime::shutdown() {
   // New calls fail from here on. Open steps are aborted so engine threads blocked in wait_layer
   // return now; then wait for every call in flight to leave before anything is freed.
   im.loop
-      ->run_sync(
+      ->run_on_loop_thread(
           [&] {
             im.scheduler->abort_all_steps();
             return ok_status();
@@ -427,7 +434,7 @@ Status Runtime::shutdown() {
   if (im.options.persist_on_shutdown) {
     uint64_t started = 0;
     im.loop
-        ->run_sync(
+        ->run_on_loop_thread(
             [&] {
               started = im.scheduler->persist_to_nvme();
               return ok_status();
@@ -446,7 +453,7 @@ Status Runtime::shutdown() {
   std::string stuck;  // what waited for good, once that is established
   for (int quiet_checks = 0; std::chrono::steady_clock::now() < deadline;) {
     im.loop
-        ->run_sync(
+        ->run_on_loop_thread(
             [&] {
               idle = im.scheduler->idle();
               quiet_checks = !idle && im.scheduler->transfers_idle() ? quiet_checks + 1 : 0;
@@ -464,7 +471,7 @@ Status Runtime::shutdown() {
   im.final_stats = im.snapshot();
   im.tiers->engine.reset();
   im.tiers->nvme.reset();
-  im.loop->run_sync([] { return ok_status(); }, im.call_timeout()).ignore();
+  im.loop->run_on_loop_thread([] { return ok_status(); }, im.call_timeout()).ignore();
   im.scheduler.reset();
   im.port.reset();
   im.loop.reset();

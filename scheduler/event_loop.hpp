@@ -10,7 +10,10 @@
 //   to
 //     the next event, ties in post order, so a run is deterministic.
 // run_sync() is the one way a caller waits on the loop (the step contract's begin/end calls use
-// it); it has a deadline, so a stuck loop becomes kDeadlineExceeded, never a hang.
+// it); it has a deadline, so a stuck loop becomes kDeadlineExceeded, never a hang. "On the loop"
+// means holding the loop's turn: tasks run one at a time, in post order, and a task may run on the
+// caller's own thread when nothing is queued before it (AsioEventLoop), which spares an engine
+// call two thread wake-ups.
 #pragma once
 
 #include <cstdint>
@@ -37,14 +40,17 @@ class EventLoop {
   virtual TimerId post_after(Nanos delay, LoopTask task) = 0;
   // Cancels a timer that has not fired; false when it already ran or never existed. Thread-safe.
   virtual bool cancel_timer(TimerId id) = 0;
-  // True on the loop's own thread (SimEventLoop: always, it runs on its caller's thread).
+  // True inside a loop task, whichever thread runs it (SimEventLoop: always, it runs on its
+  // caller's thread).
   virtual bool in_loop() const = 0;
 
-  // Runs `fn` on the loop and returns its Status, waiting at most `timeout` (wall time) for the
-  // loop to start it. On the loop itself it runs inline. When the loop has not started `fn` in time
-  // the call returns kDeadlineExceeded and `fn` never runs; once started, it runs to the end and
-  // the caller gets its result (loop tasks never block, so that wait is short). Either way the
-  // caller knows exactly whether `fn` took effect.
+  // Runs `fn` on the loop, after every task posted before the call, and returns its Status,
+  // waiting at most `timeout` (wall time) for the loop to start it. Inside a loop task it runs
+  // inline. When the loop has not started `fn` in time the call returns kDeadlineExceeded and `fn`
+  // never runs; once started, it runs to the end and the caller gets its result (loop tasks never
+  // block, so that wait is short). Either way the caller knows exactly whether `fn` took effect.
+  // A `fn` that throws is a bug in kvtier; AsioEventLoop gives the caller kInternal and keeps
+  // running (SimEventLoop lets it propagate to the test or benchmark that drives it).
   virtual Status run_sync(std::function<Status()> fn, Nanos timeout) = 0;
 };
 

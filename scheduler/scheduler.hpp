@@ -21,11 +21,12 @@
 //                        how many tokens the request generated, the policies learn from it
 //                        which prompts come back (Evictor::on_request_end).
 //
-// Threading. Every method except wait_layer/layer_table/stats runs on the EventLoop's thread: the
-// runtime marshals engine calls with EventLoop::run_sync (bounded), and the simulated engine of the
-// benchmark runs on the loop itself. So the scheduler, its placement and its evictors need no
-// locks; the page table it drives is concurrent anyway (match may run on engine threads). Transfers
-// run on the TransferPort's engines and complete as loop tasks.
+// Threading. Every method except wait_layer/layer_table/stats runs as a task of the EventLoop,
+// one task at a time: the runtime marshals engine calls with EventLoop::run_sync (bounded; on an
+// idle loop the engine's own thread runs the task, holding the loop's turn), and the simulated
+// engine of the benchmark runs on the loop itself. So the scheduler, its placement and its
+// evictors need no locks; the page table it drives is concurrent anyway (match may run on engine
+// threads). Transfers run on the TransferPort's engines and complete as loop tasks.
 //
 // Moves. A page is promoted NVMe -> host -> HBM, each step a TransferPort job queued by priority
 // (demand > prefetch > write-back, LinkQueues) under a per-link cap on bytes in flight. Frames are

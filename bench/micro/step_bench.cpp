@@ -9,6 +9,10 @@
 // layers, as page_table_bench measures it). The ratio of the two is what the scheduler adds per
 // page: its bookkeeping, the loop hand-off and the block tables.
 //
+// And what one engine call onto the scheduler's loop costs by itself (begin_step, end_layer and
+// end_step are each one): run_sync on an idle loop, which runs the call on the engine's thread,
+// beside the baseline of handing it to the loop's own thread and waiting (two thread wake-ups).
+//
 // Geometry: 32 layers, 16-token pages (a serving engine's page size); the page's bytes do not
 // matter (nothing is copied), so they are small. Arguments: sequences, context tokens each (and
 // for the Runtime, 1 when the engine ends each layer as it is done, as a layer-pipelined engine
@@ -26,6 +30,7 @@
 
 #include "bench/micro/page_table_setup.hpp"
 #include "kvtier/kvtier.hpp"
+#include "scheduler/asio_event_loop.hpp"
 #include "scheduler/page_table.hpp"
 #include "tiers/frame_allocator.hpp"
 
@@ -187,6 +192,26 @@ BENCHMARK(BM_DecodeStepBaselinePageTablePins)
     ->Args({32, 4096})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+void BM_LoopCall(benchmark::State& state) {
+  const bool hand_off = state.range(0) != 0;
+  auto loop = AsioEventLoop::create();
+  if (!loop.ok()) die(loop.status(), "event loop");
+  uint64_t calls = 0;
+  auto call = [&calls] {
+    ++calls;
+    return ok_status();
+  };
+  for (auto _ : state) {
+    must(hand_off ? (*loop)->run_on_loop_thread(call, kNanosPerSecond)
+                  : (*loop)->run_sync(call, kNanosPerSecond),
+         "loop call");
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(calls));
+  state.SetLabel(hand_off ? "baseline: handed to the loop's thread"
+                          : "run_sync on an idle loop (the caller's thread)");
+}
+BENCHMARK(BM_LoopCall)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 }  // namespace kvtier

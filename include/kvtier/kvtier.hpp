@@ -17,10 +17,11 @@
 //   rt->close_sequence(seq.id);
 //
 // Thread-safety. Every method may be called from any thread. Calls that change the cache (open,
-// close, begin/end step and layer, hint, pins) run on the runtime's loop: the caller waits for the
-// loop to take the call for at most `RuntimeOptions::call_timeout` (kDeadlineExceeded otherwise,
-// and the call then has no effect), and the loop never blocks, so those calls return in
-// microseconds. wait_layer blocks only the calling thread, at most the configured wait bound
+// close, begin/end step and layer, hint, pins) run on the runtime's loop, one at a time and in
+// order: when the loop is idle the call runs on the caller's own thread; otherwise the caller
+// waits for the loop to take the call for at most `RuntimeOptions::call_timeout`
+// (kDeadlineExceeded otherwise, and the call then has no effect), and the loop never blocks, so
+// those calls return in microseconds. wait_layer blocks only the calling thread, at most the configured wait bound
 // (policies.prefetch: a late layer is a stall, counted; after the bound, kDeadlineExceeded).
 // layer_table, hbm_view, stats, match and the key helpers never wait on the loop.
 //

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -81,6 +83,71 @@ TEST(AsioEventLoop, RunSyncReturnsTheTaskStatusAndTimesOutWhenTheLoopIsBusy) {
   release = true;
   ASSERT_TRUE((*loop)->run_sync([] { return ok_status(); }, 5 * kNanosPerSecond).ok());
   EXPECT_FALSE(ran) << "a call the caller gave up on must not run";
+}
+
+TEST(AsioEventLoop, RunSyncOnAnIdleLoopRunsOnTheCallersThreadAsALoopTask) {
+  auto loop = AsioEventLoop::create();
+  ASSERT_TRUE(loop.ok());
+  std::thread::id ran_on;
+  bool in_loop = false;
+  Status nested;  // OK until the inner call runs
+  Status s = (*loop)->run_sync(
+      [&] {
+        ran_on = std::this_thread::get_id();
+        in_loop = (*loop)->in_loop();
+        // A task may call run_sync itself: it runs inline, it does not wait for itself.
+        nested = (*loop)->run_sync([] { return not_found("inner"); }, kNanosPerSecond);
+        return ok_status();
+      },
+      kNanosPerSecond);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(in_loop);
+  EXPECT_EQ(nested.code(), StatusCode::kNotFound);
+  EXPECT_FALSE((*loop)->in_loop());
+}
+
+TEST(AsioEventLoop, RunSyncRunsAfterEveryTaskPostedBeforeIt) {
+  // Run on the caller's thread or handed to the loop's, a call never overtakes a posted task: the
+  // posted task has not started when run_sync is called, almost every time.
+  auto loop = AsioEventLoop::create();
+  ASSERT_TRUE(loop.ok());
+  int value = 0;  // touched by loop tasks only
+  int overtaken = 0;
+  for (int i = 1; i <= 2000; ++i) {
+    (*loop)->post([&value, i] { value = i; });
+    Status s = (*loop)->run_sync(
+        [&] {
+          if (value != i) ++overtaken;
+          return ok_status();
+        },
+        5 * kNanosPerSecond);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+  EXPECT_EQ(overtaken, 0);
+}
+
+TEST(AsioEventLoop, ATaskThatThrowsGivesItsCallerAnInternalErrorAndTheLoopGoesOn) {
+  auto loop = AsioEventLoop::create();
+  ASSERT_TRUE(loop.ok());
+  auto throwing = []() -> Status { throw std::runtime_error("boom"); };
+  // On the caller's thread (the loop is idle).
+  Status here = (*loop)->run_sync(throwing, kNanosPerSecond);
+  EXPECT_EQ(here.code(), StatusCode::kInternal);
+  EXPECT_NE(here.message().find("boom"), std::string::npos) << here.to_string();
+  // Handed to the loop's thread: a posted task holds the loop until the call is waiting.
+  std::atomic<bool> release{false};
+  (*loop)->post([&] {
+    while (!release) std::this_thread::yield();
+  });
+  Status handed;  // OK until the call returns
+  std::thread caller([&] { handed = (*loop)->run_sync(throwing, 5 * kNanosPerSecond); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  release = true;
+  caller.join();
+  EXPECT_EQ(handed.code(), StatusCode::kInternal);
+  EXPECT_NE(handed.message().find("boom"), std::string::npos) << handed.to_string();
+  EXPECT_TRUE((*loop)->run_sync([] { return ok_status(); }, kNanosPerSecond).ok());
 }
 
 TEST(AsioEventLoop, TimersFireAndCancel) {
