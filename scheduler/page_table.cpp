@@ -488,6 +488,18 @@ Status PageTable::unpin(const BlockKey& key, uint32_t layer) {
   return with_entry(key, [&](EntryView& v) { return v.unpin(layer); });
 }
 
+namespace {
+
+// Unpins pages [first_layer, first_layer + count) of one entry; the first page that was not
+// pinned, worded by unpin(), goes to `first_error` if that is still OK.
+void unpin_pages(EntryView& v, uint32_t first_layer, uint32_t count, Status& first_error) {
+  const uint32_t not_pinned = v.unpin_range(first_layer, count);
+  // unpin() of a page that is not pinned changes nothing and says so.
+  if (not_pinned < first_layer + count && first_error.ok()) first_error = v.unpin(not_pinned);
+}
+
+}  // namespace
+
 // Batches lock each shard once for all of its keys instead of once per key: a step's block table
 // for one layer is thousands of pins, and the lock round trip is most of a pin's cost.
 void PageTable::group_by_shard(std::span<const BlockKey> keys, ShardGroups& g) const {
@@ -526,10 +538,10 @@ std::size_t PageTable::for_each_by_shard(std::span<const BlockKey> keys, Fn&& fn
       const uint32_t slot = find_slot(s, g.hash[i], keys[i]);
       bool go_on = false;
       if (slot == FlatKeyMap::kNotFound) {
-        go_on = fn(i, nullptr);
+        go_on = fn(i, nullptr, si, slot);
       } else {
         EntryView v = make_view(entry_at(s, slot), nullptr);
-        go_on = fn(i, &v);
+        go_on = fn(i, &v, si, slot);
       }
       if (!go_on) return done;
       ++done;
@@ -561,27 +573,28 @@ Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_laye
   Status failure;
   failure.ignore();
   std::size_t failed_index = 0;
-  const std::size_t done = for_each_by_shard(keys, [&](uint32_t i, EntryView* v) {
-    if (v == nullptr) {
-      failure = not_found_error(keys[i]);
-    } else if (!v->pin_range(first_layer, count, /*ready_only=*/false,
-                             count == 0 ? nullptr : frames.data() + i, n)) {
-      // Which page could not be pinned, in pin()'s words (pin_range changed nothing).
-      uint32_t c = 0;
-      for (; c < count && failure.ok(); ++c) {
-        Result<uint32_t> r = v->pin(first_layer + c);
-        if (!r.ok()) failure = std::move(r).status();
-      }
-      const uint32_t pinned_here = failure.ok() ? c : c - 1;
-      for (uint32_t u = 0; u < pinned_here; ++u) v->unpin(first_layer + u).ignore();
-      if (failure.ok()) {
-        failure = internal_error("block " + to_string(keys[i]) +
-                                 ": pin_range refused a page that pin() took");
-      }
-    }
-    failed_index = i;
-    return failure.ok();
-  });
+  const std::size_t done =
+      for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t, uint32_t) {
+        if (v == nullptr) {
+          failure = not_found_error(keys[i]);
+        } else if (!v->pin_range(first_layer, count, /*ready_only=*/false,
+                                 count == 0 ? nullptr : frames.data() + i, n)) {
+          // Which page could not be pinned, in pin()'s words (pin_range changed nothing).
+          uint32_t c = 0;
+          for (; c < count && failure.ok(); ++c) {
+            Result<uint32_t> r = v->pin(first_layer + c);
+            if (!r.ok()) failure = std::move(r).status();
+          }
+          const uint32_t pinned_here = failure.ok() ? c : c - 1;
+          for (uint32_t u = 0; u < pinned_here; ++u) v->unpin(first_layer + u).ignore();
+          if (failure.ok()) {
+            failure = internal_error("block " + to_string(keys[i]) +
+                                     ": pin_range refused a page that pin() took");
+          }
+        }
+        failed_index = i;
+        return failure.ok();
+      });
   if (failure.ok()) return failure;
   const std::vector<uint32_t>& order = thread_scratch().order;
   for (std::size_t pos = 0; pos < done; ++pos) {
@@ -593,7 +606,7 @@ Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_laye
 
 Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uint32_t first_layer,
                                              uint32_t count, std::span<uint32_t> frames,
-                                             std::span<uint8_t> pinned) {
+                                             std::span<uint8_t> pinned, PinnedEntries* where) {
   KVTIER_RETURN_IF_ERROR(check_layer_range("pin_layers_ready", first_layer, count));
   if (frames.size() != keys.size() * count || pinned.size() != keys.size()) {
     return invalid_argument("pin_layers_ready: " + std::to_string(keys.size()) + " keys x " +
@@ -603,10 +616,12 @@ Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uin
   }
   const std::size_t n = keys.size();
   uint32_t blocks = 0;
-  for_each_by_shard(keys, [&](uint32_t i, EntryView* v) {
+  if (where != nullptr) where->entries.clear();
+  for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t shard, uint32_t slot) {
     pinned[i] = v != nullptr && v->pin_range(first_layer, count, /*ready_only=*/true,
                                              count == 0 ? nullptr : frames.data() + i, n);
     blocks += pinned[i];
+    if (pinned[i] && where != nullptr) where->entries.push_back({shard, slot, keys[i]});
     return true;
   });
   return blocks;
@@ -617,17 +632,52 @@ Status PageTable::unpin_layers(std::span<const BlockKey> keys, uint32_t first_la
   KVTIER_RETURN_IF_ERROR(check_layer_range("unpin_layers", first_layer, count));
   Status first_error;
   first_error.ignore();
-  for_each_by_shard(keys, [&](uint32_t i, EntryView* v) {
+  for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t, uint32_t) {
     if (v == nullptr) {
       if (first_error.ok()) first_error = not_found_error(keys[i]);
       return true;
     }
-    const uint32_t not_pinned = v->unpin_range(first_layer, count);
-    // unpin() of a page that is not pinned changes nothing and says so.
-    if (not_pinned < first_layer + count && first_error.ok()) first_error = v->unpin(not_pinned);
+    unpin_pages(*v, first_layer, count, first_error);
     return true;
   });
   return first_error;
+}
+
+Status PageTable::unpin_layers(const PinnedEntries& where, uint32_t first_layer, uint32_t count) {
+  KVTIER_RETURN_IF_ERROR(check_layer_range("unpin_layers", first_layer, count));
+  Status first_error;
+  first_error.ignore();
+  std::vector<BlockKey> elsewhere;  // not in the slot they were pinned in: looked up below
+  const std::vector<PinnedEntries::Entry>& entries = where.entries;
+  for (std::size_t pos = 0; pos < entries.size();) {
+    Shard& s = shards_[entries[pos].shard & shard_mask_];  // masked: never past the shards
+    MutexLock lock(s.mu);
+    const uint32_t shard = entries[pos].shard;
+    for (; pos < entries.size() && entries[pos].shard == shard; ++pos) {
+      const PinnedEntries::Entry& e = entries[pos];
+      if (!slot_holds(s, e.slot, e.key)) {
+        elsewhere.push_back(e.key);
+        continue;
+      }
+      EntryView v = make_view(entry_at(s, e.slot), nullptr);
+      unpin_pages(v, first_layer, count, first_error);
+    }
+  }
+  if (!elsewhere.empty()) {
+    Status looked_up = unpin_layers(std::span<const BlockKey>(elsewhere), first_layer, count);
+    if (first_error.ok()) {
+      first_error = std::move(looked_up);
+    } else {
+      looked_up.ignore();
+    }
+  }
+  return first_error;
+}
+
+bool PageTable::slot_holds(const Shard& shard, uint32_t slot, const BlockKey& key) const {
+  if (slot >= shard.slab.high_water()) return false;
+  const BlockHeader& h = entry_at(shard, slot).header();
+  return h.live() && h.key == key;
 }
 
 Status PageTable::pin_layer(std::span<const BlockKey> keys, uint32_t layer,

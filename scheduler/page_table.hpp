@@ -213,16 +213,31 @@ class PageTable {
   // listed twice is pinned twice.
   Status pin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count,
                     std::span<uint32_t> frames);
+  // Where the entries of blocks pinned by pin_layers_ready sit, shard by shard, so that whoever
+  // pinned them unpins them again, a layer at a time, with no lookup per key: an entry with a pin
+  // is neither erased nor moved. Each use still checks that the slot holds the key (and looks up
+  // a key whose slot does not).
+  struct PinnedEntries {
+    struct Entry {
+      uint32_t shard = 0;
+      uint32_t slot = 0;
+      BlockKey key;
+    };
+    std::vector<Entry> entries;  // in shard order
+    bool empty() const { return entries.empty(); }
+  };
   // The same where it can be done in full and nothing else: each block whose pages
   // [first_layer, first_layer + count) are all ready in HBM (each below the most pins a page can
   // have) is pinned there, its frames written as above and pinned[i] set to 1; any other block
   // (unknown, or a page not ready) is left as it was, with pinned[i] = 0. Returns how many blocks
   // were pinned; kInvalidArgument (pinning nothing) for a layer range or spans that do not fit.
+  // `where`, when given, gets the entries of the blocks pinned (and loses what it held).
   Result<uint32_t> pin_layers_ready(std::span<const BlockKey> keys, uint32_t first_layer,
                                     uint32_t count, std::span<uint32_t> frames,
-                                    std::span<uint8_t> pinned);
+                                    std::span<uint8_t> pinned, PinnedEntries* where = nullptr);
   // Unpins the same pages; keeps going past errors and returns the first.
   Status unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count);
+  Status unpin_layers(const PinnedEntries& where, uint32_t first_layer, uint32_t count);
   // One layer: a step's block table for `layer`.
   Status pin_layer(std::span<const BlockKey> keys, uint32_t layer, std::span<uint32_t> frames);
   Status unpin_layer(std::span<const BlockKey> keys, uint32_t layer);
@@ -299,15 +314,18 @@ class PageTable {
   EntryRef entry_at(const Shard& shard, uint32_t slot) const KVTIER_REQUIRES(shard.mu) {
     return EntryRef(shard.slab.at(slot), layout_);
   }
+  // Whether `slot` holds the live entry of `key` (PinnedEntries are checked so).
+  bool slot_holds(const Shard& shard, uint32_t slot, const BlockKey& key) const
+      KVTIER_REQUIRES(shard.mu);
   EntryView make_view(EntryRef entry, EntryView::Undo* undo) const {
     return EntryView(entry, allocators_, &nvme_generations_, &clock_, undo);
   }
   BlockInfo info_of(EntryRef entry) const;
   void group_by_shard(std::span<const BlockKey> keys, ShardGroups& groups) const;
   // The batched pin calls' walk: every key of `keys`, shard by shard, each shard locked once,
-  // calling fn(i, view) with the entry of keys[i], or a null view when the table has none. fn
-  // returns false to stop. Returns how many calls returned true before that: the first ones in
-  // thread_scratch().order.
+  // calling fn(i, view, shard, slot) with the entry of keys[i] and where it sits, or a null view
+  // when the table has none. fn returns false to stop. Returns how many calls returned true before
+  // that: the first ones in thread_scratch().order.
   template <typename Fn>
   std::size_t for_each_by_shard(std::span<const BlockKey> keys, Fn&& fn);
   // kInvalidArgument "<op> of layers [first, first + count): ..." past the blocks' layers.

@@ -65,8 +65,9 @@ struct Scheduler::Step {
   // Per layer: the (block) pages this step pinned there one by one; and the blocks it pinned in
   // every layer at once (pin_resident_blocks), whose pages are unpinned with each layer's, or all
   // at once by an end_step that no end_layer came before. So unpinning matches pinning exactly.
+  // The resident blocks are kept as where their entries sit: a layer's unpins look nothing up.
   std::vector<std::vector<BlockKey>> pinned;
-  std::vector<BlockKey> resident;
+  PageTable::PinnedEntries resident;
   std::vector<uint8_t> planned;
   std::vector<uint8_t> released;
 };
@@ -85,6 +86,7 @@ struct Scheduler::ResidentPins {
   Step* step = nullptr;
   std::vector<BlockKey> keys;
   std::vector<uint8_t> pinned;
+  PageTable::PinnedEntries entries;  // of the pinned ones
   std::vector<uint32_t> frames;
   bool held = false;   // pins ahead of (layer, slot) are held: plan_layer reads `frames`
   uint32_t layer = 0;  // the page plan_layer is at

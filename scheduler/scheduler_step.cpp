@@ -274,9 +274,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   if (resident.held) {
     // Held to the end, no room planned meanwhile: the step holds these blocks whole (unpinned with
     // each layer it ends, or all at once by end_step).
-    for (std::size_t slot = 0; slot < resident.keys.size(); ++slot) {
-      if (resident.pinned[slot]) s.resident.push_back(resident.keys[slot]);
-    }
+    s.resident = std::move(resident.entries);
   }
   KVTIER_RETURN_IF_ERROR(planned);
 
@@ -300,7 +298,8 @@ void Scheduler::pin_resident_blocks(Step& step, ResidentPins& r) {
   }
   r.pinned.assign(r.keys.size(), 0);
   r.frames.assign(r.keys.size() * step.layers, 0);
-  auto pinned = parts_.table->pin_layers_ready(r.keys, 0, step.layers, r.frames, r.pinned);
+  auto pinned =
+      parts_.table->pin_layers_ready(r.keys, 0, step.layers, r.frames, r.pinned, &r.entries);
   if (!pinned.ok()) {
     // Not expected (the spans are sized above): every page then takes plan_layer's path.
     r.pinned.assign(r.keys.size(), 0);
@@ -600,7 +599,7 @@ void Scheduler::unpin_layer(Step& step, uint32_t layer) {
   // given up) is passed over.
   parts_.table->unpin_layer(step.pinned[layer], layer).ignore();
   step.pinned[layer].clear();
-  if (!step.resident.empty()) parts_.table->unpin_layer(step.resident, layer).ignore();
+  if (!step.resident.empty()) parts_.table->unpin_layers(step.resident, layer, 1).ignore();
 }
 
 void Scheduler::release_layer(Step& step, uint32_t layer) {
@@ -754,9 +753,9 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
   }
   if (std::find(step->released.begin(), step->released.end(), 1) == step->released.end()) {
     // No layer was ended on its own: the blocks pinned in every layer at once are unpinned the
-    // same way, one lookup each instead of one per page.
+    // same way, in one pass each instead of one per page.
     parts_.table->unpin_layers(step->resident, 0, step->layers).ignore();
-    step->resident.clear();
+    step->resident.entries.clear();
   }
   for (uint32_t l = 0; l < step->layers; ++l) {
     if (!step->released[l]) {

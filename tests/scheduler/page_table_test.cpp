@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <string>
@@ -484,6 +485,44 @@ TEST_F(PageTableTest, PinLayersReadyPinsWholeResidentBlocksAndLeavesTheRest) {
   for (const BlockKey& k : {keys[0], keys[2]}) {
     for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
   }
+}
+
+TEST_F(PageTableTest, PinnedEntriesAreUnpinnedWhereTheySitAndLookedUpWhenNotThere) {
+  const std::vector<BlockKey> keys = resident_blocks(4);
+  std::vector<uint32_t> frames(keys.size() * kLayers);
+  std::vector<uint8_t> pinned(keys.size());
+  PageTable::PinnedEntries where;
+  where.entries.push_back({0, 0, content_key(77)});  // what it held before is dropped
+  auto blocks = pt().pin_layers_ready(keys, 0, kLayers, frames, pinned, &where);
+  ASSERT_TRUE(blocks.ok()) << blocks.status().to_string();
+  ASSERT_EQ(where.entries.size(), keys.size());
+  std::vector<BlockKey> listed;
+  for (const auto& e : where.entries) listed.push_back(e.key);
+  EXPECT_TRUE(std::is_permutation(listed.begin(), listed.end(), keys.begin()));
+  // Layer by layer, as a step's end_layer does.
+  ok(pt().unpin_layers(where, 0, 1));
+  for (const BlockKey& k : keys) {
+    EXPECT_EQ(info(k).pages[0].pins, 0u);
+    EXPECT_EQ(info(k).pages[1].pins, 1u);
+  }
+  // An entry whose slot holds another block is looked up by its key: each block is unpinned once
+  // (twice would be an error for the second).
+  PageTable::PinnedEntries moved = where;
+  moved.entries[0].slot = moved.entries[1].slot;
+  moved.entries[0].shard = moved.entries[1].shard;
+  ok(pt().unpin_layers(moved, 1, 1));
+  for (const BlockKey& k : keys) EXPECT_EQ(info(k).pages[1].pins, 0u) << to_string(k);
+  // The rest at once; then a block the table does not hold is named, past a slot never used.
+  ok(pt().unpin_layers(where, 2, kLayers - 2));
+  for (const BlockKey& k : keys) {
+    for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
+  }
+  PageTable::PinnedEntries unknown;
+  unknown.entries.push_back({0, 1u << 30, content_key(999)});
+  Status s = pt().unpin_layers(unknown, 0, 1);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find(to_string(content_key(999))), std::string::npos) << s.message();
+  EXPECT_EQ(pt().unpin_layers(where, 1, kLayers).code(), StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------
