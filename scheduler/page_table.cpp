@@ -616,7 +616,10 @@ Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uin
   }
   const std::size_t n = keys.size();
   uint32_t blocks = 0;
-  if (where != nullptr) where->entries.clear();
+  if (where != nullptr) {
+    where->entries.clear();
+    where->entries.reserve(keys.size());
+  }
   for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t shard, uint32_t slot) {
     pinned[i] = v != nullptr && v->pin_range(first_layer, count, /*ready_only=*/true,
                                              count == 0 ? nullptr : frames.data() + i, n);

@@ -21,9 +21,10 @@
 // order: when the loop is idle the call runs on the caller's own thread; otherwise the caller
 // waits for the loop to take the call for at most `RuntimeOptions::call_timeout`
 // (kDeadlineExceeded otherwise, and the call then has no effect), and the loop never blocks, so
-// those calls return in microseconds. wait_layer blocks only the calling thread, at most the configured wait bound
-// (policies.prefetch: a late layer is a stall, counted; after the bound, kDeadlineExceeded).
-// layer_table, hbm_view, stats, match and the key helpers never wait on the loop.
+// those calls return in microseconds. wait_layer blocks only the calling thread, at most the
+// configured wait bound (policies.prefetch: a late layer is a stall, counted; after the bound,
+// kDeadlineExceeded). layer_table, hbm_view, stats, match and the key helpers never wait on the
+// loop.
 //
 // Errors are Status values naming what was wrong (see kvtier/status.hpp); no call throws, and bad
 // input — an unknown or closed sequence, a step over a sequence twice, keys of another namespace, a

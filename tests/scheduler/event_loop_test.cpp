@@ -107,6 +107,24 @@ TEST(AsioEventLoop, RunSyncOnAnIdleLoopRunsOnTheCallersThreadAsALoopTask) {
   EXPECT_FALSE((*loop)->in_loop());
 }
 
+TEST(AsioEventLoop, RunOnLoopThreadAlwaysRunsOnTheLoopsOwnThread) {
+  auto loop = AsioEventLoop::create();
+  ASSERT_TRUE(loop.ok());
+  std::thread::id ran_on = std::this_thread::get_id();
+  bool in_loop = false;
+  Status s = (*loop)->run_on_loop_thread(
+      [&] {
+        ran_on = std::this_thread::get_id();
+        in_loop = (*loop)->in_loop();
+        return not_found("x");
+      },
+      kNanosPerSecond);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(ran_on, std::this_thread::get_id())
+      << "the loop was idle, and still it was handed over";
+  EXPECT_TRUE(in_loop);
+}
+
 TEST(AsioEventLoop, RunSyncRunsAfterEveryTaskPostedBeforeIt) {
   // Run on the caller's thread or handed to the loop's, a call never overtakes a posted task: the
   // posted task has not started when run_sync is called, almost every time.
