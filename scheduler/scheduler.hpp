@@ -340,6 +340,9 @@ class Scheduler {
   // block to NVMe and lets its host pages go: how a block split between HBM and host (a windowed
   // sequence's) leaves host memory when nothing else can.
   void stage_to_nvme(const BlockKey& key, TransferPriority prio);
+  // Frees NVMe extents until `extents` are free, by the NVMe room plan (its drops are immediate);
+  // false when the blocks there cannot leave (in use, their NVMe copy the last of some page).
+  bool make_nvme_room(uint64_t extents, TransferPriority prio);
   void serve_frame_waiters(Tier tier);
   // A demand joined a prefetch of `key` still waiting for frames in `tier`: its requests (only
   // those of `layer`, unless kAllLayers) move to the `to` queue (in their order), and room is made

@@ -110,10 +110,13 @@ uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio)
       // that, and once written they are dropped like any page with a copy below. Only then:
       // staging takes the reserve and the NVMe link from everything else, and under load (the
       // Mooncake trace at its rate) doing it whenever a plan found no host room doubled the
-      // mean TTFT.
+      // mean TTFT. And only when NVMe has an extent for it, free or freed now: a block staged
+      // but not written stays in host memory as a copy of pages HBM still holds, host memory
+      // drops it first to refill its reserve, and HBM, no emptier, staged it again for ever.
       if (must_keep && !move.to.has_value() && nvme_takes(key) && !refused(key, Tier::kHost) &&
           links_.idle() && !host_takes_demotion_of(key) &&
-          page_snapshot(key, 0).nvme == CopyState::kAbsent) {
+          page_snapshot(key, 0).nvme == CopyState::kAbsent &&
+          make_nvme_room(staging_.size() + 1, prio)) {
         stage_to_nvme(key, prio);
       }
       break;
@@ -292,13 +295,8 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
     host_frames[l] = p.host_frame;
   }
   auto extent = parts_.table->begin_fill(key, CopyId::nvme());
-  if (!extent.ok() && extent.status().code() == StatusCode::kResourceExhausted) {
-    // NVMe full: make room there (drops are immediate), then try once more.
-    std::array<uint64_t, kNumTiers> free{};
-    free[tier_index(Tier::kNvme)] = parts_.nvme->free_count();
-    const SkipFilter skip{this, Tier::kNvme};
-    const PlacementPlan plan = placement_->plan_room(Tier::kNvme, 1, free, KeyFilter(skip));
-    for (const PlannedMove& m : plan.moves) execute_move(m, prio);
+  if (!extent.ok() && extent.status().code() == StatusCode::kResourceExhausted &&
+      make_nvme_room(1, prio)) {
     extent = parts_.table->begin_fill(key, CopyId::nvme());
   }
   if (!extent.ok()) {
@@ -369,6 +367,17 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
         if (!submitted.ok()) on_done(submitted);
       });
   return true;
+}
+
+bool Scheduler::make_nvme_room(uint64_t extents, TransferPriority prio) {
+  if (parts_.nvme == nullptr) return false;
+  std::array<uint64_t, kNumTiers> free{};
+  free[tier_index(Tier::kNvme)] = parts_.nvme->free_count();
+  if (free[tier_index(Tier::kNvme)] >= extents) return true;
+  const SkipFilter skip{this, Tier::kNvme};
+  const PlacementPlan plan = placement_->plan_room(Tier::kNvme, extents, free, KeyFilter(skip));
+  for (const PlannedMove& m : plan.moves) execute_move(m, prio);
+  return parts_.nvme->free_count() >= extents;
 }
 
 void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {

@@ -48,17 +48,18 @@ bool SimEventLoop::run_one() {
   return true;
 }
 
-uint64_t SimEventLoop::run_until_idle() {
+uint64_t SimEventLoop::run_until_idle(uint64_t max_events) {
   uint64_t n = 0;
-  while (run_one()) ++n;
+  while (n < max_events && run_one()) ++n;
   return n;
 }
 
-uint64_t SimEventLoop::run_until(Nanos t) {
+uint64_t SimEventLoop::run_until(Nanos t, uint64_t max_events) {
   uint64_t n = 0;
   while (true) {
     const Nanos next = next_event_time();
     if (next < 0 || next > t) break;
+    if (n == max_events) return n;
     if (run_one()) ++n;
   }
   clock_.advance_to(t);

@@ -32,15 +32,18 @@ class SimEventLoop final : public EventLoop {
 
   // Runs the next event; false when there is none.
   bool run_one();
-  // Runs events until none is left; returns how many ran.
-  uint64_t run_until_idle();
-  // Runs every event due at or before `t`, then moves the clock to `t`.
-  uint64_t run_until(Nanos t);
-  // Runs events until `done()` holds or none is left; true when done() holds.
+  // Runs events until none is left, or `max_events` have run (a bound on a livelock: events that
+  // keep posting each other); returns how many ran.
+  uint64_t run_until_idle(uint64_t max_events = UINT64_MAX);
+  // Runs every event due at or before `t`, then moves the clock to `t`; returns how many ran. At
+  // most `max_events`: then the clock stays at the last event's time.
+  uint64_t run_until(Nanos t, uint64_t max_events = UINT64_MAX);
+  // Runs events until `done()` holds, none is left or `max_events` have run; true when done()
+  // holds.
   template <typename Pred>
-  bool run_while_not(Pred done) {
-    while (!done()) {
-      if (!run_one()) return done();
+  bool run_while_not(Pred done, uint64_t max_events = UINT64_MAX) {
+    for (uint64_t n = 0; !done(); ++n) {
+      if (n == max_events || !run_one()) return done();
     }
     return true;
   }

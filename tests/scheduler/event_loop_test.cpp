@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -41,6 +43,25 @@ TEST(SimEventLoop, RunUntilStopsAtTheGivenTime) {
   loop.run_until_idle();
   EXPECT_EQ(fired, 3);
   EXPECT_EQ(loop.now(), 300);
+}
+
+// Events that keep posting each other at one instant (a livelock) stop each run at its bound: a
+// test fails instead of hanging.
+TEST(SimEventLoop, EveryRunStopsAfterItsMostEvents) {
+  SimEventLoop loop;
+  uint64_t ran = 0;
+  std::function<void()> again = [&] {
+    ++ran;
+    loop.post(again);
+  };
+  loop.post_after(10, again);
+  EXPECT_EQ(loop.run_until(100, 5), 5u);
+  EXPECT_EQ(loop.now(), 10) << "a run cut short leaves the clock at its last event";
+  EXPECT_EQ(loop.run_until_idle(7), 7u);
+  EXPECT_FALSE(loop.run_while_not([] { return false; }, 3));
+  EXPECT_TRUE(loop.run_while_not([&] { return ran >= 20; }, 10));
+  EXPECT_EQ(ran, 20u);
+  EXPECT_EQ(loop.pending(), 1u);
 }
 
 TEST(AsioEventLoop, PostsRunOnTheLoopThreadInOrder) {

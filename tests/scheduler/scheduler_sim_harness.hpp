@@ -42,6 +42,10 @@ struct SimSetup {
 
 class SimWorld {
  public:
+  // Events a settle, or a wait for one layer, may run: far more than any test's workload needs,
+  // few enough that a livelock fails in seconds.
+  static constexpr uint64_t kMaxSettleEvents = 200'000;
+
   explicit SimWorld(const SimSetup& setup) : setup_(setup) {
     kvtier::SimWorldSpec spec;
     spec.geometry = setup.geometry;
@@ -116,15 +120,20 @@ class SimWorld {
         return r;
       }
       const Nanos before = loop().now();
-      const bool done = loop().run_while_not([&] { return (*ready)->finished(); });
+      const bool done =
+          loop().run_while_not([&] { return (*ready)->finished(); }, kMaxSettleEvents);
       r.stall += loop().now() - before;
       // Once the simulation goes idle the layer cannot become ready: the readiness's own "not
       // ready" says less than that, so it is not asked; what the scheduler waits on is told, as
-      // the runtime's wait_layer tells it.
-      Status w =
-          done ? (*ready)->wait(0)
-               : deadline_exceeded("layer never became ready (simulation idle); waiting on: " +
-                                   scheduler().pending_summary());
+      // the runtime's wait_layer tells it. Events that never end are a livelock, and fail.
+      const bool idle = loop().pending() == 0;
+      if (!done && !idle)
+        ADD_FAILURE() << "layer " << l << " waited for " << kMaxSettleEvents
+                      << " events; pending: " << scheduler().pending_summary();
+      Status w = done ? (*ready)->wait(0)
+                      : deadline_exceeded(std::string("layer never became ready (") +
+                                          (idle ? "simulation idle" : "livelock") +
+                                          "); waiting on: " + scheduler().pending_summary());
       if (!w.ok()) {
         r.status = w;
         scheduler().abort_step(info->id).ignore();
@@ -145,7 +154,15 @@ class SimWorld {
         }
         r.tables.push_back(*t);
       }
-      loop().run_until(loop().now() + compute_per_layer);
+      if (loop().run_until(loop().now() + compute_per_layer, kMaxSettleEvents) ==
+          kMaxSettleEvents) {
+        r.status = deadline_exceeded(
+            "layer " + std::to_string(l) + " computed for " + std::to_string(kMaxSettleEvents) +
+            " events (livelock); pending: " + scheduler().pending_summary());
+        ADD_FAILURE() << r.status.to_string();
+        scheduler().abort_step(info->id).ignore();
+        return r;
+      }
       r.compute += compute_per_layer;
       Status e = scheduler().end_layer(info->id, l);
       if (!e.ok()) {
@@ -189,8 +206,14 @@ class SimWorld {
     return ok_status();
   }
 
-  // Runs the loop until no transfer is pending.
-  void settle() { loop().run_until_idle(); }
+  // Runs the loop until no transfer is pending. Moves that keep starting each other (a livelock:
+  // a block staged down and dropped again for ever) fail the test instead of hanging it.
+  void settle() {
+    if (loop().run_until_idle(kMaxSettleEvents) == kMaxSettleEvents && loop().pending() != 0) {
+      ADD_FAILURE() << "the simulation did not settle in " << kMaxSettleEvents
+                    << " events; pending: " << scheduler().pending_summary();
+    }
+  }
 
  private:
   SimSetup setup_;

@@ -5,6 +5,7 @@
 // compute-or-load recomputes what is slower to load, and says so again after a failed step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -50,6 +51,61 @@ TEST(SchedulerSim, ADemandMovesItsQueuedNvmeBlockReadsAheadOfPrefetches) {
       << "the first sequence's prefetches all ran before the step's demand";
   ASSERT_TRUE(n.scheduler().abort_step(step->id).ok());
   for (auto id : {a->id, b->id}) ASSERT_TRUE(n.scheduler().close_sequence(id).ok());
+  n.settle();
+  expect_consistent(n);
+}
+
+// A block every page of which is in HBM is read by the step from HBM: begin_step's whole-block
+// reads from NVMe are for blocks that have pages nowhere in memory, not for one that host memory
+// merely lacks. Here host memory holds one block, so write-through leaves the prompt's blocks in
+// HBM and on NVMe with no host copy; reading them up again took NVMe bandwidth and host frames,
+// at demand priority, from the loads steps were waiting for.
+TEST(SchedulerSim, AStepOverBlocksResidentInHbmReadsNothingFromNvme) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = 4;  // one block of 4 layers
+  setup.nvme_extents = 64;
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld n(setup);
+  const std::vector<BlockKey> keys = n.prompt(6, 1);
+  {
+    // Prefilled a block per step, each written through before the next takes host memory's room.
+    auto prefill = n.scheduler().open_sequence(keys);
+    ASSERT_TRUE(prefill.ok()) << prefill.status().to_string();
+    const StepItem chunk{prefill->id, setup.geometry.page_tokens};
+    for (std::size_t b = 0; b < keys.size(); ++b) {
+      auto r = n.run_step(std::span(&chunk, 1), kNanosPerMicro);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      n.settle();
+    }
+    ASSERT_TRUE(n.scheduler().close_sequence(prefill->id).ok());
+    n.settle();
+  }
+  uint32_t in_hbm_not_host = 0;
+  for (const BlockKey& k : keys) {
+    auto info = n.table().lookup(k);
+    ASSERT_TRUE(info.ok());
+    ASSERT_EQ(info->nvme, CopyState::kReady) << to_string(k);
+    const bool all_hbm = std::all_of(info->pages.begin(), info->pages.end(),
+                                     [](const PageInfo& p) { return p.hbm == CopyState::kReady; });
+    const bool no_host = std::all_of(info->pages.begin(), info->pages.end(), [](const PageInfo& p) {
+      return p.host == CopyState::kAbsent;
+    });
+    in_hbm_not_host += all_hbm && no_host;
+  }
+  ASSERT_GE(in_hbm_not_host, 4u) << "the setup should leave most blocks in HBM and on NVMe only";
+  const uint64_t reads_before = n.port().counters(Link::kNvmeToHost).transfers;
+  auto s = n.scheduler().open_sequence(keys);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  ASSERT_EQ(s->reused_blocks, keys.size());
+  const StepItem item{s->id, 1};
+  for (int step = 0; step < 3; ++step) {
+    auto r = n.run_step(std::span(&item, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_EQ(r.stall, 0) << "step " << step << " waited for a load";
+  }
+  EXPECT_EQ(n.port().counters(Link::kNvmeToHost).transfers, reads_before);
+  ASSERT_TRUE(n.scheduler().close_sequence(s->id).ok());
   n.settle();
   expect_consistent(n);
 }
