@@ -379,14 +379,12 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
   // loads steps waited for.
   const uint32_t layers = options_.geometry.layers;
   bool any_host = false;
-  bool in_hbm = true;
+  bool in_hbm = false;
   CopyState nvme = CopyState::kAbsent;
   Status s = parts_.table->visit(key, [&](const EntryView& v) {
     nvme = v.state(CopyId::nvme());
     any_host = v.copies(Tier::kHost) > 0;
-    for (uint32_t l = 0; l < layers && in_hbm; ++l) {
-      in_hbm = v.state(CopyId::hbm(l)) == CopyState::kReady;
-    }
+    in_hbm = v.hbm_ready_pages() == layers;
   });
   if (!s.ok() || in_hbm) return;
   // A demand joins a read issued as a prefetch: the read moves up its link's queue, or, still
