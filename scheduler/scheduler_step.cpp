@@ -257,17 +257,21 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   steps_.emplace(s.id, std::move(step));
   stats_.steps.fetch_add(1, std::memory_order_relaxed);
   if (s.windowed) stats_.windowed_steps.fetch_add(1, std::memory_order_relaxed);
+  ResidentPins resident;
+  if (!s.windowed) pin_resident_blocks(s, resident);
+  pins_ahead_ = &resident;  // room made from here on gives these pins back first
   if (!s.windowed) {
-    // Every layer of each block is needed: bring NVMe-only blocks up with one read each.
+    // Every layer of each block is needed: bring NVMe-only blocks up with one read each. A block
+    // pinned above is in HBM in every layer, and needs none.
+    std::size_t slot = 0;  // resident.keys lists the step's blocks in this order
     for (const auto& blocks : s.blocks) {
       for (const BlockKey& key : blocks) {
-        if (!s.new_blocks.contains(key)) ensure_block_in_host(key, TransferPriority::kDemand);
+        if (resident.pinned[slot++] == 0 && !s.new_blocks.contains(key)) {
+          ensure_block_in_host(key, TransferPriority::kDemand);
+        }
       }
     }
   }
-  ResidentPins resident;
-  if (!s.windowed) pin_resident_blocks(s, resident);
-  pins_ahead_ = &resident;
   Status planned = ok_status();
   for (uint32_t l = 0; l < s.window && planned.ok(); ++l) planned = plan_layer(s, l);
   pins_ahead_ = nullptr;
