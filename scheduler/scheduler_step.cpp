@@ -503,8 +503,7 @@ void Scheduler::finish_written_pages(Step& step, uint32_t layer) {
         continue;
       }
       // An existing page the engine appended to: copies below are stale.
-      auto info = parts_.table->lookup(key);
-      if (info.ok() && info->pages[layer].host == CopyState::kReady) {
+      if (page_snapshot(key, layer).host == CopyState::kReady) {
         parts_.table->drop(key, CopyId::host(layer)).ignore();
         sync_membership(key, Tier::kHost);
         serve_frame_waiters(Tier::kHost);
@@ -614,9 +613,7 @@ void Scheduler::release_layer(Step& step, uint32_t layer) {
     // The context does not fit: the finished layer leaves HBM now, to make room for the next.
     for (const auto& blocks : step.blocks) {
       for (const BlockKey& key : blocks) {
-        auto info = parts_.table->lookup(key);
-        if (!info.ok()) continue;
-        const PageInfo& p = info->pages[layer];
+        const PageSnapshot p = page_snapshot(key, layer);
         if (p.hbm != CopyState::kReady || p.pins != 0 || protected_.contains(key)) continue;
         if (p.host == CopyState::kReady) {
           parts_.table->drop(key, CopyId::hbm(layer)).ignore();
