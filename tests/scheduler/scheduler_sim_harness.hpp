@@ -127,9 +127,10 @@ class SimWorld {
       // ready" says less than that, so it is not asked; what the scheduler waits on is told, as
       // the runtime's wait_layer tells it. Events that never end are a livelock, and fail.
       const bool idle = loop().pending() == 0;
-      if (!done && !idle)
+      if (!done && !idle) {
         ADD_FAILURE() << "layer " << l << " waited for " << kMaxSettleEvents
                       << " events; pending: " << scheduler().pending_summary();
+      }
       Status w = done ? (*ready)->wait(0)
                       : deadline_exceeded(std::string("layer never became ready (") +
                                           (idle ? "simulation idle" : "livelock") +
