@@ -126,15 +126,15 @@ class SimWorld {
       // Once the simulation goes idle the layer cannot become ready: the readiness's own "not
       // ready" says less than that, so it is not asked; what the scheduler waits on is told, as
       // the runtime's wait_layer tells it. Events that never end are a livelock, and fail.
-      const bool idle = loop().pending() == 0;
-      if (!done && !idle) {
-        ADD_FAILURE() << "layer " << l << " waited for " << kMaxSettleEvents
-                      << " events; pending: " << scheduler().pending_summary();
+      Status w;
+      if (done) {
+        w = (*ready)->wait(0);
+      } else if (loop().pending() == 0) {
+        w = deadline_exceeded("layer never became ready (simulation idle); waiting on: " +
+                              scheduler().pending_summary());
+      } else {
+        w = livelock("layer " + std::to_string(l) + " waited for");
       }
-      Status w = done ? (*ready)->wait(0)
-                      : deadline_exceeded(std::string("layer never became ready (") +
-                                          (idle ? "simulation idle" : "livelock") +
-                                          "); waiting on: " + scheduler().pending_summary());
       if (!w.ok()) {
         r.status = w;
         scheduler().abort_step(info->id).ignore();
@@ -157,10 +157,7 @@ class SimWorld {
       }
       if (loop().run_until(loop().now() + compute_per_layer, kMaxSettleEvents) ==
           kMaxSettleEvents) {
-        r.status = deadline_exceeded(
-            "layer " + std::to_string(l) + " computed for " + std::to_string(kMaxSettleEvents) +
-            " events (livelock); pending: " + scheduler().pending_summary());
-        ADD_FAILURE() << r.status.to_string();
+        r.status = livelock("layer " + std::to_string(l) + " computed for");
         scheduler().abort_step(info->id).ignore();
         return r;
       }
@@ -211,12 +208,20 @@ class SimWorld {
   // a block staged down and dropped again for ever) fail the test instead of hanging it.
   void settle() {
     if (loop().run_until_idle(kMaxSettleEvents) == kMaxSettleEvents && loop().pending() != 0) {
-      ADD_FAILURE() << "the simulation did not settle in " << kMaxSettleEvents
-                    << " events; pending: " << scheduler().pending_summary();
+      livelock("the simulation ran without settling for").ignore();
     }
   }
 
  private:
+  // Fails the test: `what` ran for kMaxSettleEvents events and the loop still has more. The
+  // status says so, with what the scheduler waits on.
+  Status livelock(const std::string& what) {
+    Status s = deadline_exceeded(what + " " + std::to_string(kMaxSettleEvents) +
+                                 " events (a livelock); pending: " + scheduler().pending_summary());
+    ADD_FAILURE() << s.to_string();
+    return s;
+  }
+
   SimSetup setup_;
   std::unique_ptr<kvtier::SimWorld> world_;
 };
