@@ -9,7 +9,9 @@
 // count of the HBM copy (bits 4-15, at most kMaxPins). The header keeps running counts over the
 // pages (copies per tier, ready pages, pinned pages) so that match() and eviction scans decide per
 // block in O(1) instead of walking `layers` pages; every page transition updates them and audit()
-// recomputes them.
+// recomputes them. It also keeps block pins: pins that hold every HBM page at once, taken only
+// while every page is ready there (a step that reads all layers), so that such a step pins and
+// unpins a block in O(1) instead of once per page. A page's pins are its own plus its block's.
 //
 // An EntryRef is a non-owning view of those bytes; it is only valid while the shard that owns the
 // slab is locked and until that slab grows or the slot is released. Rejected: array-of-structs
@@ -46,7 +48,8 @@ struct BlockHeader {
   uint16_t host_copies;   // pages whose host state is not absent
   uint16_t hbm_ready;     // pages ready in HBM
   uint16_t mem_ready;     // pages ready in HBM or in host memory
-  uint16_t pinned_pages;  // pages with at least one pin
+  uint16_t pinned_pages;  // pages with at least one pin of their own (page_meta)
+  uint16_t block_pins;    // pins on every HBM page at once (each page is ready while any is held)
   uint8_t nvme_state;
   uint8_t flags;
 
@@ -55,7 +58,8 @@ struct BlockHeader {
 static_assert(sizeof(BlockHeader) == 96, "BlockHeader layout changed: update the memory figures");
 
 // Page meta bit layout.
-constexpr uint16_t kMaxPins = 0x0FFF;
+constexpr uint16_t kMaxPins = 0x0FFF;       // a page's own pins
+constexpr uint16_t kMaxBlockPins = 0xFFFF;  // a block's
 
 constexpr CopyState meta_hbm_state(uint16_t m) { return static_cast<CopyState>(m & 3u); }
 constexpr CopyState meta_host_state(uint16_t m) { return static_cast<CopyState>((m >> 2) & 3u); }

@@ -49,7 +49,7 @@ uint32_t EntryView::frame(const CopyId& copy) const {
 }
 
 uint32_t EntryView::pins(uint32_t layer) const {
-  return layer < layers() ? meta_pins(entry_.meta(layer)) : 0;
+  return layer < layers() ? meta_pins(entry_.meta(layer)) + entry_.header().block_pins : 0;
 }
 
 std::optional<uint64_t> EntryView::checksum() const {
@@ -349,6 +349,36 @@ uint32_t EntryView::unpin_range(uint32_t first, uint32_t count) {
     if (p == 1) --entry_.header().pinned_pages;
   }
   return not_pinned;
+}
+
+bool EntryView::pin_block(uint32_t* frames, std::size_t stride) {
+  BlockHeader& h = entry_.header();
+  if (h.hbm_ready != layers() || h.block_pins == kMaxBlockPins) return false;
+  ++h.block_pins;
+  for (uint32_t l = 0; l < layers(); ++l) frames[l * stride] = entry_.hbm_frame(l);
+  return true;
+}
+
+bool EntryView::unpin_block() {
+  BlockHeader& h = entry_.header();
+  if (h.block_pins == 0) return false;
+  --h.block_pins;
+  return true;
+}
+
+bool EntryView::split_block_pin(uint32_t first, uint32_t count) {
+  if (entry_.header().block_pins == 0) return false;
+  for (uint32_t l = first; l < first + count; ++l) {
+    if (meta_pins(entry_.meta(l)) == kMaxPins) return false;
+  }
+  for (uint32_t l = first; l < first + count; ++l) {
+    const uint16_t m = entry_.meta(l);
+    const uint32_t p = meta_pins(m);
+    entry_.set_meta(l, make_meta(meta_hbm_state(m), meta_host_state(m), p + 1));
+    if (p == 0) ++entry_.header().pinned_pages;
+  }
+  --entry_.header().block_pins;
+  return true;
 }
 
 Status EntryView::unpin(uint32_t layer) {

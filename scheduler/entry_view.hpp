@@ -69,7 +69,11 @@ class EntryView {
   bool linked() const { return (entry_.header().flags & BlockHeader::kLinked) != 0; }
   std::optional<uint64_t> checksum() const;
   AccessStats stats() const;
-  uint32_t pinned_pages() const { return entry_.header().pinned_pages; }
+  // Pages with at least one pin: every page while the block is pinned whole (block_pins).
+  uint32_t pinned_pages() const {
+    return entry_.header().block_pins != 0 ? layers() : entry_.header().pinned_pages;
+  }
+  uint32_t block_pins() const { return entry_.header().block_pins; }
   // Pages whose copy in `tier` is not absent (for NVMe: 0 or `layers`, the extent holds them all).
   uint32_t copies(Tier tier) const;
   uint32_t hbm_ready_pages() const { return entry_.header().hbm_ready; }
@@ -109,6 +113,16 @@ class EntryView {
   bool pin_range(uint32_t first, uint32_t count, bool ready_only, uint32_t* frames,
                  std::size_t stride);
   uint32_t unpin_range(uint32_t first, uint32_t count);
+  // Block pins: one count that pins every HBM page, taken only when every page is ready there (and
+  // the pages stay ready while any is held: a pinned page is neither drained nor dropped).
+  // pin_block writes the frame of layer l to frames[l * stride] and returns true, or returns false
+  // having changed nothing (a page not ready in HBM, or the most block pins). unpin_block returns
+  // false when the block has no block pin. split_block_pin turns one block pin into pins of pages
+  // [first, first + count) of their own, releasing the others, or returns false having changed
+  // nothing (no block pin, or a page in the range at the most pins of its own).
+  bool pin_block(uint32_t* frames, std::size_t stride);
+  bool unpin_block();
+  bool split_block_pin(uint32_t first, uint32_t count);
   // Drops every ready, unpinned copy in `tier` and returns how many were dropped; copies in
   // flight (filling, draining) and pinned pages are left alone.
   Result<uint32_t> drop_all(Tier tier);

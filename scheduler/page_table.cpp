@@ -149,6 +149,7 @@ BlockInfo PageTable::info_of(EntryRef entry) const {
   info.nvme_generation = v.nvme_generation();
   info.dirty = v.dirty();
   info.match_tier = v.match_tier();
+  info.block_pins = v.block_pins();
   info.pages.resize(layers());
   for (uint32_t l = 0; l < layers(); ++l) {
     PageInfo& p = info.pages[l];
@@ -270,8 +271,10 @@ Status PageTable::erase(const BlockKey& key) {
     if (hd.refcount != 0) {
       return failed_precondition(what + "it has " + std::to_string(hd.refcount) + " references");
     }
-    if (hd.pinned_pages != 0) {
-      return failed_precondition(what + std::to_string(hd.pinned_pages) + " pages are pinned");
+    if (hd.pinned_pages != 0 || hd.block_pins != 0) {
+      return failed_precondition(
+          what + std::to_string(hd.block_pins != 0 ? layout_.layers : hd.pinned_pages) +
+          " pages are pinned");
     }
     if (hd.cached_children != 0) {
       return failed_precondition(what + "it has " + std::to_string(hd.cached_children) +
@@ -490,6 +493,20 @@ Status PageTable::unpin(const BlockKey& key, uint32_t layer) {
 
 namespace {
 
+// Keeps the first error of a batch and drops the others.
+void keep_first(Status& first_error, Status next) {
+  if (first_error.ok()) {
+    first_error = std::move(next);
+  } else {
+    next.ignore();
+  }
+}
+
+Status no_block_pin(const BlockKey& key) {
+  return failed_precondition("cannot unpin block " + to_string(key) +
+                             ": it has no block pin (unpin below zero)");
+}
+
 // Unpins pages [first_layer, first_layer + count) of one entry; the first page that was not
 // pinned, worded by unpin(), goes to `first_error` if that is still OK.
 void unpin_pages(EntryView& v, uint32_t first_layer, uint32_t count, Status& first_error) {
@@ -604,32 +621,6 @@ Status PageTable::pin_layers(std::span<const BlockKey> keys, uint32_t first_laye
                               std::to_string(n) + "; the pins taken were released)");
 }
 
-Result<uint32_t> PageTable::pin_layers_ready(std::span<const BlockKey> keys, uint32_t first_layer,
-                                             uint32_t count, std::span<uint32_t> frames,
-                                             std::span<uint8_t> pinned, PinnedEntries* where) {
-  KVTIER_RETURN_IF_ERROR(check_layer_range("pin_layers_ready", first_layer, count));
-  if (frames.size() != keys.size() * count || pinned.size() != keys.size()) {
-    return invalid_argument("pin_layers_ready: " + std::to_string(keys.size()) + " keys x " +
-                            std::to_string(count) + " layers but room for " +
-                            std::to_string(frames.size()) + " frames and " +
-                            std::to_string(pinned.size()) + " marks");
-  }
-  const std::size_t n = keys.size();
-  uint32_t blocks = 0;
-  if (where != nullptr) {
-    where->entries.clear();
-    where->entries.reserve(keys.size());
-  }
-  for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t shard, uint32_t slot) {
-    pinned[i] = v != nullptr && v->pin_range(first_layer, count, /*ready_only=*/true,
-                                             count == 0 ? nullptr : frames.data() + i, n);
-    blocks += pinned[i];
-    if (pinned[i] && where != nullptr) where->entries.push_back({shard, slot, keys[i]});
-    return true;
-  });
-  return blocks;
-}
-
 Status PageTable::unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer,
                                uint32_t count) {
   KVTIER_RETURN_IF_ERROR(check_layer_range("unpin_layers", first_layer, count));
@@ -646,11 +637,9 @@ Status PageTable::unpin_layers(std::span<const BlockKey> keys, uint32_t first_la
   return first_error;
 }
 
-Status PageTable::unpin_layers(const PinnedEntries& where, uint32_t first_layer, uint32_t count) {
-  KVTIER_RETURN_IF_ERROR(check_layer_range("unpin_layers", first_layer, count));
-  Status first_error;
-  first_error.ignore();
-  std::vector<BlockKey> elsewhere;  // not in the slot they were pinned in: looked up below
+template <typename Fn>
+std::vector<BlockKey> PageTable::for_each_pinned_entry(const PinnedEntries& where, Fn&& fn) {
+  std::vector<BlockKey> elsewhere;  // not in the slot they were pinned in
   const std::vector<PinnedEntries::Entry>& entries = where.entries;
   for (std::size_t pos = 0; pos < entries.size();) {
     Shard& s = shards_[entries[pos].shard & shard_mask_];  // masked: never past the shards
@@ -663,18 +652,68 @@ Status PageTable::unpin_layers(const PinnedEntries& where, uint32_t first_layer,
         continue;
       }
       EntryView v = make_view(entry_at(s, e.slot), nullptr);
-      unpin_pages(v, first_layer, count, first_error);
+      fn(v, e.key);
     }
   }
-  if (!elsewhere.empty()) {
-    Status looked_up = unpin_layers(std::span<const BlockKey>(elsewhere), first_layer, count);
-    if (first_error.ok()) {
-      first_error = std::move(looked_up);
+  return elsewhere;
+}
+
+Result<uint32_t> PageTable::pin_blocks_ready(std::span<const BlockKey> keys,
+                                             std::span<uint32_t> frames, std::span<uint8_t> pinned,
+                                             PinnedEntries* where) {
+  const uint32_t layers = layout_.layers;
+  if (frames.size() != keys.size() * layers || pinned.size() != keys.size()) {
+    return invalid_argument("pin_blocks_ready: " + std::to_string(keys.size()) + " keys x " +
+                            std::to_string(layers) + " layers but room for " +
+                            std::to_string(frames.size()) + " frames and " +
+                            std::to_string(pinned.size()) + " marks");
+  }
+  const std::size_t n = keys.size();
+  uint32_t blocks = 0;
+  if (where != nullptr) {
+    where->entries.clear();
+    where->entries.reserve(keys.size());
+  }
+  for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t shard, uint32_t slot) {
+    pinned[i] = v != nullptr && v->pin_block(frames.data() + i, n);
+    blocks += pinned[i];
+    if (pinned[i] && where != nullptr) where->entries.push_back({shard, slot, keys[i]});
+    return true;
+  });
+  return blocks;
+}
+
+Status PageTable::unpin_blocks(const PinnedEntries& where) {
+  Status first_error;
+  first_error.ignore();
+  const auto unpin = [&](EntryView& v, const BlockKey& key) {
+    if (!v.unpin_block() && first_error.ok()) first_error = no_block_pin(key);
+  };
+  const std::vector<BlockKey> elsewhere = for_each_pinned_entry(where, unpin);
+  for_each_by_shard(elsewhere, [&](uint32_t i, EntryView* v, uint32_t, uint32_t) {
+    if (v == nullptr) {
+      keep_first(first_error, not_found_error(elsewhere[i]));
     } else {
-      looked_up.ignore();
+      unpin(*v, elsewhere[i]);
     }
-  }
+    return true;
+  });
   return first_error;
+}
+
+Result<std::vector<BlockKey>> PageTable::split_block_pins(std::span<const BlockKey> keys,
+                                                          uint32_t first_layer, uint32_t count) {
+  KVTIER_RETURN_IF_ERROR(check_layer_range("split_block_pins", first_layer, count));
+  std::vector<uint8_t> whole(keys.size(), 0);
+  for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t, uint32_t) {
+    whole[i] = v == nullptr || !v->split_block_pin(first_layer, count);
+    return true;
+  });
+  std::vector<BlockKey> left;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (whole[i]) left.push_back(keys[i]);
+  }
+  return left;
 }
 
 bool PageTable::slot_holds(const Shard& shard, uint32_t slot, const BlockKey& key) const {
@@ -770,7 +809,7 @@ bool PageTable::scan_candidates(Tier tier, ScanCursor& cursor, std::size_t max,
       uint32_t evictable = 0;
       switch (tier) {
         case Tier::kHbm:
-          if (hd.hbm_ready == 0) break;
+          if (hd.hbm_ready == 0 || hd.block_pins != 0) break;
           for (uint32_t l = 0; l < layers(); ++l) {
             const uint16_t m = e.meta(l);
             evictable += meta_hbm_state(m) == CopyState::kReady && meta_pins(m) == 0;
@@ -793,7 +832,7 @@ bool PageTable::scan_candidates(Tier tier, ScanCursor& cursor, std::size_t max,
       c.stats = AccessStats{hd.last_access, hd.inserted, hd.hits};
       c.refcount = hd.refcount;
       c.cached_children = hd.cached_children;
-      c.pinned_pages = hd.pinned_pages;
+      c.pinned_pages = hd.block_pins != 0 ? layers() : hd.pinned_pages;
       c.evictable = evictable;
       c.dirty = make_view(e, nullptr).dirty();
       out.push_back(c);

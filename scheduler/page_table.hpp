@@ -3,7 +3,8 @@
 //
 // What it owns. One entry per block (scheduler/block_entry.hpp): per layer page, the HBM and host
 // frame and the state of each copy; per block, the NVMe extent with its state and generation, a
-// reference count (sequences sharing the block), per-page pin counts (steps reading it), a checksum
+// reference count (sequences sharing the block), pin counts per page and per whole block (steps
+// reading it: a page's pins are its own plus its block's), a checksum
 // slot, the parent key with a cached-children count, and access statistics. The table allocates and
 // frees frames itself inside the transitions (copy-state diagram in scheduler/copy_state.hpp), from
 // the tiers' allocators given at creation, so used + free = capacity holds by construction and
@@ -15,8 +16,8 @@
 // (EntrySlab). Lock order:
 //   1. shard mutexes, in ascending shard index when two are needed (create_block and erase take
 //      the block's and its parent's shard; publish takes the private and the content key's shard);
-//      snapshot() and audit() take all of them in ascending order; match(), pin_layers(),
-//      unpin_layers() and scans hold one shard at a time;
+//      snapshot() and audit() take all of them in ascending order; match(), the batched pin calls
+//      and scans hold one shard at a time;
 //   2. the allocators are lock-free and are called under a shard lock;
 //   3. nothing else: no I/O, no waiting, no call into other kvtier components under a shard lock.
 // The callbacks of update() and visit() run under the entry's shard lock. They must be short, must
@@ -116,6 +117,7 @@ struct BlockInfo {
   uint64_t nvme_generation = 0;
   bool dirty = false;
   std::optional<Tier> match_tier;  // nullopt: not cached
+  uint32_t block_pins = 0;         // pins on every page at once (counted in each page's pins)
   std::vector<PageInfo> pages;
   friend bool operator==(const BlockInfo&, const BlockInfo&) = default;
 };
@@ -213,10 +215,15 @@ class PageTable {
   // listed twice is pinned twice.
   Status pin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count,
                     std::span<uint32_t> frames);
-  // Where the entries of blocks pinned by pin_layers_ready sit, shard by shard, so that whoever
-  // pinned them unpins them again, a layer at a time, with no lookup per key: an entry with a pin
-  // is neither erased nor moved. Each use still checks that the slot holds the key (and looks up
-  // a key whose slot does not).
+  // Unpins the same pages; keeps going past errors and returns the first.
+  Status unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count);
+  // One layer: a step's block table for `layer`.
+  Status pin_layer(std::span<const BlockKey> keys, uint32_t layer, std::span<uint32_t> frames);
+  Status unpin_layer(std::span<const BlockKey> keys, uint32_t layer);
+  // Where the entries of blocks pinned by pin_blocks_ready sit, shard by shard, so that whoever
+  // pinned them unpins them again with no lookup per key: an entry with a pin is neither erased
+  // nor moved. Each use still checks that the slot holds the key (and looks up a key whose slot
+  // does not).
   struct PinnedEntries {
     struct Entry {
       uint32_t shard = 0;
@@ -226,21 +233,25 @@ class PageTable {
     std::vector<Entry> entries;  // in shard order
     bool empty() const { return entries.empty(); }
   };
-  // The same where it can be done in full and nothing else: each block whose pages
-  // [first_layer, first_layer + count) are all ready in HBM (each below the most pins a page can
-  // have) is pinned there, its frames written as above and pinned[i] set to 1; any other block
-  // (unknown, or a page not ready) is left as it was, with pinned[i] = 0. Returns how many blocks
-  // were pinned; kInvalidArgument (pinning nothing) for a layer range or spans that do not fit.
-  // `where`, when given, gets the entries of the blocks pinned (and loses what it held).
-  Result<uint32_t> pin_layers_ready(std::span<const BlockKey> keys, uint32_t first_layer,
-                                    uint32_t count, std::span<uint32_t> frames,
+  // Block pins (EntryView::pin_block): what a step that reads every layer takes, one count per
+  // block instead of one per page (a decode step of 32 sequences x 4k tokens pins 8k blocks
+  // instead of 262k pages). Each block of `keys` whose pages are all ready in HBM is pinned, its
+  // frames written as pin_layers writes them (frames[layer * keys.size() + i]) and pinned[i] set to
+  // 1; any other block (unknown, or a page not ready) is left as it was, with pinned[i] = 0.
+  // Returns how many were pinned; kInvalidArgument (pinning nothing) for spans that do not fit.
+  // `where`, when given, gets the entries of the blocks pinned (and loses what it held). A block
+  // pin holds every page until unpin_blocks; it is told from a page's own pins (unpin_layers does
+  // not release it).
+  Result<uint32_t> pin_blocks_ready(std::span<const BlockKey> keys, std::span<uint32_t> frames,
                                     std::span<uint8_t> pinned, PinnedEntries* where = nullptr);
-  // Unpins the same pages; keeps going past errors and returns the first.
-  Status unpin_layers(std::span<const BlockKey> keys, uint32_t first_layer, uint32_t count);
-  Status unpin_layers(const PinnedEntries& where, uint32_t first_layer, uint32_t count);
-  // One layer: a step's block table for `layer`.
-  Status pin_layer(std::span<const BlockKey> keys, uint32_t layer, std::span<uint32_t> frames);
-  Status unpin_layer(std::span<const BlockKey> keys, uint32_t layer);
+  // Releases one block pin of each block; keeps going past errors and returns the first.
+  Status unpin_blocks(const PinnedEntries& where);
+  // Turns one block pin of each block into pins of pages [first_layer, first_layer + count) of
+  // their own (EntryView::split_block_pin). Returns the keys it could not split, in `keys`' order,
+  // which keep their block pin: unknown, without a block pin, or with a page of the range at the
+  // most pins of its own.
+  Result<std::vector<BlockKey>> split_block_pins(std::span<const BlockKey> keys,
+                                                 uint32_t first_layer, uint32_t count);
 
   // ---- Compound updates ----
   // Runs fn(EntryView&) -> Status under the block's shard lock. All or nothing: when fn returns an
@@ -328,6 +339,10 @@ class PageTable {
   // that: the first ones in thread_scratch().order.
   template <typename Fn>
   std::size_t for_each_by_shard(std::span<const BlockKey> keys, Fn&& fn);
+  // The walk of the calls given PinnedEntries: fn(view, key) for each entry still in its slot,
+  // each shard locked once; returns the keys that were not (moved or gone), for a lookup.
+  template <typename Fn>
+  std::vector<BlockKey> for_each_pinned_entry(const PinnedEntries& where, Fn&& fn);
   // kInvalidArgument "<op> of layers [first, first + count): ..." past the blocks' layers.
   Status check_layer_range(const char* op, uint32_t first, uint32_t count) const;
   Status not_found_error(const BlockKey& key) const;

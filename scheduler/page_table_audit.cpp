@@ -162,6 +162,11 @@ Status PageTable::audit() const {
             std::to_string(hd.mem_ready) + "/" + std::to_string(mem_ready) + ", pinned " +
             std::to_string(hd.pinned_pages) + "/" + std::to_string(pinned) + ")");
       }
+      if (hd.block_pins != 0 && hd.hbm_ready != layers()) {
+        return internal_error(block() + " has " + std::to_string(hd.block_pins) +
+                              " block pins but only " + std::to_string(hd.hbm_ready) + " of " +
+                              std::to_string(layers()) + " pages ready in HBM");
+      }
       if ((hd.flags & BlockHeader::kLinked) != 0) {
         const uint64_t ph = hash_key(hd.parent);
         if (find_slot(shard_for(ph), ph, hd.parent) == FlatKeyMap::kNotFound) {

@@ -211,14 +211,18 @@ class Scheduler {
   // at once (one lookup per block: most of a decode step's blocks), for plan_layer to read.
   void pin_resident_blocks(Step& step, ResidentPins& r);
   // What every room plan of HBM does first (make_room, check_watermarks): a plan must see the pins
-  // begin_step took page by page, never those it took ahead. So the pins pins_ahead_ holds ahead
-  // of the page plan_layer is at are unpinned, and the others go to the step's per-layer lists.
+  // begin_step took page by page, never those it took ahead. So the block pins pins_ahead_ holds
+  // become pins of the pages before the one plan_layer is at, which go to the step's per-layer
+  // lists, and the pages from there on are unpinned.
   void give_back_pins_ahead();
   // Pins what `layer` reads, loading what is missing (blocks pins_ahead_ holds: their frames).
   Status plan_layer(Step& step, uint32_t layer);
   void release_layer(Step& step, uint32_t layer);
   // Unpins every page the step pinned in `layer` (release_layer, abort_step).
   void unpin_layer(Step& step, uint32_t layer);
+  // Releases the block pins of the blocks a step that is not windowed holds whole (end_step,
+  // abort_step).
+  void release_resident_pins(Step& step);
   // HBM frames a new batch cannot have (see the definition).
   uint64_t frames_held() const;
   // kvtier::kept_in_memory of a block a sequence holds.

@@ -275,11 +275,9 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   Status planned = ok_status();
   for (uint32_t l = 0; l < s.window && planned.ok(); ++l) planned = plan_layer(s, l);
   pins_ahead_ = nullptr;
-  if (resident.held) {
-    // Held to the end, no room planned meanwhile: the step holds these blocks whole (unpinned with
-    // each layer it ends, or all at once by end_step).
-    s.resident = std::move(resident.entries);
-  }
+  // The blocks still pinned whole (all of them when no room was planned meanwhile) stay so until
+  // the step ends.
+  s.resident = std::move(resident.entries);
   KVTIER_RETURN_IF_ERROR(planned);
 
   StepInfo info;
@@ -302,8 +300,7 @@ void Scheduler::pin_resident_blocks(Step& step, ResidentPins& r) {
   }
   r.pinned.assign(r.keys.size(), 0);
   r.frames.assign(r.keys.size() * step.layers, 0);
-  auto pinned =
-      parts_.table->pin_layers_ready(r.keys, 0, step.layers, r.frames, r.pinned, &r.entries);
+  auto pinned = parts_.table->pin_blocks_ready(r.keys, r.frames, r.pinned, &r.entries);
   if (!pinned.ok()) {
     // Not expected (the spans are sized above): every page then takes plan_layer's path.
     r.pinned.assign(r.keys.size(), 0);
@@ -317,24 +314,39 @@ void Scheduler::give_back_pins_ahead() {
   ResidentPins& r = *pins_ahead_;
   r.held = false;
   Step& step = *r.step;
-  // Layer by layer, plan_layer had reached every page before (layer, slot): those stay pinned and
-  // go to the per-layer lists; the pages from there on are unpinned, as page by page they were not
-  // pinned yet.
+  // Layer by layer, plan_layer had reached every page before (layer, slot): those become pins of
+  // their own and go to the per-layer lists; the pages from there on are unpinned, as page by
+  // page they were not pinned yet.
   std::vector<BlockKey> reached;  // pinned blocks whose page in `r.layer` was reached
   std::vector<BlockKey> ahead;
   for (std::size_t slot = 0; slot < r.keys.size(); ++slot) {
-    if (!r.pinned[slot]) continue;
-    const BlockKey& key = r.keys[slot];
-    for (uint32_t l = 0; l < r.layer; ++l) step.pinned[l].push_back(key);
-    if (slot < r.slot) {
-      step.pinned[r.layer].push_back(key);
-      reached.push_back(key);
-    } else {
-      ahead.push_back(key);
-    }
+    if (r.pinned[slot]) (slot < r.slot ? reached : ahead).push_back(r.keys[slot]);
   }
-  parts_.table->unpin_layers(reached, r.layer + 1, step.layers - r.layer - 1).ignore();
-  parts_.table->unpin_layers(ahead, r.layer, step.layers - r.layer).ignore();
+  // A block whose page pins are at their most keeps its block pin to the end of the step (it
+  // stays in HBM, and plan_layer pins its pages again as any other's). Counted per key: a block
+  // two sequences of the batch read is pinned twice.
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> whole;
+  const auto split = [&](const std::vector<BlockKey>& keys, uint32_t layers) {
+    auto left = parts_.table->split_block_pins(keys, 0, layers);
+    std::unordered_map<BlockKey, uint32_t, BlockKeyHash> failed;
+    for (const BlockKey& key : left.ok() ? *left : keys) ++failed[key];
+    for (const BlockKey& key : keys) {
+      if (auto it = failed.find(key); it != failed.end() && it->second > 0) {
+        --it->second;
+        ++whole[key];
+        continue;
+      }
+      for (uint32_t l = 0; l < layers; ++l) step.pinned[l].push_back(key);
+    }
+  };
+  split(reached, r.layer + 1);
+  split(ahead, r.layer);
+  std::erase_if(r.entries.entries, [&](const PageTable::PinnedEntries::Entry& e) {
+    auto it = whole.find(e.key);
+    if (it == whole.end() || it->second == 0) return true;
+    --it->second;
+    return false;
+  });
 }
 
 Status Scheduler::plan_layer(Step& step, uint32_t layer) {
@@ -597,12 +609,16 @@ uint64_t Scheduler::protected_count(std::span<const BlockKey> keys) const {
       keys.begin(), keys.end(), [this](const BlockKey& k) { return protected_.contains(k); }));
 }
 
+void Scheduler::release_resident_pins(Step& step) {
+  parts_.table->unpin_blocks(step.resident).ignore();
+  step.resident.entries.clear();
+}
+
 void Scheduler::unpin_layer(Step& step, uint32_t layer) {
   // One lock per shard for the layer's pins; a page whose pin is gone already (its block was
   // given up) is passed over.
   parts_.table->unpin_layer(step.pinned[layer], layer).ignore();
   step.pinned[layer].clear();
-  if (!step.resident.empty()) parts_.table->unpin_layers(step.resident, layer, 1).ignore();
 }
 
 void Scheduler::release_layer(Step& step, uint32_t layer) {
@@ -752,12 +768,7 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
                                " never became ready (a load failed, or it was not waited for); "
                                "its pages were not written, so the step was aborted");
   }
-  if (std::find(step->released.begin(), step->released.end(), 1) == step->released.end()) {
-    // No layer was ended on its own: the blocks pinned in every layer at once are unpinned the
-    // same way, in one pass each instead of one per page.
-    parts_.table->unpin_layers(step->resident, 0, step->layers).ignore();
-    step->resident.entries.clear();
-  }
+  release_resident_pins(*step);
   for (uint32_t l = 0; l < step->layers; ++l) {
     if (!step->released[l]) {
       finish_written_pages(*step, l);
@@ -821,6 +832,7 @@ Status Scheduler::abort_step(StepId id) {
       abort_failed_fills(*step, l);
     }
   }
+  release_resident_pins(*step);
   step->ended = true;
   for (std::size_t i = 0; i < step->items.size(); ++i) {
     auto seq_r = find_sequence(step->items[i].sequence);

@@ -42,8 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Harness& harness = **h;
   Op op;
   for (int n = 0; n < kMaxOps && decode_op(src, layers, op); ++n) {
-    harness.steer(op, src.next());
-    for (Op& sub : op.sub) harness.steer(sub, src.next());
+    harness.steer(op, src);
     std::string err = harness.apply(op);
     if (err.empty()) err = harness.compare_all();
     if (!err.empty()) fail(err);

@@ -9,8 +9,10 @@
 // (bytes from a seeded generator) and the fuzz target (bytes from libFuzzer) share one decoder.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,6 +49,9 @@ enum class OpKind : uint8_t {
   kDropAll,
   kPin,
   kUnpin,
+  kPinBlock,
+  kUnpinBlock,
+  kSplitBlockPin,  // one block pin into page pins of layers [0, layer)
   kSetChecksum,
   kTouch,
   kMatch,
@@ -54,12 +59,17 @@ enum class OpKind : uint8_t {
   kAudit,
 };
 
+constexpr int kOpKinds = static_cast<int>(OpKind::kAudit) + 1;
+
 inline const char* op_kind_name(OpKind k) {
-  static const char* const kNames[] = {
-      "create",       "erase",         "publish",    "acquire",     "release",
-      "begin_fill",   "complete_fill", "abort_fill", "begin_drain", "complete_drain",
-      "cancel_drain", "drop",          "drop_all",   "pin",         "unpin",
-      "set_checksum", "touch",         "match",      "update",      "audit"};
+  static const char* const kNames[] = {"create",         "erase",        "publish",
+                                       "acquire",        "release",      "begin_fill",
+                                       "complete_fill",  "abort_fill",   "begin_drain",
+                                       "complete_drain", "cancel_drain", "drop",
+                                       "drop_all",       "pin",          "unpin",
+                                       "pin_block",      "unpin_block",  "split_block_pin",
+                                       "set_checksum",   "touch",        "match",
+                                       "update",         "audit"};
   return kNames[static_cast<int>(k)];
 }
 
@@ -111,6 +121,7 @@ inline constexpr OpKind kKindTable[] = {
     OpKind::kAbortFill,   OpKind::kBeginDrain,   OpKind::kBeginDrain,   OpKind::kCompleteDrain,
     OpKind::kCancelDrain, OpKind::kDrop,         OpKind::kDrop,         OpKind::kDropAll,
     OpKind::kPin,         OpKind::kPin,          OpKind::kUnpin,        OpKind::kUnpin,
+    OpKind::kPinBlock,    OpKind::kPinBlock,     OpKind::kUnpinBlock,   OpKind::kSplitBlockPin,
     OpKind::kSetChecksum, OpKind::kTouch,        OpKind::kMatch,        OpKind::kMatch,
     OpKind::kUpdate,      OpKind::kUpdate,       OpKind::kUpdate,       OpKind::kAudit};
 
@@ -307,20 +318,31 @@ class Harness {
   uint64_t ops_applied() const { return ops_; }
   // Operations the table accepted (the rest were refused, as the model expected).
   uint64_t ops_accepted() const { return accepted_; }
+  uint64_t ops_accepted(OpKind kind) const { return accepted_by_kind_[static_cast<int>(kind)]; }
 
   // Applies op to the table and to the model; returns "" or a description of the divergence.
   std::string apply(const Op& op) {
     ++ops_;
+    const uint64_t before = accepted_;
     std::string err = apply_one(op);
+    accepted_by_kind_[static_cast<int>(op.kind)] += accepted_ - before;
     if (!err.empty())
       return "op " + std::to_string(ops_) + " " + op_kind_name(op.kind) + ": " + err;
     return "";
   }
 
-  // Random operations on random copies are mostly illegal; `selector` (a byte of the same stream)
-  // turns three in four copy operations and unpins into ones the model says are legal, so long
-  // sequences reach deep states. The rest stay raw, to keep illegal transitions in the mix.
-  void steer(Op& op, uint8_t selector) const {
+  // Random operations on random copies are mostly illegal; a byte of the same stream per
+  // operation (and per operation inside an update) turns three in four copy operations and unpins
+  // into ones the model says are legal, so long sequences reach deep states. The rest stay raw, to
+  // keep illegal transitions in the mix.
+  void steer(Op& op, ByteSource& src) const {
+    const bool decoded_update = op.kind == OpKind::kUpdate;
+    steer_one(op, src.next(), /*nested=*/false);
+    if (!decoded_update) return;  // an update steer_one made is legal as it is
+    for (Op& sub : op.sub) steer_one(sub, src.next(), /*nested=*/true);
+  }
+
+  void steer_one(Op& op, uint8_t selector, bool nested) const {
     if (selector % 4 == 0) return;
     const auto it = model_.blocks.find(pool_key(op.key));
     if (it == model_.blocks.end()) return;
@@ -334,6 +356,10 @@ class Harness {
         op.kind = OpKind::kRelease;
         return;
       }
+      if (b.block_pins > 0) {
+        op.kind = OpKind::kUnpinBlock;
+        return;
+      }
       for (uint32_t l = 0; l < model_.layers; ++l) {
         if (b.pages[l].pins > 0) {
           op.kind = OpKind::kUnpin;
@@ -343,10 +369,15 @@ class Harness {
       }
       return;
     }
+    if ((op.kind == OpKind::kUnpinBlock || op.kind == OpKind::kSplitBlockPin) &&
+        b.block_pins == 0) {
+      op.kind = OpKind::kPinBlock;
+      return;
+    }
     if (op.kind == OpKind::kUnpin || op.kind == OpKind::kPin) {
       for (uint32_t i = 0; i < model_.layers; ++i) {
         const uint32_t l = (op.layer + i) % model_.layers;
-        const bool pinned = b.pages[l].pins > 0;
+        const bool pinned = own_pins(b, l) > 0;
         const bool pinnable =
             b.pages[l].hbm == CopyState::kFilling || b.pages[l].hbm == CopyState::kReady;
         if ((op.kind == OpKind::kUnpin && pinned) || (op.kind == OpKind::kPin && pinnable)) {
@@ -354,6 +385,45 @@ class Harness {
           return;
         }
       }
+      return;
+    }
+    if (op.kind == OpKind::kPinBlock && !nested) {
+      // A block pin needs every page ready in HBM, rare among random copy operations: take a
+      // block that has them, or make this one's ready and pin it in one update (which the table
+      // rolls back, block pin and all, when HBM has too few frames).
+      for (uint32_t i = 0; i < kPoolKeys; ++i) {
+        const uint32_t k = (op.key + i) % kPoolKeys;
+        const auto other = model_.blocks.find(pool_key(k));
+        if (other == model_.blocks.end()) continue;
+        const auto& pages = other->second.pages;
+        if (std::all_of(pages.begin(), pages.end(),
+                        [](const PageInfo& p) { return p.hbm == CopyState::kReady; })) {
+          op.key = k;
+          return;
+        }
+      }
+      Op pin = op;
+      op.kind = OpKind::kUpdate;
+      op.sub.clear();
+      for (uint32_t l = 0; l < model_.layers; ++l) {
+        Op sub = pin;
+        sub.tier = Tier::kHbm;
+        sub.layer = l;
+        const auto add = [&](OpKind k) {
+          sub.kind = k;
+          op.sub.push_back(sub);
+        };
+        switch (b.pages[l].hbm) {
+          case CopyState::kAbsent:
+            add(OpKind::kBeginFill);
+            add(OpKind::kCompleteFill);
+            break;
+          case CopyState::kFilling: add(OpKind::kCompleteFill); break;
+          case CopyState::kDraining: add(OpKind::kCancelDrain); break;
+          case CopyState::kReady: break;
+        }
+      }
+      op.sub.push_back(pin);
       return;
     }
     if (op.kind < OpKind::kBeginFill || op.kind > OpKind::kDrop) return;
@@ -415,7 +485,8 @@ class Harness {
       << " stats=" << b.stats.last_access << "/" << b.stats.inserted << "/" << b.stats.hits
       << " nvme=" << copy_state_name(b.nvme) << ":" << b.nvme_extent << "@" << b.nvme_generation
       << " dirty=" << b.dirty
-      << " tier=" << (b.match_tier ? std::string(tier_name(*b.match_tier)) : "-") << " pages=";
+      << " tier=" << (b.match_tier ? std::string(tier_name(*b.match_tier)) : "-")
+      << " block_pins=" << b.block_pins << " pages=";
     for (const PageInfo& p : b.pages) {
       o << "[" << copy_state_name(p.hbm) << ":" << p.hbm_frame << " " << copy_state_name(p.host)
         << ":" << p.host_frame << " pins " << p.pins << "]";
@@ -453,15 +524,29 @@ class Harness {
         } else if (b.pages[op.layer].hbm != CopyState::kFilling &&
                    b.pages[op.layer].hbm != CopyState::kReady) {
           want = StatusCode::kFailedPrecondition;
-        } else if (b.pages[op.layer].pins == kMaxPins) {
+        } else if (own_pins(b, op.layer) == kMaxPins) {
           want = StatusCode::kResourceExhausted;
         }
         break;
       case OpKind::kUnpin:
         if (op.layer >= model_.layers) {
           want = StatusCode::kInvalidArgument;
-        } else if (b.pages[op.layer].pins == 0) {
+        } else if (own_pins(b, op.layer) == 0) {
           want = StatusCode::kFailedPrecondition;
+        }
+        break;
+      case OpKind::kPinBlock:
+        for (const PageInfo& p : b.pages) {
+          if (p.hbm != CopyState::kReady) want = StatusCode::kFailedPrecondition;
+        }
+        break;
+      case OpKind::kUnpinBlock:
+        if (b.block_pins == 0) want = StatusCode::kFailedPrecondition;
+        break;
+      case OpKind::kSplitBlockPin:
+        if (b.block_pins == 0) want = StatusCode::kFailedPrecondition;
+        for (uint32_t l = 0; l < op.layer && l < model_.layers; ++l) {
+          if (own_pins(b, l) == kMaxPins) want = StatusCode::kFailedPrecondition;
         }
         break;
       case OpKind::kSetChecksum:
@@ -485,6 +570,22 @@ class Harness {
         }
         break;
       case OpKind::kUnpin: --b.pages[op.layer].pins; break;
+      case OpKind::kPinBlock:
+        ++b.block_pins;
+        for (PageInfo& p : b.pages) ++p.pins;
+        if (table_value != b.pages.back().hbm_frame) {
+          err = "pin_block gave the last layer frame " + std::to_string(table_value) +
+                ", the page holds " + std::to_string(b.pages.back().hbm_frame);
+        }
+        break;
+      case OpKind::kUnpinBlock:
+        --b.block_pins;
+        for (PageInfo& p : b.pages) --p.pins;
+        break;
+      case OpKind::kSplitBlockPin:
+        --b.block_pins;
+        for (uint32_t l = op.layer; l < model_.layers; ++l) --b.pages[l].pins;
+        break;
       case OpKind::kSetChecksum: b.checksum = op.value; break;
       case OpKind::kTouch: b.stats.last_access = ++model_.clock; break;
       case OpKind::kDropAll: {
@@ -533,6 +634,9 @@ class Harness {
       case OpKind::kRelease: take_r(t.release()); break;
       case OpKind::kPin: take_r(t.pin(op.layer)); break;
       case OpKind::kUnpin: take(t.unpin(op.layer)); break;
+      case OpKind::kPinBlock: take_r(pin_block(t)); break;
+      case OpKind::kUnpinBlock: take(unpin_block(t)); break;
+      case OpKind::kSplitBlockPin: take(split_block_pin(t, op.layer)); break;
       case OpKind::kSetChecksum: t.set_checksum(op.value); break;
       case OpKind::kTouch: t.touch(); break;
       case OpKind::kDropAll: take_r(t.drop_all(op.tier)); break;
@@ -549,6 +653,50 @@ class Harness {
       if (op.kind == OpKind::kSetChecksum || op.kind == OpKind::kTouch) o.code = t.last_code;
     }
     return o;
+  }
+
+  // A page's pins of its own: its pins less its block's.
+  static uint32_t own_pins(const BlockInfo& b, uint32_t layer) {
+    return b.pages[layer].pins - b.block_pins;
+  }
+
+  // Block pins on a view (returns the frame of the last layer) and on the table (its batched
+  // calls over one key; unpin_blocks through an entry in no slot, so it looks the key up).
+  static Result<uint32_t> pin_block(EntryView& v) {
+    std::vector<uint32_t> frames(v.layers());
+    if (!v.pin_block(frames.data(), 1)) return failed_precondition("pin_block refused");
+    return frames.back();
+  }
+  static Status unpin_block(EntryView& v) {
+    return v.unpin_block() ? ok_status() : failed_precondition("unpin_block refused");
+  }
+  static Status split_block_pin(EntryView& v, uint32_t count) {
+    return v.split_block_pin(0, std::min(count, v.layers()))
+               ? ok_status()
+               : failed_precondition("split_block_pin refused");
+  }
+  struct TableTarget;
+  static Result<uint32_t> pin_block(TableTarget& t) {
+    const BlockKey keys[] = {t.key};
+    std::vector<uint32_t> frames(t.pt.layers());
+    uint8_t pinned = 0;
+    KVTIER_ASSIGN_OR_RETURN(uint32_t n, t.pt.pin_blocks_ready(keys, frames, {&pinned, 1}));
+    if (n == 1) return frames.back();
+    return t.pt.contains(t.key) ? failed_precondition("pin_blocks_ready refused")
+                                : not_found("no block");
+  }
+  static Status unpin_block(TableTarget& t) {
+    PageTable::PinnedEntries where;
+    where.entries.push_back({0, std::numeric_limits<uint32_t>::max(), t.key});
+    return t.pt.unpin_blocks(where);
+  }
+  static Status split_block_pin(TableTarget& t, uint32_t count) {
+    const BlockKey keys[] = {t.key};
+    KVTIER_ASSIGN_OR_RETURN(auto left,
+                            t.pt.split_block_pins(keys, 0, std::min(count, t.pt.layers())));
+    if (left.empty()) return ok_status();
+    return t.pt.contains(t.key) ? failed_precondition("split_block_pins refused")
+                                : not_found("no block");
   }
 
   // The table's own single-entry methods, shaped like an EntryView for run_single.
@@ -793,6 +941,7 @@ class Harness {
   Model model_;
   uint64_t ops_ = 0;
   uint64_t accepted_ = 0;
+  std::array<uint64_t, kOpKinds> accepted_by_kind_{};
 };
 
 }  // namespace kvtier::pt_test

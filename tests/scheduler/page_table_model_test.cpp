@@ -29,12 +29,11 @@ void run_sequence(uint64_t seed, const Shape& shape, int steps) {
   auto h = Harness::create(shape.layers, shape.shards, shape.hbm, shape.host, shape.nvme);
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ByteSource src(seed);
-  std::array<int, 20> seen{};
+  std::array<int, pt_test::kOpKinds> seen{};
   for (int step = 0; step < steps; ++step) {
     Op op;
     ASSERT_TRUE(decode_op(src, shape.layers, op));
-    (*h)->steer(op, src.next());
-    for (Op& sub : op.sub) (*h)->steer(sub, src.next());
+    (*h)->steer(op, src);
     ++seen[static_cast<int>(op.kind)];
     const std::string err = (*h)->apply(op);
     ASSERT_TRUE(err.empty()) << "seed " << seed << ": " << err;
@@ -48,7 +47,13 @@ void run_sequence(uint64_t seed, const Shape& shape, int steps) {
   Status audit = (*h)->table().audit();
   ASSERT_TRUE(audit.ok()) << audit.to_string();
   // The sequence exercised every kind of operation, and the table was not trivially empty.
-  for (int k = 0; k < 20; ++k) EXPECT_GT(seen[k], 0) << pt_test::op_kind_name(OpKind(k));
+  for (int k = 0; k < pt_test::kOpKinds; ++k) {
+    EXPECT_GT(seen[k], 0) << pt_test::op_kind_name(OpKind(k));
+  }
+  // Block pins were taken, split and released, not only refused.
+  for (OpKind k : {OpKind::kPinBlock, OpKind::kUnpinBlock, OpKind::kSplitBlockPin}) {
+    EXPECT_GT((*h)->ops_accepted(k), 0u) << pt_test::op_kind_name(k);
+  }
   // A sequence where the table refuses nearly everything would test little.
   EXPECT_GT((*h)->ops_accepted() * 5, (*h)->ops_applied() * 2)
       << (*h)->ops_accepted() << " of " << (*h)->ops_applied() << " operations accepted";

@@ -435,9 +435,9 @@ TEST_F(PageTableTest, PinReadyPinsOnlyAReadyHbmPage) {
   for (uint32_t i = 0; i < kMaxPins; ++i) ok(pt().unpin(k, 0));
 }
 
-// A step that is not windowed pins each block resident in every layer at once: a block with any
-// page not ready is left alone entirely, so the general path sees it untouched.
-TEST_F(PageTableTest, PinLayersReadyPinsWholeResidentBlocksAndLeavesTheRest) {
+// A step that is not windowed pins each block resident in every layer with one block pin: a block
+// with any page not ready is left alone entirely, so the general path sees it untouched.
+TEST_F(PageTableTest, PinBlocksReadyPinsWholeResidentBlocksOnceAndLeavesTheRest) {
   std::vector<BlockKey> keys = resident_blocks(5);
   ok(pt().drop(keys[1], CopyId::hbm(2)));                       // one page missing
   ASSERT_TRUE(pt().begin_drain(keys[3], CopyId::hbm(0)).ok());  // one page leaving
@@ -446,83 +446,115 @@ TEST_F(PageTableTest, PinLayersReadyPinsWholeResidentBlocksAndLeavesTheRest) {
   const std::size_t n = keys.size();
   std::vector<uint32_t> frames(n * kLayers, 0);
   std::vector<uint8_t> pinned(n, 7);
-  auto blocks = pt().pin_layers_ready(keys, 0, kLayers, frames, pinned);
+  auto blocks = pt().pin_blocks_ready(keys, frames, pinned);
   ASSERT_TRUE(blocks.ok()) << blocks.status().to_string();
   EXPECT_EQ(*blocks, 4u);
   EXPECT_EQ(pinned, (std::vector<uint8_t>{1, 0, 1, 0, 1, 0, 1}));
   for (std::size_t i : {std::size_t{0}, std::size_t{2}, std::size_t{4}}) {
     const BlockInfo b = info(keys[i]);
+    EXPECT_EQ(b.block_pins, i == 0 ? 2u : 1u) << "block " << i;
     for (uint32_t l = 0; l < kLayers; ++l) {
       EXPECT_EQ(frames[l * n + i], b.pages[l].hbm_frame) << "block " << i << " layer " << l;
       EXPECT_EQ(b.pages[l].pins, i == 0 ? 2u : 1u) << "block " << i << " layer " << l;
     }
   }
   for (std::size_t i : {std::size_t{1}, std::size_t{3}}) {
+    EXPECT_EQ(info(keys[i]).block_pins, 0u);
     for (const PageInfo& p : info(keys[i]).pages) EXPECT_EQ(p.pins, 0u) << "block " << i;
   }
   ok(pt().complete_drain(keys[3], CopyId::hbm(0)));
-  // Spans that do not fit, or layers past the last: an error, and nothing pinned.
+  // Spans that do not fit: an error, and nothing pinned.
   std::vector<uint8_t> short_marks(n - 1);
-  EXPECT_EQ(pt().pin_layers_ready(keys, 0, kLayers, frames, short_marks).status().code(),
+  EXPECT_EQ(pt().pin_blocks_ready(keys, frames, short_marks).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(pt().pin_layers_ready(keys, 1, kLayers, frames, pinned).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(info(keys[2]).pages[0].pins, 1u);
-  // Unpinned as pin_layers' pins are.
-  const std::vector<BlockKey> whole = {keys[0], keys[0], keys[2], keys[4]};
-  ok(pt().unpin_layers(whole, 0, kLayers));
-  for (const BlockKey& k : whole) {
-    for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
+  EXPECT_EQ(info(keys[2]).block_pins, 1u);
+
+  // A block pin holds every page as page pins do: none can be drained, dropped or erased, and
+  // the block is no eviction candidate.
+  const BlockKey& held = keys[2];
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (Status s : {pt().begin_drain(held, CopyId::hbm(l)), pt().drop(held, CopyId::hbm(l))}) {
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_NE(s.message().find("pinned"), std::string::npos) << s.message();
+    }
   }
-  // A page that is not pinned is named, and every pinned one is unpinned all the same.
-  std::vector<uint32_t> two(2 * kLayers);
-  ok(pt().pin_layers(std::vector<BlockKey>{keys[0], keys[2]}, 0, kLayers, two));
-  ok(pt().unpin(keys[0], 1));
-  Status s = pt().unpin_layers(std::vector<BlockKey>{keys[0], keys[2]}, 0, kLayers);
+  auto dropped = pt().drop_all(held, Tier::kHbm);
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(*dropped, 0u);
+  EXPECT_EQ(pt().erase(held).code(), StatusCode::kFailedPrecondition);
+  for (const EvictionCandidate& c : pt().eviction_candidates(Tier::kHbm)) {
+    EXPECT_NE(c.key, held) << "a block pinned whole has nothing to evict";
+  }
+  // It is not a page pin: unpinning the pages says they are not pinned, and changes nothing.
+  Status s = pt().unpin_layers(std::vector<BlockKey>{held}, 0, kLayers);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("layer 1"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("not pinned"), std::string::npos) << s.message();
-  for (const BlockKey& k : {keys[0], keys[2]}) {
-    for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
-  }
+  EXPECT_EQ(info(held).block_pins, 1u);
+
+  // Split into page pins of the first two layers: those stay pinned, the others are free.
+  auto left = pt().split_block_pins(std::vector<BlockKey>{held}, 0, 2);
+  ASSERT_TRUE(left.ok()) << left.status().to_string();
+  EXPECT_TRUE(left->empty());
+  BlockInfo b = info(held);
+  EXPECT_EQ(b.block_pins, 0u);
+  EXPECT_EQ(b.pages[0].pins, 1u);
+  EXPECT_EQ(b.pages[1].pins, 1u);
+  EXPECT_EQ(b.pages[2].pins, 0u);
+  EXPECT_EQ(b.pages[3].pins, 0u);
+  ok(pt().drop(held, CopyId::hbm(3)));
+  // A block without a block pin, or one the table does not hold, is left as it was, and named.
+  const std::vector<BlockKey> cannot = {held, content_key(999)};
+  left = pt().split_block_pins(cannot, 0, 1);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(*left, cannot);
+  EXPECT_EQ(pt().split_block_pins(cannot, 1, kLayers).status().code(),
+            StatusCode::kInvalidArgument);
+  ok(pt().unpin_layers(std::vector<BlockKey>{held}, 0, 2));
+  // A page at the most pins of its own cannot take a split block pin: the block pin stays.
+  pin_to_the_limit(keys[4], 1);
+  left = pt().split_block_pins(std::vector<BlockKey>{keys[4]}, 0, 2);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->size(), 1u);
+  EXPECT_EQ(info(keys[4]).block_pins, 1u);
+  EXPECT_EQ(info(keys[4]).pages[0].pins, 1u);
+  for (uint32_t i = 0; i < kMaxPins; ++i) ok(pt().unpin(keys[4], 1));
 }
 
-TEST_F(PageTableTest, PinnedEntriesAreUnpinnedWhereTheySitAndLookedUpWhenNotThere) {
+TEST_F(PageTableTest, BlockPinsAreReleasedWhereTheySitAndLookedUpWhenNotThere) {
   const std::vector<BlockKey> keys = resident_blocks(4);
   std::vector<uint32_t> frames(keys.size() * kLayers);
   std::vector<uint8_t> pinned(keys.size());
   PageTable::PinnedEntries where;
   where.entries.push_back({0, 0, content_key(77)});  // what it held before is dropped
-  auto blocks = pt().pin_layers_ready(keys, 0, kLayers, frames, pinned, &where);
+  auto blocks = pt().pin_blocks_ready(keys, frames, pinned, &where);
   ASSERT_TRUE(blocks.ok()) << blocks.status().to_string();
   ASSERT_EQ(where.entries.size(), keys.size());
   std::vector<BlockKey> listed;
   for (const auto& e : where.entries) listed.push_back(e.key);
   EXPECT_TRUE(std::is_permutation(listed.begin(), listed.end(), keys.begin()));
-  // Layer by layer, as a step's end_layer does.
-  ok(pt().unpin_layers(where, 0, 1));
-  for (const BlockKey& k : keys) {
-    EXPECT_EQ(info(k).pages[0].pins, 0u);
-    EXPECT_EQ(info(k).pages[1].pins, 1u);
-  }
-  // An entry whose slot holds another block is looked up by its key: each block is unpinned once
-  // (twice would be an error for the second).
+  // Twice, so that each release below is seen.
+  ok(pt().pin_blocks_ready(keys, frames, pinned).status());
+  // An entry whose slot holds another block is looked up by its key: each block is released once
+  // (twice would take the pin the second pass below releases).
   PageTable::PinnedEntries moved = where;
   moved.entries[0].slot = moved.entries[1].slot;
   moved.entries[0].shard = moved.entries[1].shard;
-  ok(pt().unpin_layers(moved, 1, 1));
-  for (const BlockKey& k : keys) EXPECT_EQ(info(k).pages[1].pins, 0u) << to_string(k);
-  // The rest at once; then a block the table does not hold is named, past a slot never used.
-  ok(pt().unpin_layers(where, 2, kLayers - 2));
+  ok(pt().unpin_blocks(moved));
+  for (const BlockKey& k : keys) EXPECT_EQ(info(k).block_pins, 1u) << to_string(k);
+  ok(pt().unpin_blocks(where));
   for (const BlockKey& k : keys) {
+    EXPECT_EQ(info(k).block_pins, 0u);
     for (const PageInfo& p : info(k).pages) EXPECT_EQ(p.pins, 0u);
   }
+  // Below zero, and a block the table does not hold past a slot never used: each named.
+  Status s = pt().unpin_blocks(where);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no block pin"), std::string::npos) << s.message();
   PageTable::PinnedEntries unknown;
   unknown.entries.push_back({0, 1u << 30, content_key(999)});
-  Status s = pt().unpin_layers(unknown, 0, 1);
+  s = pt().unpin_blocks(unknown);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find(to_string(content_key(999))), std::string::npos) << s.message();
-  EXPECT_EQ(pt().unpin_layers(where, 1, kLayers).code(), StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------

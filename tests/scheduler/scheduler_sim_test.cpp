@@ -395,10 +395,11 @@ TEST(SchedulerSim, ABatchThatSharesAPromptIsChargedForItOnce) {
   expect_consistent(w);
 }
 
-// A decode step whose context is resident pins it in every layer when it begins (one lookup per
-// block, not per page), lists those frames in each layer's table, and gives every pin back however
-// it ends: end_step alone, end_layer layer by layer, or abort_step.
-TEST(SchedulerSim, AStepPinsItsResidentContextInEveryLayerAndEveryWayOfEndingUnpinsIt) {
+// A decode step whose context is resident pins it in every layer when it begins (one block pin
+// per block, not a pin per page), lists those frames in each layer's table, holds it to its end
+// even as its layers end, and gives every pin back however it ends: end_step alone, end_layer
+// layer by layer, or abort_step.
+TEST(SchedulerSim, AStepHoldsItsResidentContextWholeUntilItEndsAndEveryWayOfEndingUnpinsIt) {
   SimSetup setup;
   SimWorld w(setup);
   const uint32_t layers = setup.geometry.layers;
@@ -412,6 +413,10 @@ TEST(SchedulerSim, AStepPinsItsResidentContextInEveryLayerAndEveryWayOfEndingUnp
     auto info = w.table().lookup(key);
     EXPECT_TRUE(info.ok());
     return info.ok() ? info->pages[layer].pins : 99u;
+  };
+  const auto block_pins = [&](const BlockKey& key) {
+    auto info = w.table().lookup(key);
+    return info.ok() ? info->block_pins : 99u;
   };
   const auto expect_context_pins = [&](std::initializer_list<uint32_t> per_layer,
                                        const char* when) {
@@ -431,6 +436,7 @@ TEST(SchedulerSim, AStepPinsItsResidentContextInEveryLayerAndEveryWayOfEndingUnp
     ASSERT_TRUE(step.ok()) << step.status().to_string();
     ASSERT_FALSE(step->windowed);
     expect_context_pins({1, 1, 1, 1}, "while the step is open");
+    for (const BlockKey& key : context) EXPECT_EQ(block_pins(key), 1u) << "one pin per block";
     for (uint32_t l = 0; l < layers; ++l) {
       auto ready = w.scheduler().layer_readiness(step->id, l);
       ASSERT_TRUE(ready.ok());
@@ -448,9 +454,8 @@ TEST(SchedulerSim, AStepPinsItsResidentContextInEveryLayerAndEveryWayOfEndingUnp
       case Ending::kEndStep: break;
       case Ending::kEndLayers:
         ASSERT_TRUE(w.scheduler().end_layer(step->id, 0).ok());
-        expect_context_pins({0, 1, 1, 1}, "after end_layer(0)");
         ASSERT_TRUE(w.scheduler().end_layer(step->id, 2).ok());
-        expect_context_pins({0, 1, 0, 1}, "after end_layer(2)");
+        expect_context_pins({1, 1, 1, 1}, "after end_layer(0) and (2): held to the step's end");
         break;
       case Ending::kAbort:
         ASSERT_TRUE(w.scheduler().abort_step(step->id).ok());
@@ -459,6 +464,7 @@ TEST(SchedulerSim, AStepPinsItsResidentContextInEveryLayerAndEveryWayOfEndingUnp
     }
     ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
     expect_context_pins({0, 0, 0, 0}, "after end_step");
+    for (const BlockKey& key : context) EXPECT_EQ(block_pins(key), 0u);
   }
   ASSERT_TRUE(w.scheduler().close_sequence(seq->id).ok());
   w.settle();
