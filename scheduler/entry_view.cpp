@@ -351,11 +351,11 @@ uint32_t EntryView::unpin_range(uint32_t first, uint32_t count) {
   return not_pinned;
 }
 
-bool EntryView::pin_block(uint32_t* frames, std::size_t stride) {
+bool EntryView::pin_block(uint32_t* frames) {
   BlockHeader& h = entry_.header();
   if (h.hbm_ready != layers() || h.block_pins == kMaxBlockPins) return false;
   ++h.block_pins;
-  for (uint32_t l = 0; l < layers(); ++l) frames[l * stride] = entry_.hbm_frame(l);
+  for (uint32_t l = 0; l < layers(); ++l) frames[l] = entry_.hbm_frame(l);
   return true;
 }
 

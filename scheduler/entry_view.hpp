@@ -115,12 +115,12 @@ class EntryView {
   uint32_t unpin_range(uint32_t first, uint32_t count);
   // Block pins: one count that pins every HBM page, taken only when every page is ready there (and
   // the pages stay ready while any is held: a pinned page is neither drained nor dropped).
-  // pin_block writes the frame of layer l to frames[l * stride] and returns true, or returns false
+  // pin_block writes the frame of layer l to frames[l] and returns true, or returns false
   // having changed nothing (a page not ready in HBM, or the most block pins). unpin_block returns
   // false when the block has no block pin. split_block_pin turns one block pin into pins of pages
   // [first, first + count) of their own, releasing the others, or returns false having changed
   // nothing (no block pin, or a page in the range at the most pins of its own).
-  bool pin_block(uint32_t* frames, std::size_t stride);
+  bool pin_block(uint32_t* frames);
   bool unpin_block();
   bool split_block_pin(uint32_t first, uint32_t count);
   // Drops every ready, unpinned copy in `tier` and returns how many were dropped; copies in

@@ -668,14 +668,13 @@ Result<uint32_t> PageTable::pin_blocks_ready(std::span<const BlockKey> keys,
                             std::to_string(frames.size()) + " frames and " +
                             std::to_string(pinned.size()) + " marks");
   }
-  const std::size_t n = keys.size();
   uint32_t blocks = 0;
   if (where != nullptr) {
     where->entries.clear();
     where->entries.reserve(keys.size());
   }
   for_each_by_shard(keys, [&](uint32_t i, EntryView* v, uint32_t shard, uint32_t slot) {
-    pinned[i] = v != nullptr && v->pin_block(frames.data() + i, n);
+    pinned[i] = v != nullptr && v->pin_block(frames.data() + std::size_t{i} * layers);
     blocks += pinned[i];
     if (pinned[i] && where != nullptr) where->entries.push_back({shard, slot, keys[i]});
     return true;

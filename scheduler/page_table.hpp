@@ -236,7 +236,8 @@ class PageTable {
   // Block pins (EntryView::pin_block): what a step that reads every layer takes, one count per
   // block instead of one per page (a decode step of 32 sequences x 4k tokens pins 8k blocks
   // instead of 262k pages). Each block of `keys` whose pages are all ready in HBM is pinned, its
-  // frames written as pin_layers writes them (frames[layer * keys.size() + i]) and pinned[i] set to
+  // frames written block by block (frames[i * layers() + layer]: the walk goes shard by shard, so
+  // each block's frames are one run, not a write into every layer's table) and pinned[i] set to
   // 1; any other block (unknown, or a page not ready) is left as it was, with pinned[i] = 0.
   // Returns how many were pinned; kInvalidArgument (pinning nothing) for spans that do not fit.
   // `where`, when given, gets the entries of the blocks pinned (and loses what it held). A block

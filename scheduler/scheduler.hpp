@@ -508,6 +508,9 @@ class Scheduler {
   // While begin_step plans a step's layers: the pins it took ahead of the page it is at, which
   // make_room gives back before it plans (ResidentPins). Null otherwise.
   ResidentPins* pins_ahead_ = nullptr;
+  // What pins_ahead_ points to, kept from step to step so that its buffers (a megabyte of frames
+  // for a large batch) are not allocated and faulted in again for every step.
+  std::unique_ptr<ResidentPins> resident_pins_;
   // HBM pages of refilled blocks (Step::refilled) the engine is writing, with the readers that
   // wait for the write to end (they retry ensure_in_hbm then).
   std::unordered_map<PageKey, std::vector<std::function<void()>>, PageKeyHash> engine_writes_;

@@ -94,6 +94,7 @@ struct Scheduler::ResidentPins {
   std::vector<uint8_t> pinned;
   PageTable::PinnedEntries entries;  // of the pinned ones
   std::vector<uint32_t> frames;
+  std::vector<uint32_t> frames_by_block;  // as the page table writes them (pin_blocks_ready)
   bool held = false;   // pins ahead of (layer, slot) are held: plan_layer reads `frames`
   uint32_t layer = 0;  // the page plan_layer is at
   std::size_t slot = 0;

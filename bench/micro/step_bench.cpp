@@ -5,9 +5,11 @@
 // (sequences x context / page_tokens x layers), so it is reported per page read.
 //
 // Beside it, in the same process, the baseline: the page table's own cost for the same pins, with
-// no scheduler around it (PageTable::pin_layers + unpin_layers over the same number of blocks and
-// layers, as page_table_bench measures it). The ratio of the two is what the scheduler adds per
-// page: its bookkeeping, the loop hand-off and the block tables.
+// no scheduler around it: block pins (PageTable::pin_blocks_ready + unpin_blocks over the same
+// blocks, writing each block's frames, as a step that is not windowed pins them), and page pins
+// (pin_layers + unpin_layers over the same pages, as page_table_bench measures them, what each
+// page cost before block pins). The ratio to the first is what the scheduler adds: its
+// bookkeeping, the loop hand-off and the block tables of every layer.
 //
 // And what one engine call onto the scheduler's loop costs by itself (begin_step, end_layer and
 // end_step are each one): run_sync on an idle loop, which runs the call on the engine's thread,
@@ -153,9 +155,10 @@ BENCHMARK(BM_DecodeStepResident)
     ->UseRealTime();
 
 void BM_DecodeStepBaselinePageTablePins(benchmark::State& state) {
-  // The same pages pinned and unpinned in a bare page table: the floor under the step.
+  // The same blocks pinned and unpinned in a bare page table: the floor under the step.
   const auto sequences = static_cast<uint32_t>(state.range(0));
   const auto context = static_cast<uint32_t>(state.range(1));
+  const bool block_pins = state.range(2) != 0;
   const uint32_t blocks_each = context / kPageTokens;
   auto hbm = FrameAllocator::create(static_cast<uint32_t>(frames_for(sequences, context, 0)));
   if (!hbm.ok()) die(hbm.status(), "hbm allocator");
@@ -176,20 +179,34 @@ void BM_DecodeStepBaselinePageTablePins(benchmark::State& state) {
     }
   }
   std::vector<uint32_t> frames(static_cast<std::size_t>(blocks_each) * kLayers);
+  std::vector<uint8_t> pinned(blocks_each);
+  std::vector<PageTable::PinnedEntries> where(chains.size());
   uint64_t pages = 0;
   for (auto _ : state) {
-    for (const auto& chain : chains) {
-      must(table.pin_layers(chain, 0, kLayers, frames), "pin_layers");
+    for (std::size_t c = 0; c < chains.size(); ++c) {
+      if (block_pins) {
+        auto n = table.pin_blocks_ready(chains[c], frames, pinned, &where[c]);
+        if (!n.ok()) die(n.status(), "pin_blocks_ready");
+        if (*n != blocks_each) die(internal_error("a block was not resident"), "pin_blocks_ready");
+      } else {
+        must(table.pin_layers(chains[c], 0, kLayers, frames), "pin_layers");
+      }
     }
-    for (const auto& chain : chains) must(table.unpin_layers(chain, 0, kLayers), "unpin_layers");
+    for (std::size_t c = 0; c < chains.size(); ++c) {
+      must(block_pins ? table.unpin_blocks(where[c]) : table.unpin_layers(chains[c], 0, kLayers),
+           "unpin");
+    }
     pages += static_cast<uint64_t>(sequences) * blocks_each * kLayers;
   }
   state.SetItemsProcessed(static_cast<int64_t>(pages));
-  state.SetLabel("baseline: the page table's pins alone");
+  state.SetLabel(block_pins ? "baseline: the page table's block pins alone"
+                            : "baseline: the page table's page pins alone");
 }
 BENCHMARK(BM_DecodeStepBaselinePageTablePins)
-    ->Args({8, 1024})
-    ->Args({32, 4096})
+    ->Args({8, 1024, 1})
+    ->Args({8, 1024, 0})
+    ->Args({32, 4096, 1})
+    ->Args({32, 4096, 0})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

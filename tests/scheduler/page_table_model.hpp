@@ -664,7 +664,7 @@ class Harness {
   // calls over one key; unpin_blocks through an entry in no slot, so it looks the key up).
   static Result<uint32_t> pin_block(EntryView& v) {
     std::vector<uint32_t> frames(v.layers());
-    if (!v.pin_block(frames.data(), 1)) return failed_precondition("pin_block refused");
+    if (!v.pin_block(frames.data())) return failed_precondition("pin_block refused");
     return frames.back();
   }
   static Status unpin_block(EntryView& v) {

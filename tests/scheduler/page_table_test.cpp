@@ -454,7 +454,7 @@ TEST_F(PageTableTest, PinBlocksReadyPinsWholeResidentBlocksOnceAndLeavesTheRest)
     const BlockInfo b = info(keys[i]);
     EXPECT_EQ(b.block_pins, i == 0 ? 2u : 1u) << "block " << i;
     for (uint32_t l = 0; l < kLayers; ++l) {
-      EXPECT_EQ(frames[l * n + i], b.pages[l].hbm_frame) << "block " << i << " layer " << l;
+      EXPECT_EQ(frames[i * kLayers + l], b.pages[l].hbm_frame) << "block " << i << " layer " << l;
       EXPECT_EQ(b.pages[l].pins, i == 0 ? 2u : 1u) << "block " << i << " layer " << l;
     }
   }
