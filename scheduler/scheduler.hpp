@@ -7,9 +7,11 @@
 //   begin_step(batch)    for each sequence, the pages it reads this step plus fresh pages for the
 //                        tokens it appends; pins them layer by layer and schedules what is missing.
 //                        When the whole batch fits in the HBM that other open steps and pinned
-//                        prefixes leave, every layer is pinned at once; otherwise a window of
-//                        layers is (layer L computes while the next ones load), and end_layer(L)
-//                        releases L and plans the next layer; when not even one layer fits, it
+//                        prefixes leave, every layer is pinned at once (a block resident in all
+//                        of them by one block pin, held until the step ends); otherwise a window
+//                        of layers is (layer L computes while the next ones load), and
+//                        end_layer(L) releases L and plans the next layer; when not even one
+//                        layer fits, it
 //                        fails (kResourceExhausted, with the frames needed and available);
 //   wait_layer(L)        (engine thread, no loop involved) blocks until layer L's pages have
 //   arrived; layer_table(L)       the CSR block table of HBM frames for layer L (valid once L is
