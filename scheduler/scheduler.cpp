@@ -396,7 +396,7 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
   seq->reused_blocks = out.reused_blocks;
   // Start bringing the reused prefix up: NVMe -> host -> HBM, as prefetches (a step that needs a
   // page first promotes its load to a demand).
-  for (const BlockKey& key : seq->blocks) prefetch_block(key, /*into_hbm=*/true);
+  for (const BlockKey& key : seq->blocks) prefetch_block(key, PrefetchFor::kOpenSequence);
   stats_.sequences_opened.fetch_add(1, std::memory_order_relaxed);
   sequences_.emplace(seq->id, std::move(seq));
   store_gauges();
@@ -479,11 +479,12 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
           hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
       hinted_.emplace(r.request_id, Hinted{r.expected_start_ns, r.keys});
     }
-    // Prefetch the cached prefix of the first `depth` waiting requests toward host memory (and
-    // into HBM only while it has free frames: a prefetch never evicts for itself).
+    // Prefetch the cached prefix of the first `depth` waiting requests toward host memory, and
+    // into HBM where it has room to spare (prefetch_block).
     if (rank++ < options_.policies.prefetch.depth) {
       const MatchResult m = parts_.table->match(r.keys, MatchOptions{.record_hits = false});
-      for (uint32_t i = 0; i < m.blocks; ++i) prefetch_block(r.keys[i], /*into_hbm=*/true);
+      for (uint32_t i = 0; i < m.blocks; ++i)
+        prefetch_block(r.keys[i], PrefetchFor::kWaitingRequest);
     }
   }
   return ok_status();

@@ -322,7 +322,10 @@ class Scheduler {
   // left host memory meanwhile.
   void copy_up(const BlockKey& key, uint32_t layer, TransferPriority prio, uint32_t hbm_frame,
                int refetches);
-  void prefetch_block(const BlockKey& key, bool into_hbm);
+  // Brings a block toward HBM as a prefetch, for a sequence just opened (its next step reads it)
+  // or a request still waiting (hinted), which may fill less of HBM (see the definition).
+  enum class PrefetchFor { kOpenSequence, kWaitingRequest };
+  void prefetch_block(const BlockKey& key, PrefetchFor whom);
   // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
   // request may be withdrawn (withdraw_host_requests).
   enum class FrameUse : uint8_t {

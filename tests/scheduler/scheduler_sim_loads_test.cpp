@@ -379,14 +379,22 @@ TEST(SchedulerSim, PrefetchHidesTransfersWhenLinksAreTwiceTheDemand) {
 // "prefetch on time" fall whenever more prompts started from host memory.
 TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
   SimSetup setup;
-  setup.hbm_frames = 64;  // 16 blocks of 4 layers, kept half free by its watermarks, so
-  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.5, 0.6};  // prefetches fit in HBM
+  setup.hbm_frames = 128;  // 32 blocks of 4 layers; hinted prefixes may fill 96 frames
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.75, 0.95};
   setup.host_frames = 256;
   setup.nvme_extents = 0;
   SimWorld w(setup);
-  // Three prompts computed, then two more that push them down to host memory.
+  // Five prompts computed while a sequence holds 24 private blocks in HBM (an open sequence's
+  // blocks leave last): the first four go down to host memory. Then the sequence closes, and
+  // hinted prefixes have room in HBM below its low watermark.
+  auto held = w.scheduler().open_sequence({});
+  ASSERT_TRUE(held.ok()) << held.status().to_string();
+  const StepItem hold{held->id, 24 * setup.geometry.page_tokens};
+  ASSERT_TRUE(w.run_step(std::span(&hold, 1), kNanosPerMicro).status.ok());
   std::vector<std::vector<BlockKey>> prompts;
   ASSERT_TRUE(w.compute_prompts(5, 4, 5 * kNanosPerMicro, prompts).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(held->id).ok());
+  w.settle();
   prompts.resize(3);
   for (const auto& keys : prompts) {
     const MatchResult m = w.scheduler().match(keys);
@@ -430,6 +438,59 @@ TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
   serve(prompts[2]);
   EXPECT_EQ(st.prefetches.load() - prefetches, pages);
   EXPECT_EQ(st.late_prefetches.load() - late, 0u);
+  expect_consistent(w);
+}
+
+// A waiting request's prefix is prefetched into HBM only below its low watermark: the frames
+// above it, which watermark demotions keep free, are for the sequences running. (Taking them, a
+// hinted prefix was evicted by the next demotion and loaded again by the next hint, round after
+// round.) The same prefix, once its sequence opens, is brought up into any free frame.
+TEST(SchedulerSim, AWaitingRequestsPrefixIsPrefetchedIntoHbmOnlyBelowItsLowWatermark) {
+  SimSetup setup;
+  setup.hbm_frames = 64;  // 16 blocks of 4 layers; demotions keep 48 frames or fewer in use
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.75, 0.95};
+  setup.host_frames = 256;
+  setup.nvme_extents = 0;
+  SimWorld w(setup);
+  const uint64_t low = 48;
+  const uint32_t layers = setup.geometry.layers;
+  // A sequence holds two private blocks in HBM while five prompts of four blocks are computed
+  // (the first two end up in host memory only); then it closes, and its frames are free: HBM is
+  // below its low watermark by as many.
+  auto held = w.scheduler().open_sequence({});
+  ASSERT_TRUE(held.ok()) << held.status().to_string();
+  const StepItem decode{held->id, 2 * setup.geometry.page_tokens};
+  ASSERT_TRUE(w.run_step(std::span(&decode, 1), kNanosPerMicro).status.ok());
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(5, 4, 5 * kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(w.hbm().used(), low);
+  ASSERT_TRUE(w.scheduler().close_sequence(held->id).ok());
+  w.settle();
+  const uint64_t below = w.hbm().used();
+  ASSERT_EQ(below, low - 2 * layers);
+  const std::vector<BlockKey>& waiting = prompts[0];
+  ASSERT_EQ(w.scheduler().match(waiting).by_tier[tier_index(Tier::kHost)], 4u);
+
+  // Hinted: prefetched into HBM up to the low watermark, not into the frames above it, and
+  // nothing evicted for it.
+  const auto& evictions = w.scheduler().stats().evictions[tier_index(Tier::kHbm)];
+  const uint64_t evicted = evictions.load();
+  const HintedRequest request{1, 0, waiting};
+  ASSERT_TRUE(w.scheduler().hint(std::span(&request, 1)).ok());
+  w.settle();
+  EXPECT_GT(w.hbm().used(), below) << "the room below the watermark was used";
+  EXPECT_LE(w.hbm().used(), low);
+  EXPECT_LT(w.scheduler().match(waiting).by_tier[tier_index(Tier::kHbm)], 4u);
+  EXPECT_EQ(evictions.load(), evicted);
+
+  // Opened: the rest comes up into the free frames above it, before any step asks.
+  auto opened = w.scheduler().open_sequence(waiting);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(waiting).by_tier[tier_index(Tier::kHbm)], 4u);
+  EXPECT_GT(w.hbm().used(), low);
+  ASSERT_TRUE(w.scheduler().close_sequence(opened->id).ok());
+  w.settle();
   expect_consistent(w);
 }
 
