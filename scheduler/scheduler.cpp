@@ -483,8 +483,9 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
     // into HBM where it has room to spare (prefetch_block).
     if (rank++ < options_.policies.prefetch.depth) {
       const MatchResult m = parts_.table->match(r.keys, MatchOptions{.record_hits = false});
-      for (uint32_t i = 0; i < m.blocks; ++i)
+      for (uint32_t i = 0; i < m.blocks; ++i) {
         prefetch_block(r.keys[i], PrefetchFor::kWaitingRequest);
+      }
     }
   }
   return ok_status();

@@ -98,6 +98,17 @@ struct Scheduler::ResidentPins {
   bool held = false;   // pins ahead of (layer, slot) are held: plan_layer reads `frames`
   uint32_t layer = 0;  // the page plan_layer is at
   std::size_t slot = 0;
+
+  // Ready for another step, as if new, keeping the buffers' memory.
+  void reset() {
+    step = nullptr;
+    keys.clear();
+    pinned.clear();
+    entries.entries.clear();
+    held = false;
+    layer = 0;
+    slot = 0;
+  }
 };
 
 // A transfer in flight for one copy (a fill, or the drain of a copy leaving its tier); those who

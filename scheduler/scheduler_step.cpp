@@ -259,11 +259,7 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   if (s.windowed) stats_.windowed_steps.fetch_add(1, std::memory_order_relaxed);
   if (!resident_pins_) resident_pins_ = std::make_unique<ResidentPins>();
   ResidentPins& resident = *resident_pins_;
-  resident.step = nullptr;
-  resident.keys.clear();
-  resident.pinned.clear();
-  resident.entries.entries.clear();
-  resident.held = false;
+  resident.reset();
   if (!s.windowed) pin_resident_blocks(s, resident);
   pins_ahead_ = &resident;  // room made from here on gives these pins back first
   if (!s.windowed) {
