@@ -497,9 +497,9 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
   ensure_block_in_host(key, TransferPriority::kPrefetch);
   // Into HBM only while it has free frames: a prefetch never evicts for itself. For a request
   // still waiting, only below HBM's low watermark: the frames above it, which watermark demotions
-  // keep free, are for the sequences running (a waiting request's prefix took them, the next
-  // demotion evicted what it had loaded, and the next hint loaded it again: the docs workload
-  // moved 8.9 TB host->HBM instead of 1.6, with a step stalled 21 % of its time instead of 3 %).
+  // keep free, are for the sequences running (a waiting request's prefix took them, the demotion
+  // that followed evicted as much again, and the next hint loaded back what of it had gone: the
+  // docs workload moved 8.9 TB host->HBM instead of 1.6, a step stalled 21 % of its time, not 3).
   const uint32_t layers = options_.geometry.layers;
   const FrameAllocator& hbm = *parts_.hbm;
   const uint64_t fill_to =
