@@ -493,15 +493,6 @@ Status PageTable::unpin(const BlockKey& key, uint32_t layer) {
 
 namespace {
 
-// Keeps the first error of a batch and drops the others.
-void keep_first(Status& first_error, Status next) {
-  if (first_error.ok()) {
-    first_error = std::move(next);
-  } else {
-    next.ignore();
-  }
-}
-
 Status no_block_pin(const BlockKey& key) {
   return failed_precondition("cannot unpin block " + to_string(key) +
                              ": it has no block pin (unpin below zero)");
@@ -691,7 +682,7 @@ Status PageTable::unpin_blocks(const PinnedEntries& where) {
   const std::vector<BlockKey> elsewhere = for_each_pinned_entry(where, unpin);
   for_each_by_shard(elsewhere, [&](uint32_t i, EntryView* v, uint32_t, uint32_t) {
     if (v == nullptr) {
-      keep_first(first_error, not_found_error(elsewhere[i]));
+      if (first_error.ok()) first_error = not_found_error(elsewhere[i]);
     } else {
       unpin(*v, elsewhere[i]);
     }

@@ -27,7 +27,10 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerParts& parts
 }
 
 Scheduler::Scheduler(const SchedulerParts& parts, const SchedulerOptions& options)
-    : parts_(parts), options_(options), links_(options.max_inflight_bytes) {}
+    : parts_(parts),
+      options_(options),
+      links_(options.max_inflight_bytes),
+      resident_pins_(std::make_unique<ResidentPins>()) {}
 
 Scheduler::~Scheduler() = default;
 

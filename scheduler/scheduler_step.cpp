@@ -257,7 +257,6 @@ Result<StepInfo> Scheduler::begin_step(std::span<const StepItem> batch) {
   steps_.emplace(s.id, std::move(step));
   stats_.steps.fetch_add(1, std::memory_order_relaxed);
   if (s.windowed) stats_.windowed_steps.fetch_add(1, std::memory_order_relaxed);
-  if (!resident_pins_) resident_pins_ = std::make_unique<ResidentPins>();
   ResidentPins& resident = *resident_pins_;
   resident.reset();
   if (!s.windowed) pin_resident_blocks(s, resident);
@@ -340,17 +339,18 @@ void Scheduler::give_back_pins_ahead() {
     if (r.pinned[slot]) (slot < r.slot ? reached : ahead).push_back(r.keys[slot]);
   }
   // A block whose page pins are at their most keeps its block pin to the end of the step (it
-  // stays in HBM, and plan_layer pins its pages again as any other's). Counted per key: a block
-  // two sequences of the batch read is pinned twice.
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> whole;
+  // stays in HBM, and plan_layer pins its pages again as any other's). The keys left whole come
+  // back in `keys`' order, so each is matched to its own listing (a block two sequences of the
+  // batch read is listed, and pinned, twice).
+  std::vector<BlockKey> whole;
   const auto split = [&](const std::vector<BlockKey>& keys, uint32_t layers) {
     auto left = parts_.table->split_block_pins(keys, 0, layers);
-    std::unordered_map<BlockKey, uint32_t, BlockKeyHash> failed;
-    for (const BlockKey& key : left.ok() ? *left : keys) ++failed[key];
+    const std::vector<BlockKey>& kept = left.ok() ? *left : keys;
+    std::size_t k = 0;
     for (const BlockKey& key : keys) {
-      if (auto it = failed.find(key); it != failed.end() && it->second > 0) {
-        --it->second;
-        ++whole[key];
+      if (k < kept.size() && kept[k] == key) {
+        whole.push_back(key);
+        ++k;
         continue;
       }
       for (uint32_t l = 0; l < layers; ++l) step.pinned[l].push_back(key);
@@ -359,9 +359,9 @@ void Scheduler::give_back_pins_ahead() {
   split(reached, r.layer + 1);
   split(ahead, r.layer);
   std::erase_if(r.entries.entries, [&](const PageTable::PinnedEntries::Entry& e) {
-    auto it = whole.find(e.key);
-    if (it == whole.end() || it->second == 0) return true;
-    --it->second;
+    const auto it = std::find(whole.begin(), whole.end(), e.key);
+    if (it == whole.end()) return true;
+    whole.erase(it);
     return false;
   });
 }

@@ -192,6 +192,15 @@ class SimWorld {
                           compute_per_layer);
   }
 
+  // Opens a sequence and runs one step that writes `blocks` blocks it keeps private (no content
+  // keys): they hold their HBM frames, and leave last (an open sequence's), until it closes.
+  Result<SequenceId> hold_private_blocks(uint32_t blocks, Nanos compute_per_layer) {
+    KVTIER_ASSIGN_OR_RETURN(OpenedSequence s, scheduler().open_sequence({}));
+    const StepItem item{s.id, blocks * setup_.geometry.page_tokens};
+    KVTIER_RETURN_IF_ERROR(run_step(std::span(&item, 1), compute_per_layer).status);
+    return s.id;
+  }
+
   // Computes `count` prompts of `blocks` blocks (prompt(blocks, 1), prompt(blocks, 2), ...) one
   // after another, each settled before the next; their keys go to `out`.
   Status compute_prompts(uint32_t count, uint32_t blocks, Nanos compute_per_layer,

@@ -387,13 +387,11 @@ TEST(SchedulerSim, PrefetchesAreCountedByTheirLead) {
   // Five prompts computed while a sequence holds 24 private blocks in HBM (an open sequence's
   // blocks leave last): the first four go down to host memory. Then the sequence closes, and
   // hinted prefixes have room in HBM below its low watermark.
-  auto held = w.scheduler().open_sequence({});
+  auto held = w.hold_private_blocks(24, kNanosPerMicro);
   ASSERT_TRUE(held.ok()) << held.status().to_string();
-  const StepItem hold{held->id, 24 * setup.geometry.page_tokens};
-  ASSERT_TRUE(w.run_step(std::span(&hold, 1), kNanosPerMicro).status.ok());
   std::vector<std::vector<BlockKey>> prompts;
   ASSERT_TRUE(w.compute_prompts(5, 4, 5 * kNanosPerMicro, prompts).ok());
-  ASSERT_TRUE(w.scheduler().close_sequence(held->id).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(*held).ok());
   w.settle();
   prompts.resize(3);
   for (const auto& keys : prompts) {
@@ -457,14 +455,12 @@ TEST(SchedulerSim, AWaitingRequestsPrefixIsPrefetchedIntoHbmOnlyBelowItsLowWater
   // A sequence holds two private blocks in HBM while five prompts of four blocks are computed
   // (the first two end up in host memory only); then it closes, and its frames are free: HBM is
   // below its low watermark by as many.
-  auto held = w.scheduler().open_sequence({});
+  auto held = w.hold_private_blocks(2, kNanosPerMicro);
   ASSERT_TRUE(held.ok()) << held.status().to_string();
-  const StepItem decode{held->id, 2 * setup.geometry.page_tokens};
-  ASSERT_TRUE(w.run_step(std::span(&decode, 1), kNanosPerMicro).status.ok());
   std::vector<std::vector<BlockKey>> prompts;
   ASSERT_TRUE(w.compute_prompts(5, 4, 5 * kNanosPerMicro, prompts).ok());
   ASSERT_EQ(w.hbm().used(), low);
-  ASSERT_TRUE(w.scheduler().close_sequence(held->id).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(*held).ok());
   w.settle();
   const uint64_t below = w.hbm().used();
   ASSERT_EQ(below, low - 2 * layers);
