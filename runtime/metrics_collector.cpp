@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <initializer_list>
+#include <span>
 #include <string_view>
 #include <utility>
 
@@ -57,9 +58,10 @@ void add_single(std::vector<MetricFamily>& out, std::string_view name, std::stri
 
 // A family with one series per tier, read from a per-tier array of counters.
 void add_per_tier(std::vector<MetricFamily>& out, std::string_view name, std::string_view help,
-                  const std::array<std::atomic<uint64_t>, kNumTiers>& counters) {
+                  const std::array<std::atomic<uint64_t>, kNumTiers>& counters,
+                  std::span<const Tier> tiers = kAllTiers) {
   MetricFamily& f = add_family(out, name, help, MetricType::Counter);
-  for (const Tier t : kAllTiers) {
+  for (const Tier t : tiers) {
     add_value(f, read(counters[tier_index(t)]), {{"tier", std::string(tier_name(t))}});
   }
 }
@@ -133,6 +135,15 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_single(out, "kvtier_late_prefetches_total",
              "Prefetches still in flight when a step needed them", kCounter,
              read(s.late_prefetches));
+  constexpr std::array<Tier, 2> kHintedTiers = {Tier::kHbm, Tier::kHost};
+  add_per_tier(out, "kvtier_hinted_loads_total",
+               "Blocks a waiting request's hint brought in before any sequence asked for them: "
+               "pages loaded into hbm, or the block read from nvme into host",
+               s.hinted_loads, kHintedTiers);
+  add_per_tier(out, "kvtier_hinted_loads_reused_total",
+               "Of the hinted loads, blocks a request reused while the hint's copies were still "
+               "there; loads minus reuses is what prefetching on hints moved for nothing",
+               s.hinted_loads_reused, kHintedTiers);
   add_single(out, "kvtier_stall_seconds_total",
              "Time engine threads waited on a layer that was not ready", kCounter,
              read(s.stall_nanos) * 1e-9);

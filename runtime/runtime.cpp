@@ -376,6 +376,8 @@ RuntimeStats Runtime::Impl::snapshot() const {
     r.promotions[i] = get(s.promotions[i]);
     r.demotions[i] = get(s.demotions[i]);
     r.evictions[i] = get(s.evictions[i]);
+    r.hinted_loads[i] = get(s.hinted_loads[i]);
+    r.hinted_loads_reused[i] = get(s.hinted_loads_reused[i]);
   }
   const TierStack& t = *tiers;
   r.used_bytes[tier_index(Tier::kHbm)] = t.hbm->used_bytes();

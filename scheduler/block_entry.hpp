@@ -12,6 +12,9 @@
 // recomputes them. It also keeps block pins: pins that hold every HBM page at once, taken only
 // while every page is ready there (a step that reads all layers), so that such a step pins and
 // unpins a block in O(1) instead of once per page. A page's pins are its own plus its block's.
+// Two flags mark copies a waiting request's hint brought in (HBM pages, or the block read from NVMe
+// into host memory) that no request has reused since; they go when those copies do, so the
+// scheduler can tell speculative loads that paid off from those that were evicted unused.
 //
 // An EntryRef is a non-owning view of those bytes; it is only valid while the shard that owns the
 // slab is locked and until that slab grows or the slot is released. Rejected: array-of-structs
@@ -33,6 +36,12 @@ struct BlockHeader {
   static constexpr uint8_t kLive = 1;         // the slot holds a block (a free slot has 0)
   static constexpr uint8_t kLinked = 2;       // counted in its parent's cached_children
   static constexpr uint8_t kHasChecksum = 4;  // `checksum` was set
+  // A hint's prefetch loaded HBM pages of the block, and no request has reused it since: cleared
+  // by reuse, and when the block's last HBM copy goes.
+  static constexpr uint8_t kHintedIntoHbm = 8;
+  // A hint's prefetch read the block from NVMe into host memory, and no request has reused it
+  // since: cleared by reuse, and when the block's last copy in memory (host or HBM) goes.
+  static constexpr uint8_t kHintedIntoHost = 16;
 
   BlockKey key;
   BlockKey parent;

@@ -195,6 +195,11 @@ void EntryView::set_state(const CopyId& copy, CopyState next, uint32_t frame) {
       h.mem_ready + delta(hbm_before == CopyState::kReady || host_before == CopyState::kReady,
                           hbm_after == CopyState::kReady || host_after == CopyState::kReady));
   entry_.set_meta(l, make_meta(hbm_after, host_after, meta_pins(m)));
+  // A hint's mark goes with the copies it marks: a copy loaded again later is not the hint's.
+  if (h.hbm_copies == 0) {
+    h.flags &= static_cast<uint8_t>(~BlockHeader::kHintedIntoHbm);
+    if (h.host_copies == 0) h.flags &= static_cast<uint8_t>(~BlockHeader::kHintedIntoHost);
+  }
   if (copy.tier == Tier::kHbm) {
     entry_.set_hbm_frame(l, frame);
   } else {
@@ -448,6 +453,32 @@ void EntryView::clear_checksum() {
 
 void EntryView::touch() {
   entry_.header().last_access = clock_->fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+HintedCopies EntryView::hinted() const {
+  const uint8_t f = entry_.header().flags;
+  return HintedCopies{.hbm = (f & BlockHeader::kHintedIntoHbm) != 0,
+                      .host = (f & BlockHeader::kHintedIntoHost) != 0};
+}
+
+bool EntryView::mark_hinted(Tier tier) {
+  BlockHeader& h = entry_.header();
+  uint8_t flag = 0;
+  switch (tier) {
+    case Tier::kHbm: flag = h.hbm_copies > 0 ? BlockHeader::kHintedIntoHbm : 0; break;
+    case Tier::kHost: flag = h.host_copies > 0 ? BlockHeader::kHintedIntoHost : 0; break;
+    case Tier::kNvme: break;
+  }
+  if (flag == 0 || (h.flags & flag) != 0) return false;
+  h.flags |= flag;
+  return true;
+}
+
+HintedCopies EntryView::take_hinted() {
+  const HintedCopies marks = hinted();
+  entry_.header().flags &=
+      static_cast<uint8_t>(~(BlockHeader::kHintedIntoHbm | BlockHeader::kHintedIntoHost));
+  return marks;
 }
 
 }  // namespace kvtier

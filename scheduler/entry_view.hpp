@@ -47,6 +47,14 @@ struct AccessStats {
   friend bool operator==(const AccessStats&, const AccessStats&) = default;
 };
 
+// Copies of a block that a waiting request's hint brought in ahead of the request, and that no
+// request has reused since (BlockHeader::kHintedIntoHbm, kHintedIntoHost).
+struct HintedCopies {
+  bool hbm = false;   // HBM pages a hint's prefetch loaded
+  bool host = false;  // the block, read from NVMe into host memory by a hint's prefetch
+  friend bool operator==(const HintedCopies&, const HintedCopies&) = default;
+};
+
 class EntryView {
  public:
   EntryView(const EntryView&) = delete;
@@ -74,6 +82,7 @@ class EntryView {
     return entry_.header().block_pins != 0 ? layers() : entry_.header().pinned_pages;
   }
   uint32_t block_pins() const { return entry_.header().block_pins; }
+  HintedCopies hinted() const;
   // Pages whose copy in `tier` is not absent (for NVMe: 0 or `layers`, the extent holds them all).
   uint32_t copies(Tier tier) const;
   uint32_t hbm_ready_pages() const { return entry_.header().hbm_ready; }
@@ -133,6 +142,12 @@ class EntryView {
   void clear_checksum();
   // Records an access for the eviction policies (last_access = a new tick of the table's clock).
   void touch();
+  // Marks the block's copies in `tier` (HBM or host) as brought in by a hint. Returns true when it
+  // marked them; false when they were marked already, or when the tier holds no copy of the block
+  // (nothing to mark). The mark goes when the copies do (set_state) or when take_hinted takes it.
+  bool mark_hinted(Tier tier);
+  // A request reuses the block: returns the marks, cleared.
+  HintedCopies take_hinted();
 
  private:
   friend class PageTable;

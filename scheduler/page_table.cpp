@@ -150,6 +150,7 @@ BlockInfo PageTable::info_of(EntryRef entry) const {
   info.dirty = v.dirty();
   info.match_tier = v.match_tier();
   info.block_pins = v.block_pins();
+  info.hinted = v.hinted();
   info.pages.resize(layers());
   for (uint32_t l = 0; l < layers(); ++l) {
     PageInfo& p = info.pages[l];
@@ -431,6 +432,15 @@ MatchResult PageTable::match(std::span<const BlockKey> keys, const MatchOptions&
 
 Status PageTable::acquire(const BlockKey& key) {
   return with_entry(key, [](EntryView& v) { return v.acquire(); });
+}
+Result<HintedCopies> PageTable::acquire_for_reuse(const BlockKey& key) {
+  return with_entry(key, [](EntryView& v) -> Result<HintedCopies> {
+    KVTIER_RETURN_IF_ERROR(v.acquire());
+    return v.take_hinted();
+  });
+}
+Result<bool> PageTable::mark_hinted(const BlockKey& key, Tier tier) {
+  return with_entry(key, [tier](EntryView& v) -> Result<bool> { return v.mark_hinted(tier); });
 }
 Result<uint32_t> PageTable::release(const BlockKey& key) {
   return with_entry(key, [](EntryView& v) { return v.release(); });

@@ -118,6 +118,7 @@ struct BlockInfo {
   bool dirty = false;
   std::optional<Tier> match_tier;  // nullopt: not cached
   uint32_t block_pins = 0;         // pins on every page at once (counted in each page's pins)
+  HintedCopies hinted;             // copies a hint brought in that no request has reused since
   std::vector<PageInfo> pages;
   friend bool operator==(const BlockInfo&, const BlockInfo&) = default;
 };
@@ -184,6 +185,12 @@ class PageTable {
 
   // ---- References and statistics ----
   Status acquire(const BlockKey& key);
+  // acquire() for a request that reuses the block: also takes (clears and returns) the marks of
+  // copies a hint brought in for it (mark_hinted).
+  Result<HintedCopies> acquire_for_reuse(const BlockKey& key);
+  // Marks the block's copies in `tier` as brought in by a hint's prefetch (EntryView::mark_hinted);
+  // true when newly marked.
+  Result<bool> mark_hinted(const BlockKey& key, Tier tier);
   Result<uint32_t> release(const BlockKey& key);  // returns the references left
   Status touch(const BlockKey& key);
   Status set_checksum(const BlockKey& key, uint64_t checksum);

@@ -127,10 +127,10 @@ Status PageTable::audit() const {
       if (find_slot(s, h, hd.key) != slot) {
         return internal_error(block() + " is not indexed at its slot");
       }
-      if ((hd.flags & ~(BlockHeader::kLive | BlockHeader::kLinked | BlockHeader::kHasChecksum)) !=
-          0) {
-        return internal_error(block() + " has unknown flags");
-      }
+      constexpr uint8_t kKnownFlags = BlockHeader::kLive | BlockHeader::kLinked |
+                                      BlockHeader::kHasChecksum | BlockHeader::kHintedIntoHbm |
+                                      BlockHeader::kHintedIntoHost;
+      if ((hd.flags & ~kKnownFlags) != 0) return internal_error(block() + " has unknown flags");
       uint32_t hbm_copies = 0, host_copies = 0, hbm_ready = 0, mem_ready = 0, pinned = 0;
       for (uint32_t l = 0; l < layers(); ++l) {
         const uint16_t m = e.meta(l);
@@ -161,6 +161,10 @@ Status PageTable::audit() const {
             std::to_string(hd.hbm_ready) + "/" + std::to_string(hbm_ready) + ", memory ready " +
             std::to_string(hd.mem_ready) + "/" + std::to_string(mem_ready) + ", pinned " +
             std::to_string(hd.pinned_pages) + "/" + std::to_string(pinned) + ")");
+      }
+      if (((hd.flags & BlockHeader::kHintedIntoHbm) != 0 && hd.hbm_copies == 0) ||
+          ((hd.flags & BlockHeader::kHintedIntoHost) != 0 && hd.hbm_copies + hd.host_copies == 0)) {
+        return internal_error(block() + " is marked as brought in by a hint with no copy to show");
       }
       if (hd.block_pins != 0 && hd.hbm_ready != layers()) {
         return internal_error(block() + " has " + std::to_string(hd.block_pins) +

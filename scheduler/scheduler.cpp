@@ -365,11 +365,17 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
   // Take references on the reused prefix. A block can vanish between match and here only through
   // an eviction run by this same loop, which has not run since; still, stop at the first failure.
   for (uint32_t i = 0; i < out.reused_blocks; ++i) {
-    Status s = parts_.table->acquire(prompt_keys[i]);
-    if (!s.ok()) {
+    const Result<HintedCopies> hinted = parts_.table->acquire_for_reuse(prompt_keys[i]);
+    if (!hinted.ok()) {
       out.reused_blocks = i;
       out.reused_tokens = static_cast<uint64_t>(i) * options_.geometry.page_tokens;
       break;
+    }
+    if (hinted->hbm) {
+      stats_.hinted_loads_reused[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+    }
+    if (hinted->host) {
+      stats_.hinted_loads_reused[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
     }
     seq->blocks.push_back(prompt_keys[i]);
   }

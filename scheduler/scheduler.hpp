@@ -324,8 +324,12 @@ class Scheduler {
                int refetches);
   // Brings a block toward HBM as a prefetch, for a sequence just opened (its next step reads it)
   // or a request still waiting (hinted), which may fill less of HBM (see the definition).
+  // A waiting request's loads are the hint's (PageOp::hinted) until a sequence opened over the
+  // block asks for it.
   enum class PrefetchFor { kOpenSequence, kWaitingRequest };
   void prefetch_block(const BlockKey& key, PrefetchFor whom);
+  // Marks the ops of `pages` in flight as loads a hint issued, or as no longer speculative.
+  void set_hinted(std::span<const PageKey> pages, bool hinted);
   // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
   // request may be withdrawn (withdraw_host_requests).
   enum class FrameUse : uint8_t {

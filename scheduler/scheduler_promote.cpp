@@ -494,7 +494,19 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
 }
 
 void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
+  const bool hinted = whom == PrefetchFor::kWaitingRequest;
+  const std::vector<PageKey> host_pages = host_pages_of(key);
+  if (!hinted) {
+    // A sequence reuses the block now: what a hint started loading for it is no longer
+    // speculative.
+    set_hinted(host_pages, false);
+    std::vector<PageKey> hbm_pages = host_pages;
+    for (PageKey& p : hbm_pages) p.tier = Tier::kHbm;
+    set_hinted(hbm_pages, false);
+  }
+  const bool was_reading = ops_.contains(host_pages.front());
   ensure_block_in_host(key, TransferPriority::kPrefetch);
+  if (hinted && !was_reading) set_hinted(host_pages, true);
   // Into HBM only while it has free frames: a prefetch never evicts for itself. For a request
   // still waiting, only below HBM's low watermark: the frames above it, which watermark demotions
   // keep free, are for the sequences running (a waiting request's prefix took them, the demotion
@@ -511,8 +523,17 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
     if (hbm.free_count() <= layers || hbm.used() + layers > fill_to) return;
     const PageSnapshot p = page_snapshot(key, l);
     if (!p.found || p.hbm != CopyState::kAbsent) continue;
+    const PageKey page{key, l, Tier::kHbm};
+    const bool was_loading = ops_.contains(page);
     ensure_in_hbm(key, l, TransferPriority::kPrefetch, nullptr,
                   [](const Status& s) { s.ignore(); });
+    if (hinted && !was_loading) set_hinted({&page, 1}, true);
+  }
+}
+
+void Scheduler::set_hinted(std::span<const PageKey> pages, bool hinted) {
+  for (const PageKey& page : pages) {
+    if (auto it = ops_.find(page); it != ops_.end()) it->second->hinted = hinted;
   }
 }
 

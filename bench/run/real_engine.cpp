@@ -208,6 +208,8 @@ class RealPass {
       result_.promotions[tier_index(t)] = s.promotions[tier_index(t)];
       result_.demotions[tier_index(t)] = s.demotions[tier_index(t)];
       result_.evictions[tier_index(t)] = s.evictions[tier_index(t)];
+      result_.hinted_loads[tier_index(t)] = s.hinted_loads[tier_index(t)];
+      result_.hinted_loads_reused[tier_index(t)] = s.hinted_loads_reused[tier_index(t)];
       result_.tier_bytes[tier_index(t)] = s.capacity_bytes[tier_index(t)];
     }
     result_.late_prefetches = s.late_prefetches;

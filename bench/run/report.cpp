@@ -28,7 +28,7 @@ std::string fixed(double v, int digits) {
   return s.str();
 }
 
-std::string percent(double v) { return fixed(100.0 * v, 1) + " %"; }
+std::string percent(double v) { return std::isfinite(v) ? fixed(100.0 * v, 1) + " %" : "-"; }
 
 // Milliseconds with a precision that suits their size.
 std::string millis(double ms) {
@@ -162,6 +162,13 @@ std::vector<Column> columns() {
     };
   };
   const auto hit = [](Tier t) { return [t](const BaselineResult& b) { return b.hit_rate(t); }; };
+  const auto hinted_loads = [](Tier t) {
+    return
+        [t](const BaselineResult& b) { return static_cast<double>(b.hinted_loads[tier_index(t)]); };
+  };
+  const auto hinted_reuse = [](Tier t) {
+    return [t](const BaselineResult& b) { return b.hinted_reuse(t); };
+  };
   return {
       {"completed", "requests served",
        [](const BaselineResult& b) { return double(b.completed()); }, count},
@@ -207,6 +214,10 @@ std::vector<Column> columns() {
        count},
       {"prefetch_timeliness", "prefetch on time",
        [](const BaselineResult& b) { return b.prefetch_timeliness(); }, pct},
+      {"hinted_reads_nvme_to_host", "hinted NVMe reads (blocks)", hinted_loads(Tier::kHost), count},
+      {"hinted_reads_reused", "  reused by a request", hinted_reuse(Tier::kHost), pct},
+      {"hinted_loads_into_hbm", "hinted HBM loads (blocks)", hinted_loads(Tier::kHbm), count},
+      {"hinted_loads_into_hbm_reused", "  reused by a request", hinted_reuse(Tier::kHbm), pct},
       {"recompute_instead_of_load_tokens", "recomputed, not loaded (tok)",
        [](const BaselineResult& b) { return double(b.recompute_tokens); }, count},
       {"steps", "scheduler steps", [](const BaselineResult& b) { return double(b.steps); }, count},

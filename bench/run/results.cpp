@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace kvtier::bench::run {
@@ -143,6 +144,13 @@ double BaselineResult::total_tokens_per_s() const {
 double BaselineResult::stall_fraction() const {
   const Nanos total = stall_ns + compute_ns;
   return total <= 0 ? 0.0 : static_cast<double>(stall_ns) / static_cast<double>(total);
+}
+
+double BaselineResult::hinted_reuse(Tier tier) const {
+  const uint64_t loads = hinted_loads[tier_index(tier)];
+  if (loads == 0) return std::numeric_limits<double>::quiet_NaN();  // nothing to reuse
+  const uint64_t reused = std::min(hinted_loads_reused[tier_index(tier)], loads);
+  return static_cast<double>(reused) / static_cast<double>(loads);
 }
 
 double BaselineResult::prefetch_timeliness() const {

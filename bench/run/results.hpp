@@ -55,6 +55,9 @@ struct BaselineResult {
   uint64_t prefill_tokens = 0;  // prompt tokens computed (including recomputed ones)
   uint64_t prefetches = 0;
   uint64_t late_prefetches = 0;
+  // Blocks hints brought into each tier ahead of their request, and of those the ones a request
+  // reused (SchedulerStats::hinted_loads).
+  std::array<uint64_t, kNumTiers> hinted_loads{}, hinted_loads_reused{};
   uint64_t recompute_tokens = 0;  // cached, but recomputed because loading was slower
   uint64_t steps = 0;
   uint64_t windowed_steps = 0;
@@ -86,6 +89,9 @@ struct BaselineResult {
   double total_tokens_per_s() const;
   double stall_fraction() const;       // stall / (stall + compute) over every step
   double prefetch_timeliness() const;  // prefetches that arrived before a step needed them
+  // The share of hinted loads into `tier` that a request reused; NaN (shown as "-", JSON null)
+  // when hints loaded nothing there.
+  double hinted_reuse(Tier tier) const;
 };
 
 }  // namespace kvtier::bench::run

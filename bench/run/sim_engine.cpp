@@ -265,6 +265,8 @@ Result<BaselineResult> run_virtual(const Workload& workload, const BaselineSpec&
     result.promotions[i] = s.promotions[i].load();
     result.demotions[i] = s.demotions[i].load();
     result.evictions[i] = s.evictions[i].load();
+    result.hinted_loads[i] = s.hinted_loads[i].load();
+    result.hinted_loads_reused[i] = s.hinted_loads_reused[i].load();
   }
   result.prefetches = s.prefetches.load();
   result.late_prefetches = s.late_prefetches.load();

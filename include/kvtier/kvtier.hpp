@@ -87,6 +87,10 @@ struct RuntimeStats {
   uint64_t recompute_tokens = 0;  // compute-or-load chose to recompute
   uint64_t stall_nanos = 0;
   uint64_t late_prefetches = 0;
+  // Blocks a waiting request's hint brought into a tier (hbm, host) before any sequence asked for
+  // them, and of those the blocks a request reused (SchedulerStats::hinted_loads).
+  std::array<uint64_t, kNumTiers> hinted_loads{};
+  std::array<uint64_t, kNumTiers> hinted_loads_reused{};
   uint64_t failed_loads = 0;
   uint64_t checksum_failures = 0;
   uint64_t io_errors = 0;

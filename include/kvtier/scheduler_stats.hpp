@@ -43,6 +43,14 @@ struct SchedulerStats {
   // had no lead and counts as neither (Scheduler::demand_prefetched).
   Counter late_prefetches{0};
   Counter prefetches{0};
+  // Speculative loads, per tier (HBM, host; NVMe stays 0): blocks whose copies a waiting
+  // request's hint brought in before any sequence asked for them (HBM pages, or the block read
+  // from NVMe into host memory), counted once per block as they arrive; and of those, the blocks
+  // a request then reused while the hint's copies were still there. Loads minus reuses, once the
+  // hinted requests have started, is what the hints moved for nothing: evicted before their
+  // request came, or for a request that never reused them.
+  std::array<Counter, kNumTiers> hinted_loads{};
+  std::array<Counter, kNumTiers> hinted_loads_reused{};
   // Time engine threads spent waiting on a layer that was not ready, in nanoseconds.
   Counter stall_nanos{0};
   Counter stalls{0};

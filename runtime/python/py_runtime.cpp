@@ -81,6 +81,8 @@ py::dict stats_dict(const RuntimeStats& s) {
   d["recompute_tokens"] = s.recompute_tokens;
   d["stall_nanos"] = s.stall_nanos;
   d["late_prefetches"] = s.late_prefetches;
+  d["hinted_loads"] = per_tier(s.hinted_loads);
+  d["hinted_loads_reused"] = per_tier(s.hinted_loads_reused);
   d["failed_loads"] = s.failed_loads;
   d["checksum_failures"] = s.checksum_failures;
   d["io_errors"] = s.io_errors;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -81,6 +82,27 @@ TEST(Report, CsvRowsMatchTheHeaderAndTheTableNamesEveryBaseline) {
   for (const char* name : {"recompute", "hbm_lru", "hbm_host", "kvtier", "TTFT p50", "from NVMe"}) {
     EXPECT_NE(table.str().find(name), std::string::npos) << name;
   }
+}
+
+// Hinted loads: a count and the share a request reused, or "-" (JSON null, an empty CSV field)
+// where hints loaded nothing, never a share of nothing.
+TEST(Report, HintedReuseIsAShareOfTheHintedLoadsAndBlankWithoutAny) {
+  RunReport r = tiny_report();
+  BaselineResult& kv = r.baselines.back();
+  kv.hinted_loads = {};
+  kv.hinted_loads_reused = {};
+  kv.hinted_loads[tier_index(Tier::kHost)] = 40;
+  kv.hinted_loads_reused[tier_index(Tier::kHost)] = 30;
+  EXPECT_DOUBLE_EQ(kv.hinted_reuse(Tier::kHost), 0.75);
+  EXPECT_TRUE(std::isnan(kv.hinted_reuse(Tier::kHbm)));
+  std::ostringstream table;
+  print_table(table, r);
+  EXPECT_THAT(table.str(), ::testing::ContainsRegex("hinted NVMe reads \\(blocks\\) +0 +0 +0 +40"));
+  EXPECT_THAT(table.str(), ::testing::ContainsRegex("reused by a request +- +- +- +75.0 %"));
+  std::ostringstream json;
+  print_json(json, r);
+  EXPECT_NE(json.str().find("\"hinted_reads_reused\": 0.75"), std::string::npos);
+  EXPECT_NE(json.str().find("\"hinted_loads_into_hbm_reused\": null"), std::string::npos);
 }
 
 // A directory removed at the end of the test.

@@ -115,6 +115,9 @@ def test_pins_hints_and_completions(tmp_path):
 
         rt.hint([(1, kvtier.now_ns() + 1_000_000, keys)])
         rt.hint([])
+        # The hinted prefix was in HBM already: the hint loaded nothing.
+        assert rt.stats()["hinted_loads"] == {"hbm": 0, "host": 0, "nvme": 0}
+        assert rt.stats()["hinted_loads_reused"] == {"hbm": 0, "host": 0, "nvme": 0}
 
 
 def test_the_largest_timeouts_and_ttl_mean_no_timeout(tmp_path):

@@ -134,6 +134,8 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_promotions_total",
                            "kvtier_demotions_total",
                            "kvtier_late_prefetches_total",
+                           "kvtier_hinted_loads_total",
+                           "kvtier_hinted_loads_reused_total",
                            "kvtier_stall_seconds_total",
                            "kvtier_io_errors_total",
                            "kvtier_checksum_failures_total",
@@ -155,6 +157,8 @@ TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
   rt.scheduler.evictions[tier_index(Tier::kNvme)] = 7;
   rt.scheduler.shadowed_evictions[tier_index(Tier::kNvme)] = 4;
   rt.scheduler.recompute_tokens = 48;
+  rt.scheduler.hinted_loads[tier_index(Tier::kHost)] = 9;
+  rt.scheduler.hinted_loads_reused[tier_index(Tier::kHost)] = 5;
   rt.transfer.checksum_failures = 2;
   rt.transfer.link(Link::kHostToNvme).errors = 3;
   rt.transfer.link(Link::kHostToNvme).cancelled = 1;
@@ -167,6 +171,11 @@ TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
   EXPECT_EQ(value_or_nan(t, "kvtier_evictions_total{tier=\"nvme\"}"), 7);
   EXPECT_EQ(value_or_nan(t, "kvtier_shadowed_evictions_total{tier=\"nvme\"}"), 4);
   EXPECT_EQ(value_or_nan(t, "kvtier_recompute_tokens_total"), 48);
+  EXPECT_EQ(value_or_nan(t, "kvtier_hinted_loads_total{tier=\"host\"}"), 9);
+  EXPECT_EQ(value_or_nan(t, "kvtier_hinted_loads_reused_total{tier=\"host\"}"), 5);
+  EXPECT_EQ(value_or_nan(t, "kvtier_hinted_loads_total{tier=\"hbm\"}"), 0);
+  // NVMe is never where a hint's load goes: no series for it.
+  EXPECT_TRUE(std::isnan(value_or_nan(t, "kvtier_hinted_loads_total{tier=\"nvme\"}")));
   EXPECT_EQ(value_or_nan(t, "kvtier_checksum_failures_total"), 2);
   EXPECT_DOUBLE_EQ(value_or_nan(t, "kvtier_stall_seconds_total"), 5e-6);
   EXPECT_EQ(value_or_nan(t, "kvtier_transfer_bytes_total{src=\"host\",dst=\"hbm\"}"), 5 * 4096);

@@ -94,6 +94,57 @@ TEST(Runtime, AfterARestartThePrefixIsFoundOnNvme) {
   ASSERT_TRUE(rt->close_sequence(seq->id).ok());
 }
 
+// A waiting request's hint reads its prefix up from NVMe (found there after a restart) before the
+// request starts; the request then reuses it from host memory, with the bytes that were written,
+// and the reads are counted as hinted and reused.
+TEST(Runtime, AHintReadsAWaitingPrefixUpFromNvmeAndItsRequestReusesIt) {
+  ScratchDir dir("runtime-hint");
+  const Config c = small_config(dir.path());
+  const auto tokens = make_tokens(8 * c.model.geometry.page_tokens, 78);
+  {
+    auto rt = open_or_skip(c);
+    if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here";
+    auto seq = rt->open_sequence(rt->block_keys(tokens));
+    ASSERT_TRUE(seq.ok());
+    bool ok = true;
+    ASSERT_TRUE(
+        run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok).ok());
+    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+    ASSERT_TRUE(rt->shutdown().ok());
+  }
+  auto rt = open_or_skip(c);
+  ASSERT_NE(rt, nullptr);
+  const std::vector<BlockKey> keys = rt->block_keys(tokens);
+  ASSERT_EQ(rt->match(keys)->by_tier[tier_index(Tier::kNvme)], 8u);
+  const int64_t in_a_second =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now().time_since_epoch() + std::chrono::seconds(1))
+          .count();
+  const HintedRequest waiting{1, in_a_second, keys};
+  ASSERT_TRUE(rt->hint(std::span(&waiting, 1)).ok());
+  const int host = tier_index(Tier::kHost);
+  for (int i = 0; i < 1000 && rt->stats().hinted_loads[host] < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(rt->stats().hinted_loads[host], 8u);
+  EXPECT_EQ(rt->stats().hinted_loads[tier_index(Tier::kNvme)], 0u);
+  EXPECT_EQ(rt->match(keys)->by_tier[tier_index(Tier::kNvme)], 0u) << "read up before it started";
+
+  auto seq = rt->open_sequence(keys);
+  ASSERT_TRUE(seq.ok());
+  EXPECT_EQ(seq->reused_blocks, 8u);
+  const RuntimeStats s = rt->stats();
+  EXPECT_EQ(s.hinted_loads_reused[host], 8u);
+  EXPECT_EQ(s.hinted_loads_reused[tier_index(Tier::kHbm)], s.hinted_loads[tier_index(Tier::kHbm)]);
+  std::vector<uint32_t> with_next = tokens;
+  with_next.push_back(7);
+  bool bytes_ok = true;
+  ASSERT_TRUE(run_checked_step(*rt, seq->id, with_next, seq->reused_tokens, 1, &bytes_ok).ok());
+  EXPECT_TRUE(bytes_ok) << "bytes a hint read up from NVMe differ from those written";
+  ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  ASSERT_TRUE(rt->hint({}).ok());
+}
+
 TEST(Runtime, BadInputIsAnErrorAndNothingLeaks) {
   ScratchDir dir("runtime-bad");
   Config c = small_config(dir.path());

@@ -52,6 +52,8 @@ enum class OpKind : uint8_t {
   kPinBlock,
   kUnpinBlock,
   kSplitBlockPin,  // one block pin into page pins of layers [0, layer)
+  kMarkHinted,     // the copies in `tier` brought in by a hint
+  kAcquireForReuse,
   kSetChecksum,
   kTouch,
   kMatch,
@@ -62,14 +64,12 @@ enum class OpKind : uint8_t {
 constexpr int kOpKinds = static_cast<int>(OpKind::kAudit) + 1;
 
 inline const char* op_kind_name(OpKind k) {
-  static const char* const kNames[] = {"create",         "erase",        "publish",
-                                       "acquire",        "release",      "begin_fill",
-                                       "complete_fill",  "abort_fill",   "begin_drain",
-                                       "complete_drain", "cancel_drain", "drop",
-                                       "drop_all",       "pin",          "unpin",
-                                       "pin_block",      "unpin_block",  "split_block_pin",
-                                       "set_checksum",   "touch",        "match",
-                                       "update",         "audit"};
+  static const char* const kNames[] = {
+      "create",       "erase",         "publish",         "acquire",     "release",
+      "begin_fill",   "complete_fill", "abort_fill",      "begin_drain", "complete_drain",
+      "cancel_drain", "drop",          "drop_all",        "pin",         "unpin",
+      "pin_block",    "unpin_block",   "split_block_pin", "mark_hinted", "acquire_for_reuse",
+      "set_checksum", "touch",         "match",           "update",      "audit"};
   return kNames[static_cast<int>(k)];
 }
 
@@ -113,6 +113,7 @@ class ByteSource {
 };
 
 // Weighted: fills and pins are common, audits and updates less so.
+// clang-format off
 inline constexpr OpKind kKindTable[] = {
     OpKind::kCreate,      OpKind::kCreate,       OpKind::kCreate,       OpKind::kCreate,
     OpKind::kErase,       OpKind::kErase,        OpKind::kPublish,      OpKind::kAcquire,
@@ -122,8 +123,11 @@ inline constexpr OpKind kKindTable[] = {
     OpKind::kCancelDrain, OpKind::kDrop,         OpKind::kDrop,         OpKind::kDropAll,
     OpKind::kPin,         OpKind::kPin,          OpKind::kUnpin,        OpKind::kUnpin,
     OpKind::kPinBlock,    OpKind::kPinBlock,     OpKind::kUnpinBlock,   OpKind::kSplitBlockPin,
+    OpKind::kMarkHinted,  OpKind::kMarkHinted,   OpKind::kAcquireForReuse,
+    OpKind::kAcquireForReuse,
     OpKind::kSetChecksum, OpKind::kTouch,        OpKind::kMatch,        OpKind::kMatch,
     OpKind::kUpdate,      OpKind::kUpdate,       OpKind::kUpdate,       OpKind::kAudit};
+// clang-format on
 
 inline bool decode_op(ByteSource& src, uint32_t layers, Op& op, bool nested = false) {
   if (src.empty()) return false;
@@ -290,9 +294,23 @@ struct Model {
         s = CopyState::kAbsent;
         f = FrameAllocator::kNoFrame;
         free_copy(c.tier);
+        forget_gone_hints(b);
         break;
       default: break;
     }
+  }
+
+  static bool any_copy(const BlockInfo& b, Tier t) {
+    return std::any_of(b.pages.begin(), b.pages.end(), [t](const PageInfo& p) {
+      return (t == Tier::kHbm ? p.hbm : p.host) != CopyState::kAbsent;
+    });
+  }
+  // A hint's mark goes with the copies it marks: HBM's with the last HBM copy, host's with the
+  // last copy in memory.
+  static void forget_gone_hints(BlockInfo& b) {
+    if (any_copy(b, Tier::kHbm)) return;
+    b.hinted.hbm = false;
+    if (!any_copy(b, Tier::kHost)) b.hinted.host = false;
   }
 };
 
@@ -486,7 +504,7 @@ class Harness {
       << " nvme=" << copy_state_name(b.nvme) << ":" << b.nvme_extent << "@" << b.nvme_generation
       << " dirty=" << b.dirty
       << " tier=" << (b.match_tier ? std::string(tier_name(*b.match_tier)) : "-")
-      << " block_pins=" << b.block_pins << " pages=";
+      << " block_pins=" << b.block_pins << " hinted=" << b.hinted.hbm << b.hinted.host << " pages=";
     for (const PageInfo& p : b.pages) {
       o << "[" << copy_state_name(p.hbm) << ":" << p.hbm_frame << " " << copy_state_name(p.host)
         << ":" << p.host_frame << " pins " << p.pins << "]";
@@ -551,6 +569,8 @@ class Harness {
         break;
       case OpKind::kSetChecksum:
       case OpKind::kTouch:
+      case OpKind::kMarkHinted:
+      case OpKind::kAcquireForReuse:
       case OpKind::kDropAll: break;
       default: want = model_.check_copy_op(b, op.kind, c); break;
     }
@@ -586,6 +606,25 @@ class Harness {
         --b.block_pins;
         for (uint32_t l = op.layer; l < model_.layers; ++l) --b.pages[l].pins;
         break;
+      case OpKind::kMarkHinted: {
+        bool* mark = op.tier == Tier::kHbm    ? &b.hinted.hbm
+                     : op.tier == Tier::kHost ? &b.hinted.host
+                                              : nullptr;
+        const bool marked = mark != nullptr && !*mark && Model::any_copy(b, op.tier);
+        if (marked) *mark = true;
+        if (table_value != marked) err = "mark_hinted returned " + std::to_string(table_value);
+        break;
+      }
+      case OpKind::kAcquireForReuse: {
+        ++b.refcount;
+        const uint64_t marks = encode(b.hinted);
+        b.hinted = HintedCopies{};
+        if (table_value != marks) {
+          err = "acquire_for_reuse returned marks " + std::to_string(table_value) + ", model " +
+                std::to_string(marks);
+        }
+        break;
+      }
       case OpKind::kSetChecksum: b.checksum = op.value; break;
       case OpKind::kTouch: b.stats.last_access = ++model_.clock; break;
       case OpKind::kDropAll: {
@@ -637,6 +676,8 @@ class Harness {
       case OpKind::kPinBlock: take_r(pin_block(t)); break;
       case OpKind::kUnpinBlock: take(unpin_block(t)); break;
       case OpKind::kSplitBlockPin: take(split_block_pin(t, op.layer)); break;
+      case OpKind::kMarkHinted: take_r(mark_hinted(t, op.tier)); break;
+      case OpKind::kAcquireForReuse: take_r(acquire_for_reuse(t)); break;
       case OpKind::kSetChecksum: t.set_checksum(op.value); break;
       case OpKind::kTouch: t.touch(); break;
       case OpKind::kDropAll: take_r(t.drop_all(op.tier)); break;
@@ -653,6 +694,23 @@ class Harness {
       if (op.kind == OpKind::kSetChecksum || op.kind == OpKind::kTouch) o.code = t.last_code;
     }
     return o;
+  }
+
+  // Hint marks as one value: bit 0 HBM, bit 1 host.
+  static uint64_t encode(const HintedCopies& h) { return (h.hbm ? 1u : 0u) | (h.host ? 2u : 0u); }
+  static Result<uint64_t> mark_hinted(EntryView& v, Tier t) { return v.mark_hinted(t) ? 1 : 0; }
+  static Result<uint64_t> acquire_for_reuse(EntryView& v) {
+    KVTIER_RETURN_IF_ERROR(v.acquire());
+    return encode(v.take_hinted());
+  }
+  struct TableTarget;
+  static Result<uint64_t> mark_hinted(TableTarget& t, Tier tier) {
+    KVTIER_ASSIGN_OR_RETURN(const bool marked, t.pt.mark_hinted(t.key, tier));
+    return marked ? 1 : 0;
+  }
+  static Result<uint64_t> acquire_for_reuse(TableTarget& t) {
+    KVTIER_ASSIGN_OR_RETURN(const HintedCopies marks, t.pt.acquire_for_reuse(t.key));
+    return encode(marks);
   }
 
   // A page's pins of its own: its pins less its block's.
@@ -675,7 +733,6 @@ class Harness {
                ? ok_status()
                : failed_precondition("split_block_pin refused");
   }
-  struct TableTarget;
   static Result<uint32_t> pin_block(TableTarget& t) {
     const BlockKey keys[] = {t.key};
     std::vector<uint32_t> frames(t.pt.layers());

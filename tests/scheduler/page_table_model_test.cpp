@@ -50,8 +50,9 @@ void run_sequence(uint64_t seed, const Shape& shape, int steps) {
   for (int k = 0; k < pt_test::kOpKinds; ++k) {
     EXPECT_GT(seen[k], 0) << pt_test::op_kind_name(OpKind(k));
   }
-  // Block pins were taken, split and released, not only refused.
-  for (OpKind k : {OpKind::kPinBlock, OpKind::kUnpinBlock, OpKind::kSplitBlockPin}) {
+  // Block pins were taken, split and released, and hint marks set and taken, not only refused.
+  for (OpKind k : {OpKind::kPinBlock, OpKind::kUnpinBlock, OpKind::kSplitBlockPin,
+                   OpKind::kMarkHinted, OpKind::kAcquireForReuse}) {
     EXPECT_GT((*h)->ops_accepted(k), 0u) << pt_test::op_kind_name(k);
   }
   // A sequence where the table refuses nearly everything would test little.
