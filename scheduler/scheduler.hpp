@@ -328,8 +328,9 @@ class Scheduler {
   // block asks for it.
   enum class PrefetchFor { kOpenSequence, kWaitingRequest };
   void prefetch_block(const BlockKey& key, PrefetchFor whom);
-  // Marks the ops of `pages` in flight as loads a hint issued, or as no longer speculative.
-  void set_hinted(std::span<const PageKey> pages, bool hinted);
+  // Marks the ops in flight for the pages of `key` in `tier` as loads a hint issued, or as no
+  // longer speculative.
+  void set_hinted(const BlockKey& key, Tier tier, bool hinted);
   // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
   // request may be withdrawn (withdraw_host_requests).
   enum class FrameUse : uint8_t {

@@ -43,6 +43,7 @@ struct HintWorld {
     return s;
   }();
   SimWorld w{setup};
+  const uint64_t low = 48;  // HBM's low watermark, in frames
   std::vector<std::vector<BlockKey>> prompts;
 
   void compute() {
@@ -68,28 +69,41 @@ struct HintWorld {
   }
 };
 
+// The first hint reads the prefix up from NVMe and loads none of it into HBM: a page read from
+// NVMe takes its HBM frame when the read arrives, past the watermark check made when the load
+// was issued. The next hint loads what fits below the watermark.
 TEST(SchedulerSim, HintedLoadsAreCountedOnArrivalAndAsReusedWhenTheirRequestOpens) {
   HintWorld h;
   h.compute();
+  const uint64_t below = h.w.hbm().used();
+  ASSERT_EQ(below, h.low - 2 * h.setup.geometry.layers);
   const std::vector<BlockKey>& waiting = h.prompts[0];
   ASSERT_TRUE(h.hint(1, waiting).ok());
   h.w.settle();
-  // Read up from NVMe whole, and some of it into the free HBM frames below the watermark.
   EXPECT_EQ(h.loads(kHost), 4u);
+  EXPECT_EQ(h.loads(kHbm), 0u);
+  EXPECT_EQ(h.w.hbm().used(), below);
+  for (const BlockKey& k : waiting)
+    EXPECT_EQ(h.marks(k), (HintedCopies{.hbm = false, .host = true}));
+
+  ASSERT_TRUE(h.hint(1, waiting).ok());
+  h.w.settle();
+  EXPECT_GT(h.w.hbm().used(), below);
+  EXPECT_LE(h.w.hbm().used(), h.low);
   uint32_t in_hbm = 0;
   for (const BlockKey& k : waiting) {
-    EXPECT_TRUE(h.marks(k).host);
     const auto info = h.w.table().lookup(k);
     ASSERT_TRUE(info.ok());
     const bool any_hbm = std::ranges::any_of(
         info->pages, [](const PageInfo& p) { return p.hbm != CopyState::kAbsent; });
     EXPECT_EQ(h.marks(k).hbm, any_hbm);
+    EXPECT_TRUE(h.marks(k).host);
     in_hbm += any_hbm;
   }
-  EXPECT_GT(in_hbm, 0u) << "the hint used HBM's free frames below the watermark";
   EXPECT_EQ(h.loads(kHbm), in_hbm);
+  EXPECT_EQ(h.loads(kHost), 4u) << "read once";
   EXPECT_EQ(h.loads(kNvme), 0u);
-  // Hinting the same request again loads and counts nothing more.
+  // Hinted again with no room left below the watermark: nothing more is loaded or counted.
   ASSERT_TRUE(h.hint(1, waiting).ok());
   h.w.settle();
   EXPECT_EQ(h.loads(kHost), 4u);
