@@ -83,8 +83,9 @@ TEST(SchedulerSim, HintedLoadsAreCountedOnArrivalAndAsReusedWhenTheirRequestOpen
   EXPECT_EQ(h.loads(kHost), 4u);
   EXPECT_EQ(h.loads(kHbm), 0u);
   EXPECT_EQ(h.w.hbm().used(), below);
-  for (const BlockKey& k : waiting)
+  for (const BlockKey& k : waiting) {
     EXPECT_EQ(h.marks(k), (HintedCopies{.hbm = false, .host = true}));
+  }
 
   ASSERT_TRUE(h.hint(1, waiting).ok());
   h.w.settle();
