@@ -142,7 +142,8 @@ TEST(MetricsDashboard, HasTheRequiredPanels) {
     }
     return false;
   };
-  // Per-tier hit rate from counters, occupancy, bandwidth per link, p50/p99, stall, evictions.
+  // Per-tier hit rate from counters, occupancy, bandwidth per link, p50/p99, stall, evictions,
+  // the share of hinted loads reused.
   EXPECT_TRUE(any("sum by (tier) (rate(kvtier_hit_tokens_total"));
   EXPECT_TRUE(any("rate(kvtier_lookup_tokens_total"));
   EXPECT_TRUE(any("kvtier_tier_used_bytes"));
@@ -152,6 +153,7 @@ TEST(MetricsDashboard, HasTheRequiredPanels) {
   EXPECT_TRUE(any("histogram_quantile(0.99, "));
   EXPECT_TRUE(any("kvtier_stall_seconds_total"));
   EXPECT_TRUE(any("kvtier_evictions_total"));
+  EXPECT_TRUE(any("sum by (tier) (rate(kvtier_hinted_loads_reused_total"));
 }
 
 TEST(MetricsDashboard, PromtoolAcceptsThePrometheusConfig) {
