@@ -331,6 +331,8 @@ class Scheduler {
   // Marks the ops in flight for the pages of `key` in `tier` as loads a hint issued, or as no
   // longer speculative.
   void set_hinted(const BlockKey& key, Tier tier, bool hinted);
+  // Whether a transfer of any page of `key` into (or out of) `tier` is in flight.
+  bool has_ops(const BlockKey& key, Tier tier) const;
   // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
   // request may be withdrawn (withdraw_host_requests).
   enum class FrameUse : uint8_t {

@@ -501,7 +501,9 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
     set_hinted(key, Tier::kHost, false);
     set_hinted(key, Tier::kHbm, false);
   }
-  const bool was_reading = ops_.contains(PageKey{key, 0, Tier::kHost});
+  // ensure_block_in_host reads the block only when no read of any of its pages is in flight: ops
+  // there after it, and none before, are this hint's.
+  const bool was_reading = has_ops(key, Tier::kHost);
   ensure_block_in_host(key, TransferPriority::kPrefetch);
   if (hinted && !was_reading) set_hinted(key, Tier::kHost, true);
   // Into HBM only while it has free frames: a prefetch never evicts for itself. For a request
@@ -535,6 +537,13 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
       it->second->hinted = true;
     }
   }
+}
+
+bool Scheduler::has_ops(const BlockKey& key, Tier tier) const {
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+    if (ops_.contains(PageKey{key, l, tier})) return true;
+  }
+  return false;
 }
 
 void Scheduler::set_hinted(const BlockKey& key, Tier tier, bool hinted) {
