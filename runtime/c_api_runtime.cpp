@@ -13,6 +13,7 @@
 #include "runtime/c_api_handles.hpp"
 #include "runtime/c_api_yaml.hpp"
 #include "runtime/config_loader.hpp"
+#include "runtime/stats_fields.hpp"
 #include "runtime/timeouts.hpp"
 
 namespace kvtier::capi {
@@ -303,6 +304,34 @@ kvt_status kvt_runtime_stats(const kvt_runtime* runtime, kvt_stats* out) {
 kvt_status kvt_runtime_audit(kvt_runtime* runtime) {
   return guarded("kvt_runtime_audit",
                  [&] { return with_runtime(runtime, [](Runtime& rt) { return rt.audit(); }); });
+}
+
+kvt_status kvt_runtime_counter(const kvt_runtime* runtime, const char* name,
+                               uint64_t out[KVT_NUM_TIERS], int32_t* per_tier) {
+  return guarded("kvt_runtime_counter", [&] {
+    KVTIER_RETURN_IF_ERROR(require(name, "name"));
+    KVTIER_RETURN_IF_ERROR(require(out, "out"));
+    const kvtier::StatsField* field = kvtier::find_stats_field(name);
+    if (field == nullptr) {
+      std::string known;
+      for (const kvtier::StatsField& f : kvtier::runtime_stats_fields()) {
+        known += (known.empty() ? "" : ", ") + std::string(f.name);
+      }
+      return kvtier::not_found("no counter is named '" + std::string(name) + "' (there are " +
+                               known + ")");
+    }
+    return with_runtime(runtime, [&](Runtime& rt) {
+      const kvtier::RuntimeStats s = rt.stats();
+      std::fill_n(out, KVT_NUM_TIERS, uint64_t{0});
+      if (field->per_tier != nullptr) {
+        kvtier::capi::tiers_to_c(s.*field->per_tier, out);
+      } else {
+        out[0] = s.*field->scalar;
+      }
+      if (per_tier != nullptr) *per_tier = field->per_tier != nullptr ? 1 : 0;
+      return kvtier::ok_status();
+    });
+  });
 }
 
 kvt_status kvt_runtime_metrics_port(const kvt_runtime* runtime, uint16_t* port) {

@@ -322,6 +322,14 @@ KVT_API kvt_status kvt_runtime_geometry(const kvt_runtime* runtime, kvt_geometry
  * it is a CUDA device pointer. */
 KVT_API kvt_status kvt_runtime_hbm_view(const kvt_runtime* runtime, kvt_hbm_view* out);
 KVT_API kvt_status kvt_runtime_stats(const kvt_runtime* runtime, kvt_stats* out);
+/* One counter by name: any field of kvt_stats ("stall_nanos", "hit_tokens") and those added since
+ * that struct was fixed ("hinted_loads", "hinted_loads_reused": blocks the waiting queue's hints
+ * brought into hbm and host memory ahead of their request, and of those the blocks a request
+ * reused). The names and values are those of the Python binding's stats() dict. A counter kept
+ * per tier fills out[KVT_TIER_*] and sets *per_tier (when not NULL) to 1; one that is not fills
+ * out[0], zeroes the rest and sets it to 0. KVT_NOT_FOUND for a name that is no counter. */
+KVT_API kvt_status kvt_runtime_counter(const kvt_runtime* runtime, const char* name,
+                                       uint64_t out[KVT_NUM_TIERS], int32_t* per_tier);
 /* The port the metrics endpoint listens on (0 when metrics are off). */
 KVT_API kvt_status kvt_runtime_metrics_port(const kvt_runtime* runtime, uint16_t* port);
 /* Checks kvtier's own invariants between two of its decisions (every frame owned by one copy,

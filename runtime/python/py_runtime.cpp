@@ -14,6 +14,7 @@
 #include "runtime/c_api_yaml.hpp"
 #include "runtime/config_loader.hpp"
 #include "runtime/python/py_module.hpp"
+#include "runtime/stats_fields.hpp"
 #include "runtime/timeouts.hpp"
 
 namespace kvtier::python {
@@ -71,24 +72,14 @@ py::dict per_tier(const std::array<uint32_t, kNumTiers>& values) {
 
 py::dict stats_dict(const RuntimeStats& s) {
   py::dict d;
-  d["lookup_tokens"] = s.lookup_tokens;
-  d["hit_tokens"] = per_tier(s.hit_tokens);
-  d["used_bytes"] = per_tier(s.used_bytes);
-  d["capacity_bytes"] = per_tier(s.capacity_bytes);
-  d["promotions"] = per_tier(s.promotions);
-  d["demotions"] = per_tier(s.demotions);
-  d["evictions"] = per_tier(s.evictions);
-  d["recompute_tokens"] = s.recompute_tokens;
-  d["stall_nanos"] = s.stall_nanos;
-  d["late_prefetches"] = s.late_prefetches;
-  d["hinted_loads"] = per_tier(s.hinted_loads);
-  d["hinted_loads_reused"] = per_tier(s.hinted_loads_reused);
-  d["failed_loads"] = s.failed_loads;
-  d["checksum_failures"] = s.checksum_failures;
-  d["io_errors"] = s.io_errors;
-  d["nvme_recovered_blocks"] = s.nvme_recovered_blocks;
-  d["open_sequences"] = s.open_sequences;
-  d["pinned_prefix_blocks"] = s.pinned_prefix_blocks;
+  for (const StatsField& f : runtime_stats_fields()) {
+    const py::str name{std::string(f.name)};
+    if (f.per_tier != nullptr) {
+      d[name] = per_tier(s.*f.per_tier);
+    } else {
+      d[name] = s.*f.scalar;
+    }
+  }
   return d;
 }
 

@@ -346,6 +346,30 @@ static void test_prefill_and_reuse(kvt_runtime* rt, const uint32_t* tokens) {
   for (int t = 0; t < KVT_NUM_TIERS; ++t) {
     CHECK(stats.used_bytes[t] <= stats.capacity_bytes[t], "tier %d over capacity", t);
   }
+
+  /* Counters by name: the fields of kvt_stats read the same, and the ones added since. */
+  uint64_t counter[KVT_NUM_TIERS] = {7, 7, 7};
+  int32_t per_tier = -1;
+  MUST(kvt_runtime_counter(rt, "hit_tokens", counter, &per_tier));
+  CHECK(per_tier == 1, "hit_tokens is kept per tier (%d)", per_tier);
+  for (int t = 0; t < KVT_NUM_TIERS; ++t) {
+    CHECK(counter[t] == stats.hit_tokens[t], "hit_tokens[%d] %llu, kvt_stats %llu", t,
+          (unsigned long long)counter[t], (unsigned long long)stats.hit_tokens[t]);
+  }
+  MUST(kvt_runtime_counter(rt, "open_sequences", counter, &per_tier));
+  CHECK(per_tier == 0 && counter[0] == stats.open_sequences && counter[1] == 0 && counter[2] == 0,
+        "open_sequences %llu (per tier %d)", (unsigned long long)counter[0], per_tier);
+  /* The waiting prefix was in HBM already: the hint loaded nothing. */
+  MUST(kvt_runtime_counter(rt, "hinted_loads", counter, NULL));
+  CHECK(counter[KVT_TIER_HBM] == 0 && counter[KVT_TIER_HOST] == 0, "hinted loads %llu / %llu",
+        (unsigned long long)counter[KVT_TIER_HBM], (unsigned long long)counter[KVT_TIER_HOST]);
+  MUST(kvt_runtime_counter(rt, "hinted_loads_reused", counter, NULL));
+  EXPECT_ERROR(kvt_runtime_counter(rt, "hit_rate", counter, NULL), KVT_NOT_FOUND,
+               "kvt_runtime_counter", "no counter is named 'hit_rate' (there are lookup_tokens, ");
+  EXPECT_ERROR(kvt_runtime_counter(rt, NULL, counter, NULL), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_counter", "name is NULL");
+  EXPECT_ERROR(kvt_runtime_counter(rt, "io_errors", NULL, NULL), KVT_INVALID_ARGUMENT,
+               "kvt_runtime_counter", "out is NULL");
   MUST(kvt_runtime_audit(rt));
 }
 
