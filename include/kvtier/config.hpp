@@ -128,7 +128,7 @@ struct AdmissionConfig {
 };
 
 struct PrefetchConfig {
-  uint32_t depth = 4;          // how many queued requests (from hints) to prefetch ahead
+  uint32_t depth = 16;         // how many queued requests (from hints) to prefetch ahead
   bool layerwise = true;       // load layer by layer so layer L computes while later layers load
   uint32_t layer_window = 4;   // layers loading ahead of the one computing, when HBM is short
   uint32_t deadline_ms = 200;  // longest a step waits for a page before `on_late` applies
