@@ -61,21 +61,38 @@ TEST(Runtime, PagesSurviveEvictionToHostAndNvmeBitForBit) {
   ASSERT_TRUE(rt->shutdown().ok());
 }
 
+// Computes `tokens` as one prompt in a runtime opened on `c` and shuts it down, which persists the
+// prompt's blocks to NVMe: the next runtime opened on `c` finds them there. Skips the test when
+// the NVMe store cannot be opened here (O_DIRECT or io_uring refused).
+void persist_prompt(const Config& c, const std::vector<uint32_t>& tokens) {
+  auto rt = open_or_skip(c);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here";
+  auto seq = rt->open_sequence(rt->block_keys(tokens));
+  ASSERT_TRUE(seq.ok());
+  bool ok = true;
+  ASSERT_TRUE(
+      run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok).ok());
+  ASSERT_TRUE(rt->close_sequence(seq->id).ok());
+  ASSERT_TRUE(rt->shutdown().ok());
+}
+
+// Decodes one token after the prompt `tokens` of sequence `seq`, whose prefix it reused, and
+// checks every byte the step reads through its block tables.
+void decode_one_and_check_bytes(Runtime& rt, const OpenedSequence& seq,
+                                const std::vector<uint32_t>& tokens) {
+  std::vector<uint32_t> with_next = tokens;  // the prompt and the one token decoded after it
+  with_next.push_back(7);
+  bool bytes_ok = true;
+  ASSERT_TRUE(run_checked_step(rt, seq.id, with_next, seq.reused_tokens, 1, &bytes_ok).ok());
+  EXPECT_TRUE(bytes_ok) << "bytes read back from NVMe differ from those written";
+}
+
 TEST(Runtime, AfterARestartThePrefixIsFoundOnNvme) {
   ScratchDir dir("runtime-restart");
   const Config c = small_config(dir.path());
   const auto tokens = make_tokens(8 * c.model.geometry.page_tokens, 77);
-  {
-    auto rt = open_or_skip(c);
-    if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here";
-    auto seq = rt->open_sequence(rt->block_keys(tokens));
-    ASSERT_TRUE(seq.ok());
-    bool ok = true;
-    ASSERT_TRUE(
-        run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok).ok());
-    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
-    ASSERT_TRUE(rt->shutdown().ok());  // persists cached blocks to NVMe
-  }
+  ASSERT_NO_FATAL_FAILURE(persist_prompt(c, tokens));
+  if (IsSkipped()) return;
   auto rt = open_or_skip(c);
   ASSERT_NE(rt, nullptr);
   EXPECT_GE(rt->stats().nvme_recovered_blocks, 8u);
@@ -86,11 +103,7 @@ TEST(Runtime, AfterARestartThePrefixIsFoundOnNvme) {
   auto seq = rt->open_sequence(rt->block_keys(tokens));
   ASSERT_TRUE(seq.ok());
   EXPECT_EQ(seq->reused_blocks, 8u) << "the prefix must be loaded, not recomputed";
-  bool bytes_ok = true;
-  std::vector<uint32_t> with_next = tokens;  // the prompt and the one token decoded after it
-  with_next.push_back(7);
-  ASSERT_TRUE(run_checked_step(*rt, seq->id, with_next, seq->reused_tokens, 1, &bytes_ok).ok());
-  EXPECT_TRUE(bytes_ok) << "bytes read back from NVMe after the restart differ";
+  ASSERT_NO_FATAL_FAILURE(decode_one_and_check_bytes(*rt, *seq, tokens));
   ASSERT_TRUE(rt->close_sequence(seq->id).ok());
 }
 
@@ -101,17 +114,8 @@ TEST(Runtime, AHintReadsAWaitingPrefixUpFromNvmeAndItsRequestReusesIt) {
   ScratchDir dir("runtime-hint");
   const Config c = small_config(dir.path());
   const auto tokens = make_tokens(8 * c.model.geometry.page_tokens, 78);
-  {
-    auto rt = open_or_skip(c);
-    if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here";
-    auto seq = rt->open_sequence(rt->block_keys(tokens));
-    ASSERT_TRUE(seq.ok());
-    bool ok = true;
-    ASSERT_TRUE(
-        run_checked_step(*rt, seq->id, tokens, 0, static_cast<uint32_t>(tokens.size()), &ok).ok());
-    ASSERT_TRUE(rt->close_sequence(seq->id).ok());
-    ASSERT_TRUE(rt->shutdown().ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(persist_prompt(c, tokens));
+  if (IsSkipped()) return;
   auto rt = open_or_skip(c);
   ASSERT_NE(rt, nullptr);
   const std::vector<BlockKey> keys = rt->block_keys(tokens);
@@ -136,11 +140,7 @@ TEST(Runtime, AHintReadsAWaitingPrefixUpFromNvmeAndItsRequestReusesIt) {
   const RuntimeStats s = rt->stats();
   EXPECT_EQ(s.hinted_loads_reused[host], 8u);
   EXPECT_EQ(s.hinted_loads_reused[tier_index(Tier::kHbm)], s.hinted_loads[tier_index(Tier::kHbm)]);
-  std::vector<uint32_t> with_next = tokens;
-  with_next.push_back(7);
-  bool bytes_ok = true;
-  ASSERT_TRUE(run_checked_step(*rt, seq->id, with_next, seq->reused_tokens, 1, &bytes_ok).ok());
-  EXPECT_TRUE(bytes_ok) << "bytes a hint read up from NVMe differ from those written";
+  ASSERT_NO_FATAL_FAILURE(decode_one_and_check_bytes(*rt, *seq, tokens));
   ASSERT_TRUE(rt->close_sequence(seq->id).ok());
   ASSERT_TRUE(rt->hint({}).ok());
 }

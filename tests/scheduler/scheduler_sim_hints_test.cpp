@@ -63,6 +63,12 @@ struct HintWorld {
   }
   uint64_t loads(int tier) { return w.scheduler().stats().hinted_loads[tier].load(); }
   uint64_t reused(int tier) { return w.scheduler().stats().hinted_loads_reused[tier].load(); }
+  // Lets the loads the sequence started arrive, closes it, and lets what that starts settle.
+  void close_settled(SequenceId sequence) {
+    w.settle();
+    ASSERT_TRUE(w.scheduler().close_sequence(sequence).ok());
+    w.settle();
+  }
   HintedCopies marks(const BlockKey& key) {
     auto info = w.table().lookup(key);
     return info.ok() ? info->hinted : HintedCopies{};
@@ -116,9 +122,7 @@ TEST(SchedulerSim, HintedLoadsAreCountedOnArrivalAndAsReusedWhenTheirRequestOpen
   EXPECT_EQ(h.reused(kHost), 4u);
   EXPECT_EQ(h.reused(kHbm), in_hbm);
   for (const BlockKey& k : waiting) EXPECT_EQ(h.marks(k), HintedCopies{}) << "taken by reuse";
-  h.w.settle();
-  ASSERT_TRUE(h.w.scheduler().close_sequence(opened->id).ok());
-  h.w.settle();
+  ASSERT_NO_FATAL_FAILURE(h.close_settled(opened->id));
   // Loaded again for another request later, the blocks are not the hint's.
   EXPECT_EQ(h.loads(kHost), 4u);
   expect_consistent(h.w);
@@ -148,9 +152,7 @@ TEST(SchedulerSim, AHintedCopyEvictedBeforeItsRequestOpensIsNotCountedAsReused) 
   EXPECT_EQ(opened->reused_blocks, 4u);
   EXPECT_EQ(h.reused(kHost), 0u);
   EXPECT_EQ(h.reused(kHbm), 0u);
-  h.w.settle();
-  ASSERT_TRUE(h.w.scheduler().close_sequence(opened->id).ok());
-  h.w.settle();
+  ASSERT_NO_FATAL_FAILURE(h.close_settled(opened->id));
   EXPECT_EQ(h.loads(kHost), 4u) << "the request's own loads are not the hint's";
   expect_consistent(h.w);
 }
@@ -166,16 +168,13 @@ TEST(SchedulerSim, AHintsLoadsInFlightWhenTheirSequenceOpensAreTheSequences) {
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   ASSERT_EQ(opened->reused_blocks, 4u);
   h.w.settle();
-  EXPECT_EQ(
-      h.w.scheduler().match(waiting).by_tier[kHost] + h.w.scheduler().match(waiting).by_tier[kHbm],
-      4u)
-      << "the reads arrived";
+  const MatchResult m = h.w.scheduler().match(waiting);
+  EXPECT_EQ(m.by_tier[kHost] + m.by_tier[kHbm], 4u) << "the reads arrived";
   EXPECT_EQ(h.loads(kHost), 0u);
   EXPECT_EQ(h.loads(kHbm), 0u);
   EXPECT_EQ(h.reused(kHost), 0u);
   for (const BlockKey& k : waiting) EXPECT_EQ(h.marks(k), HintedCopies{});
-  ASSERT_TRUE(h.w.scheduler().close_sequence(opened->id).ok());
-  h.w.settle();
+  ASSERT_NO_FATAL_FAILURE(h.close_settled(opened->id));
   expect_consistent(h.w);
 }
 
