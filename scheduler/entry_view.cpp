@@ -469,7 +469,7 @@ bool EntryView::mark_hinted(Tier tier) {
     case Tier::kHost: flag = h.host_copies > 0 ? BlockHeader::kHintedIntoHost : 0; break;
     case Tier::kNvme: break;
   }
-  if (flag == 0 || (h.flags & flag) != 0) return false;
+  if (flag == 0 || (h.flags & flag) != 0 || h.refcount > 0) return false;
   h.flags |= flag;
   return true;
 }

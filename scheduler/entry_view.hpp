@@ -143,8 +143,10 @@ class EntryView {
   // Records an access for the eviction policies (last_access = a new tick of the table's clock).
   void touch();
   // Marks the block's copies in `tier` (HBM or host) as brought in by a hint. Returns true when it
-  // marked them; false when they were marked already, or when the tier holds no copy of the block
-  // (nothing to mark). The mark goes when the copies do (set_state) or when take_hinted takes it.
+  // marked them; false when they were marked already, when the tier holds no copy of the block
+  // (nothing to mark), or when the block has references (a sequence holds it: what a hint brought
+  // in for it is not speculative). The mark goes when the copies do (set_state) or when
+  // take_hinted takes it.
   bool mark_hinted(Tier tier);
   // A request reuses the block: returns the marks, cleared.
   HintedCopies take_hinted();

@@ -324,15 +324,9 @@ class Scheduler {
                int refetches);
   // Brings a block toward HBM as a prefetch, for a sequence just opened (its next step reads it)
   // or a request still waiting (hinted), which may fill less of HBM (see the definition).
-  // A waiting request's loads are the hint's (PageOp::hinted) until a sequence opened over the
-  // block asks for it.
+  // A waiting request's loads are the hint's (PageOp::hinted).
   enum class PrefetchFor { kOpenSequence, kWaitingRequest };
   void prefetch_block(const BlockKey& key, PrefetchFor whom);
-  // Marks the ops in flight for the pages of `key` in `tier` as loads a hint issued, or as no
-  // longer speculative.
-  void set_hinted(const BlockKey& key, Tier tier, bool hinted);
-  // Whether a transfer of any page of `key` into (or out of) `tier` is in flight.
-  bool has_ops(const BlockKey& key, Tier tier) const;
   // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
   // request may be withdrawn (withdraw_host_requests).
   enum class FrameUse : uint8_t {
@@ -392,7 +386,9 @@ class Scheduler {
   // Every page of the block has a ready copy in a tier faster than `tier` (EntryView::shadowed).
   bool shadowed_in(const BlockKey& key, Tier tier) const;
   void attach(const PageKey& page, Done done);
-  void ensure_block_in_host(const BlockKey& key, TransferPriority prio);
+  // Reads the block from NVMe into host memory unless a read is in flight or a copy is there;
+  // `hinted`: the read is a waiting request's hint's (PageOp::hinted).
+  void ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted = false);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);
   // After `tier` could not store `key` (`why`): remembers it, says so once, and drops the copies

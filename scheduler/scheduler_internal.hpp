@@ -117,9 +117,9 @@ struct Scheduler::ResidentPins {
 struct Scheduler::PageOp {
   JobId job = 0;
   bool prefetch = false;
-  // Issued by a waiting request's hint, and no sequence opened over the block since: when it
-  // arrives (still a prefetch), the block's copies in the tier are marked as the hint's
-  // (SchedulerStats::hinted_loads).
+  // Issued by a waiting request's hint: when it arrives, still a prefetch, the block's copies in
+  // the tier are marked as the hint's unless a sequence holds the block by then
+  // (EntryView::mark_hinted; SchedulerStats::hinted_loads).
   bool hinted = false;
   Nanos issued = 0;  // loop time the op was created (HBM prefetches are counted by it)
   bool drain = false;

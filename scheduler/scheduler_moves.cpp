@@ -71,8 +71,9 @@ void Scheduler::tell_waiters(const PageKey& page, PageOp& op, const Status& stat
   if (op.prefetch && page.tier == Tier::kHbm) {
     stats_.prefetches.fetch_add(1, std::memory_order_relaxed);
   }
-  // A hint's load that arrived with no sequence asking for the block yet: speculative until a
-  // request reuses it (open_sequence) or its copies go. Counted once per block and tier.
+  // A hint's load that arrived with no step asking for it: speculative until a request reuses the
+  // block (open_sequence) or its copies go, unless a sequence holds it already. Counted once per
+  // block and tier.
   if (op.hinted && op.prefetch && status.ok()) {
     const Result<bool> marked = parts_.table->mark_hinted(page.key, page.tier);
     if (marked.ok() && *marked) {

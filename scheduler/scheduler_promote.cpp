@@ -371,7 +371,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
       FrameUse::kNvmeRead);
 }
 
-void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio) {
+void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted) {
   // One large read when the block is on NVMe only (DESIGN.md: a whole-block read is one I/O),
   // and none when every page is ready in HBM, where the step reads it: a block that host memory
   // merely lacks (written through to NVMe, its host copies dropped) was read up again at demand
@@ -410,6 +410,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
   for (uint32_t l = 0; l < layers; ++l) {
     auto op = std::make_unique<PageOp>();
     op->prefetch = prio != TransferPriority::kDemand;
+    op->hinted = hinted;
     ops_.emplace(PageKey{key, l, Tier::kHost}, std::move(op));
   }
   auto fail_all = [this, key](const Status& why) { finish_ops(host_pages_of(key), why); };
@@ -495,17 +496,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio)
 
 void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
   const bool hinted = whom == PrefetchFor::kWaitingRequest;
-  if (!hinted) {
-    // A sequence reuses the block now: what a hint started loading for it is no longer
-    // speculative.
-    set_hinted(key, Tier::kHost, false);
-    set_hinted(key, Tier::kHbm, false);
-  }
-  // ensure_block_in_host reads the block only when no read of any of its pages is in flight: ops
-  // there after it, and none before, are this hint's.
-  const bool was_reading = has_ops(key, Tier::kHost);
-  ensure_block_in_host(key, TransferPriority::kPrefetch);
-  if (hinted && !was_reading) set_hinted(key, Tier::kHost, true);
+  ensure_block_in_host(key, TransferPriority::kPrefetch, hinted);
   // Into HBM only while it has free frames: a prefetch never evicts for itself. For a request
   // still waiting, only below HBM's low watermark: the frames above it, which watermark demotions
   // keep free, are for the sequences running (a waiting request's prefix took them, the demotion
@@ -536,19 +527,6 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
     if (auto it = ops_.find(page); hinted && !was_loading && it != ops_.end()) {
       it->second->hinted = true;
     }
-  }
-}
-
-bool Scheduler::has_ops(const BlockKey& key, Tier tier) const {
-  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
-    if (ops_.contains(PageKey{key, l, tier})) return true;
-  }
-  return false;
-}
-
-void Scheduler::set_hinted(const BlockKey& key, Tier tier, bool hinted) {
-  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
-    if (auto it = ops_.find(PageKey{key, l, tier}); it != ops_.end()) it->second->hinted = hinted;
   }
 }
 

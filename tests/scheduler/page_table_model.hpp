@@ -610,7 +610,8 @@ class Harness {
         bool* mark = op.tier == Tier::kHbm    ? &b.hinted.hbm
                      : op.tier == Tier::kHost ? &b.hinted.host
                                               : nullptr;
-        const bool marked = mark != nullptr && !*mark && Model::any_copy(b, op.tier);
+        const bool marked =
+            mark != nullptr && !*mark && Model::any_copy(b, op.tier) && b.refcount == 0;
         if (marked) *mark = true;
         if (table_value != marked) err = "mark_hinted returned " + std::to_string(table_value);
         break;
