@@ -465,29 +465,11 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
   // Replace the board: requests no longer hinted have started or were dropped.
   std::unordered_set<uint64_t> now;
   for (const HintedRequest& r : waiting) now.insert(r.request_id);
-  for (auto it = hinted_.begin(); it != hinted_.end();) {
-    if (!now.contains(it->first)) {
-      hints_.remove(it->first).ignore();
-      it = hinted_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  hints_.retain([&](uint64_t id) { return now.contains(id); });
   uint32_t rank = 0;
   for (const HintedRequest& r : waiting) {
-    auto known = hinted_.find(r.request_id);
-    if (known != hinted_.end() && (known->second.expected_start_ns != r.expected_start_ns ||
-                                   !std::ranges::equal(known->second.keys, r.keys))) {
-      // Hinted again with another start or other keys: the board sees the new ones.
-      hints_.remove(r.request_id).ignore();
-      hinted_.erase(known);
-      known = hinted_.end();
-    }
-    if (known == hinted_.end()) {
-      KVTIER_RETURN_IF_ERROR(
-          hints_.add(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
-      hinted_.emplace(r.request_id, Hinted{r.expected_start_ns, r.keys});
-    }
+    KVTIER_RETURN_IF_ERROR(
+        hints_.update(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
     // Prefetch the cached prefix of the first `depth` waiting requests toward host memory, and
     // into HBM where it has room to spare (prefetch_block).
     if (rank++ < options_.policies.prefetch.depth) {

@@ -491,13 +491,6 @@ class Scheduler {
   std::unordered_set<BlockKey, BlockKeyHash> staging_;  // blocks being staged for NVMe
   // Facts of blocks in the page table, learned from the requests that used them.
   std::unordered_map<BlockKey, RequestFacts, BlockKeyHash> facts_;
-  // The requests on the hint board, as last hinted (a request hinted again with another start or
-  // other keys replaces its entry).
-  struct Hinted {
-    int64_t expected_start_ns = 0;
-    std::vector<BlockKey> keys;
-  };
-  std::unordered_map<uint64_t, Hinted> hinted_;
   // Full blocks waiting to be published (see publish_full_blocks).
   struct PendingPublish {
     SequenceId sequence = 0;

@@ -387,6 +387,9 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
     in_hbm = v.hbm_ready_pages() == layers;
   });
   if (!s.ok() || in_hbm) return;
+  // A prefetch finds nothing to start or to move up when the block is in host memory or has no
+  // NVMe copy to read (a hint passes here for every block of its prefixes, each time).
+  if (prio != TransferPriority::kDemand && (any_host || nvme != CopyState::kReady)) return;
   // A demand joins a read issued as a prefetch: the read moves up its link's queue, or, still
   // waiting for host frames, up the frame queue. Before the checks below: a read whose frames
   // were granted has host copies (filling) already.
@@ -516,7 +519,8 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
           : static_cast<uint64_t>(options_.watermarks[tier_index(Tier::kHbm)].low *
                                   static_cast<double>(hbm.capacity()));
   for (uint32_t l = 0; l < layers; ++l) {
-    if (hbm.free_count() <= layers || hbm.used() + layers > fill_to) return;
+    const uint64_t used = hbm.used();  // sums per-thread counters: read once a page
+    if (hbm.capacity() - used <= layers || used + layers > fill_to) return;
     const PageSnapshot p = page_snapshot(key, l);
     if (!p.found || p.hbm != CopyState::kAbsent) continue;
     if (hinted && p.host != CopyState::kReady) continue;

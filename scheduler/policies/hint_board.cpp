@@ -14,16 +14,43 @@ Status HintBoard::add(uint64_t request_id, uint64_t expected_start,
   }
   Request request;
   request.expected_start = expected_start;
-  request.keys.reserve(keys.size());
+  request.keys.assign(keys.begin(), keys.end());
   std::unordered_set<BlockKey, BlockKeyHash> distinct;
   distinct.reserve(keys.size());
   for (const BlockKey& k : keys) {
-    if (!distinct.insert(k).second) continue;
-    request.keys.push_back(k);
-    uses_[k].readers.emplace_back(expected_start, request_id);
+    if (distinct.insert(k).second) uses_[k].readers.emplace_back(expected_start, request_id);
   }
   requests_.emplace(request_id, std::move(request));
   return ok_status();
+}
+
+Status HintBoard::update(uint64_t request_id, uint64_t expected_start,
+                         std::span<const BlockKey> keys) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return add(request_id, expected_start, keys);
+  Request& request = it->second;
+  if (!std::ranges::equal(request.keys, keys)) {
+    KVTIER_RETURN_IF_ERROR(remove(request_id));
+    return add(request_id, expected_start, keys);
+  }
+  if (request.expected_start == expected_start) return ok_status();
+  request.expected_start = expected_start;
+  for (const BlockKey& k : request.keys) {
+    const auto u = uses_.find(k);
+    if (u == uses_.end()) continue;
+    for (auto& reader : u->second.readers) {
+      if (reader.second == request_id) reader.first = expected_start;
+    }
+  }
+  return ok_status();
+}
+
+void HintBoard::retain(const std::function<bool(uint64_t request_id)>& keep) {
+  std::vector<uint64_t> gone;
+  for (const auto& [id, request] : requests_) {
+    if (!keep(id)) gone.push_back(id);
+  }
+  for (uint64_t id : gone) remove(id).ignore();  // listed from requests_: present
 }
 
 Status HintBoard::remove(uint64_t request_id) {

@@ -6,6 +6,9 @@
 // removes it when it starts or is abandoned. Policies read it: the lookahead evictor keeps blocks
 // that a waiting request will read, the prefetcher loads them ahead. Lookups answer "how many
 // waiting requests read this key, and the earliest expected start among them" in O(1).
+// An engine hints its whole queue again each time it changes, with new expected starts but the
+// same keys: update() moves such a request's start in place, without taking its keys off the
+// board and putting them back (that was half of hint()'s cost in the benchmark).
 //
 // Threading: owned and mutated by the scheduler's event loop; readers run on the same thread (the
 // evictors are called from it), so there is no lock. Keys repeated within one request count once.
@@ -16,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -36,8 +40,13 @@ class HintBoard {
   // Adds a waiting request. `expected_start` is in any monotonic unit the caller uses for all
   // requests (milliseconds, or the queue position). kAlreadyExists when the id is present.
   Status add(uint64_t request_id, uint64_t expected_start, std::span<const BlockKey> keys);
+  // Adds the request, or brings it up to date: with the same keys only its start moves (in
+  // place); with other keys it is replaced.
+  Status update(uint64_t request_id, uint64_t expected_start, std::span<const BlockKey> keys);
   // Removes a request (it started, or was cancelled). kNotFound when the id is absent.
   Status remove(uint64_t request_id);
+  // Removes every request whose id `keep` does not return true for.
+  void retain(const std::function<bool(uint64_t request_id)>& keep);
   void clear();
 
   std::optional<Use> find(const BlockKey& key) const;
@@ -48,7 +57,7 @@ class HintBoard {
  private:
   struct Request {
     uint64_t expected_start = 0;
-    std::vector<BlockKey> keys;  // distinct
+    std::vector<BlockKey> keys;  // as hinted (repeats count once, in uses_)
   };
   struct KeyUses {
     // (expected_start, request_id) of every waiting request reading the key; short (the queue's
