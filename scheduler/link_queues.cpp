@@ -14,6 +14,7 @@ JobId LinkQueues::enqueue(Link link, TransferPriority priority, uint64_t bytes, 
   const JobId id = ++next_id_;
   l.queues[static_cast<int>(priority)].push_back(Job{id, bytes, std::move(start)});
   l.queued += bytes;
+  l.queued_at[static_cast<int>(priority)] += bytes;
   where_.emplace(id, std::make_pair(link, priority));
   pump();
   return id;
@@ -27,11 +28,21 @@ bool LinkQueues::promote(JobId id, TransferPriority priority) {
   auto& from = links_[static_cast<int>(link)].queues[static_cast<int>(current)];
   auto job = std::find_if(from.begin(), from.end(), [&](const Job& j) { return j.id == id; });
   if (job == from.end()) return false;
-  links_[static_cast<int>(link)].queues[static_cast<int>(priority)].push_back(std::move(*job));
+  LinkState& l = links_[static_cast<int>(link)];
+  l.queued_at[static_cast<int>(current)] -= job->bytes;
+  l.queued_at[static_cast<int>(priority)] += job->bytes;
+  l.queues[static_cast<int>(priority)].push_back(std::move(*job));
   from.erase(job);
   it->second.second = priority;
   pump();
   return true;
+}
+
+uint64_t LinkQueues::queued_bytes_ahead(Link link, TransferPriority priority) const {
+  const LinkState& l = links_[static_cast<int>(link)];
+  uint64_t bytes = 0;
+  for (int p = 0; p <= static_cast<int>(priority); ++p) bytes += l.queued_at[p];
+  return bytes;
 }
 
 std::size_t LinkQueues::queued_jobs(Link link) const {
@@ -57,7 +68,8 @@ void LinkQueues::pump() {
     progressed = false;
     for (int li = 0; li < kNumLinks; ++li) {
       LinkState& l = links_[li];
-      for (auto& q : l.queues) {
+      for (int p = 0; p < kNumPriorities; ++p) {
+        auto& q = l.queues[p];
         // An empty link always admits one job, so a job larger than the cap still runs.
         while (!q.empty() &&
                (l.cap == 0 || l.inflight == 0 || l.inflight + q.front().bytes <= l.cap)) {
@@ -65,6 +77,7 @@ void LinkQueues::pump() {
           q.pop_front();
           where_.erase(job.id);
           l.queued -= job.bytes;
+          l.queued_at[p] -= job.bytes;
           l.inflight += job.bytes;
           const uint64_t bytes = job.bytes;
           const Link this_link = static_cast<Link>(li);

@@ -1,8 +1,9 @@
 // LinkQueues: priorities and backpressure in front of the TransferPort.
 //
-// Each link (hbm->host, host->hbm, host->nvme, nvme->host) has three FIFO queues — demand loads
-// (a step is waiting), prefetches (a hint or an open sequence will want it), write-backs (making a
-// lower copy, watermarks) — and a cap on the bytes it may have in flight. A job is submitted only
+// Each link (hbm->host, host->hbm, host->nvme, nvme->host) has four FIFO queues — demand loads
+// (a step is waiting), reads for a sequence just opened (its first step comes next), prefetches
+// (a waiting request or an open sequence will want it), write-backs (making a lower copy,
+// watermarks) — and a cap on the bytes it may have in flight. A job is submitted only
 // while the link is under its cap, highest priority first, so a burst of write-backs can never sit
 // in front of a demand load in the device's queue. A job that is already queued can be promoted
 // (a prefetch becomes a demand when a step needs it before it ran). Loop thread only.
@@ -19,8 +20,8 @@
 
 namespace kvtier {
 
-enum class TransferPriority : uint8_t { kDemand = 0, kPrefetch = 1, kWriteBack = 2 };
-constexpr int kNumPriorities = 3;
+enum class TransferPriority : uint8_t { kDemand = 0, kAdmitted = 1, kPrefetch = 2, kWriteBack = 3 };
+constexpr int kNumPriorities = 4;
 
 using JobId = uint64_t;
 
@@ -41,6 +42,9 @@ class LinkQueues {
 
   uint64_t inflight_bytes(Link link) const { return links_[static_cast<int>(link)].inflight; }
   uint64_t queued_bytes(Link link) const { return links_[static_cast<int>(link)].queued; }
+  // Bytes queued on `link` at `priority` or above: what a job of that priority waits behind,
+  // besides the bytes in flight (jobs queued below it start after it).
+  uint64_t queued_bytes_ahead(Link link, TransferPriority priority) const;
   std::size_t queued_jobs(Link link) const;
   bool idle() const;
 
@@ -54,6 +58,7 @@ class LinkQueues {
     std::array<std::deque<Job>, kNumPriorities> queues;
     uint64_t inflight = 0;
     uint64_t queued = 0;
+    std::array<uint64_t, kNumPriorities> queued_at{};  // queued bytes per priority
     uint64_t cap = 0;
   };
 

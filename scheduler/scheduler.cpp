@@ -274,15 +274,19 @@ MatchResult Scheduler::match_and_count(std::span<const BlockKey> keys) {
 
 Nanos Scheduler::estimated_load_time(Tier from, uint32_t blocks) const {
   if (from == Tier::kHbm) return 0;
-  // Host -> HBM for every tier below HBM; NVMe -> host first for NVMe. Queued bytes on the link
-  // delay this load too.
-  const auto over = [&](Link link, uint64_t block_bytes) {
+  // Host -> HBM for every tier below HBM; NVMe -> host first for NVMe. The bytes in flight on a
+  // link delay this load too, and so do those queued at the priority its copies take there or
+  // above: a sequence just opened reads from NVMe at kAdmitted, ahead of the reads hints queued
+  // for requests still waiting, and loads into HBM at kPrefetch.
+  const auto over = [&](Link link, uint64_t block_bytes, TransferPriority prio) {
     const LinkModel m = parts_.port->link_model(link);
-    return m.transfer_time(blocks * block_bytes + links_.queued_bytes(link) +
+    return m.transfer_time(blocks * block_bytes + links_.queued_bytes_ahead(link, prio) +
                            links_.inflight_bytes(link));
   };
-  Nanos t = over(Link::kHostToHbm, host_block_bytes());
-  if (from == Tier::kNvme) t += over(Link::kNvmeToHost, nvme_block_bytes());
+  Nanos t = over(Link::kHostToHbm, host_block_bytes(), TransferPriority::kPrefetch);
+  if (from == Tier::kNvme) {
+    t += over(Link::kNvmeToHost, nvme_block_bytes(), TransferPriority::kAdmitted);
+  }
   return t;
 }
 

@@ -31,7 +31,8 @@
 // threads). Transfers run on the TransferPort's engines and complete as loop tasks.
 //
 // Moves. A page is promoted NVMe -> host -> HBM, each step a TransferPort job queued by priority
-// (demand > prefetch > write-back, LinkQueues) under a per-link cap on bytes in flight. Frames are
+// (demand > a sequence just opened > prefetch > write-back, LinkQueues) under a per-link cap on
+// bytes in flight. Frames are
 // taken with PageTable::begin_fill; when a tier has no free frame the request waits in that tier's
 // queue and the Placement plans room (its victims are demoted or dropped, asynchronously). Pages
 // being copied out of HBM are pinned (write-through) or draining (eviction), so nothing reuses a
@@ -309,9 +310,10 @@ class Scheduler {
   // whole block), issued as a prefetch, is bringing: the read moves up its link's queue, or, still
   // waiting for host frames, up the frame queue.
   void demand_host_read(const BlockKey& key, uint32_t layer);
-  // The host-page read of (key, layer), if one is in flight as a prefetch, becomes a demand and
-  // moves up its link's queue; true when it did (its frame requests are the caller's to move).
-  bool demand_host_op(const BlockKey& key, uint32_t layer);
+  // The host-page read of (key, layer), if one is in flight as a prefetch, moves up its link's
+  // queue to `prio` (and becomes a demand for kDemand); true when it did (its frame requests are
+  // the caller's to move).
+  bool raise_host_op(const BlockKey& key, uint32_t layer, TransferPriority prio);
   // The second half of an HBM load: host copy first, then an HBM frame and the copy up.
   void load_via_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
   // The HBM load of `page` is given up before it took a frame because the page got a copy
@@ -386,8 +388,9 @@ class Scheduler {
   // Every page of the block has a ready copy in a tier faster than `tier` (EntryView::shadowed).
   bool shadowed_in(const BlockKey& key, Tier tier) const;
   void attach(const PageKey& page, Done done);
-  // Reads the block from NVMe into host memory unless a read is in flight or a copy is there;
-  // `hinted`: the read is a waiting request's hint's (PageOp::hinted).
+  // Reads the block from NVMe into host memory unless a read is in flight or a copy is there; a
+  // read in flight at a lower priority moves up to `prio`. `hinted`: the read is a waiting
+  // request's hint's (PageOp::hinted).
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted = false);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);

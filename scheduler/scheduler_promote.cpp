@@ -128,18 +128,18 @@ void Scheduler::demand_prefetched(const BlockKey& key, uint32_t layer) {
   if (!has_frame) promote_frame_waiters(Tier::kHbm, key, TransferPriority::kDemand, layer);
 }
 
-bool Scheduler::demand_host_op(const BlockKey& key, uint32_t layer) {
+bool Scheduler::raise_host_op(const BlockKey& key, uint32_t layer, TransferPriority prio) {
   auto it = ops_.find(PageKey{key, layer, Tier::kHost});
   if (it == ops_.end() || !it->second->prefetch) return false;
   PageOp& op = *it->second;
-  op.prefetch = false;
-  if (op.job != 0) links_.promote(op.job, TransferPriority::kDemand);
+  if (prio == TransferPriority::kDemand) op.prefetch = false;
+  if (op.job != 0) links_.promote(op.job, prio);
   return true;
 }
 
 void Scheduler::demand_host_read(const BlockKey& key, uint32_t layer) {
   // A whole-block read starts once every layer has its frame: all of the block's requests move.
-  if (demand_host_op(key, layer)) {
+  if (raise_host_op(key, layer, TransferPriority::kDemand)) {
     promote_frame_waiters(Tier::kHost, key, TransferPriority::kDemand);
   }
 }
@@ -387,18 +387,19 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
     in_hbm = v.hbm_ready_pages() == layers;
   });
   if (!s.ok() || in_hbm) return;
-  // A prefetch finds nothing to start or to move up when the block is in host memory or has no
-  // NVMe copy to read (a hint passes here for every block of its prefixes, each time).
-  if (prio != TransferPriority::kDemand && (any_host || nvme != CopyState::kReady)) return;
-  // A demand joins a read issued as a prefetch: the read moves up its link's queue, or, still
-  // waiting for host frames, up the frame queue. Before the checks below: a read whose frames
-  // were granted has host copies (filling) already.
+  // A prefetch, the lowest priority a read takes, finds nothing to start or to move up when the
+  // block is in host memory or has no NVMe copy to read (a hint passes here for every block of
+  // its prefixes, each time).
+  if (prio == TransferPriority::kPrefetch && (any_host || nvme != CopyState::kReady)) return;
+  // A demand, or a sequence just opened, joins a read issued at a lower priority: the read moves
+  // up its link's queue, or, still waiting for host frames, up the frame queue. Before the checks
+  // below: a read whose frames were granted has host copies (filling) already.
   bool reading = false;
   bool promoted = false;
   for (uint32_t l = 0; l < layers; ++l) {
     if (!ops_.contains(PageKey{key, l, Tier::kHost})) continue;
     reading = true;
-    if (prio == TransferPriority::kDemand && demand_host_op(key, l)) promoted = true;
+    if (prio != TransferPriority::kPrefetch && raise_host_op(key, l, prio)) promoted = true;
   }
   if (promoted) promote_frame_waiters(Tier::kHost, key, prio);
   if (reading || nvme != CopyState::kReady || any_host) return;
@@ -499,7 +500,10 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
 
 void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
   const bool hinted = whom == PrefetchFor::kWaitingRequest;
-  ensure_block_in_host(key, TransferPriority::kPrefetch, hinted);
+  // A sequence just opened reads its blocks from NVMe ahead of the reads for requests still
+  // waiting, which start later: its first step comes next.
+  ensure_block_in_host(key, hinted ? TransferPriority::kPrefetch : TransferPriority::kAdmitted,
+                       hinted);
   // Into HBM only while it has free frames: a prefetch never evicts for itself. For a request
   // still waiting, only below HBM's low watermark: the frames above it, which watermark demotions
   // keep free, are for the sequences running (a waiting request's prefix took them, the demotion

@@ -235,6 +235,47 @@ TEST(LinkQueues, DemandOvertakesPrefetchAndWriteBackUnderTheCap) {
   EXPECT_FALSE(q.promote(late, TransferPriority::kDemand));
 }
 
+// A sequence just opened (kAdmitted) goes after demands and before prefetches; the bytes queued
+// ahead of a priority, which compute-or-load weighs, follow jobs as they are promoted and start.
+TEST(LinkQueues, AdmittedJobsGoBetweenDemandsAndPrefetchesAndBytesAheadFollowThem) {
+  std::array<uint64_t, kNumLinks> caps{};
+  caps[static_cast<int>(Link::kNvmeToHost)] = 100;
+  LinkQueues q(caps);
+  std::vector<std::string> started;
+  std::vector<std::function<void()>> finishers;
+  const auto job = [&](std::string name) {
+    return [&, name](std::function<void()> finished) {
+      started.push_back(name);
+      finishers.push_back(std::move(finished));
+    };
+  };
+  const Link l = Link::kNvmeToHost;
+  q.enqueue(l, TransferPriority::kWriteBack, 100, job("wb1"));  // starts: link idle
+  q.enqueue(l, TransferPriority::kWriteBack, 10, job("wb2"));
+  q.enqueue(l, TransferPriority::kPrefetch, 20, job("pf"));
+  const JobId late = q.enqueue(l, TransferPriority::kPrefetch, 30, job("pf-late"));
+  q.enqueue(l, TransferPriority::kAdmitted, 40, job("admitted"));
+  q.enqueue(l, TransferPriority::kDemand, 50, job("demand"));
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kDemand), 50u);
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kAdmitted), 90u);
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kPrefetch), 140u);
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kWriteBack), q.queued_bytes(l));
+  EXPECT_EQ(q.queued_bytes(l), 150u);
+  EXPECT_TRUE(q.promote(late, TransferPriority::kAdmitted));
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kAdmitted), 120u);
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kPrefetch), 140u);
+  finishers[0]();  // room for 100 bytes: the demand, then the admitted jobs in their order
+  EXPECT_EQ(started, (std::vector<std::string>{"wb1", "demand", "admitted"}));
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kAdmitted), 30u);
+  finishers[1]();
+  finishers[2]();
+  EXPECT_EQ(started,
+            (std::vector<std::string>{"wb1", "demand", "admitted", "pf-late", "pf", "wb2"}));
+  EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kWriteBack), 0u);
+  for (std::size_t i = 3; i < finishers.size(); ++i) finishers[i]();
+  EXPECT_TRUE(q.idle());
+}
+
 TEST(LinkQueues, ASynchronousFailureInStartDoesNotRecurseOrStall) {
   LinkQueues q({});
   int ran = 0;

@@ -172,6 +172,51 @@ TEST(SchedulerSim, ADemandMovesItsNvmeBlockReadsWithFramesInHandAheadOfPrefetche
   expect_consistent(w);
 }
 
+// A sequence just opened reads its prefix from NVMe ahead of the reads hints queued for requests
+// still waiting (kAdmitted), even where a hint queued its own blocks' reads first (they move up);
+// and compute-or-load weighs only what the reads will wait behind: with the hinted reads counted,
+// loading this prefix would look slower than recomputing it.
+TEST(SchedulerSim, AnOpenedSequencesNvmeReadsGoAheadOfHintedReadsAndAreNotWeighedAgainstThem) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = 256;  // every read gets its frames at once
+  setup.nvme_extents = 256;
+  setup.nvme_read_gbps = 0.1;    // a block (16 KiB) reads in ~166 us
+  setup.max_inflight_bytes = 1;  // one job in flight per link
+  // A block recomputes in 400 us: two blocks save 2 x ~234 us when loaded, less than the hinted
+  // reads queued ahead would cost (8 blocks, ~1.3 ms) but more than the one read in flight.
+  setup.policies.prefill_tokens_per_s = 16 / 400e-6;
+  SimWorld w(setup);
+  const std::vector<BlockKey> waiting = w.prompt(8, 1);
+  const std::vector<BlockKey> mine = w.prompt(2, 2);
+  adopt_on_nvme(w, waiting);
+  adopt_on_nvme(w, mine);
+  // Both are hinted, `mine` last: ten block reads queued as prefetches, one in flight.
+  const std::vector<HintedRequest> queue{{1, 0, waiting}, {2, 0, mine}};
+  ASSERT_TRUE(w.scheduler().hint(queue).ok());
+
+  auto opened = w.scheduler().open_sequence(mine);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  EXPECT_EQ(opened->reused_blocks, 2u) << "the hinted reads were weighed against the load";
+  const auto in_host = [&](std::span<const BlockKey> keys) {
+    uint32_t n = 0;
+    for (const BlockKey& k : keys) {
+      auto info = w.table().lookup(k);
+      n += info.ok() && std::ranges::all_of(info->pages, [](const PageInfo& p) {
+             return p.host == CopyState::kReady;
+           });
+    }
+    return n;
+  };
+  ASSERT_TRUE(w.loop().run_while_not([&] { return in_host(mine) == mine.size(); }));
+  EXPECT_LE(in_host(waiting), 1u) << "only the read in flight when the sequence opened goes first";
+  w.settle();
+  EXPECT_EQ(in_host(waiting), waiting.size()) << "the hinted reads still complete";
+  ASSERT_TRUE(w.scheduler().close_sequence(opened->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // The HBM half of the same: the prefix's host copies arrived while HBM was full, so its loads'
 // HBM frame requests wait in the prefetch queue, behind another sequence's. A step over the
 // prefix moves them to the demand queue: as frames come free (slow demotions), the step's pages
