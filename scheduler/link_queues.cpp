@@ -12,28 +12,30 @@ LinkQueues::LinkQueues(const std::array<uint64_t, kNumLinks>& max_inflight_bytes
 JobId LinkQueues::enqueue(Link link, TransferPriority priority, uint64_t bytes, JobStart start) {
   LinkState& l = links_[static_cast<int>(link)];
   const JobId id = ++next_id_;
-  l.queues[static_cast<int>(priority)].push_back(Job{id, bytes, std::move(start)});
+  const int p = static_cast<int>(priority);
+  jobs_.emplace(id, Job{link, priority, bytes, std::move(start)});
+  l.queues[p].push_back(id);
+  l.live[p] += 1;
   l.queued += bytes;
-  l.queued_at[static_cast<int>(priority)] += bytes;
-  where_.emplace(id, std::make_pair(link, priority));
+  l.queued_at[p] += bytes;
   pump();
   return id;
 }
 
 bool LinkQueues::promote(JobId id, TransferPriority priority) {
-  auto it = where_.find(id);
-  if (it == where_.end()) return false;
-  const auto [link, current] = it->second;
-  if (static_cast<int>(priority) >= static_cast<int>(current)) return true;
-  auto& from = links_[static_cast<int>(link)].queues[static_cast<int>(current)];
-  auto job = std::find_if(from.begin(), from.end(), [&](const Job& j) { return j.id == id; });
-  if (job == from.end()) return false;
-  LinkState& l = links_[static_cast<int>(link)];
-  l.queued_at[static_cast<int>(current)] -= job->bytes;
-  l.queued_at[static_cast<int>(priority)] += job->bytes;
-  l.queues[static_cast<int>(priority)].push_back(std::move(*job));
-  from.erase(job);
-  it->second.second = priority;
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return false;
+  Job& job = it->second;
+  if (static_cast<int>(priority) >= static_cast<int>(job.priority)) return true;
+  LinkState& l = links_[static_cast<int>(job.link)];
+  const int from = static_cast<int>(job.priority);
+  const int to = static_cast<int>(priority);
+  l.live[from] -= 1;
+  l.queued_at[from] -= job.bytes;
+  l.live[to] += 1;
+  l.queued_at[to] += job.bytes;
+  l.queues[to].push_back(id);  // the id left in `from` is stale now
+  job.priority = priority;
   pump();
   return true;
 }
@@ -47,7 +49,7 @@ uint64_t LinkQueues::queued_bytes_ahead(Link link, TransferPriority priority) co
 
 std::size_t LinkQueues::queued_jobs(Link link) const {
   std::size_t n = 0;
-  for (const auto& q : links_[static_cast<int>(link)].queues) n += q.size();
+  for (std::size_t live : links_[static_cast<int>(link)].live) n += live;
   return n;
 }
 
@@ -70,24 +72,30 @@ void LinkQueues::pump() {
       LinkState& l = links_[li];
       for (int p = 0; p < kNumPriorities; ++p) {
         auto& q = l.queues[p];
-        // An empty link always admits one job, so a job larger than the cap still runs.
-        while (!q.empty() &&
-               (l.cap == 0 || l.inflight == 0 || l.inflight + q.front().bytes <= l.cap)) {
-          Job job = std::move(q.front());
+        while (!q.empty()) {
+          auto it = jobs_.find(q.front());
+          if (it == jobs_.end() || static_cast<int>(it->second.priority) != p) {
+            q.pop_front();  // stale: promoted out of this queue
+            continue;
+          }
+          // An empty link always admits one job, so a job larger than the cap still runs.
+          const uint64_t bytes = it->second.bytes;
+          if (l.cap != 0 && l.inflight != 0 && l.inflight + bytes > l.cap) break;
           q.pop_front();
-          where_.erase(job.id);
-          l.queued -= job.bytes;
-          l.queued_at[p] -= job.bytes;
-          l.inflight += job.bytes;
-          const uint64_t bytes = job.bytes;
+          JobStart start = std::move(it->second.start);
+          jobs_.erase(it);
+          l.live[p] -= 1;
+          l.queued -= bytes;
+          l.queued_at[p] -= bytes;
+          l.inflight += bytes;
           const Link this_link = static_cast<Link>(li);
-          job.start([this, this_link, bytes] {
+          start([this, this_link, bytes] {
             links_[static_cast<int>(this_link)].inflight -= bytes;
             pump();
           });
           progressed = true;
         }
-        if (!q.empty()) break;  // a lower priority must not overtake a blocked higher one
+        if (l.live[p] != 0) break;  // a lower priority must not overtake a blocked higher one
       }
     }
   }

@@ -6,7 +6,9 @@
 // watermarks) — and a cap on the bytes it may have in flight. A job is submitted only
 // while the link is under its cap, highest priority first, so a burst of write-backs can never sit
 // in front of a demand load in the device's queue. A job that is already queued can be promoted
-// (a prefetch becomes a demand when a step needs it before it ran). Loop thread only.
+// (a prefetch becomes a demand when a step needs it before it ran). The queues hold ids; a job
+// lives in one map, so a promotion is O(1): it moves the job's priority and queues its id again,
+// and the id left behind is skipped when it reaches the front. Loop thread only.
 #pragma once
 
 #include <array>
@@ -37,7 +39,8 @@ class LinkQueues {
 
   // Queues a job of `bytes` on `link`; starts it at once when the link has room.
   JobId enqueue(Link link, TransferPriority priority, uint64_t bytes, JobStart start);
-  // Moves a queued job to a higher priority; false when it already started or is unknown.
+  // Moves a queued job to a higher priority (behind the jobs queued there); false when it
+  // already started or is unknown.
   bool promote(JobId id, TransferPriority priority);
 
   uint64_t inflight_bytes(Link link) const { return links_[static_cast<int>(link)].inflight; }
@@ -50,22 +53,26 @@ class LinkQueues {
 
  private:
   struct Job {
-    JobId id;
+    Link link;
+    TransferPriority priority;
     uint64_t bytes;
     JobStart start;
   };
   struct LinkState {
-    std::array<std::deque<Job>, kNumPriorities> queues;
+    // Ids in order of arrival at each priority; an id whose job is gone or was promoted out of
+    // that priority is stale.
+    std::array<std::deque<JobId>, kNumPriorities> queues;
+    std::array<std::size_t, kNumPriorities> live{};    // queued jobs per priority
+    std::array<uint64_t, kNumPriorities> queued_at{};  // queued bytes per priority
     uint64_t inflight = 0;
     uint64_t queued = 0;
-    std::array<uint64_t, kNumPriorities> queued_at{};  // queued bytes per priority
     uint64_t cap = 0;
   };
 
   void pump();
 
   std::array<LinkState, kNumLinks> links_{};
-  std::unordered_map<JobId, std::pair<Link, TransferPriority>> where_;  // queued jobs only
+  std::unordered_map<JobId, Job> jobs_;  // queued jobs only
   JobId next_id_ = 0;
   bool pumping_ = false;
 };
