@@ -32,16 +32,15 @@
 //
 // Moves. A page is promoted NVMe -> host -> HBM, each step a TransferPort job queued by priority
 // (demand > a sequence just opened > prefetch > write-back, LinkQueues) under a per-link cap on
-// bytes in flight. Frames are
-// taken with PageTable::begin_fill; when a tier has no free frame the request waits in that tier's
-// queue and the Placement plans room (its victims are demoted or dropped, asynchronously). Pages
-// being copied out of HBM are pinned (write-through) or draining (eviction), so nothing reuses a
-// frame under a transfer. A failed load makes the page a miss: the waiting layer fails, the engine
-// recomputes; the bytes are never served. Blocks of open sequences (references > 0) and private
-// blocks never lose their last copy: they are demoted whatever admission says, or stay. A plan
-// counts in the tiers below only frames a demotion may take (room_for_plans); a demotion waiting
-// for a host frame that nothing in flight will free is withdrawn (withdraw_host_requests), as is
-// a prefetch's read from NVMe.
+// bytes in flight. Frames are taken with PageTable::begin_fill; when a tier has no free frame the
+// request waits in that tier's queue and the Placement plans room (its victims are demoted or
+// dropped, asynchronously). Pages being copied out of HBM are pinned (write-through) or draining
+// (eviction), so nothing reuses a frame under a transfer. A failed load makes the page a miss: the
+// waiting layer fails, the engine recomputes; the bytes are never served. Blocks of open
+// sequences (references > 0) and private blocks never lose their last copy: they are demoted
+// whatever admission says, or stay. A plan counts in the tiers below only frames a demotion may
+// take (room_for_plans); a demotion waiting for a host frame that nothing in flight will free is
+// withdrawn (withdraw_host_requests), as is a prefetch's read from NVMe.
 //
 // Deadlines. Every wait is bounded (prefetch.deadline_ms for stall accounting, wait_timeout as the
 // hard bound). A late page stalls the step (counted), or, with prefetch.on_late = recompute, the
