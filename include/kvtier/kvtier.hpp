@@ -147,7 +147,10 @@ class Runtime {
   Status end_layer(StepId step, uint32_t layer);
   Status end_step(StepId step, std::span<const StepCompletion> completions = {});
   Status abort_step(StepId step);
-  // The requests waiting in the engine's queue (replaces the previous hint).
+  // The requests waiting in the engine's queue, in the order they will start (replaces the
+  // previous hint). Hint the whole queue whenever it changes: a request hinted again with the
+  // same keys only has its expected start moved. The cached prefixes of the first
+  // policies.prefetch.depth requests are read ahead, below the loads of open sequences.
   Status hint(std::span<const HintedRequest> waiting);
 
   // ---- Pins for prefixes the engine wants kept (a system prompt, a document corpus) ----
