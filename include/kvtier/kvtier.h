@@ -363,7 +363,8 @@ KVT_API kvt_status kvt_sequence_close(kvt_runtime* runtime, kvt_sequence_id sequ
    (the lookahead policy learns from it which prompts come back). */
 KVT_API kvt_status kvt_sequence_finish(kvt_runtime* runtime, kvt_sequence_id sequence,
                                        uint64_t generated_tokens);
-/* The requests waiting in the engine's queue (replaces the previous hint). */
+/* The requests waiting in the engine's queue, in the order they will start (replaces the previous
+ * hint: hint the whole queue whenever it changes). */
 KVT_API kvt_status kvt_runtime_hint(kvt_runtime* runtime, const kvt_hinted_request* requests,
                                     size_t n_requests);
 /* Keeps the cached blocks of `keys` in HBM until kvt_prefix_unpin or `ttl_ms` passes, within the

@@ -356,8 +356,9 @@ void register_runtime(py::module_& m) {
             with_runtime(self.state, [&](Runtime& rt) { throw_if_error(rt.hint(requests)); });
           },
           release, py::arg("waiting"),
-          "The requests waiting in the engine's queue, as (request_id, expected_start_ns, keys); "
-          "replaces the previous hint. Start times are on kvtier.now_ns()'s clock.")
+          "The requests waiting in the engine's queue, as (request_id, expected_start_ns, keys), "
+          "in the order they will start; replaces the previous hint, so hint the whole queue "
+          "whenever it changes. Start times are on kvtier.now_ns()'s clock.")
       .def(
           "pin_prefix",
           [](PyRuntime& self, const std::vector<BlockKey>& keys, int64_t ttl_ms) {
