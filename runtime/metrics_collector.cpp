@@ -183,6 +183,23 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
              read(s.open_sequences));
   add_single(out, "kvtier_pinned_prefix_blocks", "Distinct blocks held in HBM by prefix pins now",
              MetricType::Gauge, read(s.pinned_prefix_blocks));
+  MetricFamily& queued = add_family(
+      out, "kvtier_link_queued_bytes",
+      "Bytes of copies queued on a link, not yet submitted, by priority: demand (a step waits), "
+      "admitted (a sequence just opened), prefetch (ahead of need), write_back (a lower copy)",
+      MetricType::Gauge);
+  for (const Link l : kAllLinks) {
+    for (int p = 0; p < SchedulerStats::kQueuePriorities; ++p) {
+      add_value(queued, read(s.link_queued_bytes[static_cast<int>(l)][p]),
+                with(link_labels(l), "priority", kQueuePriorityNames[p]));
+    }
+  }
+  MetricFamily& inflight =
+      add_family(out, "kvtier_link_inflight_bytes",
+                 "Bytes of copies submitted on a link and not yet completed", MetricType::Gauge);
+  for (const Link l : kAllLinks) {
+    add_value(inflight, read(s.link_inflight_bytes[static_cast<int>(l)]), link_labels(l));
+  }
 }
 
 void MetricsCollector::collect_transfer(const TransferStats& t,

@@ -5,8 +5,19 @@
 
 namespace kvtier {
 
-LinkQueues::LinkQueues(const std::array<uint64_t, kNumLinks>& max_inflight_bytes) {
+LinkQueues::LinkQueues(const std::array<uint64_t, kNumLinks>& max_inflight_bytes,
+                       SchedulerStats* gauges)
+    : gauges_(gauges) {
   for (int i = 0; i < kNumLinks; ++i) links_[i].cap = max_inflight_bytes[i];
+}
+
+void LinkQueues::publish(int link) const {
+  if (gauges_ == nullptr) return;
+  const LinkState& l = links_[link];
+  for (int p = 0; p < kNumPriorities; ++p) {
+    gauges_->link_queued_bytes[link][p].store(l.queued_at[p], std::memory_order_relaxed);
+  }
+  gauges_->link_inflight_bytes[link].store(l.inflight, std::memory_order_relaxed);
 }
 
 JobId LinkQueues::enqueue(Link link, TransferPriority priority, uint64_t bytes, JobStart start) {
@@ -18,6 +29,7 @@ JobId LinkQueues::enqueue(Link link, TransferPriority priority, uint64_t bytes, 
   l.live[p] += 1;
   l.queued += bytes;
   l.queued_at[p] += bytes;
+  publish(static_cast<int>(link));
   pump();
   return id;
 }
@@ -36,6 +48,7 @@ bool LinkQueues::promote(JobId id, TransferPriority priority) {
   l.queued_at[to] += job.bytes;
   l.queues[to].push_back(id);  // the id left in `from` is stale now
   job.priority = priority;
+  publish(static_cast<int>(job.link));
   pump();
   return true;
 }
@@ -88,9 +101,10 @@ void LinkQueues::pump() {
           l.queued -= bytes;
           l.queued_at[p] -= bytes;
           l.inflight += bytes;
-          const Link this_link = static_cast<Link>(li);
-          start([this, this_link, bytes] {
-            links_[static_cast<int>(this_link)].inflight -= bytes;
+          publish(li);
+          start([this, li, bytes] {
+            links_[li].inflight -= bytes;
+            publish(li);
             pump();
           });
           progressed = true;

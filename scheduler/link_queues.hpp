@@ -8,7 +8,9 @@
 // in front of a demand load in the device's queue. A job that is already queued can be promoted
 // (a prefetch becomes a demand when a step needs it before it ran). The queues hold ids; a job
 // lives in one map, so a promotion is O(1): it moves the job's priority and queues its id again,
-// and the id left behind is skipped when it reaches the front. Loop thread only.
+// and the id left behind is skipped when it reaches the front. Loop thread only; the bytes queued
+// per priority and in flight are also stored, after each change, into gauges other threads read
+// (SchedulerStats::link_queued_bytes, link_inflight_bytes).
 #pragma once
 
 #include <array>
@@ -17,6 +19,7 @@
 #include <functional>
 #include <unordered_map>
 
+#include "kvtier/scheduler_stats.hpp"
 #include "kvtier/status.hpp"
 #include "kvtier/transfer_stats.hpp"
 
@@ -24,6 +27,7 @@ namespace kvtier {
 
 enum class TransferPriority : uint8_t { kDemand = 0, kAdmitted = 1, kPrefetch = 2, kWriteBack = 3 };
 constexpr int kNumPriorities = 4;
+static_assert(kNumPriorities == SchedulerStats::kQueuePriorities);
 
 using JobId = uint64_t;
 
@@ -34,8 +38,9 @@ using JobStart = std::function<void(std::function<void()> finished)>;
 
 class LinkQueues {
  public:
-  // 0 = no cap for that link.
-  explicit LinkQueues(const std::array<uint64_t, kNumLinks>& max_inflight_bytes);
+  // 0 = no cap for that link. `gauges`, if given, must outlive this.
+  explicit LinkQueues(const std::array<uint64_t, kNumLinks>& max_inflight_bytes,
+                      SchedulerStats* gauges = nullptr);
 
   // Queues a job of `bytes` on `link`; starts it at once when the link has room.
   JobId enqueue(Link link, TransferPriority priority, uint64_t bytes, JobStart start);
@@ -70,9 +75,12 @@ class LinkQueues {
   };
 
   void pump();
+  // Stores the link's queued and in-flight bytes into the gauges.
+  void publish(int link) const;
 
   std::array<LinkState, kNumLinks> links_{};
   std::unordered_map<JobId, Job> jobs_;  // queued jobs only
+  SchedulerStats* gauges_ = nullptr;
   JobId next_id_ = 0;
   bool pumping_ = false;
 };

@@ -29,7 +29,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerParts& parts
 Scheduler::Scheduler(const SchedulerParts& parts, const SchedulerOptions& options)
     : parts_(parts),
       options_(options),
-      links_(options.max_inflight_bytes),
+      links_(options.max_inflight_bytes, &stats_),
       resident_pins_(std::make_unique<ResidentPins>()) {}
 
 Scheduler::~Scheduler() = default;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kvtier/transfer_stats.hpp"
 #include "kvtier/types.hpp"
 
 namespace kvtier {
@@ -77,6 +78,16 @@ struct SchedulerStats {
   // Sequences open now, and distinct blocks held by prefix pins now.
   Gauge open_sequences{0};
   Gauge pinned_prefix_blocks{0};
+
+  // Where copies wait: bytes queued on each link (indexed by Link), not yet submitted, per
+  // priority (kQueuePriorityNames: a step waits; a sequence just opened; ahead of need; a lower
+  // copy), and bytes in flight on it.
+  static constexpr int kQueuePriorities = 4;
+  std::array<std::array<Gauge, kQueuePriorities>, kNumLinks> link_queued_bytes{};
+  std::array<Gauge, kNumLinks> link_inflight_bytes{};
 };
+
+inline constexpr std::array<const char*, SchedulerStats::kQueuePriorities> kQueuePriorityNames{
+    "demand", "admitted", "prefetch", "write_back"};
 
 }  // namespace kvtier

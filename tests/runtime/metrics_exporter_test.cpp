@@ -142,7 +142,9 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_recompute_tokens_total",
                            "kvtier_deadline_misses_total",
                            "kvtier_failed_loads_total",
-                           "kvtier_refused_demotions_total"}) {
+                           "kvtier_refused_demotions_total",
+                           "kvtier_link_queued_bytes",
+                           "kvtier_link_inflight_bytes"}) {
     EXPECT_THAT(names, Contains(want));
   }
   // Hit rates are derived from counters, never exported as a ratio.
@@ -159,6 +161,9 @@ TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
   rt.scheduler.recompute_tokens = 48;
   rt.scheduler.hinted_loads[tier_index(Tier::kHost)] = 9;
   rt.scheduler.hinted_loads_reused[tier_index(Tier::kHost)] = 5;
+  rt.scheduler.link_queued_bytes[static_cast<int>(Link::kNvmeToHost)][1] = 6 << 20;
+  rt.scheduler.link_queued_bytes[static_cast<int>(Link::kNvmeToHost)][2] = 40 << 20;
+  rt.scheduler.link_inflight_bytes[static_cast<int>(Link::kNvmeToHost)] = 2 << 20;
   rt.transfer.checksum_failures = 2;
   rt.transfer.link(Link::kHostToNvme).errors = 3;
   rt.transfer.link(Link::kHostToNvme).cancelled = 1;
@@ -176,6 +181,16 @@ TEST(MetricsExporter, ValuesAreTheCountersAtScrapeTime) {
   EXPECT_EQ(value_or_nan(t, "kvtier_hinted_loads_total{tier=\"hbm\"}"), 0);
   // NVMe is never where a hint's load goes: no series for it.
   EXPECT_TRUE(std::isnan(value_or_nan(t, "kvtier_hinted_loads_total{tier=\"nvme\"}")));
+  EXPECT_EQ(
+      value_or_nan(t, "kvtier_link_queued_bytes{src=\"nvme\",dst=\"host\",priority=\"admitted\"}"),
+      6 << 20);
+  EXPECT_EQ(
+      value_or_nan(t, "kvtier_link_queued_bytes{src=\"nvme\",dst=\"host\",priority=\"prefetch\"}"),
+      40 << 20);
+  EXPECT_EQ(
+      value_or_nan(t, "kvtier_link_queued_bytes{src=\"nvme\",dst=\"host\",priority=\"demand\"}"),
+      0);
+  EXPECT_EQ(value_or_nan(t, "kvtier_link_inflight_bytes{src=\"nvme\",dst=\"host\"}"), 2 << 20);
   EXPECT_EQ(value_or_nan(t, "kvtier_checksum_failures_total"), 2);
   EXPECT_DOUBLE_EQ(value_or_nan(t, "kvtier_stall_seconds_total"), 5e-6);
   EXPECT_EQ(value_or_nan(t, "kvtier_transfer_bytes_total{src=\"host\",dst=\"hbm\"}"), 5 * 4096);

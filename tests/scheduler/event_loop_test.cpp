@@ -240,7 +240,15 @@ TEST(LinkQueues, DemandOvertakesPrefetchAndWriteBackUnderTheCap) {
 TEST(LinkQueues, AdmittedJobsGoBetweenDemandsAndPrefetchesAndBytesAheadFollowThem) {
   std::array<uint64_t, kNumLinks> caps{};
   caps[static_cast<int>(Link::kNvmeToHost)] = 100;
-  LinkQueues q(caps);
+  SchedulerStats gauges;
+  LinkQueues q(caps, &gauges);
+  const auto queued_gauge = [&](TransferPriority p) {
+    return gauges.link_queued_bytes[static_cast<int>(Link::kNvmeToHost)][static_cast<int>(p)]
+        .load();
+  };
+  const auto inflight_gauge = [&] {
+    return gauges.link_inflight_bytes[static_cast<int>(Link::kNvmeToHost)].load();
+  };
   std::vector<std::string> started;
   std::vector<std::function<void()>> finishers;
   const auto job = [&](std::string name) {
@@ -261,12 +269,22 @@ TEST(LinkQueues, AdmittedJobsGoBetweenDemandsAndPrefetchesAndBytesAheadFollowThe
   EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kPrefetch), 140u);
   EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kWriteBack), q.queued_bytes(l));
   EXPECT_EQ(q.queued_bytes(l), 150u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kDemand), 50u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kAdmitted), 40u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kPrefetch), 50u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kWriteBack), 10u);
+  EXPECT_EQ(inflight_gauge(), 100u);
   EXPECT_TRUE(q.promote(late, TransferPriority::kAdmitted));
   EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kAdmitted), 120u);
   EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kPrefetch), 140u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kAdmitted), 70u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kPrefetch), 20u);
   finishers[0]();  // room for 100 bytes: the demand, then the admitted jobs in their order
   EXPECT_EQ(started, (std::vector<std::string>{"wb1", "demand", "admitted"}));
   EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kAdmitted), 30u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kDemand), 0u);
+  EXPECT_EQ(queued_gauge(TransferPriority::kAdmitted), 30u);
+  EXPECT_EQ(inflight_gauge(), 90u);
   finishers[1]();
   finishers[2]();
   EXPECT_EQ(started,
@@ -274,6 +292,11 @@ TEST(LinkQueues, AdmittedJobsGoBetweenDemandsAndPrefetchesAndBytesAheadFollowThe
   EXPECT_EQ(q.queued_bytes_ahead(l, TransferPriority::kWriteBack), 0u);
   for (std::size_t i = 3; i < finishers.size(); ++i) finishers[i]();
   EXPECT_TRUE(q.idle());
+  for (TransferPriority p : {TransferPriority::kDemand, TransferPriority::kAdmitted,
+                             TransferPriority::kPrefetch, TransferPriority::kWriteBack}) {
+    EXPECT_EQ(queued_gauge(p), 0u);
+  }
+  EXPECT_EQ(inflight_gauge(), 0u);
 }
 
 TEST(LinkQueues, ASynchronousFailureInStartDoesNotRecurseOrStall) {
