@@ -117,6 +117,9 @@ struct Scheduler::ResidentPins {
 struct Scheduler::PageOp {
   JobId job = 0;
   bool prefetch = false;
+  // A read from NVMe a sequence just opened wants: queued at kAdmitted at least, even where it
+  // was issued as a hint's and raised while it still gathered its host frames.
+  bool admitted = false;
   // Issued by a waiting request's hint: when it arrives, still a prefetch, the block's copies in
   // the tier are marked as the hint's unless a sequence holds the block by then
   // (EntryView::mark_hinted; SchedulerStats::hinted_loads).

@@ -133,6 +133,7 @@ bool Scheduler::raise_host_op(const BlockKey& key, uint32_t layer, TransferPrior
   if (it == ops_.end() || !it->second->prefetch) return false;
   PageOp& op = *it->second;
   if (prio == TransferPriority::kDemand) op.prefetch = false;
+  if (prio == TransferPriority::kAdmitted) op.admitted = true;
   if (op.job != 0) links_.promote(op.job, prio);
   return true;
 }
@@ -414,6 +415,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
   for (uint32_t l = 0; l < layers; ++l) {
     auto op = std::make_unique<PageOp>();
     op->prefetch = prio != TransferPriority::kDemand;
+    op->admitted = prio == TransferPriority::kAdmitted;
     op->hinted = hinted;
     ops_.emplace(PageKey{key, l, Tier::kHost}, std::move(op));
   }
@@ -452,15 +454,21 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
             return;
           }
           reading_[key] += 1;
-          // Queued at the priority the read had when its frames were asked for, or demand if a
-          // step joined it meanwhile; each layer's op names the job, so a later demand promotes it.
-          bool demanded = false;
+          // Queued at the priority the read had when its frames were asked for, or higher if a
+          // step (demand) or a sequence just opened (admitted) joined it meanwhile; each layer's
+          // op names the job, so a later one promotes it.
+          TransferPriority queue_at = prio;
           for (uint32_t j = 0; j < layers; ++j) {
             auto it = ops_.find(PageKey{key, j, Tier::kHost});
-            demanded |= it != ops_.end() && !it->second->prefetch;
+            if (it == ops_.end()) continue;
+            if (!it->second->prefetch) {
+              queue_at = TransferPriority::kDemand;
+            } else if (it->second->admitted && queue_at != TransferPriority::kDemand) {
+              queue_at = TransferPriority::kAdmitted;
+            }
           }
           const JobId job = links_.enqueue(
-              Link::kNvmeToHost, demanded ? TransferPriority::kDemand : prio, nvme_block_bytes(),
+              Link::kNvmeToHost, queue_at, nvme_block_bytes(),
               [this, key, layers, g, fail_all](std::function<void()> finished) {
                 auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
                   finished();

@@ -217,6 +217,47 @@ TEST(SchedulerSim, AnOpenedSequencesNvmeReadsGoAheadOfHintedReadsAndAreNotWeighe
   expect_consistent(w);
 }
 
+// The same when the hint's read of the sequence's block still waits for host frames as the
+// sequence opens: once it has them, it is queued at kAdmitted, not at the hint's priority.
+TEST(SchedulerSim, AHintedReadRaisedWhileWaitingForHostFramesIsQueuedForTheOpenedSequence) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = 8;  // two blocks of 4 layers
+  setup.nvme_extents = 256;
+  setup.nvme_read_gbps = 0.1;                 // a block reads in ~166 us
+  setup.max_inflight_bytes = 1;               // one job in flight per link
+  setup.policies.prefill_tokens_per_s = 100;  // loading is always chosen
+  SimWorld w(setup);
+  const std::vector<BlockKey> waiting = w.prompt(3, 1);
+  const std::vector<BlockKey> mine = w.prompt(1, 2);
+  adopt_on_nvme(w, waiting);
+  adopt_on_nvme(w, mine);
+  // The first two blocks take every host frame (one read in flight, one queued); the third
+  // block's and then `mine`'s frame requests wait.
+  const std::vector<HintedRequest> queue{{1, 0, waiting}, {2, 0, mine}};
+  ASSERT_TRUE(w.scheduler().hint(queue).ok());
+  ASSERT_EQ(w.host().free_count(), 0u);
+  auto opened = w.scheduler().open_sequence(mine);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  ASSERT_EQ(opened->reused_blocks, 1u);
+  const auto& queued = w.scheduler().stats().link_queued_bytes[static_cast<int>(Link::kNvmeToHost)];
+  bool queued_as_admitted = false;
+  const auto in_host = [&] {
+    auto info = w.table().lookup(mine[0]);
+    return info.ok() && std::ranges::all_of(info->pages, [](const PageInfo& p) {
+             return p.host == CopyState::kReady;
+           });
+  };
+  ASSERT_TRUE(w.loop().run_while_not([&] {
+    queued_as_admitted |= queued[static_cast<int>(TransferPriority::kAdmitted)].load() > 0;
+    return in_host();
+  })) << "the sequence's block never reached host memory";
+  EXPECT_TRUE(queued_as_admitted) << "its read waited among the hint's reads";
+  ASSERT_TRUE(w.scheduler().close_sequence(opened->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // The HBM half of the same: the prefix's host copies arrived while HBM was full, so its loads'
 // HBM frame requests wait in the prefetch queue, behind another sequence's. A step over the
 // prefix moves them to the demand queue: as frames come free (slow demotions), the step's pages
