@@ -118,6 +118,19 @@ void adopt_on_nvme(SimWorld& w, std::span<const BlockKey> keys) {
   }
 }
 
+// True when every page of `key` has a ready copy in host memory.
+bool ready_in_host(SimWorld& w, const BlockKey& key) {
+  auto info = w.table().lookup(key);
+  return info.ok() && std::ranges::all_of(info->pages, [](const PageInfo& p) {
+           return p.host == CopyState::kReady;
+         });
+}
+
+uint32_t count_ready_in_host(SimWorld& w, std::span<const BlockKey> keys) {
+  return static_cast<uint32_t>(
+      std::ranges::count_if(keys, [&](const BlockKey& k) { return ready_in_host(w, k); }));
+}
+
 // Runs the loop until every layer of `step` has finished (ready or failed); returns how long that
 // took in virtual time.
 Nanos time_to_all_layers(SimWorld& w, const StepInfo& step) {
@@ -198,20 +211,11 @@ TEST(SchedulerSim, AnOpenedSequencesNvmeReadsGoAheadOfHintedReadsAndAreNotWeighe
   auto opened = w.scheduler().open_sequence(mine);
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   EXPECT_EQ(opened->reused_blocks, 2u) << "the hinted reads were weighed against the load";
-  const auto in_host = [&](std::span<const BlockKey> keys) {
-    uint32_t n = 0;
-    for (const BlockKey& k : keys) {
-      auto info = w.table().lookup(k);
-      n += info.ok() && std::ranges::all_of(info->pages, [](const PageInfo& p) {
-             return p.host == CopyState::kReady;
-           });
-    }
-    return n;
-  };
-  ASSERT_TRUE(w.loop().run_while_not([&] { return in_host(mine) == mine.size(); }));
-  EXPECT_LE(in_host(waiting), 1u) << "only the read in flight when the sequence opened goes first";
+  ASSERT_TRUE(w.loop().run_while_not([&] { return count_ready_in_host(w, mine) == mine.size(); }));
+  EXPECT_LE(count_ready_in_host(w, waiting), 1u)
+      << "only the read in flight when the sequence opened goes first";
   w.settle();
-  EXPECT_EQ(in_host(waiting), waiting.size()) << "the hinted reads still complete";
+  EXPECT_EQ(count_ready_in_host(w, waiting), waiting.size()) << "the hinted reads still complete";
   ASSERT_TRUE(w.scheduler().close_sequence(opened->id).ok());
   w.settle();
   expect_consistent(w);
@@ -242,15 +246,9 @@ TEST(SchedulerSim, AHintedReadRaisedWhileWaitingForHostFramesIsQueuedForTheOpene
   ASSERT_EQ(opened->reused_blocks, 1u);
   const auto& queued = w.scheduler().stats().link_queued_bytes[static_cast<int>(Link::kNvmeToHost)];
   bool queued_as_admitted = false;
-  const auto in_host = [&] {
-    auto info = w.table().lookup(mine[0]);
-    return info.ok() && std::ranges::all_of(info->pages, [](const PageInfo& p) {
-             return p.host == CopyState::kReady;
-           });
-  };
   ASSERT_TRUE(w.loop().run_while_not([&] {
     queued_as_admitted |= queued[static_cast<int>(TransferPriority::kAdmitted)].load() > 0;
-    return in_host();
+    return ready_in_host(w, mine[0]);
   })) << "the sequence's block never reached host memory";
   EXPECT_TRUE(queued_as_admitted) << "its read waited among the hint's reads";
   ASSERT_TRUE(w.scheduler().close_sequence(opened->id).ok());
@@ -283,16 +281,7 @@ TEST(SchedulerSim, ADemandMovesItsQueuedHbmFrameRequestsAheadOfPrefetches) {
   // Another prompt takes every HBM frame before the reads land; cached, it leaves by demotion.
   ASSERT_TRUE(w.prefill_and_close(w.prompt(16, 3), kNanosPerMicro).ok());
   ASSERT_EQ(w.hbm().free_count(), 0u);
-  ASSERT_TRUE(w.loop().run_while_not([&] {
-    for (const BlockKey& k : mine) {
-      auto info = w.table().lookup(k);
-      if (!info.ok()) return false;
-      for (const PageInfo& p : info->pages) {
-        if (p.host != CopyState::kReady) return false;
-      }
-    }
-    return true;
-  }));
+  ASSERT_TRUE(w.loop().run_while_not([&] { return count_ready_in_host(w, mine) == mine.size(); }));
   const StepItem item{b->id, 1};
   auto step = w.scheduler().begin_step(std::span(&item, 1));
   ASSERT_TRUE(step.ok()) << step.status().to_string();
