@@ -409,7 +409,10 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
   seq->reused_blocks = out.reused_blocks;
   // Start bringing the reused prefix up: NVMe -> host -> HBM, as prefetches (a step that needs a
   // page first promotes its load to a demand).
-  for (const BlockKey& key : seq->blocks) prefetch_block(key, PrefetchFor::kOpenSequence);
+  bool hbm_room = true;
+  for (const BlockKey& key : seq->blocks) {
+    hbm_room = prefetch_block(key, PrefetchFor::kOpenSequence, hbm_room);
+  }
   stats_.sequences_opened.fetch_add(1, std::memory_order_relaxed);
   sequences_.emplace(seq->id, std::move(seq));
   store_gauges();
@@ -471,6 +474,7 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
   for (const HintedRequest& r : waiting) now.insert(r.request_id);
   hints_.retain([&](uint64_t id) { return now.contains(id); });
   uint32_t rank = 0;
+  bool hbm_room = true;
   for (const HintedRequest& r : waiting) {
     KVTIER_RETURN_IF_ERROR(
         hints_.update(r.request_id, static_cast<uint64_t>(r.expected_start_ns), r.keys));
@@ -479,7 +483,7 @@ Status Scheduler::hint(std::span<const HintedRequest> waiting) {
     if (rank++ < options_.policies.prefetch.depth) {
       const MatchResult m = parts_.table->match(r.keys, MatchOptions{.record_hits = false});
       for (uint32_t i = 0; i < m.blocks; ++i) {
-        prefetch_block(r.keys[i], PrefetchFor::kWaitingRequest);
+        hbm_room = prefetch_block(r.keys[i], PrefetchFor::kWaitingRequest, hbm_room);
       }
     }
   }

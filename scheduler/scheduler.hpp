@@ -325,9 +325,12 @@ class Scheduler {
                int refetches);
   // Brings a block toward HBM as a prefetch, for a sequence just opened (its next step reads it)
   // or a request still waiting (hinted), which may fill less of HBM (see the definition).
-  // A waiting request's loads are the hint's (PageOp::hinted).
+  // A waiting request's loads are the hint's (PageOp::hinted). Into HBM only with `into_hbm`;
+  // returns false when HBM had no room to spare for it (nothing within the same loop task gives
+  // any back, so a caller walking a prefix stops asking: each ask sums per-thread counters).
   enum class PrefetchFor { kOpenSequence, kWaitingRequest };
-  void prefetch_block(const BlockKey& key, PrefetchFor whom);
+  bool prefetch_block(const BlockKey& key, PrefetchFor whom, bool into_hbm = true);
+  bool prefetch_into_hbm(const BlockKey& key, PrefetchFor whom);
   // What a requested frame is for: the reserve it may take (reserve_left_to), and whether the
   // request may be withdrawn (withdraw_host_requests).
   enum class FrameUse : uint8_t {

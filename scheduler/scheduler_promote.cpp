@@ -506,12 +506,17 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
   }
 }
 
-void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
+bool Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom, bool into_hbm) {
   const bool hinted = whom == PrefetchFor::kWaitingRequest;
   // A sequence just opened reads its blocks from NVMe ahead of the reads for requests still
   // waiting, which start later: its first step comes next.
   ensure_block_in_host(key, hinted ? TransferPriority::kPrefetch : TransferPriority::kAdmitted,
                        hinted);
+  return into_hbm && prefetch_into_hbm(key, whom);
+}
+
+bool Scheduler::prefetch_into_hbm(const BlockKey& key, PrefetchFor whom) {
+  const bool hinted = whom == PrefetchFor::kWaitingRequest;
   // Into HBM only while it has free frames: a prefetch never evicts for itself. For a request
   // still waiting, only below HBM's low watermark: the frames above it, which watermark demotions
   // keep free, are for the sequences running (a waiting request's prefix took them, the demotion
@@ -530,9 +535,15 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
           ? hbm.capacity()
           : static_cast<uint64_t>(options_.watermarks[tier_index(Tier::kHbm)].low *
                                   static_cast<double>(hbm.capacity()));
+  // used() sums per-thread counters: it is read once, then counted on (a page ready in host
+  // memory takes its frame as its load is issued), and read again before giving up.
+  uint64_t used = hbm.used();
+  const auto no_room = [&] { return hbm.capacity() - used <= layers || used + layers > fill_to; };
   for (uint32_t l = 0; l < layers; ++l) {
-    const uint64_t used = hbm.used();  // sums per-thread counters: read once a page
-    if (hbm.capacity() - used <= layers || used + layers > fill_to) return;
+    if (no_room()) {
+      used = hbm.used();
+      if (no_room()) return false;
+    }
     const PageSnapshot p = page_snapshot(key, l);
     if (!p.found || p.hbm != CopyState::kAbsent) continue;
     if (hinted && p.host != CopyState::kReady) continue;
@@ -540,10 +551,12 @@ void Scheduler::prefetch_block(const BlockKey& key, PrefetchFor whom) {
     const bool was_loading = ops_.contains(page);
     ensure_in_hbm(key, l, TransferPriority::kPrefetch, nullptr,
                   [](const Status& s) { s.ignore(); });
+    if (!was_loading && p.host == CopyState::kReady) used += 1;
     if (auto it = ops_.find(page); hinted && !was_loading && it != ops_.end()) {
       it->second->hinted = true;
     }
   }
+  return true;
 }
 
 }  // namespace kvtier
