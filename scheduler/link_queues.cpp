@@ -27,7 +27,6 @@ JobId LinkQueues::enqueue(Link link, TransferPriority priority, uint64_t bytes, 
   jobs_.emplace(id, Job{link, priority, bytes, std::move(start)});
   l.queues[p].push_back(id);
   l.live[p] += 1;
-  l.queued += bytes;
   l.queued_at[p] += bytes;
   publish(static_cast<int>(link));
   pump();
@@ -67,10 +66,8 @@ std::size_t LinkQueues::queued_jobs(Link link) const {
 }
 
 bool LinkQueues::idle() const {
-  for (const auto& l : links_) {
-    if (l.inflight != 0 || l.queued != 0) return false;
-  }
-  return true;
+  if (!jobs_.empty()) return false;
+  return std::ranges::all_of(links_, [](const LinkState& l) { return l.inflight == 0; });
 }
 
 void LinkQueues::pump() {
@@ -98,7 +95,6 @@ void LinkQueues::pump() {
           JobStart start = std::move(it->second.start);
           jobs_.erase(it);
           l.live[p] -= 1;
-          l.queued -= bytes;
           l.queued_at[p] -= bytes;
           l.inflight += bytes;
           publish(li);

@@ -49,7 +49,9 @@ class LinkQueues {
   bool promote(JobId id, TransferPriority priority);
 
   uint64_t inflight_bytes(Link link) const { return links_[static_cast<int>(link)].inflight; }
-  uint64_t queued_bytes(Link link) const { return links_[static_cast<int>(link)].queued; }
+  uint64_t queued_bytes(Link link) const {
+    return queued_bytes_ahead(link, TransferPriority::kWriteBack);
+  }
   // Bytes queued on `link` at `priority` or above: what a job of that priority waits behind,
   // besides the bytes in flight (jobs queued below it start after it).
   uint64_t queued_bytes_ahead(Link link, TransferPriority priority) const;
@@ -70,7 +72,6 @@ class LinkQueues {
     std::array<std::size_t, kNumPriorities> live{};    // queued jobs per priority
     std::array<uint64_t, kNumPriorities> queued_at{};  // queued bytes per priority
     uint64_t inflight = 0;
-    uint64_t queued = 0;
     uint64_t cap = 0;
   };
 

@@ -202,18 +202,27 @@ TEST(AsioEventLoop, TimersFireAndCancel) {
   EXPECT_EQ(fired.load(), 1);
 }
 
+// Jobs for LinkQueues that record the order they start in and keep their completions for the
+// test to call.
+struct StartedJobs {
+  std::vector<std::string> started;
+  std::vector<std::function<void()>> finishers;
+  JobStart job(std::string name) {
+    return [this, name = std::move(name)](std::function<void()> finished) {
+      started.push_back(name);
+      finishers.push_back(std::move(finished));
+    };
+  }
+};
+
 TEST(LinkQueues, DemandOvertakesPrefetchAndWriteBackUnderTheCap) {
   std::array<uint64_t, kNumLinks> caps{};
   caps[static_cast<int>(Link::kHostToHbm)] = 100;
   LinkQueues q(caps);
-  std::vector<std::string> started;
-  std::vector<std::function<void()>> finishers;
-  const auto job = [&](std::string name) {
-    return [&, name](std::function<void()> finished) {
-      started.push_back(name);
-      finishers.push_back(std::move(finished));
-    };
-  };
+  StartedJobs jobs;
+  std::vector<std::string>& started = jobs.started;
+  std::vector<std::function<void()>>& finishers = jobs.finishers;
+  const auto job = [&](std::string name) { return jobs.job(std::move(name)); };
   q.enqueue(Link::kHostToHbm, TransferPriority::kWriteBack, 100, job("wb1"));  // starts: link idle
   q.enqueue(Link::kHostToHbm, TransferPriority::kWriteBack, 50, job("wb2"));
   q.enqueue(Link::kHostToHbm, TransferPriority::kPrefetch, 50, job("pf"));
@@ -249,14 +258,10 @@ TEST(LinkQueues, AdmittedJobsGoBetweenDemandsAndPrefetchesAndBytesAheadFollowThe
   const auto inflight_gauge = [&] {
     return gauges.link_inflight_bytes[static_cast<int>(Link::kNvmeToHost)].load();
   };
-  std::vector<std::string> started;
-  std::vector<std::function<void()>> finishers;
-  const auto job = [&](std::string name) {
-    return [&, name](std::function<void()> finished) {
-      started.push_back(name);
-      finishers.push_back(std::move(finished));
-    };
-  };
+  StartedJobs jobs;
+  std::vector<std::string>& started = jobs.started;
+  std::vector<std::function<void()>>& finishers = jobs.finishers;
+  const auto job = [&](std::string name) { return jobs.job(std::move(name)); };
   const Link l = Link::kNvmeToHost;
   q.enqueue(l, TransferPriority::kWriteBack, 100, job("wb1"));  // starts: link idle
   q.enqueue(l, TransferPriority::kWriteBack, 10, job("wb2"));

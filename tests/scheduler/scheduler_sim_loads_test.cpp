@@ -118,6 +118,19 @@ void adopt_on_nvme(SimWorld& w, std::span<const BlockKey> keys) {
   }
 }
 
+// A slow NVMe link that carries one read at a time (a 16 KiB block reads in ~164 us), so reads
+// queue on it; room for 16 blocks in HBM; loading chosen over recomputing unless a test says so.
+SimSetup one_read_at_a_time(uint32_t host_frames) {
+  SimSetup setup;
+  setup.hbm_frames = 64;
+  setup.host_frames = host_frames;
+  setup.nvme_extents = 256;
+  setup.nvme_read_gbps = 0.1;
+  setup.max_inflight_bytes = 1;
+  setup.policies.prefill_tokens_per_s = 100;
+  return setup;
+}
+
 // True when every page of `key` has a ready copy in host memory.
 bool ready_in_host(SimWorld& w, const BlockKey& key) {
   auto info = w.table().lookup(key);
@@ -151,13 +164,7 @@ Nanos time_to_all_layers(SimWorld& w, const StepInfo& step) {
 // other prefetches. A step over the prefix must move them up: its layers are ready after its own
 // reads (and the one in flight), not after the whole prefetch queue.
 TEST(SchedulerSim, ADemandMovesItsNvmeBlockReadsWithFramesInHandAheadOfPrefetches) {
-  SimSetup setup;
-  setup.hbm_frames = 64;
-  setup.host_frames = 256;  // every read gets its frames at once
-  setup.nvme_extents = 256;
-  setup.nvme_read_gbps = 0.1;                 // a block (16 KiB) reads in ~164 us
-  setup.max_inflight_bytes = 1;               // one job in flight per link
-  setup.policies.prefill_tokens_per_s = 100;  // loading is always chosen
+  SimSetup setup = one_read_at_a_time(256);  // every read gets its host frames at once
   SimWorld w(setup);
   const std::vector<BlockKey> other = w.prompt(8, 1);
   const std::vector<BlockKey> mine = w.prompt(2, 2);
@@ -190,12 +197,7 @@ TEST(SchedulerSim, ADemandMovesItsNvmeBlockReadsWithFramesInHandAheadOfPrefetche
 // and compute-or-load weighs only what the reads will wait behind: with the hinted reads counted,
 // loading this prefix would look slower than recomputing it.
 TEST(SchedulerSim, AnOpenedSequencesNvmeReadsGoAheadOfHintedReadsAndAreNotWeighedAgainstThem) {
-  SimSetup setup;
-  setup.hbm_frames = 64;
-  setup.host_frames = 256;  // every read gets its frames at once
-  setup.nvme_extents = 256;
-  setup.nvme_read_gbps = 0.1;    // a block (16 KiB) reads in ~166 us
-  setup.max_inflight_bytes = 1;  // one job in flight per link
+  SimSetup setup = one_read_at_a_time(256);  // every read gets its host frames at once
   // A block recomputes in 400 us: two blocks save 2 x ~234 us when loaded, less than the hinted
   // reads queued ahead would cost (8 blocks, ~1.3 ms) but more than the one read in flight.
   setup.policies.prefill_tokens_per_s = 16 / 400e-6;
@@ -224,13 +226,7 @@ TEST(SchedulerSim, AnOpenedSequencesNvmeReadsGoAheadOfHintedReadsAndAreNotWeighe
 // The same when the hint's read of the sequence's block still waits for host frames as the
 // sequence opens: once it has them, it is queued at kAdmitted, not at the hint's priority.
 TEST(SchedulerSim, AHintedReadRaisedWhileWaitingForHostFramesIsQueuedForTheOpenedSequence) {
-  SimSetup setup;
-  setup.hbm_frames = 64;
-  setup.host_frames = 8;  // two blocks of 4 layers
-  setup.nvme_extents = 256;
-  setup.nvme_read_gbps = 0.1;                 // a block reads in ~166 us
-  setup.max_inflight_bytes = 1;               // one job in flight per link
-  setup.policies.prefill_tokens_per_s = 100;  // loading is always chosen
+  SimSetup setup = one_read_at_a_time(8);  // two blocks of 4 layers
   SimWorld w(setup);
   const std::vector<BlockKey> waiting = w.prompt(3, 1);
   const std::vector<BlockKey> mine = w.prompt(1, 2);
