@@ -206,9 +206,26 @@ class Scheduler {
   Scheduler(const SchedulerParts& parts, const SchedulerOptions& options);
   Status init();
 
-  // ---- Sequences and steps (scheduler.cpp, scheduler_step.cpp, scheduler_publish.cpp) ----
+  // ---- Sequences and steps (scheduler.cpp, scheduler_begin_step.cpp, scheduler_step.cpp,
+  // scheduler_publish.cpp) ----
   Result<Sequence*> find_sequence(SequenceId id);
   Result<Step*> find_step(StepId id) const;
+  // begin_step's phases, in order (see scheduler_begin_step.cpp). The sequences of a batch, each
+  // open, once, and in no other step.
+  Result<std::vector<Sequence*>> batch_sequences(std::span<const StepItem> batch);
+  // Per item: the tokens it has, recomputes and appends, and the pages it reads (Step::items).
+  // Late prefixes are given up here (recompute_late_prefix).
+  std::vector<StepItemInfo> step_items(std::span<const StepItem> batch,
+                                       std::span<Sequence* const> seqs);
+  // How many layers at a time the batch fits in HBM (Step::window, windowed, shared_blocks), or
+  // resource_exhausted (layer_does_not_fit) when one layer does not.
+  Status fit_window(Step& step, std::span<Sequence* const> seqs);
+  Status layer_does_not_fit(uint64_t needed_per_layer, uint64_t available) const;
+  // Creates or refills the blocks the step's appended tokens need (Step::new_blocks, blocks);
+  // undoes them all when one fails.
+  Status open_written_blocks(Step& step, std::span<Sequence* const> seqs);
+  // Pins what the step finds resident, reads NVMe-only blocks up, and plans the window's layers.
+  Status plan_first_layers(Step& s);
   // Pins the blocks of a step that is not windowed which are resident in every layer, all layers
   // at once (one lookup per block: most of a decode step's blocks), for plan_layer to read.
   void pin_resident_blocks(Step& step, ResidentPins& r);
