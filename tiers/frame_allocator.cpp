@@ -21,8 +21,15 @@ class ThreadSlots {
     const auto it = std::find(taken_.begin(), taken_.end(), false);
     if (it == taken_.end()) return kNone;
     *it = true;
-    return static_cast<uint32_t>(it - taken_.begin());
+    const auto index = static_cast<uint32_t>(it - taken_.begin());
+    // Published before the thread's first count: a reader that sees the count sees the slot.
+    if (index >= ever_taken_.load(std::memory_order_relaxed)) {
+      ever_taken_.store(index + 1, std::memory_order_release);
+    }
+    return index;
   }
+  // Slots [0, ever_taken()) are every slot a thread has had; the others have never been written.
+  uint32_t ever_taken() const { return ever_taken_.load(std::memory_order_acquire); }
   void release(uint32_t slot) {
     std::lock_guard<std::mutex> lock(mu_);
     taken_[slot] = false;
@@ -31,6 +38,7 @@ class ThreadSlots {
  private:
   std::mutex mu_;
   std::vector<bool> taken_;
+  std::atomic<uint32_t> ever_taken_{0};
 };
 
 // Slots are process-wide: a thread's index is the same in every allocator.
@@ -120,9 +128,11 @@ void FrameAllocator::rebuild_stripes() {
 }
 
 uint32_t FrameAllocator::used() const {
-  int64_t sum = 0;
-  for (uint32_t i = 0; i <= kCounterSlots; ++i)
-    sum += used_[i].value.load(std::memory_order_relaxed);
+  // Only the slots some thread has had, and the shared one: with a few threads, a few cache lines
+  // instead of every slot (the scheduler asks at each placement decision).
+  int64_t sum = used_[kCounterSlots].value.load(std::memory_order_relaxed);
+  const uint32_t slots = thread_slots().ever_taken();
+  for (uint32_t i = 0; i < slots; ++i) sum += used_[i].value.load(std::memory_order_relaxed);
   return static_cast<uint32_t>(std::clamp<int64_t>(sum, 0, capacity_));
 }
 
@@ -229,7 +239,8 @@ Status FrameAllocator::audit() const {
   for (uint32_t i = 0; i <= kCounterSlots; ++i) {
     counted += used_[i].value.load(std::memory_order_relaxed);
   }
-  if (counted != allocated || allocated + free_walked != capacity_) {
+  // used() reads only the slots threads have had: every count must be in them.
+  if (counted != allocated || used() != allocated || allocated + free_walked != capacity_) {
     return internal_error("accounting broken: used " + std::to_string(counted) +
                           ", allocated links " + std::to_string(allocated) + ", free stack " +
                           std::to_string(free_walked) + ", capacity " + std::to_string(capacity_));

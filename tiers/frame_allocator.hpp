@@ -17,11 +17,12 @@
 //
 // Cost per alloc+free pair: three locked instructions (pop, claim, push). The count of frames in
 // use is kept in per-thread slots that only their owning thread writes (a plain load and store, no
-// locked instruction); used() sums the slots. The sum is exact at every quiescent point, so
-// capacity == used() + free_count() there and audit() proves it by walking the stacks and the
-// links; while other threads allocate, used() is a snapshot that can be off by the operations in
-// flight (it is clamped to [0, capacity]). Threads beyond kCounterSlots share one more slot
-// through an atomic add, and home stripe 0.
+// locked instruction); used() sums the slots any thread has had (a process-wide high-water
+// mark), so its cost follows the threads that ever allocated, not kCounterSlots. The sum is exact
+// at every quiescent point, so capacity == used() + free_count() there and audit() proves it by
+// walking the stacks and the links; while other threads allocate, used() is a snapshot that can be
+// off by the operations in flight (it is clamped to [0, capacity]). Threads beyond kCounterSlots
+// share one more slot through an atomic add, and home stripe 0.
 //
 // The allocator hands out indices only; the arena that owns the bytes (HBM, host pool, NVMe
 // extents) maps an index to an address or offset. It holds no lock, so it may be called under any
