@@ -119,6 +119,21 @@ uint64_t PageTable::hash_key(const BlockKey& key) {
   return x;
 }
 
+Result<uint32_t> PageTable::add_slot(Shard& shard, uint64_t hash, std::string_view verb,
+                                     const BlockKey& key) {
+  const auto exhausted = [&](std::string_view what) {
+    return resource_exhausted("cannot " + std::string(verb) + " block " + to_string(key) +
+                              ": no memory " + std::string(what));
+  };
+  const uint32_t slot = shard.slab.allocate();
+  if (slot == EntrySlab::kNoSlot) return exhausted("for another page-table entry");
+  if (!shard.map.insert(hash, slot)) {
+    shard.slab.release(slot);
+    return exhausted("to grow the page-table index");
+  }
+  return slot;
+}
+
 uint32_t PageTable::find_slot(const Shard& shard, uint64_t hash, const BlockKey& key) const {
   // The probe callback runs inside this call, under the same lock; lambdas are analysed on their
   // own, so it reaches the slab through a pointer taken here.
@@ -196,16 +211,7 @@ Status PageTable::create_block(const BlockKey& key, const BlockKey& parent, uint
   if (find_slot(ks, h, key) != FlatKeyMap::kNotFound) {
     return already_exists("block " + to_string(key) + " is already in the page table");
   }
-  const uint32_t slot = ks.slab.allocate();
-  if (slot == EntrySlab::kNoSlot) {
-    return resource_exhausted("cannot create block " + to_string(key) +
-                              ": no memory for another page-table entry");
-  }
-  if (!ks.map.insert(h, slot)) {
-    ks.slab.release(slot);
-    return resource_exhausted("cannot create block " + to_string(key) +
-                              ": no memory to grow the page-table index");
-  }
+  KVTIER_ASSIGN_OR_RETURN(const uint32_t slot, add_slot(ks, h, "create", key));
   const EntryRef e = entry_at(ks, slot);
   e.initialize(key, parent, tick());
   e.header().refcount = initial_refs;
@@ -364,16 +370,7 @@ Result<PublishOutcome> PageTable::publish(const BlockKey& private_key,
     private_blocks_.fetch_sub(1, std::memory_order_relaxed);
     return PublishOutcome::kPublished;
   }
-  const uint32_t dest = to.slab.allocate();
-  if (dest == EntrySlab::kNoSlot) {
-    return resource_exhausted("cannot publish block " + to_string(private_key) +
-                              ": no memory for another page-table entry");
-  }
-  if (!to.map.insert(ch, dest)) {
-    to.slab.release(dest);
-    return resource_exhausted("cannot publish block " + to_string(private_key) +
-                              ": no memory to grow the page-table index");
-  }
+  KVTIER_ASSIGN_OR_RETURN(const uint32_t dest, add_slot(to, ch, "publish", private_key));
   const EntryRef moved = entry_at(to, dest);
   std::memcpy(moved.bytes(), e.bytes(), layout_.stride);
   moved.header().key = content_key;

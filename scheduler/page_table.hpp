@@ -56,6 +56,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -330,6 +331,11 @@ class PageTable {
 
   uint32_t find_slot(const Shard& shard, uint64_t hash, const BlockKey& key) const
       KVTIER_REQUIRES(shard.mu);
+  // A new slab slot of `shard`, indexed under `hash` (the caller writes its entry), or
+  // resource_exhausted, "cannot <verb> block <key>: no memory for ...", when the slab or the index
+  // cannot grow; nothing changes then.
+  static Result<uint32_t> add_slot(Shard& shard, uint64_t hash, std::string_view verb,
+                                   const BlockKey& key) KVTIER_REQUIRES(shard.mu);
   EntryRef entry_at(const Shard& shard, uint32_t slot) const KVTIER_REQUIRES(shard.mu) {
     return EntryRef(shard.slab.at(slot), layout_);
   }

@@ -467,17 +467,7 @@ Result<Transfer> NvmeStore::read_block(const BlockKey& key, std::span<std::byte*
   op->key = key;
   {
     std::lock_guard<std::mutex> lock(index_mu_);
-    auto it = index_.find(key);
-    if (it == index_.end()) return not_found(what + ": the block is not in the NVMe store");
-    if (it->second.state != EntryState::kReady) {
-      return failed_precondition(what + ": the block is still being written");
-    }
-    KVTIER_ASSIGN_OR_RETURN(ExtentLocation loc, place(it->second.extent));
-    op->extent = it->second.extent;
-    op->file = loc.file;
-    op->extent_offset = loc.offset;
-    op->generation = it->second.generation;
-    ++readers_[op->extent];
+    KVTIER_RETURN_IF_ERROR(claim_for_read(key, what, *op).status());
   }
   op->pages.assign(pages.begin(), pages.end());
   op->state = std::make_shared<TransferState>(Link::kNvmeToHost, format_.block_bytes(),
@@ -485,6 +475,22 @@ Result<Transfer> NvmeStore::read_block(const BlockKey& key, std::span<std::byte*
   Transfer t(op->state);
   post(std::move(op));
   return t;
+}
+
+Result<const NvmeStore::Entry*> NvmeStore::claim_for_read(const BlockKey& key,
+                                                          const std::string& what, Op& op) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return not_found(what + ": the block is not in the NVMe store");
+  if (it->second.state != EntryState::kReady) {
+    return failed_precondition(what + ": the block is still being written");
+  }
+  KVTIER_ASSIGN_OR_RETURN(ExtentLocation loc, place(it->second.extent));
+  op.extent = it->second.extent;
+  op.file = loc.file;
+  op.extent_offset = loc.offset;
+  op.generation = it->second.generation;
+  ++readers_[op.extent];
+  return &it->second;
 }
 
 Result<Transfer> NvmeStore::read_page(const BlockKey& key, uint32_t layer, std::byte* page,
@@ -503,19 +509,9 @@ Result<Transfer> NvmeStore::read_page(const BlockKey& key, uint32_t layer, std::
   op->layer = layer;
   {
     std::lock_guard<std::mutex> lock(index_mu_);
-    auto it = index_.find(key);
-    if (it == index_.end()) return not_found(what + ": the block is not in the NVMe store");
-    if (it->second.state != EntryState::kReady) {
-      return failed_precondition(what + ": the block is still being written");
-    }
-    KVTIER_ASSIGN_OR_RETURN(ExtentLocation loc, place(it->second.extent));
-    op->extent = it->second.extent;
-    op->file = loc.file;
-    op->extent_offset = loc.offset;
-    op->generation = it->second.generation;
-    op->checksum_kind = it->second.checksum_kind;
-    op->page_sums = {it->second.page_sums[layer]};
-    ++readers_[op->extent];
+    KVTIER_ASSIGN_OR_RETURN(const Entry* entry, claim_for_read(key, what, *op));
+    op->checksum_kind = entry->checksum_kind;
+    op->page_sums = {entry->page_sums[layer]};
   }
   op->pages = {page};
   op->state = std::make_shared<TransferState>(Link::kNvmeToHost, format_.page_bytes(),

@@ -159,6 +159,10 @@ class NvmeStore final : public BlockStore {
   Status recover();
   void post(std::unique_ptr<Op> op);
   Result<ExtentLocation> place(uint32_t extent) const;
+  // Under index_mu_: the ready entry of `key`, its extent's place written into `op` and the extent
+  // counted as read (readers_), so it is not reused under the read; not_found or
+  // failed_precondition, prefixed by `what`, when the block is absent or still being written.
+  Result<const Entry*> claim_for_read(const BlockKey& key, const std::string& what, Op& op);
 
   // Called by the I/O threads when an operation ends (index_mu_ taken inside). write_finished
   // hands back the writes that joined `op`; the caller completes them, outside the lock, with

@@ -596,6 +596,40 @@ TEST_F(NvmeStoreTest, CancelledOperationsNeverStartAndLeaveNoTrace) {
   expect_audit(*s);
 }
 
+// A read names what it asked for and why it cannot be served: a block still being written (its
+// extent holds nothing yet) or one the store does not hold. Once the write lands, both reads work.
+TEST_F(NvmeStoreTest, ReadsOfABlockBeingWrittenOrAbsentAreRefusedByName) {
+  auto gated = std::make_shared<GatedBackend>();
+  auto o = options();
+  o.backend = gated;
+  auto s = open(std::move(o));
+  ASSERT_NE(s, nullptr);
+  AlignedPages p(kGeom.layers, s->page_io_bytes());
+  p.fill(5, kGeom.page_bytes());
+  auto written = s->write_block(test_key(1), p.const_pages());
+  ASSERT_TRUE(written.ok());
+  gated->reached.get_future().wait();  // the write is held inside submit
+  AlignedPages dst(kGeom.layers, s->page_io_bytes());
+  const Status block = s->read_block(test_key(1), dst.pages()).status();
+  EXPECT_EQ(block.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(block.message().find("read_block"), std::string::npos) << block.message();
+  EXPECT_NE(block.message().find("still being written"), std::string::npos) << block.message();
+  const Status page = s->read_page(test_key(1), 1, dst[0]).status();
+  EXPECT_EQ(page.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(page.message().find("read_page"), std::string::npos) << page.message();
+  EXPECT_NE(page.message().find("layer 1"), std::string::npos) << page.message();
+  const Status absent = s->read_page(test_key(2), 0, dst[0]).status();
+  EXPECT_EQ(absent.code(), StatusCode::kNotFound);
+  EXPECT_NE(absent.message().find("not in the NVMe store"), std::string::npos) << absent.message();
+  gated->gate.set_value();
+  ASSERT_TRUE(written->wait().ok());
+  auto read = s->read_block(test_key(1), dst.pages());
+  ASSERT_TRUE(read.ok());
+  ASSERT_TRUE(read->wait().ok());
+  EXPECT_TRUE(testing::matches_pattern(dst[1], kGeom.page_bytes(), 5 * 1000 + 1));
+  expect_audit(*s);  // the refused reads left no reader counted on the extent
+}
+
 // Erase while the write is in flight, then the same key again: the rewrite joins the write in
 // flight (the block is wanted after all), so the block must survive the first write's completion
 // rather than be erased by it, and both callers are told it is written.
