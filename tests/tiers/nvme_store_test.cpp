@@ -45,6 +45,13 @@ class NvmeStoreTest : public ::testing::Test {
     return s.ok() ? std::move(s).value() : nullptr;
   }
 
+  // A store of the default options doing its I/O through `backend`.
+  std::unique_ptr<NvmeStore> open_with(std::shared_ptr<IoBackend> backend) {
+    auto o = options();
+    o.backend = std::move(backend);
+    return open(std::move(o));
+  }
+
   Status write(NvmeStore& s, uint64_t id, uint64_t seed) {
     AlignedPages p(kGeom.layers, s.page_io_bytes());
     p.fill(seed, kGeom.page_bytes());
@@ -566,11 +573,23 @@ class GatedBackend final : public IoBackend {
   std::shared_ptr<IoBackend> inner_;
 };
 
+// A write of block `id` (pattern `seed`) that the gated backend holds inside its first submit, and
+// the pages it writes from, which must live until it completes.
+struct HeldWrite {
+  AlignedPages pages;
+  Result<Transfer> transfer;
+};
+HeldWrite hold_write(NvmeStore& s, GatedBackend& gated, uint64_t id, uint64_t seed) {
+  HeldWrite w{AlignedPages(kGeom.layers, s.page_io_bytes()), Transfer()};
+  w.pages.fill(seed, kGeom.page_bytes());
+  w.transfer = s.write_block(test_key(id), w.pages.const_pages());
+  if (w.transfer.ok()) gated.reached.get_future().wait();
+  return w;
+}
+
 TEST_F(NvmeStoreTest, CancelledOperationsNeverStartAndLeaveNoTrace) {
   auto gated = std::make_shared<GatedBackend>();
-  auto o = options();
-  o.backend = gated;
-  auto s = open(std::move(o));
+  auto s = open_with(gated);
   ASSERT_NE(s, nullptr);
   AlignedPages p(kGeom.layers, s->page_io_bytes());
   p.fill(3, kGeom.page_bytes());
@@ -600,15 +619,10 @@ TEST_F(NvmeStoreTest, CancelledOperationsNeverStartAndLeaveNoTrace) {
 // extent holds nothing yet) or one the store does not hold. Once the write lands, both reads work.
 TEST_F(NvmeStoreTest, ReadsOfABlockBeingWrittenOrAbsentAreRefusedByName) {
   auto gated = std::make_shared<GatedBackend>();
-  auto o = options();
-  o.backend = gated;
-  auto s = open(std::move(o));
+  auto s = open_with(gated);
   ASSERT_NE(s, nullptr);
-  AlignedPages p(kGeom.layers, s->page_io_bytes());
-  p.fill(5, kGeom.page_bytes());
-  auto written = s->write_block(test_key(1), p.const_pages());
-  ASSERT_TRUE(written.ok());
-  gated->reached.get_future().wait();  // the write is held inside submit
+  HeldWrite written = hold_write(*s, *gated, 1, 5);
+  ASSERT_TRUE(written.transfer.ok());
   AlignedPages dst(kGeom.layers, s->page_io_bytes());
   const Status block = s->read_block(test_key(1), dst.pages()).status();
   EXPECT_EQ(block.code(), StatusCode::kFailedPrecondition);
@@ -622,7 +636,7 @@ TEST_F(NvmeStoreTest, ReadsOfABlockBeingWrittenOrAbsentAreRefusedByName) {
   EXPECT_EQ(absent.code(), StatusCode::kNotFound);
   EXPECT_NE(absent.message().find("not in the NVMe store"), std::string::npos) << absent.message();
   gated->gate.set_value();
-  ASSERT_TRUE(written->wait().ok());
+  ASSERT_TRUE(written.transfer->wait().ok());
   auto read = s->read_block(test_key(1), dst.pages());
   ASSERT_TRUE(read.ok());
   ASSERT_TRUE(read->wait().ok());
@@ -635,15 +649,12 @@ TEST_F(NvmeStoreTest, ReadsOfABlockBeingWrittenOrAbsentAreRefusedByName) {
 // rather than be erased by it, and both callers are told it is written.
 TEST_F(NvmeStoreTest, RewriteAfterEraseDuringTheWriteKeepsTheBlock) {
   auto gated = std::make_shared<GatedBackend>();
-  auto o = options();
-  o.backend = gated;
-  auto s = open(std::move(o));
+  auto s = open_with(gated);
   ASSERT_NE(s, nullptr);
-  AlignedPages p(kGeom.layers, s->page_io_bytes());
-  p.fill(5, kGeom.page_bytes());
-  auto first = s->write_block(test_key(1), p.const_pages());
-  ASSERT_TRUE(first.ok());
-  gated->reached.get_future().wait();  // the write is held inside submit
+  HeldWrite held = hold_write(*s, *gated, 1, 5);
+  ASSERT_TRUE(held.transfer.ok());
+  Result<Transfer>& first = held.transfer;
+  const AlignedPages& p = held.pages;
   // Until the gate opens, a failed check must not return: the held write would never finish.
   EXPECT_TRUE(s->erase(test_key(1)).ok());
   std::promise<Status> called;
@@ -741,9 +752,7 @@ TEST_F(NvmeStoreTest, ARewriteJoinedToAWriteThatFailsIsToldItFailed) {
 // with kCancelled (the block is not written), never OK.
 TEST_F(NvmeStoreTest, ARewriteJoinedToACancelledWriteIsCancelledToo) {
   auto gated = std::make_shared<GatedBackend>();
-  auto o = options();
-  o.backend = gated;
-  auto s = open(std::move(o));
+  auto s = open_with(gated);
   ASSERT_NE(s, nullptr);
   AlignedPages p(kGeom.layers, s->page_io_bytes());
   p.fill(8, kGeom.page_bytes());
