@@ -26,10 +26,22 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerParts& parts
   return s;
 }
 
+namespace {
+
+// Pages per batch of HBM<->host copies: 8 MiB of them, from 1 to 1024 pages.
+uint32_t copy_batch_pages(uint64_t page_bytes) {
+  constexpr uint64_t kBatchBytes = uint64_t{8} << 20;
+  return static_cast<uint32_t>(
+      std::clamp<uint64_t>(kBatchBytes / std::max<uint64_t>(1, page_bytes), 1, 1024));
+}
+
+}  // namespace
+
 Scheduler::Scheduler(const SchedulerParts& parts, const SchedulerOptions& options)
     : parts_(parts),
       options_(options),
       links_(options.max_inflight_bytes, &stats_),
+      batcher_(*parts.loop, links_, *parts.port, copy_batch_pages(parts.port->host_page_bytes())),
       resident_pins_(std::make_unique<ResidentPins>()) {}
 
 Scheduler::~Scheduler() = default;

@@ -65,6 +65,7 @@
 #include "kvtier/scheduler_stats.hpp"
 #include "kvtier/status.hpp"
 #include "kvtier/step_types.hpp"
+#include "scheduler/copy_batcher.hpp"
 #include "scheduler/event_loop.hpp"
 #include "scheduler/layer_readiness.hpp"
 #include "scheduler/link_queues.hpp"
@@ -488,6 +489,7 @@ class Scheduler {
   SchedulerOptions options_;
   SchedulerStats stats_;
   LinkQueues links_;
+  CopyBatcher batcher_;  // page copies between HBM and host memory, batched per loop turn
   HintBoard hints_;
   std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
   std::unique_ptr<WriteStrategy> write_;

@@ -208,40 +208,32 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
         }
         const uint32_t host_frame = *frame;
         const PageSnapshot p = page_snapshot(key, layer);
-        links_.enqueue(
-            Link::kHbmToHost, prio, parts_.port->host_page_bytes(),
-            [this, key, layer, pk, host_frame, hbm_frame = p.hbm_frame,
-             undo](std::function<void()> finished) {
-              const FrameMove move{hbm_frame, host_frame};
-              auto on_done = [this, key, layer, pk, finished, undo](const Status& s) {
-                finished();
-                if (s.ok()) {
-                  parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
-                  parts_.table->complete_drain(key, CopyId::hbm(layer)).ignore();
-                  draining_[tier_index(Tier::kHbm)] -= 1;
-                  stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
-                  stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
-                  sync_membership(key, Tier::kHost);
-                  sync_membership(key, Tier::kHbm);
-                  finish_op(pk, ok_status());
-                  after_change(key);
-                } else {
-                  parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-                  undo(s);
-                  if (s.code() == StatusCode::kInvalidArgument) {
-                    // The host tier cannot hold this page (an fp8 host and a page with NaN or
-                    // inf): the block stays in HBM while it is needed, and is dropped, never
-                    // demoted again, once it is not.
-                    refused_by_tier(key, Tier::kHost, s);
-                  }
-                }
-                serve_frame_waiters(Tier::kHbm);
-                serve_frame_waiters(Tier::kHost);
-              };
-              Status submitted =
-                  parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
-              if (!submitted.ok()) on_done(submitted);
-            });
+        auto on_done = [this, key, layer, pk, undo](const Status& s) {
+          if (s.ok()) {
+            parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
+            parts_.table->complete_drain(key, CopyId::hbm(layer)).ignore();
+            draining_[tier_index(Tier::kHbm)] -= 1;
+            stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+            stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+            sync_membership(key, Tier::kHost);
+            sync_membership(key, Tier::kHbm);
+            finish_op(pk, ok_status());
+            after_change(key);
+          } else {
+            parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+            undo(s);
+            if (s.code() == StatusCode::kInvalidArgument) {
+              // The host tier cannot hold this page (an fp8 host and a page with NaN or inf):
+              // the block stays in HBM while it is needed, and is dropped, never demoted again,
+              // once it is not.
+              refused_by_tier(key, Tier::kHost, s);
+            }
+          }
+          serve_frame_waiters(Tier::kHbm);
+          serve_frame_waiters(Tier::kHost);
+        };
+        batcher_.copy_page(Link::kHbmToHost, prio, FrameMove{p.hbm_frame, host_frame},
+                           std::move(on_done));
       },
       FrameUse::kDemotion);
 }

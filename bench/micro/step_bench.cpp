@@ -11,6 +11,10 @@
 // page cost before block pins). The ratio to the first is what the scheduler adds: its
 // bookkeeping, the loop hand-off and the block tables of every layer.
 //
+// Then the same contract when pages do move: a stream of prefills through an HBM too small to keep
+// them (BM_PrefillStreamUnderPressure), where watermark plans run inside the engine's end_layer
+// calls and their copies share the machine with it; reported as a distribution of step times.
+//
 // And what one engine call onto the scheduler's loop costs by itself (begin_step, end_layer and
 // end_step are each one): run_sync on an idle loop, which runs the call on the engine's thread,
 // beside the baseline of handing it to the loop's own thread and waiting (two thread wake-ups).
@@ -23,8 +27,11 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -151,6 +158,96 @@ BENCHMARK(BM_DecodeStepResident)
     ->Args({8, 1024, 1})
     ->Args({32, 4096, 0})
     ->Args({32, 4096, 1})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// CPU time of the calling thread, in microseconds.
+double thread_cpu_micros() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
+
+// Prefill steps of distinct prompts, one after another, each sequence closed after its step, with
+// HBM holding `hbm_prompts` prompts and host memory twice that (no NVMe): once the cached blocks
+// pass HBM's high watermark, the watermark plans run inside end_layer demote older prompts to
+// host memory, whose own plans drop its oldest. The engine ends each layer as it is done. Each
+// step is timed on its own: the median, p99 and longest step, and per step the wall time in
+// begin_step, wait_layer and end_layer and the engine thread's CPU time in end_layer, show where
+// the engine's thread waits and what runs on it — the mean alone hides a few long steps. Emulated
+// HBM: the copies are memcpy on the copy engine's threads, which share this machine's cores.
+void BM_PrefillStreamUnderPressure(benchmark::State& state) {
+  const auto prompt = static_cast<uint32_t>(state.range(0));
+  const auto hbm_prompts = static_cast<uint32_t>(state.range(1));
+  Config c;
+  c.model.name = "step-bench-stream";
+  c.model.geometry = Geometry{kLayers, /*kv_heads=*/1, /*head_dim=*/64, Dtype::kBF16, kPageTokens};
+  const uint64_t prompt_pages = static_cast<uint64_t>(prompt / kPageTokens + 1) * kLayers;
+  c.tiers.hbm.backend = HbmBackend::kEmulated;
+  c.tiers.hbm.capacity_bytes = hbm_prompts * prompt_pages * c.model.geometry.page_bytes();
+  // Small enough to be reused within the run: first touches of fresh host pages (the kernel
+  // zeroing them) would otherwise dominate the steps that demote into them.
+  c.tiers.host.capacity_bytes = 2 * c.tiers.hbm.capacity_bytes;
+  c.tiers.host.huge_pages = false;
+  c.tiers.host.lock_memory = false;
+  c.tiers.nvme.enabled = false;
+  c.metrics.listen = "";
+  auto rt = Runtime::open(c, RuntimeOptions{});
+  if (!rt.ok()) die(rt.status(), "open the runtime");
+  Runtime& runtime = **rt;
+  using Clock = std::chrono::steady_clock;
+  const auto micros = [](Clock::time_point since) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - since).count();
+  };
+  std::vector<double> step_us;
+  double begin_us = 0;
+  double wait_us = 0;
+  double end_layer_us = 0;
+  double end_layer_cpu_us = 0;
+  std::vector<uint32_t> tokens(prompt);
+  for (auto _ : state) {
+    const auto n = static_cast<uint32_t>(step_us.size());
+    for (uint32_t t = 0; t < prompt; ++t) tokens[t] = n * 1'000'003u + t;
+    auto opened = runtime.open_sequence(runtime.block_keys(tokens));
+    if (!opened.ok()) die(opened.status(), "open a sequence");
+    const StepItem prefill{opened->id, prompt};
+    const Clock::time_point start = Clock::now();
+    auto info = runtime.begin_step(std::span(&prefill, 1));
+    if (!info.ok()) die(info.status(), "begin_step");
+    begin_us += micros(start);
+    for (uint32_t l = 0; l < info->layers; ++l) {
+      const Clock::time_point waited = Clock::now();
+      must(runtime.wait_layer(info->id, l), "wait_layer");
+      wait_us += micros(waited);
+      auto table = runtime.layer_table(info->id, l);
+      if (!table.ok()) die(table.status(), "layer_table");
+      benchmark::DoNotOptimize(table->indices.data());
+      const Clock::time_point ended = Clock::now();
+      const double cpu_before = thread_cpu_micros();
+      must(runtime.end_layer(info->id, l), "end_layer");
+      end_layer_cpu_us += thread_cpu_micros() - cpu_before;
+      end_layer_us += micros(ended);
+    }
+    must(runtime.end_step(info->id), "end_step");
+    step_us.push_back(micros(start));
+    must(runtime.close_sequence(opened->id), "close_sequence");
+  }
+  const auto steps = static_cast<double>(step_us.size());
+  std::sort(step_us.begin(), step_us.end());
+  const auto at = [&](double q) { return step_us[static_cast<std::size_t>(q * (steps - 1))]; };
+  state.counters["p50_us"] = at(0.5);
+  state.counters["p99_us"] = at(0.99);
+  state.counters["max_us"] = step_us.back();
+  state.counters["begin_step_us"] = begin_us / steps;
+  state.counters["wait_layer_us"] = wait_us / steps;
+  state.counters["end_layer_us"] = end_layer_us / steps;
+  state.counters["end_layer_cpu_us"] = end_layer_cpu_us / steps;
+  state.SetLabel("per step, through the Runtime, end_layer each");
+}
+// 600 prompts of 1024 tokens through an HBM of 32: about 19 turnovers of HBM, 9 of host memory.
+BENCHMARK(BM_PrefillStreamUnderPressure)
+    ->Iterations(600)
+    ->Args({1024, 32})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -1,0 +1,112 @@
+// CopyBatcher: write-back page copies of one loop turn go to the port as batches (one link job,
+// one copy_pages call, one completion each); other priorities go alone at once; a batch the
+// destination refuses is retried page by page so only the page it cannot hold fails.
+#include "scheduler/copy_batcher.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "scheduler/sim_event_loop.hpp"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kPageBytes = 4096;
+
+// A TransferPort that records each copy_pages call and completes it on the loop's next turn,
+// refusing (kInvalidArgument) a copy that includes a page read from frame `refused_src`.
+class RecordingPort final : public TransferPort {
+ public:
+  explicit RecordingPort(EventLoop& loop) : loop_(loop) {}
+
+  std::vector<std::size_t> calls;  // pages per copy_pages call, in call order
+  uint32_t refused_src = UINT32_MAX;
+
+  Status copy_pages(Link, std::span<const FrameMove> moves, TransferDone done) override {
+    calls.push_back(moves.size());
+    bool refused = false;
+    for (const FrameMove& m : moves) refused = refused || m.src == refused_src;
+    loop_.post(
+        [done, refused] { done(refused ? invalid_argument("the page holds NaN") : ok_status()); });
+    return ok_status();
+  }
+  Status write_block(const BlockKey&, std::span<const uint32_t>, TransferDone) override {
+    return failed_precondition("not used");
+  }
+  Status read_block(const BlockKey&, std::span<const uint32_t>, TransferDone) override {
+    return failed_precondition("not used");
+  }
+  Status read_page(const BlockKey&, uint32_t, uint32_t, TransferDone) override {
+    return failed_precondition("not used");
+  }
+  Status erase_block(const BlockKey&) override { return failed_precondition("not used"); }
+  LinkModel link_model(Link) const override { return LinkModel{}; }
+  uint64_t host_page_bytes() const override { return kPageBytes; }
+  uint64_t nvme_page_bytes() const override { return kPageBytes; }
+
+ private:
+  EventLoop& loop_;
+};
+
+struct BatcherWorld {
+  SimEventLoop loop;
+  RecordingPort port{loop};
+  LinkQueues links{std::array<uint64_t, kNumLinks>{}};
+  std::vector<Status> done;  // per page, in the order the pages were given
+
+  // Copies page i (frame i to frame 100 + i) and records its status at done[i].
+  void copy(CopyBatcher& b, uint32_t i, TransferPriority prio) {
+    if (done.size() <= i) done.resize(i + 1, internal_error("not completed"));
+    b.copy_page(Link::kHbmToHost, prio, FrameMove{i, 100 + i},
+                [this, i](const Status& s) { done[i] = s; });
+  }
+};
+
+TEST(CopyBatcher, WriteBackCopiesOfOneTurnGoAsOneCopyOfAtMostMaxPages) {
+  BatcherWorld w;
+  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/4);
+  for (uint32_t i = 0; i < 6; ++i) w.copy(batcher, i, TransferPriority::kWriteBack);
+  // The first four filled a batch and went at once; the other two wait for the turn's end.
+  EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4}));
+  EXPECT_EQ(w.links.inflight_bytes(Link::kHbmToHost), 4 * kPageBytes);
+  w.loop.run_until_idle();
+  EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4, 2}));
+  for (const Status& s : w.done) EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(w.links.inflight_bytes(Link::kHbmToHost), 0u);
+  EXPECT_TRUE(w.links.idle());
+}
+
+TEST(CopyBatcher, CopiesAboveWriteBackGoAloneAtOnce) {
+  BatcherWorld w;
+  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/64);
+  w.copy(batcher, 0, TransferPriority::kWriteBack);
+  w.copy(batcher, 1, TransferPriority::kDemand);
+  w.copy(batcher, 2, TransferPriority::kPrefetch);
+  // The demand and the prefetch were submitted as they came; the write-back waits for the turn.
+  EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{1, 1}));
+  w.loop.run_until_idle();
+  EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{1, 1, 1}));
+  for (const Status& s : w.done) EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+TEST(CopyBatcher, ARefusedBatchIsRetriedPageByPageAndOnlyThePageRefusedFails) {
+  BatcherWorld w;
+  w.port.refused_src = 2;
+  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/64);
+  for (uint32_t i = 0; i < 4; ++i) w.copy(batcher, i, TransferPriority::kWriteBack);
+  w.loop.run_until_idle();
+  EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4, 1, 1, 1, 1}));
+  for (uint32_t i = 0; i < 4; ++i) {
+    if (i == 2) {
+      EXPECT_EQ(w.done[i].code(), StatusCode::kInvalidArgument);
+    } else {
+      EXPECT_TRUE(w.done[i].ok()) << i << ": " << w.done[i].to_string();
+    }
+  }
+  EXPECT_TRUE(w.links.idle());
+}
+
+}  // namespace
+}  // namespace kvtier
