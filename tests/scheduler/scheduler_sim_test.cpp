@@ -611,5 +611,34 @@ TEST(SchedulerSim, WriteThroughReachesNvmeWhenItsPagesAreDemotedMeanwhile) {
   expect_consistent(w);
 }
 
+// A watermark plan demotes many pages at once: they reach the HBM->host link in batches (one
+// copy per batch, CopyBatcher), not one copy per page, and every page still lands in host memory.
+TEST(SchedulerSim, AWatermarkPlansDemotionsReachTheLinkInBatches) {
+  SimSetup setup;
+  setup.hbm_frames = 32;
+  setup.host_frames = 64;
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.0, 0.7};  // above 22 frames: demote all
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  for (uint32_t p = 0; p < 6; ++p) {
+    prompts.push_back(w.prompt(1, p + 1));
+    ASSERT_TRUE(w.prefill_and_close(prompts.back(), kNanosPerMicro).ok());
+  }
+  w.settle();
+  const uint64_t demoted = w.scheduler().stats().demotions[tier_index(Tier::kHost)].load();
+  const uint64_t copies = w.port().transfer_stats().link(Link::kHbmToHost).ops.load();
+  EXPECT_GE(demoted, 2u * setup.geometry.layers) << "the watermark should have demoted blocks";
+  EXPECT_LT(copies, demoted) << "each page was copied on its own";
+  for (const auto& keys : prompts) {
+    auto info = w.table().lookup(keys[0]);
+    ASSERT_TRUE(info.ok());
+    for (const PageInfo& p : info->pages) {
+      EXPECT_TRUE(p.hbm == CopyState::kReady || p.host == CopyState::kReady)
+          << to_string(keys[0]) << " lost a page";
+    }
+  }
+  expect_consistent(w);
+}
+
 }  // namespace
 }  // namespace kvtier
