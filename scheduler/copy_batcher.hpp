@@ -42,6 +42,8 @@ class CopyBatcher {
 
   // Submits the open batches now (the task posted for the turn calls it).
   void flush();
+  // No page waits in an open batch (what was submitted is the link queues').
+  bool idle() const { return !flush_posted_; }
 
  private:
   struct Batch {

@@ -101,7 +101,7 @@ Scheduler::RequestFacts Scheduler::facts_of(const BlockKey& key) const {
 }
 
 bool Scheduler::idle() const {
-  if (!links_.idle() || !ops_.empty() || !staging_waiters_.empty() || !staging_.empty()) {
+  if (!transfers_idle() || !ops_.empty() || !staging_waiters_.empty() || !staging_.empty()) {
     return false;
   }
   for (const auto& tier : waiters_) {

@@ -150,7 +150,7 @@ class Scheduler {
   bool idle() const;
   // True when no copy is queued on a link or in flight. With no engine call to come (shutdown),
   // nothing pending can move any more: what still waits, waits for frames nothing will free.
-  bool transfers_idle() const { return links_.idle(); }
+  bool transfers_idle() const { return links_.idle() && batcher_.idle(); }
   // Checks that each tier's evictor tracks exactly the blocks with a ready copy in that tier (a
   // page for HBM and host memory, the extent for NVMe): one it does not track can never be chosen
   // to leave, and its frames are lost to the cache; one it tracks without a ready copy (leaving

@@ -71,7 +71,9 @@ TEST(CopyBatcher, WriteBackCopiesOfOneTurnGoAsOneCopyOfAtMostMaxPages) {
   // The first four filled a batch and went at once; the other two wait for the turn's end.
   EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4}));
   EXPECT_EQ(w.links.inflight_bytes(Link::kHbmToHost), 4 * kPageBytes);
+  EXPECT_FALSE(batcher.idle()) << "two pages wait in the open batch";
   w.loop.run_until_idle();
+  EXPECT_TRUE(batcher.idle());
   EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4, 2}));
   for (const Status& s : w.done) EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(w.links.inflight_bytes(Link::kHbmToHost), 0u);
