@@ -5,8 +5,13 @@
 
 namespace kvtier {
 
-CopyBatcher::CopyBatcher(EventLoop& loop, LinkQueues& links, TransferPort& port, uint32_t max_pages)
-    : loop_(loop), links_(links), port_(port), max_pages_(max_pages > 0 ? max_pages : 1) {}
+CopyBatcher::CopyBatcher(EventLoop& loop, LinkQueues& links, TransferPort& port, uint32_t max_pages,
+                         LoopTask after_batch)
+    : loop_(loop),
+      links_(links),
+      port_(port),
+      max_pages_(max_pages > 0 ? max_pages : 1),
+      after_batch_(std::move(after_batch)) {}
 
 void CopyBatcher::copy_page(Link link, TransferPriority priority, FrameMove move,
                             TransferDone done) {
@@ -53,13 +58,17 @@ void CopyBatcher::start(Link link, const std::shared_ptr<Batch>& pages,
       // One page the destination cannot hold refuses the whole copy: find it page by page (the
       // link's cap was given back above; these copies are not queued behind it again).
       for (std::size_t i = 0; i < pages->moves.size(); ++i) {
-        const TransferDone& done = pages->done[i];
-        Status alone = port_.copy_pages(link, std::span(&pages->moves[i], 1), done);
-        if (!alone.ok()) done(alone);
+        TransferDone alone_done = [this, done = pages->done[i]](const Status& r) {
+          done(r);
+          if (after_batch_) after_batch_();
+        };
+        Status alone = port_.copy_pages(link, std::span(&pages->moves[i], 1), alone_done);
+        if (!alone.ok()) alone_done(alone);
       }
       return;
     }
     for (const TransferDone& done : pages->done) done(s);
+    if (after_batch_) after_batch_();
   };
   Status submitted = port_.copy_pages(link, pages->moves, on_done);
   if (!submitted.ok()) on_done(submitted);

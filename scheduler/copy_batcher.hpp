@@ -14,9 +14,11 @@
 // pages that cannot leave rely on pages completing one by one (grouped, the random-workload
 // simulation found steps that livelocked or stalled).
 //
-// Each page keeps its own completion: the batch's status is handed to every page's `done`. A batch
-// refused with kInvalidArgument (a host tier in fp8 cannot encode a page holding NaN or inf) is
-// retried page by page, so only the page the tier cannot hold is refused. Loop thread only.
+// Each page keeps its own completion: the batch's status is handed to every page's `done`, then
+// `after_batch` runs once, for the work the pages' completions leave to the batch (the scheduler
+// syncs each block's policy membership and serves frame waiters once per batch, not per page). A
+// batch refused with kInvalidArgument (a host tier in fp8 cannot encode a page holding NaN or inf)
+// is retried page by page, so only the page the tier cannot hold is refused. Loop thread only.
 #pragma once
 
 #include <array>
@@ -34,10 +36,11 @@ namespace kvtier {
 class CopyBatcher {
  public:
   // `loop`, `links` and `port` must outlive the batcher and every batch it submitted.
-  CopyBatcher(EventLoop& loop, LinkQueues& links, TransferPort& port, uint32_t max_pages);
+  CopyBatcher(EventLoop& loop, LinkQueues& links, TransferPort& port, uint32_t max_pages,
+              LoopTask after_batch);
 
   // Copies one page over `link` (kHbmToHost or kHostToHbm) at `priority`; `done` runs once, on
-  // the loop, when its batch completes or fails.
+  // the loop, when its batch completes or fails, before the batch's `after_batch`.
   void copy_page(Link link, TransferPriority priority, FrameMove move, TransferDone done);
 
   // Submits the open batches now (the task posted for the turn calls it).
@@ -58,6 +61,7 @@ class CopyBatcher {
   LinkQueues& links_;
   TransferPort& port_;
   const uint32_t max_pages_;
+  const LoopTask after_batch_;
   std::array<Batch, kNumLinks> open_;  // per link: the write-back batch of this loop turn
   bool flush_posted_ = false;
 };

@@ -41,7 +41,8 @@ Scheduler::Scheduler(const SchedulerParts& parts, const SchedulerOptions& option
     : parts_(parts),
       options_(options),
       links_(options.max_inflight_bytes, &stats_),
-      batcher_(*parts.loop, links_, *parts.port, copy_batch_pages(parts.port->host_page_bytes())),
+      batcher_(*parts.loop, links_, *parts.port, copy_batch_pages(parts.port->host_page_bytes()),
+               [this] { land_demotions(); }),
       resident_pins_(std::make_unique<ResidentPins>()) {}
 
 Scheduler::~Scheduler() = default;

@@ -387,6 +387,8 @@ class Scheduler {
   // Carries one planned move out; returns frames it freed at once or started freeing (drains).
   uint64_t execute_move(const PlannedMove& move, TransferPriority prio);
   void demote_page_to_host(const BlockKey& key, uint32_t layer, TransferPriority prio);
+  // The rest of the completion of the demotions that landed in a batch (landed_), per block.
+  void land_demotions();
   // Gives up requests still waiting for a host frame — only those of page `only`, or every one —
   // and returns how many. HBM demotions: each page stays in HBM, ready, as nothing was copied
   // yet. With kDemotionsAndPrefetchReads, prefetches' reads from NVMe too: nothing reads them
@@ -490,6 +492,9 @@ class Scheduler {
   SchedulerStats stats_;
   LinkQueues links_;
   CopyBatcher batcher_;  // page copies between HBM and host memory, batched per loop turn
+  // Pages whose demotion to host memory landed in the batch completing now: land_demotions does
+  // the rest of their completion, once per block.
+  std::vector<PageKey> landed_;
   HintBoard hints_;
   std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
   std::unique_ptr<WriteStrategy> write_;

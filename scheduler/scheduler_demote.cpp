@@ -2,6 +2,7 @@
 // when another copy stays), write-through and the watermarks that start demotion before a tier is
 // full. See scheduler.hpp for the rules.
 #include <string>
+#include <unordered_set>
 
 #include "kvtier/log.hpp"
 #include "scheduler/scheduler.hpp"
@@ -215,10 +216,8 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
             draining_[tier_index(Tier::kHbm)] -= 1;
             stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
             stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
-            sync_membership(key, Tier::kHost);
-            sync_membership(key, Tier::kHbm);
-            finish_op(pk, ok_status());
-            after_change(key);
+            landed_.push_back(pk);  // the rest, once per block of the batch: land_demotions
+            return;
           } else {
             parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
             undo(s);
@@ -236,6 +235,27 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
                            std::move(on_done));
       },
       FrameUse::kDemotion);
+}
+
+void Scheduler::land_demotions() {
+  // What a landed page's demotion owes, done once per block of the batch: each block's policy
+  // membership in both tiers before any page's waiters run, then the waiters, then the blocks'
+  // bookkeeping (after_change), then the frame waiters HBM's freed frames and host's filled ones
+  // may serve. A completion of this batch's pages that starts another batch finds landed_ empty.
+  const std::vector<PageKey> landed = std::exchange(landed_, {});
+  std::vector<BlockKey> blocks;  // in the order their first page landed
+  std::unordered_set<BlockKey, BlockKeyHash> seen;
+  for (const PageKey& pk : landed) {
+    if (seen.insert(pk.key).second) blocks.push_back(pk.key);
+  }
+  for (const BlockKey& key : blocks) {
+    sync_membership(key, Tier::kHost);
+    sync_membership(key, Tier::kHbm);
+  }
+  for (const PageKey& pk : landed) finish_op(pk, ok_status());
+  for (const BlockKey& key : blocks) after_change(key);
+  serve_frame_waiters(Tier::kHbm);
+  serve_frame_waiters(Tier::kHost);
 }
 
 std::size_t Scheduler::withdraw_host_requests(const PageKey* only, Withdrawn what,

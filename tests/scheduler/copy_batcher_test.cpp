@@ -55,18 +55,27 @@ struct BatcherWorld {
   RecordingPort port{loop};
   LinkQueues links{std::array<uint64_t, kNumLinks>{}};
   std::vector<Status> done;  // per page, in the order the pages were given
+  uint32_t completed = 0;    // pages told so far
+  // At each after_batch call: how many pages had been told by then.
+  std::vector<uint32_t> batch_ends;
+
+  LoopTask after_batch() {
+    return [this] { batch_ends.push_back(completed); };
+  }
 
   // Copies page i (frame i to frame 100 + i) and records its status at done[i].
   void copy(CopyBatcher& b, uint32_t i, TransferPriority prio) {
     if (done.size() <= i) done.resize(i + 1, internal_error("not completed"));
-    b.copy_page(Link::kHbmToHost, prio, FrameMove{i, 100 + i},
-                [this, i](const Status& s) { done[i] = s; });
+    b.copy_page(Link::kHbmToHost, prio, FrameMove{i, 100 + i}, [this, i](const Status& s) {
+      done[i] = s;
+      ++completed;
+    });
   }
 };
 
 TEST(CopyBatcher, WriteBackCopiesOfOneTurnGoAsOneCopyOfAtMostMaxPages) {
   BatcherWorld w;
-  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/4);
+  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/4, w.after_batch());
   for (uint32_t i = 0; i < 6; ++i) w.copy(batcher, i, TransferPriority::kWriteBack);
   // The first four filled a batch and went at once; the other two wait for the turn's end.
   EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4}));
@@ -74,6 +83,8 @@ TEST(CopyBatcher, WriteBackCopiesOfOneTurnGoAsOneCopyOfAtMostMaxPages) {
   EXPECT_FALSE(batcher.idle()) << "two pages wait in the open batch";
   w.loop.run_until_idle();
   EXPECT_TRUE(batcher.idle());
+  // after_batch ran once per batch, each time after every page of the batch was told.
+  EXPECT_EQ(w.batch_ends, (std::vector<uint32_t>{4, 6}));
   EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4, 2}));
   for (const Status& s : w.done) EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(w.links.inflight_bytes(Link::kHbmToHost), 0u);
@@ -82,7 +93,7 @@ TEST(CopyBatcher, WriteBackCopiesOfOneTurnGoAsOneCopyOfAtMostMaxPages) {
 
 TEST(CopyBatcher, CopiesAboveWriteBackGoAloneAtOnce) {
   BatcherWorld w;
-  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/64);
+  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/64, w.after_batch());
   w.copy(batcher, 0, TransferPriority::kWriteBack);
   w.copy(batcher, 1, TransferPriority::kDemand);
   w.copy(batcher, 2, TransferPriority::kPrefetch);
@@ -96,10 +107,11 @@ TEST(CopyBatcher, CopiesAboveWriteBackGoAloneAtOnce) {
 TEST(CopyBatcher, ARefusedBatchIsRetriedPageByPageAndOnlyThePageRefusedFails) {
   BatcherWorld w;
   w.port.refused_src = 2;
-  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/64);
+  CopyBatcher batcher(w.loop, w.links, w.port, /*max_pages=*/64, w.after_batch());
   for (uint32_t i = 0; i < 4; ++i) w.copy(batcher, i, TransferPriority::kWriteBack);
   w.loop.run_until_idle();
   EXPECT_EQ(w.port.calls, (std::vector<std::size_t>{4, 1, 1, 1, 1}));
+  EXPECT_EQ(w.batch_ends, (std::vector<uint32_t>{1, 2, 3, 4})) << "once after each retried page";
   for (uint32_t i = 0; i < 4; ++i) {
     if (i == 2) {
       EXPECT_EQ(w.done[i].code(), StatusCode::kInvalidArgument);
