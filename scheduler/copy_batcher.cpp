@@ -15,7 +15,7 @@ CopyBatcher::CopyBatcher(EventLoop& loop, LinkQueues& links, TransferPort& port,
 
 void CopyBatcher::copy_page(Link link, TransferPriority priority, FrameMove move,
                             TransferDone done) {
-  if (priority != TransferPriority::kWriteBack || max_pages_ == 1) {
+  if (priority != TransferPriority::kWriteBack) {
     submit(link, priority, Batch{{move}, {std::move(done)}});
     return;
   }

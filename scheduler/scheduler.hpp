@@ -345,7 +345,7 @@ class Scheduler {
   // or a request still waiting (hinted), which may fill less of HBM (see the definition).
   // A waiting request's loads are the hint's (PageOp::hinted). Into HBM only with `into_hbm`;
   // returns false when HBM had no room to spare for it (nothing within the same loop task gives
-  // any back, so a caller walking a prefix stops asking: each ask sums per-thread counters).
+  // any back, so a caller walking a prefix stops asking).
   enum class PrefetchFor { kOpenSequence, kWaitingRequest };
   bool prefetch_block(const BlockKey& key, PrefetchFor whom, bool into_hbm = true);
   bool prefetch_into_hbm(const BlockKey& key, PrefetchFor whom);

@@ -535,15 +535,9 @@ bool Scheduler::prefetch_into_hbm(const BlockKey& key, PrefetchFor whom) {
           ? hbm.capacity()
           : static_cast<uint64_t>(options_.watermarks[tier_index(Tier::kHbm)].low *
                                   static_cast<double>(hbm.capacity()));
-  // used() sums per-thread counters: it is read once, then counted on (a page ready in host
-  // memory takes its frame as its load is issued), and read again before giving up.
-  uint64_t used = hbm.used();
-  const auto no_room = [&] { return hbm.capacity() - used <= layers || used + layers > fill_to; };
   for (uint32_t l = 0; l < layers; ++l) {
-    if (no_room()) {
-      used = hbm.used();
-      if (no_room()) return false;
-    }
+    const uint64_t used = hbm.used();
+    if (hbm.capacity() - used <= layers || used + layers > fill_to) return false;
     const PageSnapshot p = page_snapshot(key, l);
     if (!p.found || p.hbm != CopyState::kAbsent) continue;
     if (hinted && p.host != CopyState::kReady) continue;
@@ -551,7 +545,6 @@ bool Scheduler::prefetch_into_hbm(const BlockKey& key, PrefetchFor whom) {
     const bool was_loading = ops_.contains(page);
     ensure_in_hbm(key, l, TransferPriority::kPrefetch, nullptr,
                   [](const Status& s) { s.ignore(); });
-    if (!was_loading && p.host == CopyState::kReady) used += 1;
     if (auto it = ops_.find(page); hinted && !was_loading && it != ops_.end()) {
       it->second->hinted = true;
     }
