@@ -181,11 +181,15 @@ void Scheduler::apply_write_policy(const BlockKey& content) {
   if (!info.ok()) return;
   WriteContext ctx;
   ctx.hits = info->stats.hits;
+  // A tier holds the block when it holds every page: one page on its way down (a watermark
+  // demoted it as its layer ended) does not make host memory hold the block, and taking it for
+  // the block left the other pages uncopied and the NVMe write, which reads them all from host
+  // memory, never started.
   for (Tier t : kAllTiers) {
     const bool present =
         t == Tier::kNvme
             ? info->nvme != CopyState::kAbsent
-            : std::any_of(info->pages.begin(), info->pages.end(), [&](const PageInfo& p) {
+            : std::all_of(info->pages.begin(), info->pages.end(), [&](const PageInfo& p) {
                 return (t == Tier::kHbm ? p.hbm : p.host) != CopyState::kAbsent;
               });
     if (present) ctx.present = ctx.present.with(t);

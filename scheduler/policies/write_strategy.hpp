@@ -54,7 +54,7 @@ class TierMask {
 // What a write decision reads about the block.
 struct WriteContext {
   uint32_t hits = 0;   // times a request reused the block (AccessStats::hits)
-  TierMask present;    // tiers holding a ready or filling copy
+  TierMask present;    // tiers holding a ready or filling copy of every page
   TierMask available;  // tiers configured below HBM (capacity > 0)
 };
 

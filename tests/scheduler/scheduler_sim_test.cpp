@@ -611,6 +611,33 @@ TEST(SchedulerSim, WriteThroughReachesNvmeWhenItsPagesAreDemotedMeanwhile) {
   expect_consistent(w);
 }
 
+// A page a watermark demoted as its layer ended is still on its way to host memory when the step
+// ends: host memory holds one page of the block, filling. The write-through still copies the
+// other pages down and writes the block to NVMe (host memory counts as holding the block only
+// when it holds every page).
+TEST(SchedulerSim, WriteThroughCopiesTheOtherPagesOfABlockPartlyOnItsWayDown) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.d2h_gbps = 0.01;  // a page takes milliseconds to reach host memory
+  setup.policies.write = WritePolicy::kWriteThrough;
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.0, 0.2};  // above 3 frames: demote all
+  SimWorld w(setup);
+  const std::vector<BlockKey> keys = w.prompt(1, 1);
+  ASSERT_TRUE(w.prefill_and_close(keys, kNanosPerMicro).ok());
+  auto demoting = w.table().lookup(keys[0]);
+  ASSERT_TRUE(demoting.ok());
+  ASSERT_EQ(demoting->pages[0].hbm, CopyState::kDraining)
+      << "the watermark should be demoting the first layer's page";
+  w.settle();
+  auto info = w.table().lookup(keys[0]);
+  ASSERT_TRUE(info.ok());
+  for (std::size_t l = 0; l < info->pages.size(); ++l) {
+    EXPECT_EQ(info->pages[l].host, CopyState::kReady) << "layer " << l << " has no host copy";
+  }
+  EXPECT_EQ(info->nvme, CopyState::kReady) << "the block was written through to NVMe";
+  expect_consistent(w);
+}
+
 // A watermark plan demotes many pages at once: they reach the HBM->host link in batches (one
 // copy per batch, CopyBatcher), not one copy per page, and every page still lands in host memory.
 TEST(SchedulerSim, AWatermarkPlansDemotionsReachTheLinkInBatches) {
