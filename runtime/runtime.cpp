@@ -467,6 +467,15 @@ Status Runtime::shutdown() {
     if (idle || !stuck.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  // No watermark plan starts copies from here on: the copy engines are about to stop.
+  im.loop
+      ->run_on_loop_thread(
+          [&] {
+            im.scheduler->stop_watermark_checks();
+            return ok_status();
+          },
+          im.call_timeout())
+      .ignore();
   // Stop the producers of completions first: the engine's destructor waits for its queued copies
   // and the store's for its I/O threads; their completions post to the loop, which still runs
   // them against a live scheduler. Then drain the loop, and take the rest down in reverse order.

@@ -604,7 +604,7 @@ Status Scheduler::unpin_prefix(uint64_t id) {
     after_change(k);
   }
   store_gauges();
-  check_watermarks();
+  want_watermark_check();
   return ok_status();
 }
 

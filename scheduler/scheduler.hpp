@@ -146,11 +146,19 @@ class Scheduler {
   // Starts writing every cached block that has no NVMe copy to NVMe (before a shutdown, so the
   // next runtime on the same store finds them). Returns how many blocks it started writing.
   uint64_t persist_to_nvme();
-  // True when no transfer is queued or in flight and no request waits for a frame.
+  // Shutdown, once the transfers drained: no watermark check is planned or carried on from here,
+  // so no loop task starts copies after the copy engines stop (a turn already posted does
+  // nothing). Loop thread.
+  void stop_watermark_checks();
+  // True when no transfer is queued or in flight (nor about to be: transfers_idle) and no request
+  // waits for a frame.
   bool idle() const;
-  // True when no copy is queued on a link or in flight. With no engine call to come (shutdown),
-  // nothing pending can move any more: what still waits, waits for frames nothing will free.
-  bool transfers_idle() const { return links_.idle() && batcher_.idle(); }
+  // True when no copy is queued on a link or in flight, and no watermark check that may start
+  // some waits to run. With no engine call to come (shutdown), nothing pending can move any more:
+  // what still waits, waits for frames nothing will free.
+  bool transfers_idle() const {
+    return links_.idle() && batcher_.idle() && !watermark_turn_posted_;
+  }
   // Checks that each tier's evictor tracks exactly the blocks with a ready copy in that tier (a
   // page for HBM and host memory, the extent for NVMe): one it does not track can never be chosen
   // to leave, and its frames are lost to the cache; one it tracks without a ready copy (leaving
@@ -230,7 +238,7 @@ class Scheduler {
   // Pins the blocks of a step that is not windowed which are resident in every layer, all layers
   // at once (one lookup per block: most of a decode step's blocks), for plan_layer to read.
   void pin_resident_blocks(Step& step, ResidentPins& r);
-  // What every room plan of HBM does first (make_room, check_watermarks): a plan must see the pins
+  // What every room plan of HBM does first (make_room, plan_watermark): a plan must see the pins
   // begin_step took page by page, never those it took ahead. So the block pins pins_ahead_ holds
   // become pins of the pages before the one plan_layer is at, which go to the step's per-layer
   // lists, and the pages from there on are unpinned.
@@ -403,7 +411,17 @@ class Scheduler {
   // (not all in host, already going, NVMe full of blocks that cannot leave).
   bool demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host);
   void write_through(const BlockKey& key, TierMask tiers);
-  void check_watermarks();
+  // Watermarks. Engine calls that may push a tier past its high watermark (end_layer, end_step,
+  // unpin_prefix) only ask for a check: the plan and its moves run as the loop's own tasks, off
+  // the engine's call. A plan's moves run a slice per task (kWatermarkMovesPerTurn), so an engine
+  // call that comes meanwhile waits for one slice, not for the whole plan, and tiers are planned
+  // one after another, each once the moves of the one above have started (HBM's demotions fill
+  // host memory before host memory's plan). A check asked while a plan's moves are still running
+  // plans again once they are done: the state it would see is the one they leave.
+  void want_watermark_check();
+  void run_watermark_turn();
+  // Plans the moves that bring `tier` back to its low watermark (none below its high one).
+  std::vector<PlannedMove> plan_watermark(Tier tier);
   void after_change(const BlockKey& key);  // evictor membership, erase of empty blocks
   void sync_membership(const BlockKey& key, Tier tier);
   bool may_lose_last_copy(const BlockKey& key, Tier tier) const;
@@ -510,6 +528,14 @@ class Scheduler {
   std::unordered_map<PageKey, std::unique_ptr<PageOp>, PageKeyHash> ops_;
   // Requests waiting for a frame, per tier (HBM, host), by priority.
   std::array<std::array<std::deque<FrameWaiter>, kNumPriorities>, 2> waiters_;
+  // Watermark checks (want_watermark_check): a turn task is posted; a check was asked and not
+  // begun; the tier the running check plans next (kNumTiers: none running); the moves of its
+  // last plan not carried out yet.
+  bool watermark_turn_posted_ = false;
+  bool watermark_check_wanted_ = false;
+  std::size_t watermark_next_tier_ = kNumTiers;
+  std::deque<PlannedMove> watermark_moves_;
+  bool watermark_stopped_ = false;  // stop_watermark_checks
   // Frames that started draining and will be freed (per tier), so room is not planned twice.
   std::array<uint64_t, kNumTiers> draining_{};
   // Of HBM's draining frames, the demotions still waiting for their host frame (room_for_plans).

@@ -533,29 +533,76 @@ void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
   last();
 }
 
-void Scheduler::check_watermarks() {
-  give_back_pins_ahead();
-  for (Tier t : kAllTiers) {
-    uint64_t capacity = 0;
-    uint64_t used = 0;
-    if (t == Tier::kNvme) {
-      if (parts_.nvme == nullptr) continue;
-      capacity = parts_.nvme->capacity();
-      used = parts_.nvme->used();
-    } else {
-      capacity = frames(t)->capacity();
-      used = frames(t)->used();
+namespace {
+// Planned moves one loop task carries out: a move demotes a block's pages (one per layer), so 8
+// are a few hundred page copies, a couple of CopyBatcher batches, and a fraction of a millisecond
+// on the loop for an engine call that waits behind them.
+constexpr std::size_t kWatermarkMovesPerTurn = 8;
+}  // namespace
+
+void Scheduler::want_watermark_check() {
+  if (watermark_stopped_) return;
+  watermark_check_wanted_ = true;
+  if (watermark_turn_posted_) return;
+  watermark_turn_posted_ = true;
+  parts_.loop->post([this] { run_watermark_turn(); });
+}
+
+void Scheduler::stop_watermark_checks() {
+  watermark_stopped_ = true;
+  watermark_check_wanted_ = false;
+  watermark_next_tier_ = kNumTiers;
+  watermark_moves_.clear();
+}
+
+void Scheduler::run_watermark_turn() {
+  watermark_turn_posted_ = false;
+  if (watermark_stopped_) return;
+  std::size_t budget = kWatermarkMovesPerTurn;
+  while (budget > 0) {
+    if (!watermark_moves_.empty()) {
+      const PlannedMove move = std::move(watermark_moves_.front());
+      watermark_moves_.pop_front();
+      execute_move(move, TransferPriority::kWriteBack);
+      --budget;
+      continue;
     }
-    used = used > draining_[tier_index(t)] ? used - draining_[tier_index(t)] : 0;
-    const uint64_t deficit =
-        Placement::watermark_deficit(capacity, used, options_.watermarks[tier_index(t)]);
-    if (deficit == 0) continue;
-    const std::array<uint64_t, kNumTiers> free = room_for_plans(t);
-    const SkipFilters skip(this);
-    const PlacementPlan plan =
-        placement_->plan_room(t, free[tier_index(t)] + deficit, free, skip.per_tier());
-    for (const PlannedMove& move : plan.moves) execute_move(move, TransferPriority::kWriteBack);
+    if (watermark_next_tier_ == kNumTiers) {
+      if (!watermark_check_wanted_) break;
+      watermark_check_wanted_ = false;
+      watermark_next_tier_ = 0;
+      give_back_pins_ahead();
+    }
+    std::vector<PlannedMove> plan = plan_watermark(kAllTiers[watermark_next_tier_++]);
+    watermark_moves_.assign(std::make_move_iterator(plan.begin()),
+                            std::make_move_iterator(plan.end()));
   }
+  const bool more =
+      !watermark_moves_.empty() || watermark_next_tier_ < kNumTiers || watermark_check_wanted_;
+  if (more && !watermark_turn_posted_) {
+    watermark_turn_posted_ = true;
+    parts_.loop->post([this] { run_watermark_turn(); });
+  }
+}
+
+std::vector<PlannedMove> Scheduler::plan_watermark(Tier tier) {
+  uint64_t capacity = 0;
+  uint64_t used = 0;
+  if (tier == Tier::kNvme) {
+    if (parts_.nvme == nullptr) return {};
+    capacity = parts_.nvme->capacity();
+    used = parts_.nvme->used();
+  } else {
+    capacity = frames(tier)->capacity();
+    used = frames(tier)->used();
+  }
+  used = used > draining_[tier_index(tier)] ? used - draining_[tier_index(tier)] : 0;
+  const uint64_t deficit =
+      Placement::watermark_deficit(capacity, used, options_.watermarks[tier_index(tier)]);
+  if (deficit == 0) return {};
+  const std::array<uint64_t, kNumTiers> free = room_for_plans(tier);
+  const SkipFilters skip(this);
+  return placement_->plan_room(tier, free[tier_index(tier)] + deficit, free, skip.per_tier()).moves;
 }
 
 }  // namespace kvtier

@@ -398,7 +398,7 @@ Status Scheduler::end_layer(StepId id, uint32_t layer) {
       }
     }
   }
-  check_watermarks();
+  want_watermark_check();
   return ok_status();
 }
 
@@ -502,7 +502,7 @@ Status Scheduler::end_step(StepId id, std::span<const StepCompletion> completion
   }
   steps_.erase(id);
   publish_pending();
-  check_watermarks();
+  want_watermark_check();
   return first;
 }
 

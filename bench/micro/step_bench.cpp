@@ -12,8 +12,11 @@
 // bookkeeping, the loop hand-off and the block tables of every layer.
 //
 // Then the same contract when pages do move: a stream of prefills through an HBM too small to keep
-// them (BM_PrefillStreamUnderPressure), where watermark plans run inside the engine's end_layer
-// calls and their copies share the machine with it; reported as a distribution of step times.
+// them (BM_PrefillStreamUnderPressure), where the watermark plans the engine's end_layer calls ask
+// for run on the loop and their copies share the machine with it; reported as a distribution of
+// step times. Once with no compute between the calls (the loop's work is then on the engine's
+// path whoever runs it), once with the engine busy for each layer's compute, as it is in serving:
+// what the scheduler leaves on the step is then the step's time beyond its compute.
 //
 // And what one engine call onto the scheduler's loop costs by itself (begin_step, end_layer and
 // end_step are each one): run_sync on an idle loop, which runs the call on the engine's thread,
@@ -35,6 +38,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/micro/page_table_setup.hpp"
@@ -170,15 +174,18 @@ double thread_cpu_micros() {
 
 // Prefill steps of distinct prompts, one after another, each sequence closed after its step, with
 // HBM holding `hbm_prompts` prompts and host memory twice that (no NVMe): once the cached blocks
-// pass HBM's high watermark, the watermark plans run inside end_layer demote older prompts to
-// host memory, whose own plans drop its oldest. The engine ends each layer as it is done. Each
+// pass HBM's high watermark, the watermark plans end_layer asks for demote older prompts to
+// host memory, whose own plans drop its oldest. The engine ends each layer as it is done, after
+// computing it for `layer_compute_us` (a sleep: the engine's thread waits for the GPU). Each
 // step is timed on its own: the median, p99 and longest step, and per step the wall time in
 // begin_step, wait_layer and end_layer and the engine thread's CPU time in end_layer, show where
-// the engine's thread waits and what runs on it — the mean alone hides a few long steps. Emulated
+// the engine's thread waits and what runs on it — the mean alone hides a few long steps; with
+// compute, `beyond_compute_us` is the mean step less the time measured in the sleeps. Emulated
 // HBM: the copies are memcpy on the copy engine's threads, which share this machine's cores.
 void BM_PrefillStreamUnderPressure(benchmark::State& state) {
   const auto prompt = static_cast<uint32_t>(state.range(0));
   const auto hbm_prompts = static_cast<uint32_t>(state.range(1));
+  const auto layer_compute = std::chrono::microseconds(state.range(2));
   Config c;
   c.model.name = "step-bench-stream";
   c.model.geometry = Geometry{kLayers, /*kv_heads=*/1, /*head_dim=*/64, Dtype::kBF16, kPageTokens};
@@ -204,6 +211,7 @@ void BM_PrefillStreamUnderPressure(benchmark::State& state) {
   double wait_us = 0;
   double end_layer_us = 0;
   double end_layer_cpu_us = 0;
+  double compute_us = 0;
   std::vector<uint32_t> tokens(prompt);
   for (auto _ : state) {
     const auto n = static_cast<uint32_t>(step_us.size());
@@ -222,6 +230,11 @@ void BM_PrefillStreamUnderPressure(benchmark::State& state) {
       auto table = runtime.layer_table(info->id, l);
       if (!table.ok()) die(table.status(), "layer_table");
       benchmark::DoNotOptimize(table->indices.data());
+      if (layer_compute.count() > 0) {
+        const Clock::time_point computing = Clock::now();
+        std::this_thread::sleep_for(layer_compute);
+        compute_us += micros(computing);
+      }
       const Clock::time_point ended = Clock::now();
       const double cpu_before = thread_cpu_micros();
       must(runtime.end_layer(info->id, l), "end_layer");
@@ -242,12 +255,20 @@ void BM_PrefillStreamUnderPressure(benchmark::State& state) {
   state.counters["wait_layer_us"] = wait_us / steps;
   state.counters["end_layer_us"] = end_layer_us / steps;
   state.counters["end_layer_cpu_us"] = end_layer_cpu_us / steps;
+  if (layer_compute.count() > 0) {
+    double total_us = 0;
+    for (double us : step_us) total_us += us;
+    state.counters["beyond_compute_us"] = (total_us - compute_us) / steps;
+  }
   state.SetLabel("per step, through the Runtime, end_layer each");
 }
 // 600 prompts of 1024 tokens through an HBM of 32: about 19 turnovers of HBM, 9 of host memory.
+// Without compute, and with 250 us per layer (8 ms per prompt: a 1024-token prefill of a small
+// model on one GPU).
 BENCHMARK(BM_PrefillStreamUnderPressure)
     ->Iterations(600)
-    ->Args({1024, 32})
+    ->Args({1024, 32, 0})
+    ->Args({1024, 32, 250})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

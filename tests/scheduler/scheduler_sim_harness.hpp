@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -38,6 +39,9 @@ struct SimSetup {
   std::array<Watermarks, kNumTiers> watermarks{Watermarks{0.9, 1.0}, Watermarks{0.9, 1.0},
                                                Watermarks{0.9, 1.0}};
   uint64_t max_inflight_bytes = 64ull << 20;  // per link
+  // Virtual time the engine spends between a step's last end_layer and its end_step (sampling),
+  // the loop running meanwhile; unset: end_step follows at once.
+  std::optional<Nanos> sampling_time;
 };
 
 class SimWorld {
@@ -167,6 +171,13 @@ class SimWorld {
         r.status = e;
         return r;
       }
+    }
+    if (setup_.sampling_time.has_value() &&
+        loop().run_until(loop().now() + *setup_.sampling_time, kMaxSettleEvents) ==
+            kMaxSettleEvents) {
+      r.status = livelock("sampling");
+      scheduler().abort_step(info->id).ignore();
+      return r;
     }
     r.status = scheduler().end_step(info->id, completions);
     return r;

@@ -591,12 +591,14 @@ TEST(SchedulerSim, WriteThroughReachesNvmeWhenItsPagesAreDemotedMeanwhile) {
   setup.policies.write = WritePolicy::kWriteThrough;
   setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.0, 0.5};  // above 8 frames: demote all
   setup.watermarks[tier_index(Tier::kHost)] = Watermarks{1.0, 1.0};
+  // The watermark check the last end_layer asks for runs before the step ends.
+  setup.sampling_time = 0;
   SimWorld w(setup);
   for (uint32_t b = 0; b < 2; ++b) {
     ASSERT_TRUE(w.prefill_and_close(w.prompt(1, b + 1), kNanosPerMicro).ok());
   }
-  // The third block's pages go over HBM's watermark: demoted as its layers end, still copying
-  // when the step ends and its write-through starts.
+  // The third block's pages go over HBM's watermark: demoted as its layers end, waiting for host
+  // frames when the step ends and its write-through starts.
   const std::vector<BlockKey> third = w.prompt(1, 3);
   ASSERT_TRUE(w.prefill_and_close(third, kNanosPerMicro).ok());
   auto demoting = w.table().lookup(third[0]);
