@@ -5,8 +5,10 @@
 // threads (scheduler_sim_harness.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -637,6 +639,51 @@ TEST(SchedulerSim, WriteThroughCopiesTheOtherPagesOfABlockPartlyOnItsWayDown) {
     EXPECT_EQ(info->pages[l].host, CopyState::kReady) << "layer " << l << " has no host copy";
   }
   EXPECT_EQ(info->nvme, CopyState::kReady) << "the block was written through to NVMe";
+  expect_consistent(w);
+}
+
+// end_layer only asks for a watermark check: the plan runs on the loop after the call, and its
+// moves a slice per loop task, so an engine call waits behind one slice at most.
+TEST(SchedulerSim, AWatermarkCheckRunsOnTheLoopASliceOfBlocksAtATime) {
+  SimSetup setup;
+  setup.hbm_frames = 128;                                           // 32 one-block prompts
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.0, 0.9};  // above 115 frames: all
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> cached;
+  ASSERT_TRUE(w.compute_prompts(28, 1, kNanosPerMicro, cached).ok());  // 112 frames: below
+  const auto blocks_draining = [&w] {
+    std::set<BlockKey> draining;
+    for (const auto& [key, info] : w.table().snapshot()) {
+      for (const PageInfo& p : info.pages) {
+        if (p.hbm == CopyState::kDraining) draining.insert(key);
+      }
+    }
+    return draining;
+  };
+  // A two-block prefill takes HBM to 120 frames; its first layer's end crosses the watermark.
+  auto seq = w.scheduler().open_sequence(w.prompt(2, 99));
+  ASSERT_TRUE(seq.ok());
+  const StepItem item{seq->id, 2 * setup.geometry.page_tokens};
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  ASSERT_TRUE(w.scheduler().end_layer(step->id, 0).ok());
+  EXPECT_TRUE(blocks_draining().empty()) << "end_layer carried the watermark's plan out itself";
+  std::set<BlockKey> seen;
+  std::size_t most_in_one_task = 0;
+  w.loop().after_each_event([&] {
+    std::size_t started = 0;
+    for (const BlockKey& key : blocks_draining()) started += seen.insert(key).second ? 1 : 0;
+    most_in_one_task = std::max(most_in_one_task, started);
+  });
+  w.settle();
+  w.loop().after_each_event({});
+  EXPECT_GT(seen.size(), 8u) << "the plan should have demoted most cached blocks";
+  EXPECT_LE(most_in_one_task, 8u) << "one loop task started demoting more than a slice of blocks";
+  for (uint32_t l = 1; l < step->layers; ++l)
+    ASSERT_TRUE(w.scheduler().end_layer(step->id, l).ok());
+  ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(seq->id).ok());
+  w.settle();
   expect_consistent(w);
 }
 
