@@ -408,8 +408,13 @@ class Scheduler {
   enum class Withdrawn : uint8_t { kDemotions, kDemotionsAndPrefetchReads };
   std::size_t withdraw_host_requests(const PageKey* only, Withdrawn what, std::string_view why);
   // Starts writing the block (every page ready in host memory) to NVMe; false when it cannot
-  // (not all in host, already going, NVMe full of blocks that cannot leave).
-  bool demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host);
+  // (not all in host, already going, NVMe full of blocks that cannot leave). `keep_host`: its host
+  // pages stay (write-through, persisting); otherwise they leave host memory once written.
+  // `drop_hbm`: once written, its HBM pages no step pins leave HBM too (stage_to_nvme).
+  bool demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host,
+                            bool drop_hbm = false);
+  // Drops the block's HBM pages that no step pins, its NVMe copy just written (drop_hbm above).
+  void drop_hbm_pages_written_below(const BlockKey& key);
   void write_through(const BlockKey& key, TierMask tiers);
   // Watermarks. Engine calls that may push a tier past its high watermark (end_layer, end_step,
   // unpin_prefix) only ask for a check: the plan and its moves run as the loop's own tasks, off

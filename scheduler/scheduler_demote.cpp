@@ -296,7 +296,8 @@ std::size_t Scheduler::withdraw_host_requests(const PageKey* only, Withdrawn wha
   return demotions.size() + reads.size();
 }
 
-bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host) {
+bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host,
+                                     bool drop_hbm) {
   const uint32_t layers = options_.geometry.layers;
   const PageKey pk{key, CopyId::kWholeBlock, Tier::kNvme};
   if (parts_.nvme == nullptr || key.is_private() || ops_.contains(pk)) return false;
@@ -332,8 +333,9 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
   ops_.emplace(pk, std::make_unique<PageOp>());
   links_.enqueue(
       Link::kHostToNvme, prio, nvme_block_bytes(),
-      [this, key, layers, pk, keep_host, host_frames](std::function<void()> finished) {
-        auto on_done = [this, key, layers, pk, keep_host, finished](const Status& written) {
+      [this, key, layers, pk, keep_host, drop_hbm, host_frames](std::function<void()> finished) {
+        auto on_done = [this, key, layers, pk, keep_host, drop_hbm,
+                        finished](const Status& written) {
           finished();
           // kAlreadyExists: the store holds this block readable already (keys name
           // content), so the block is on NVMe as if this write had stored it.
@@ -372,6 +374,7 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           if (!s.ok() && s.code() != StatusCode::kCancelled) {
             refused_by_tier(key, Tier::kNvme, s);
           }
+          if (s.ok() && drop_hbm) drop_hbm_pages_written_below(key);
           after_change(key);
           serve_memory_waiters();  // the block read is a victim again
         };
@@ -379,6 +382,20 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
         if (!submitted.ok()) on_done(submitted);
       });
   return true;
+}
+
+void Scheduler::drop_hbm_pages_written_below(const BlockKey& key) {
+  // The block was staged to free these frames: drop them now, while its NVMe copy is there. Left
+  // for a later plan, another block's staging could take that extent first (NVMe full of blocks in
+  // use), the pages would be last copies again, and two blocks in use were staged in turn for ever
+  // while the step that needed the frames waited.
+  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
+    const PageSnapshot p = page_snapshot(key, l);
+    if (p.hbm != CopyState::kReady || p.pins != 0 || p.nvme != CopyState::kReady) continue;
+    if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
+      stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
+    }
+  }
 }
 
 bool Scheduler::make_nvme_room(uint64_t extents, TransferPriority prio) {
@@ -421,7 +438,7 @@ void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
     // The staged pages are host memory's now, whether NVMe takes the block or not (full of
     // blocks in use): its policy must see them.
     sync_membership(key, Tier::kHost);
-    if (!st->failed) demote_block_to_nvme(key, prio, /*keep_host=*/false);
+    if (!st->failed) demote_block_to_nvme(key, prio, /*keep_host=*/false, /*drop_hbm=*/true);
     serve_memory_waiters();  // the block read is a victim again
   };
   for (uint32_t l : to_stage) {
