@@ -353,11 +353,17 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
   // go may rank behind any number that cannot, so the skip filter rules out up front what is known
   // to free nothing (host_pages_stuck), and the rounds go on while they free frames; a bounded
   // number of fruitless rounds keeps the cost of a call linear in what it tries.
+  // Each fruitless round asks the plan for twice the room of the one before, so the rounds reach
+  // past up to a couple of hundred blocks that free nothing (blocks in use whose HBM pages are
+  // their last copies, with no host room and NVMe full of blocks in use) to those that do (pages
+  // NVMe also holds); the moves stop once the room is made, so asking more evicts no more.
   constexpr int kFruitlessRounds = 8;
   std::unordered_set<BlockKey, BlockKeyHash> tried;
   for (int fruitless = 0; waiting > free[tier_index(tier)] && fruitless < kFruitlessRounds;) {
+    const uint64_t short_by = waiting - free[tier_index(tier)];
     const SkipFilters skip(this, &tried);
-    const PlacementPlan plan = placement_->plan_room(tier, waiting, free, skip.per_tier());
+    const PlacementPlan plan = placement_->plan_room(
+        tier, free[tier_index(tier)] + (short_by << fruitless), free, skip.per_tier());
     if (plan.moves.empty()) return;
     uint64_t freed = 0;
     for (const PlannedMove& move : plan.moves) {
@@ -365,11 +371,12 @@ void Scheduler::make_room(Tier tier, TransferPriority prio) {
         execute_move(move, prio);  // room made below for a demotion that follows
         continue;
       }
+      if (freed >= short_by) break;
       const uint64_t f = execute_move(move, prio);
       if (f == 0) tried.insert(move.block.key);
       freed += f;
     }
-    if (freed >= waiting - free[tier_index(tier)]) return;
+    if (freed >= short_by) return;
     // The tiers below gave some of their room to this round's demotions: asked afresh.
     const uint64_t asked_free = free[tier_index(tier)] + freed;
     free = room_for_plans(tier);

@@ -1,4 +1,4 @@
-// The scheduler in virtual time under random workloads: 40 seeds over the five eviction and three
+// The scheduler in virtual time under random workloads: 240 seeds over the five eviction and three
 // write policies, each opening, stepping and closing sequences at random over small tiers (every
 // fourth with NVMe smaller than the blocks in use). The workload never publishes, so memory fills
 // with private pages that cannot go to NVMe and steps must trade pages in the last free frames.
@@ -82,7 +82,7 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
   EXPECT_TRUE(w.scheduler().idle()) << w.scheduler().pending_summary();
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerRandomWorkload, ::testing::Range(0, 40));
+INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerRandomWorkload, ::testing::Range(0, 240));
 
 }  // namespace
 }  // namespace kvtier
