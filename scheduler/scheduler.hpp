@@ -413,8 +413,6 @@ class Scheduler {
   // `drop_hbm`: once written, its HBM pages no step pins leave HBM too (stage_to_nvme).
   bool demote_block_to_nvme(const BlockKey& key, TransferPriority prio, bool keep_host,
                             bool drop_hbm = false);
-  // Drops the block's HBM pages that no step pins, its NVMe copy just written (drop_hbm above).
-  void drop_hbm_pages_written_below(const BlockKey& key);
   void write_through(const BlockKey& key, TierMask tiers);
   // Watermarks. Engine calls that may push a tier past its high watermark (end_layer, end_step,
   // unpin_prefix) only ask for a check: the plan and its moves run as the loop's own tasks, off

@@ -218,18 +218,17 @@ void Scheduler::demote_page_to_host(const BlockKey& key, uint32_t layer, Transfe
             stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
             landed_.push_back(pk);  // the rest, once per block of the batch: land_demotions
             return;
-          } else {
-            parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-            undo(s);
-            if (s.code() == StatusCode::kInvalidArgument) {
-              // The host tier cannot hold this page (an fp8 host and a page with NaN or inf):
-              // the block stays in HBM while it is needed, and is dropped, never demoted again,
-              // once it is not.
-              refused_by_tier(key, Tier::kHost, s);
-            }
           }
-          serve_frame_waiters(Tier::kHbm);
-          serve_frame_waiters(Tier::kHost);
+          parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+          undo(s);
+          if (s.code() == StatusCode::kInvalidArgument) {
+            // The host tier cannot hold this page (an fp8 host and a page with NaN or inf): the
+            // block stays in HBM while it is needed, and is dropped, never demoted again, once
+            // it is not.
+            refused_by_tier(key, Tier::kHost, s);
+          }
+          // The frame waiters are served after the batch (land_demotions), as for pages that
+          // landed.
         };
         batcher_.copy_page(Link::kHbmToHost, prio, FrameMove{p.hbm_frame, host_frame},
                            std::move(on_done));
@@ -333,8 +332,9 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
   ops_.emplace(pk, std::make_unique<PageOp>());
   links_.enqueue(
       Link::kHostToNvme, prio, nvme_block_bytes(),
-      [this, key, layers, pk, keep_host, drop_hbm, host_frames](std::function<void()> finished) {
-        auto on_done = [this, key, layers, pk, keep_host, drop_hbm,
+      [this, key, layers, pk, prio, keep_host, drop_hbm,
+       host_frames](std::function<void()> finished) {
+        auto on_done = [this, key, layers, pk, prio, keep_host, drop_hbm,
                         finished](const Status& written) {
           finished();
           // kAlreadyExists: the store holds this block readable already (keys name
@@ -374,7 +374,18 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           if (!s.ok() && s.code() != StatusCode::kCancelled) {
             refused_by_tier(key, Tier::kNvme, s);
           }
-          if (s.ok() && drop_hbm) drop_hbm_pages_written_below(key);
+          if (s.ok() && drop_hbm) {
+            // The block was staged to free its HBM frames: they go now, while its NVMe copy is
+            // there (a drop like any page's with a copy below). Left for a later plan, another
+            // block's staging could take that extent first (NVMe full of blocks in use), the
+            // pages would be last copies again, and two blocks in use were staged in turn for
+            // ever while the step that needed the frames waited.
+            PlannedMove drop;
+            drop.block.key = key;
+            drop.from = Tier::kHbm;
+            drop.clean_below = true;
+            execute_move(drop, prio);
+          }
           after_change(key);
           serve_memory_waiters();  // the block read is a victim again
         };
@@ -382,20 +393,6 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
         if (!submitted.ok()) on_done(submitted);
       });
   return true;
-}
-
-void Scheduler::drop_hbm_pages_written_below(const BlockKey& key) {
-  // The block was staged to free these frames: drop them now, while its NVMe copy is there. Left
-  // for a later plan, another block's staging could take that extent first (NVMe full of blocks in
-  // use), the pages would be last copies again, and two blocks in use were staged in turn for ever
-  // while the step that needed the frames waited.
-  for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
-    const PageSnapshot p = page_snapshot(key, l);
-    if (p.hbm != CopyState::kReady || p.pins != 0 || p.nvme != CopyState::kReady) continue;
-    if (parts_.table->drop(key, CopyId::hbm(l)).ok()) {
-      stats_.evictions[tier_index(Tier::kHbm)].fetch_add(1, std::memory_order_relaxed);
-    }
-  }
 }
 
 bool Scheduler::make_nvme_room(uint64_t extents, TransferPriority prio) {
