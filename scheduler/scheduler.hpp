@@ -289,6 +289,9 @@ class Scheduler {
   // match(), counting the lookup and recording hits on the matched blocks (open_sequence).
   MatchResult match_and_count(std::span<const BlockKey> keys);
   bool refillable(const BlockKey& key) const;
+  // Drops the host copy of a page of a refilled block that the engine is about to write into HBM,
+  // when it is the page's last copy outside HBM (see its comment).
+  void drop_host_copy_rewritten(const BlockKey& key, uint32_t layer);
   void plan_written_page(StepId id, const BlockKey& key, uint32_t layer, bool refill,
                          std::function<void(uint32_t)> on_filling,
                          std::shared_ptr<LayerReadiness> ready, int attempt);

@@ -205,6 +205,18 @@ void Scheduler::plan_written_page(StepId id, const BlockKey& key, uint32_t layer
     auto it = steps_.find(id);
     return it != steps_.end() && !it->second->ended && !it->second->released[layer];
   };
+  if (refill && page_snapshot(key, layer).hbm == CopyState::kDraining) {
+    // Leaving for host memory: a victim of room made since the step began (its pages are not
+    // pinned until planned). Withdrawn if it still waits for a host frame, the page is ready
+    // again; landed, it is written afresh (drop_host_copy_rewritten). Either way once its
+    // demotion ends, not loaded back: in memory full of pages that cannot leave, the load would
+    // wait for an HBM frame that only its own host copy's frame could free.
+    attach(pk, [this, id, key, layer, on_filling, ready, attempt](const Status&) {
+      plan_written_page(id, key, layer, true, on_filling, ready, attempt + 1);
+    });
+    withdraw_host_requests(&pk, Withdrawn::kDemotions, "a step writes the page");
+    return;
+  }
   if (refill && loaded_meanwhile(key, layer)) {
     ensure_in_hbm(
         key, layer, TransferPriority::kDemand, on_filling,
@@ -233,6 +245,7 @@ void Scheduler::plan_written_page(StepId id, const BlockKey& key, uint32_t layer
         });
     return;
   }
+  if (refill) drop_host_copy_rewritten(key, layer);
   request_frame(
       Tier::kHbm, key, layer, TransferPriority::kDemand,
       [this, id, key, layer, pk, refill, on_filling, ready, attempt,
@@ -258,6 +271,23 @@ void Scheduler::plan_written_page(StepId id, const BlockKey& key, uint32_t layer
         on_filling(*frame);
         ready->page_arrived();
       });
+}
+
+void Scheduler::drop_host_copy_rewritten(const BlockKey& key, uint32_t layer) {
+  // The page of a refilled block the engine is about to write may have a host copy (demoted since
+  // the step began, its HBM copy a victim of the room made for the step's earlier pages): the last
+  // copy outside HBM of a block in use, which no plan may drop and which can leave only upward,
+  // into a frame such as the one the step asks for. The engine writes the same content into HBM,
+  // so the host copy goes now. Kept, it held the host frame the step's admission had counted for
+  // other pages kept in memory: HBM, full of private pages, waited for a host frame, and the step
+  // for an HBM frame (random workload seed 5715 stalled so). A copy NVMe also holds a plan may
+  // drop like any other; one in flight or read by an NVMe write is in use.
+  const PageSnapshot p = page_snapshot(key, layer);
+  if (p.host != CopyState::kReady || p.hbm != CopyState::kAbsent || p.nvme == CopyState::kReady ||
+      p.pins > 0 || reading_.contains(key) || ops_.contains(PageKey{key, layer, Tier::kHost})) {
+    return;
+  }
+  if (parts_.table->drop(key, CopyId::host(layer)).ok()) sync_membership(key, Tier::kHost);
 }
 
 void Scheduler::finish_written_pages(Step& step, uint32_t layer) {

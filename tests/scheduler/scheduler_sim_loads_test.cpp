@@ -294,6 +294,91 @@ TEST(SchedulerSim, ADemandMovesItsQueuedHbmFrameRequestsAheadOfPrefetches) {
   expect_consistent(w);
 }
 
+// A block recomputed rather than loaded (compute-or-load chose recomputing at open) is refilled:
+// the step writes its pages into the entry that is there. Copies of them in host memory that are
+// the last outside HBM are dropped as the engine writes each page: the same content, now in HBM,
+// and otherwise a host frame no plan could free while the block is in use.
+TEST(SchedulerSim, ARefillDropsTheHostCopiesOfThePagesItWrites) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 64;
+  SimWorld w(setup);
+  // The sequence opens before its prompt is computed: nothing to reuse. Another sequence computes
+  // the prompt meanwhile, and later prompts push its block down to host memory.
+  const std::vector<BlockKey> prompt = w.prompt(1, 1);
+  auto s = w.scheduler().open_sequence(prompt);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 0u);
+  ASSERT_TRUE(w.prefill_and_close(prompt, kNanosPerMicro).ok());
+  for (uint32_t p = 2; p <= 5; ++p) {  // four more blocks fill HBM's 16 frames
+    ASSERT_TRUE(w.prefill_and_close(w.prompt(1, p), kNanosPerMicro).ok());
+  }
+  w.settle();
+  auto before = w.table().lookup(prompt[0]);
+  ASSERT_TRUE(before.ok());
+  for (const PageInfo& p : before->pages) {
+    ASSERT_EQ(p.hbm, CopyState::kAbsent);
+    ASSERT_EQ(p.host, CopyState::kReady) << "the first prompt should be in host memory only";
+  }
+  const uint64_t loads_before = w.port().counters(Link::kHostToHbm).transfers;
+  const StepItem item{s->id, setup.geometry.page_tokens};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(w.port().counters(Link::kHostToHbm).transfers, loads_before) << "nothing to load";
+  auto after = w.table().lookup(prompt[0]);
+  ASSERT_TRUE(after.ok());
+  for (std::size_t l = 0; l < after->pages.size(); ++l) {
+    EXPECT_EQ(after->pages[l].hbm, CopyState::kReady) << "layer " << l << " was not written";
+    EXPECT_EQ(after->pages[l].host, CopyState::kAbsent) << "layer " << l << ": host copy kept";
+  }
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(prompt).blocks, 1u) << "the refilled block is cached again";
+  expect_consistent(w);
+}
+
+// A refilled block's pages are not pinned until the step plans them: room made for the step's
+// earlier pages may demote them. The step then writes such a page afresh once its demotion has
+// landed, rather than loading it back (in memory full of pages that cannot leave, that load
+// waited for an HBM frame only its own host copy's frame could free: random seed 5715).
+TEST(SchedulerSim, ARefilledPageDemotedForTheStepsOwnRoomIsWrittenNotLoadedBack) {
+  SimSetup setup;
+  setup.hbm_frames = 8;  // two blocks
+  setup.host_frames = 64;
+  setup.policies.pin_quota = 0.5;  // one block
+  SimWorld w(setup);
+  // The sequence opens before its prompt is computed (nothing to reuse); two other sequences then
+  // compute it and another prompt, which fill HBM.
+  const std::vector<BlockKey> prompt = w.prompt(1, 1);
+  auto s = w.scheduler().open_sequence(prompt);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 0u);
+  ASSERT_TRUE(w.prefill_and_close(prompt, kNanosPerMicro).ok());
+  const std::vector<BlockKey> pinned = w.prompt(1, 2);
+  ASSERT_TRUE(w.prefill_and_close(pinned, kNanosPerMicro).ok());
+  w.settle();
+  ASSERT_EQ(w.hbm().free_count(), 0u);
+  auto pin = w.scheduler().pin_prefix(pinned, 3600 * kNanosPerSecond);
+  ASSERT_TRUE(pin.ok()) << pin.status().to_string();
+  // The step refills the first prompt's block and opens a block after it. The other block is
+  // pinned in HBM: the frames the new block needs come from demoting the refilled block's pages
+  // the step has not planned yet.
+  const uint64_t loads_before = w.port().counters(Link::kHostToHbm).transfers;
+  const uint64_t demoted_before = w.scheduler().stats().demotions[tier_index(Tier::kHost)].load();
+  const StepItem item{s->id, 2 * setup.geometry.page_tokens};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_GT(w.scheduler().stats().demotions[tier_index(Tier::kHost)].load(), demoted_before);
+  EXPECT_EQ(w.port().counters(Link::kHostToHbm).transfers, loads_before)
+      << "the step loaded back pages it writes";
+  expect_tables_valid(w, r);
+  ASSERT_TRUE(w.scheduler().unpin_prefix(*pin).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(prompt).blocks, 1u) << "the refilled block is cached, whole";
+  expect_consistent(w);
+}
+
 // prefetch.on_late = recompute: the first step gives up the late part of the reused prefix and
 // the engine recomputes it; the step must not also wait for the load open_sequence started for
 // those blocks (it writes them: recomputing AND stalling would be the worst of both).
