@@ -3,11 +3,12 @@
 // A watermark plan demotes hundreds of blocks at once, a page per layer each, and every page used
 // to be its own link-queue job, its own copy_pages call and its own completion posted back to the
 // loop: per page, a std::function chain, a submission to the copy engine and a loop task, on the
-// thread that ran the plan — often an engine thread inside end_layer. The batcher collects the
-// write-back copies one loop turn starts on a link and submits them as jobs of up to `max_pages`
-// pages: one queue entry, one copy_pages call and one completion per batch. A batch is closed when
-// full, or at the end of the loop turn (a task posted with its first page), so a turn's copies
-// reach the link together and none waits for pages that will not come.
+// thread that ran the plan — often an engine thread inside end_layer. Write-through copies every
+// page of a step's completed blocks down as the step ends: as many pages at once. The batcher
+// collects the write-back copies one loop turn starts on a link and submits them as jobs of up to
+// `max_pages` pages: one queue entry, one copy_pages call and one completion per batch. A batch
+// is closed when full, or at the end of the loop turn (a task posted with its first page), so a
+// turn's copies reach the link together and none waits for pages that will not come.
 //
 // Copies at a higher priority (a step's demotions trading frames in full memory, loads) are
 // submitted alone, at once: a step waits on each, and the scheduler's trades in memory full of

@@ -490,7 +490,8 @@ class Scheduler {
   };
   bool host_pages_stuck(const BlockKey& key) const;
   // Copies HBM page `layer` of `key`, pinned in `hbm_frame`, into `host_frame` (its host fill
-  // begun); then unpins it, completes or aborts the host copy, and calls done(copied).
+  // begun), through the batcher; then unpins it, completes or aborts the host copy, and once its
+  // batch has landed (land_demotions, the block's host membership synced) calls done(copied).
   void copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint32_t hbm_frame,
                              uint32_t host_frame, TransferPriority prio,
                              std::function<void(bool)> done);
@@ -519,6 +520,13 @@ class Scheduler {
   // Pages whose demotion to host memory landed in the batch completing now: land_demotions does
   // the rest of their completion, once per block.
   std::vector<PageKey> landed_;
+  // Copies down of pinned pages completed in that batch, whose callers land_demotions tells.
+  struct CopiedDown {
+    BlockKey key;
+    bool ok = false;
+    std::function<void(bool)> done;
+  };
+  std::vector<CopiedDown> copied_down_;
   HintBoard hints_;
   std::array<std::unique_ptr<Evictor>, kNumTiers> evictors_;
   std::unique_ptr<WriteStrategy> write_;

@@ -240,18 +240,27 @@ void Scheduler::land_demotions() {
   // What a landed page's demotion owes, done once per block of the batch: each block's policy
   // membership in both tiers before any page's waiters run, then the waiters, then the blocks'
   // bookkeeping (after_change), then the frame waiters HBM's freed frames and host's filled ones
-  // may serve. A completion of this batch's pages that starts another batch finds landed_ empty.
+  // may serve. Copies down of pinned pages (write-through, staging) likewise: the host policy
+  // sees each block before the copies' callers are told. A completion of this batch's pages that
+  // starts another batch finds landed_ and copied_down_ empty.
   const std::vector<PageKey> landed = std::exchange(landed_, {});
+  std::vector<CopiedDown> copied = std::exchange(copied_down_, {});
   std::vector<BlockKey> blocks;  // in the order their first page landed
   std::unordered_set<BlockKey, BlockKeyHash> seen;
   for (const PageKey& pk : landed) {
     if (seen.insert(pk.key).second) blocks.push_back(pk.key);
   }
+  std::vector<BlockKey> copied_blocks;  // those only copies down landed for
+  for (const CopiedDown& c : copied) {
+    if (c.ok && seen.insert(c.key).second) copied_blocks.push_back(c.key);
+  }
   for (const BlockKey& key : blocks) {
     sync_membership(key, Tier::kHost);
     sync_membership(key, Tier::kHbm);
   }
+  for (const BlockKey& key : copied_blocks) sync_membership(key, Tier::kHost);
   for (const PageKey& pk : landed) finish_op(pk, ok_status());
+  for (CopiedDown& c : copied) c.done(c.ok);
   for (const BlockKey& key : blocks) after_change(key);
   serve_frame_waiters(Tier::kHbm);
   serve_frame_waiters(Tier::kHost);
@@ -460,25 +469,18 @@ void Scheduler::stage_to_nvme(const BlockKey& key, TransferPriority prio) {
 void Scheduler::copy_pinned_page_down(const BlockKey& key, uint32_t layer, uint32_t hbm_frame,
                                       uint32_t host_frame, TransferPriority prio,
                                       std::function<void(bool)> done) {
-  links_.enqueue(
-      Link::kHbmToHost, prio, parts_.port->host_page_bytes(),
-      [this, key, layer, hbm_frame, host_frame, done](std::function<void()> finished) {
-        const FrameMove move{hbm_frame, host_frame};
-        auto on_done = [this, key, layer, finished, done](const Status& s) {
-          finished();
-          parts_.table->unpin(key, layer).ignore();
-          if (s.ok()) {
-            parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
-            stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
-          } else {
-            parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-            if (s.code() == StatusCode::kInvalidArgument) refused_by_tier(key, Tier::kHost, s);
-          }
-          done(s.ok());
-        };
-        Status submitted = parts_.port->copy_pages(Link::kHbmToHost, std::span(&move, 1), on_done);
-        if (!submitted.ok()) on_done(submitted);
-      });
+  auto on_done = [this, key, layer, done = std::move(done)](const Status& s) mutable {
+    parts_.table->unpin(key, layer).ignore();
+    if (s.ok()) {
+      parts_.table->complete_fill(key, CopyId::host(layer)).ignore();
+      stats_.demotions[tier_index(Tier::kHost)].fetch_add(1, std::memory_order_relaxed);
+    } else {
+      parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+      if (s.code() == StatusCode::kInvalidArgument) refused_by_tier(key, Tier::kHost, s);
+    }
+    copied_down_.push_back(CopiedDown{key, s.ok(), std::move(done)});  // land_demotions calls it
+  };
+  batcher_.copy_page(Link::kHbmToHost, prio, FrameMove{hbm_frame, host_frame}, std::move(on_done));
 }
 
 void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
@@ -536,12 +538,7 @@ void Scheduler::write_through(const BlockKey& key, TierMask tiers) {
                       return;
                     }
                     copy_pinned_page_down(key, l, *pinned, *frame, TransferPriority::kWriteBack,
-                                          [this, key, last](bool copied) {
-                                            if (copied) sync_membership(key, Tier::kHost);
-                                            last();
-                                            serve_frame_waiters(Tier::kHbm);
-                                            serve_frame_waiters(Tier::kHost);
-                                          });
+                                          [last](bool) { last(); });
                   });
   }
   last();

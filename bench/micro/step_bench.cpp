@@ -16,7 +16,9 @@
 // for run on the loop and their copies share the machine with it; reported as a distribution of
 // step times. Once with no compute between the calls (the loop's work is then on the engine's
 // path whoever runs it), once with the engine busy for each layer's compute, as it is in serving:
-// what the scheduler leaves on the step is then the step's time beyond its compute.
+// what the scheduler leaves on the step is then the step's time beyond its compute. Each under
+// write-back and under write-through (every completed block copied to host memory as its step
+// ends, what `write_through` and `write_through_selective` configurations pay).
 //
 // And what one engine call onto the scheduler's loop costs by itself (begin_step, end_layer and
 // end_step are each one): run_sync on an idle loop, which runs the call on the engine's thread,
@@ -165,12 +167,14 @@ BENCHMARK(BM_DecodeStepResident)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// CPU time of the calling thread, in microseconds.
-double thread_cpu_micros() {
+// CPU time of the calling thread, or of the whole process, in microseconds.
+double cpu_micros(clockid_t clock) {
   timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
 }
+double thread_cpu_micros() { return cpu_micros(CLOCK_THREAD_CPUTIME_ID); }
+double process_cpu_micros() { return cpu_micros(CLOCK_PROCESS_CPUTIME_ID); }
 
 // Prefill steps of distinct prompts, one after another, each sequence closed after its step, with
 // HBM holding `hbm_prompts` prompts and host memory twice that (no NVMe): once the cached blocks
@@ -180,12 +184,16 @@ double thread_cpu_micros() {
 // step is timed on its own: the median, p99 and longest step, and per step the wall time in
 // begin_step, wait_layer and end_layer and the engine thread's CPU time in end_layer, show where
 // the engine's thread waits and what runs on it — the mean alone hides a few long steps; with
-// compute, `beyond_compute_us` is the mean step less the time measured in the sleeps. Emulated
-// HBM: the copies are memcpy on the copy engine's threads, which share this machine's cores.
+// compute, `beyond_compute_us` is the mean step less the time measured in the sleeps;
+// `process_cpu_us` is the CPU time of every thread per step (loop, copy engines, engine). With
+// `write_through` set, each step's completed blocks are copied to host memory as the step ends,
+// and HBM's plans drop pages that host memory already holds. Emulated HBM: the copies are memcpy
+// on the copy engine's threads, which share this machine's cores.
 void BM_PrefillStreamUnderPressure(benchmark::State& state) {
   const auto prompt = static_cast<uint32_t>(state.range(0));
   const auto hbm_prompts = static_cast<uint32_t>(state.range(1));
   const auto layer_compute = std::chrono::microseconds(state.range(2));
+  const bool write_through = state.range(3) != 0;
   Config c;
   c.model.name = "step-bench-stream";
   c.model.geometry = Geometry{kLayers, /*kv_heads=*/1, /*head_dim=*/64, Dtype::kBF16, kPageTokens};
@@ -198,6 +206,7 @@ void BM_PrefillStreamUnderPressure(benchmark::State& state) {
   c.tiers.host.huge_pages = false;
   c.tiers.host.lock_memory = false;
   c.tiers.nvme.enabled = false;
+  c.policies.write = write_through ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
   c.metrics.listen = "";
   auto rt = Runtime::open(c, RuntimeOptions{});
   if (!rt.ok()) die(rt.status(), "open the runtime");
@@ -213,6 +222,7 @@ void BM_PrefillStreamUnderPressure(benchmark::State& state) {
   double end_layer_cpu_us = 0;
   double compute_us = 0;
   std::vector<uint32_t> tokens(prompt);
+  const double process_cpu_start = process_cpu_micros();
   for (auto _ : state) {
     const auto n = static_cast<uint32_t>(step_us.size());
     for (uint32_t t = 0; t < prompt; ++t) tokens[t] = n * 1'000'003u + t;
@@ -245,6 +255,7 @@ void BM_PrefillStreamUnderPressure(benchmark::State& state) {
     step_us.push_back(micros(start));
     must(runtime.close_sequence(opened->id), "close_sequence");
   }
+  const double process_cpu_us = process_cpu_micros() - process_cpu_start;
   const auto steps = static_cast<double>(step_us.size());
   std::sort(step_us.begin(), step_us.end());
   const auto at = [&](double q) { return step_us[static_cast<std::size_t>(q * (steps - 1))]; };
@@ -255,20 +266,24 @@ void BM_PrefillStreamUnderPressure(benchmark::State& state) {
   state.counters["wait_layer_us"] = wait_us / steps;
   state.counters["end_layer_us"] = end_layer_us / steps;
   state.counters["end_layer_cpu_us"] = end_layer_cpu_us / steps;
+  state.counters["process_cpu_us"] = process_cpu_us / steps;
   if (layer_compute.count() > 0) {
     double total_us = 0;
     for (double us : step_us) total_us += us;
     state.counters["beyond_compute_us"] = (total_us - compute_us) / steps;
   }
-  state.SetLabel("per step, through the Runtime, end_layer each");
+  state.SetLabel(write_through ? "per step, through the Runtime, end_layer each, write_through"
+                               : "per step, through the Runtime, end_layer each");
 }
 // 600 prompts of 1024 tokens through an HBM of 32: about 19 turnovers of HBM, 9 of host memory.
 // Without compute, and with 250 us per layer (8 ms per prompt: a 1024-token prefill of a small
-// model on one GPU).
+// model on one GPU); write-back, and write-through.
 BENCHMARK(BM_PrefillStreamUnderPressure)
     ->Iterations(600)
-    ->Args({1024, 32, 0})
-    ->Args({1024, 32, 250})
+    ->Args({1024, 32, 0, 0})
+    ->Args({1024, 32, 250, 0})
+    ->Args({1024, 32, 0, 1})
+    ->Args({1024, 32, 250, 1})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -588,30 +588,37 @@ TEST(SchedulerSim, WriteThroughDoesNotPinPagesWhileTheyWaitForHostFrames) {
 TEST(SchedulerSim, WriteThroughReachesNvmeWhenItsPagesAreDemotedMeanwhile) {
   SimSetup setup;
   setup.hbm_frames = 16;
-  setup.host_frames = 8;         // two blocks
-  setup.nvme_write_gbps = 1e-6;  // the host copies stay busy being written down
+  setup.d2h_gbps = 0.01;  // a page takes milliseconds to reach host memory
   setup.policies.write = WritePolicy::kWriteThrough;
-  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.0, 0.5};  // above 8 frames: demote all
-  setup.watermarks[tier_index(Tier::kHost)] = Watermarks{1.0, 1.0};
-  // The watermark check the last end_layer asks for runs before the step ends.
-  setup.sampling_time = 0;
+  setup.watermarks[tier_index(Tier::kHbm)] = Watermarks{0.0, 0.2};  // above 3 frames: demote all
   SimWorld w(setup);
-  for (uint32_t b = 0; b < 2; ++b) {
-    ASSERT_TRUE(w.prefill_and_close(w.prompt(1, b + 1), kNanosPerMicro).ok());
+  const std::vector<BlockKey> keys = w.prompt(1, 1);
+  auto seq = w.scheduler().open_sequence(keys);
+  ASSERT_TRUE(seq.ok());
+  const StepItem item{seq->id, setup.geometry.page_tokens};
+  auto step = w.scheduler().begin_step(std::span(&item, 1));
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  // The engine ends every layer before the loop runs: the watermark check they asked for then
+  // finds every page of the block written and unpinned, and demotes them all while the engine
+  // samples, before the step ends and its write-through starts.
+  for (uint32_t l = 0; l < step->layers; ++l) {
+    ASSERT_TRUE(w.scheduler().end_layer(step->id, l).ok());
   }
-  // The third block's pages go over HBM's watermark: demoted as its layers end, waiting for host
-  // frames when the step ends and its write-through starts.
-  const std::vector<BlockKey> third = w.prompt(1, 3);
-  ASSERT_TRUE(w.prefill_and_close(third, kNanosPerMicro).ok());
-  auto demoting = w.table().lookup(third[0]);
+  w.loop().run_until(w.loop().now());
+  auto demoting = w.table().lookup(keys[0]);
   ASSERT_TRUE(demoting.ok());
   for (const PageInfo& p : demoting->pages) {
-    ASSERT_EQ(p.hbm, CopyState::kDraining) << "the watermark should be demoting the third block";
+    ASSERT_EQ(p.hbm, CopyState::kDraining) << "the watermark should be demoting the block";
   }
+  ASSERT_TRUE(w.scheduler().end_step(step->id, {}).ok());
+  ASSERT_TRUE(w.scheduler().close_sequence(seq->id).ok());
   w.settle();
-  auto info = w.table().lookup(third[0]);
+  auto info = w.table().lookup(keys[0]);
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->nvme, CopyState::kReady) << "the third block was written through to NVMe";
+  for (std::size_t l = 0; l < info->pages.size(); ++l) {
+    EXPECT_EQ(info->pages[l].host, CopyState::kReady) << "layer " << l << " has no host copy";
+  }
+  EXPECT_EQ(info->nvme, CopyState::kReady) << "the block was written through to NVMe";
   expect_consistent(w);
 }
 
@@ -712,6 +719,32 @@ TEST(SchedulerSim, AWatermarkPlansDemotionsReachTheLinkInBatches) {
       EXPECT_TRUE(p.hbm == CopyState::kReady || p.host == CopyState::kReady)
           << to_string(keys[0]) << " lost a page";
     }
+  }
+  expect_consistent(w);
+}
+
+// Write-through copies every page of a completed block down as its step ends: a prefill's blocks
+// reach the HBM->host link in batches too (a copy per batch, not per page), each block's host
+// copy complete, and each block then on NVMe.
+TEST(SchedulerSim, WriteThroughCopiesReachTheLinkInBatches) {
+  SimSetup setup;
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld w(setup);
+  const std::vector<BlockKey> keys = w.prompt(6, 1);
+  ASSERT_TRUE(w.prefill_and_close(keys, kNanosPerMicro).ok());
+  w.settle();
+  const uint64_t pages = keys.size() * setup.geometry.layers;
+  const uint64_t copies = w.port().transfer_stats().link(Link::kHbmToHost).ops.load();
+  EXPECT_EQ(w.scheduler().stats().demotions[tier_index(Tier::kHost)].load(), pages);
+  EXPECT_LT(copies, pages / 2) << "the write-through copied " << pages << " pages in " << copies;
+  for (const BlockKey& key : keys) {
+    auto info = w.table().lookup(key);
+    ASSERT_TRUE(info.ok());
+    for (const PageInfo& p : info->pages) {
+      EXPECT_EQ(p.hbm, CopyState::kReady) << to_string(key) << ": write-through keeps HBM's copy";
+      EXPECT_EQ(p.host, CopyState::kReady) << to_string(key) << " was not copied to host memory";
+    }
+    EXPECT_EQ(info->nvme, CopyState::kReady) << to_string(key) << " was not written to NVMe";
   }
   expect_consistent(w);
 }
