@@ -13,13 +13,17 @@ TimerId SimEventLoop::post_after(Nanos delay, LoopTask task) {
   std::lock_guard<std::mutex> lock(mu_);
   const TimerId id = ++next_timer_;
   heap_.push(Event{clock_.now() + (delay > 0 ? delay : 0), next_seq_++, id, std::move(task)});
+  armed_.insert(id);
   return id;
 }
 
 bool SimEventLoop::cancel_timer(TimerId id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (id == 0 || id > next_timer_) return false;
-  return cancelled_.insert(id).second;
+  // Only a timer still in the heap: one that fired (a timer's own task may cancel it) or was
+  // cancelled already has nothing left to skip, and counting it would make pending() wrap.
+  if (armed_.erase(id) == 0) return false;
+  cancelled_.insert(id);
+  return true;
 }
 
 bool SimEventLoop::run_one() {
@@ -33,6 +37,7 @@ bool SimEventLoop::run_one() {
       ev = std::move(const_cast<Event&>(heap_.top()));
       heap_.pop();
       if (ev.id != 0) {
+        armed_.erase(ev.id);
         auto it = cancelled_.find(ev.id);
         if (it != cancelled_.end()) {
           cancelled_.erase(it);

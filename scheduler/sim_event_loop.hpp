@@ -71,7 +71,8 @@ class SimEventLoop final : public EventLoop {
   VirtualClock clock_;
   mutable std::mutex mu_;
   std::priority_queue<Event, std::vector<Event>, Later> heap_;
-  std::unordered_set<TimerId> cancelled_;
+  std::unordered_set<TimerId> armed_;      // timers in the heap, not cancelled
+  std::unordered_set<TimerId> cancelled_;  // cancelled timers still in the heap
   uint64_t next_seq_ = 0;
   TimerId next_timer_ = 0;
   std::function<void()> after_each_event_;

@@ -30,6 +30,28 @@ TEST(SimEventLoop, RunsEventsInTimeThenPostOrder) {
   EXPECT_EQ(loop.now(), 30);
 }
 
+// As AsioEventLoop's: cancelling a timer that already ran (a timer's own task may, as a prefix
+// pin's expiry does through unpin_prefix) or was cancelled before is false and changes nothing;
+// pending() counts what is left to run.
+TEST(SimEventLoop, CancellingATimerThatRanOrWasCancelledIsFalse) {
+  SimEventLoop loop;
+  TimerId self = 0;
+  bool cancelled_itself = true;
+  self = loop.post_after(10, [&] { cancelled_itself = loop.cancel_timer(self); });
+  const TimerId twice = loop.post_after(20, [] {});
+  loop.post_after(30, [] {});
+  EXPECT_TRUE(loop.cancel_timer(twice));
+  EXPECT_FALSE(loop.cancel_timer(twice));
+  EXPECT_EQ(loop.pending(), 2u);
+  EXPECT_TRUE(loop.run_one());
+  EXPECT_FALSE(cancelled_itself);
+  EXPECT_EQ(loop.pending(), 1u);
+  EXPECT_FALSE(loop.cancel_timer(self));
+  EXPECT_EQ(loop.run_until_idle(), 1u);
+  EXPECT_EQ(loop.pending(), 0u);
+  EXPECT_EQ(loop.now(), 30);
+}
+
 TEST(SimEventLoop, RunUntilStopsAtTheGivenTime) {
   SimEventLoop loop;
   int fired = 0;
