@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -110,6 +111,14 @@ class SimWorld {
   // meanwhile), then compute for `compute_per_layer` of virtual time, then end the layer.
   StepResult run_step(std::span<const StepItem> batch, Nanos compute_per_layer,
                       std::span<const StepCompletion> completions = {}) {
+    const std::vector<StepCompletion> given(completions.begin(), completions.end());
+    return run_step(batch, compute_per_layer, [&given](const StepInfo&) { return given; });
+  }
+  // The same, with the completions end_step is given made from what begin_step said (a step that
+  // recomputes a late prefix starts its blocks earlier than the engine's own count).
+  using CompletionsOf = std::function<std::vector<StepCompletion>(const StepInfo&)>;
+  StepResult run_step(std::span<const StepItem> batch, Nanos compute_per_layer,
+                      const CompletionsOf& completions_of) {
     StepResult r;
     auto info = scheduler().begin_step(batch);
     if (!info.ok()) {
@@ -179,7 +188,7 @@ class SimWorld {
       scheduler().abort_step(info->id).ignore();
       return r;
     }
-    r.status = scheduler().end_step(info->id, completions);
+    r.status = scheduler().end_step(info->id, completions_of(*info));
     return r;
   }
 
