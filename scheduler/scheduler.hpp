@@ -270,8 +270,9 @@ class Scheduler {
   uint64_t frames_kept_in_memory(const KeptBlocks& batch, uint64_t window,
                                  uint64_t frames_held) const;
   // Blocks whose pages must live in HBM or host memory: without NVMe every block in use; with it
-  // the private ones, and the blocks in use with a content key that NVMe has no extent for (an
-  // NVMe tier smaller than what open sequences hold).
+  // the private ones, those in use that NVMe refused (a write that failed), and the other blocks
+  // in use with a content key that NVMe has no extent for (an NVMe tier smaller than what open
+  // sequences hold).
   uint64_t blocks_kept_in_memory() const;
   // How many of `keys` (with repeats) are blocks of pinned prefixes.
   uint64_t protected_count(std::span<const BlockKey> keys) const;

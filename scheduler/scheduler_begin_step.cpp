@@ -361,8 +361,20 @@ uint64_t Scheduler::blocks_kept_in_memory() const {
   if (parts_.nvme == nullptr) return referenced;
   const uint64_t private_blocks = parts_.table->private_blocks();
   const uint64_t keyed = referenced - std::min(referenced, private_blocks);
+  // Blocks in use that NVMe refused go nowhere below host memory either. Counted as NVMe-bound,
+  // they let steps in whose frames never came once a write had failed (the random serving
+  // simulation with injected write failures stalled so). Usually none: one lookup each.
+  uint64_t refused_in_use = 0;
+  for (const auto& [key, tiers] : refused_) {
+    if ((tiers & (1u << tier_index(Tier::kNvme))) == 0) continue;
+    bool in_use = false;
+    parts_.table->visit(key, [&](const EntryView& v) { in_use = v.refcount() > 0; }).ignore();
+    refused_in_use += in_use ? 1 : 0;
+  }
+  refused_in_use = std::min(refused_in_use, keyed);
+  const uint64_t to_nvme = keyed - refused_in_use;
   const uint64_t extents = parts_.nvme->capacity();
-  return private_blocks + (keyed > extents ? keyed - extents : 0);
+  return private_blocks + refused_in_use + (to_nvme > extents ? to_nvme - extents : 0);
 }
 
 uint64_t Scheduler::protected_count(std::span<const BlockKey> keys) const {

@@ -1,7 +1,8 @@
 // The scheduler in virtual time when things go wrong: a failed load fails its layer and the block
 // is never served; a failed pinned load is loaded again after the abort; ending a step with a
-// failed layer aborts it and caches nothing unwritten; a failed write is not retried; misuse is
-// reported and changes nothing; an aborted step leaves its sequence as it was.
+// failed layer aborts it and caches nothing unwritten; a failed write is not retried, and a block
+// in use it failed for counts as kept in memory; misuse is reported and changes nothing; an
+// aborted step leaves its sequence as it was.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -154,6 +155,47 @@ TEST(SchedulerSim, AFailedWriteIsNotRetriedTheBlockIsDropped) {
   EXPECT_EQ(w.port().nvme_blocks(), 0u);
   EXPECT_GT(w.scheduler().stats().evictions[tier_index(Tier::kHost)].load(), 0u);
   EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), writes.transfers);
+}
+
+// A block in use whose NVMe write failed is never sent there again: like a private block, its
+// pages stay in HBM or host memory while it is in use, and begin_step counts it among the blocks
+// kept in memory (counted as bound for NVMe, steps were admitted into frames that never came and
+// waited out their timeout: the random serving simulation with write failures stalled so).
+TEST(SchedulerSim, ABlockInUseWhoseWriteFailedCountsAsKeptInMemory) {
+  constexpr uint32_t kPrompts = 14;  // what host memory takes beside its staging reserve
+  SimSetup setup;
+  setup.hbm_frames = 16;   // 4 blocks
+  setup.host_frames = 64;  // 16, of which 2 are the staging reserve
+  setup.nvme_extents = 64;
+  setup.policies.write = WritePolicy::kWriteThrough;
+  SimWorld w(setup);
+  w.port().fail_next(Link::kHostToNvme, 1000000);
+  // One-block prompts, each written through and refused by NVMe, their sequences open.
+  std::vector<SequenceId> open;
+  for (uint32_t p = 0; p < kPrompts; ++p) {
+    auto s = w.scheduler().open_sequence(w.prompt(1, p + 1));
+    ASSERT_TRUE(s.ok());
+    open.push_back(s->id);
+    const StepItem item{s->id, 16};
+    auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << "prompt " << p << ": " << r.status.to_string();
+    w.settle();
+  }
+  ASSERT_EQ(w.scheduler().stats().refused_demotions.load(), kPrompts);
+  // A prefill one layer of which does not fit in HBM is refused at once; what it says counts
+  // the refused blocks among those memory must keep.
+  auto s = w.scheduler().open_sequence(w.prompt(20, 99));
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 20 * 16};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("in all " + std::to_string(kPrompts) + " blocks"),
+            std::string::npos)
+      << r.status.to_string();
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
 }
 
 // A block the store already holds (written by an earlier runtime, not adopted by this one): the
