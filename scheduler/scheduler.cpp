@@ -461,23 +461,26 @@ Status Scheduler::close_sequence(SequenceId id, std::optional<uint64_t> generate
         std::any_of(pending_publish_.begin(), pending_publish_.end(),
                     [&](const PendingPublish& p) { return p.orphaned && p.private_key == key; });
     if (pending) continue;  // full and valid: it is published once its transfers end
-    auto left = parts_.table->release(key);
-    if (!left.ok()) {
-      if (first.ok()) first = left.status();
-      continue;
-    }
-    if (key.is_private()) {
-      // A private block has no identity anyone can match: its K/V goes with the sequence.
-      for (Tier t : {Tier::kHbm, Tier::kHost}) {
-        auto dropped = parts_.table->drop_all(key, t);
-        if (!dropped.ok() && first.ok()) first = dropped.status();
-      }
-    }
-    after_change(key);
+    Status released = release_sequence_block(key);
+    if (!released.ok() && first.ok()) first = released;
   }
   sequences_.erase(id);
   store_gauges();
   for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
+  return first;
+}
+
+Status Scheduler::release_sequence_block(const BlockKey& key) {
+  KVTIER_RETURN_IF_ERROR(parts_.table->release(key).status());
+  Status first;
+  if (key.is_private()) {
+    // A private block has no identity anyone can match: its K/V goes with the sequence.
+    for (Tier t : {Tier::kHbm, Tier::kHost}) {
+      auto dropped = parts_.table->drop_all(key, t);
+      if (!dropped.ok() && first.ok()) first = dropped.status();
+    }
+  }
+  after_change(key);
   return first;
 }
 

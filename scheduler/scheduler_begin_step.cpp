@@ -99,6 +99,7 @@ std::vector<StepItemInfo> Scheduler::step_items(std::span<const StepItem> batch,
     if (!seq.started && options_.policies.prefetch.on_late == LatePolicy::kRecompute) {
       recompute_late_prefix(seq);
     }
+    if (!lost_blocks_.empty()) recompute_lost_blocks(seq);
     infos[i].sequence = batch[i].sequence;
     infos[i].context_tokens = seq.tokens;
     infos[i].recomputed_tokens = static_cast<uint32_t>(seq.owed_recompute);
@@ -127,20 +128,37 @@ void Scheduler::recompute_late_prefix(Sequence& seq) {
                                         : 0);
     if (eta <= deadline) continue;
     // Blocks [b, reused) go back to the cache; the sequence restarts from block b.
-    const uint64_t keep_tokens = static_cast<uint64_t>(b) * options_.geometry.page_tokens;
-    const uint32_t given_up = static_cast<uint32_t>(seq.blocks.size()) - b;
-    for (uint32_t j = b; j < seq.blocks.size(); ++j) {
-      parts_.table->release(seq.blocks[j]).status().ignore();
-    }
-    seq.blocks.resize(b);
-    const uint64_t given_up_tokens = seq.tokens - keep_tokens;
-    seq.owed_recompute += given_up_tokens;
-    seq.tokens = keep_tokens;
-    seq.reused_blocks = b;
-    stats_.recompute_blocks.fetch_add(given_up, std::memory_order_relaxed);
-    stats_.recompute_tokens.fetch_add(given_up_tokens, std::memory_order_relaxed);
+    give_up_blocks_from(seq, b);
     return;
   }
+}
+
+void Scheduler::recompute_lost_blocks(Sequence& seq) {
+  // A block whose only copy failed to read from NVMe (lost_blocks_): the sequence gives it up, and
+  // every block after it, and the engine recomputes their tokens in this step, as it does a late
+  // prefix (recomputed_tokens). Not while a block of the sequence waits to be published (that
+  // entry holds it).
+  for (uint32_t b = 0; b < seq.blocks.size(); ++b) {
+    if (!lost_blocks_.contains(seq.blocks[b]) || !lacks_a_page(seq.blocks[b])) continue;
+    const bool publishing =
+        std::any_of(pending_publish_.begin(), pending_publish_.end(),
+                    [&](const PendingPublish& p) { return p.sequence == seq.id; });
+    if (!publishing) give_up_blocks_from(seq, b);
+    return;
+  }
+}
+
+void Scheduler::give_up_blocks_from(Sequence& seq, uint32_t b) {
+  const uint64_t keep_tokens = static_cast<uint64_t>(b) * options_.geometry.page_tokens;
+  const uint32_t given_up = static_cast<uint32_t>(seq.blocks.size()) - b;
+  for (uint32_t j = b; j < seq.blocks.size(); ++j) release_sequence_block(seq.blocks[j]).ignore();
+  seq.blocks.resize(b);
+  const uint64_t given_up_tokens = seq.tokens - std::min(seq.tokens, keep_tokens);
+  seq.owed_recompute += given_up_tokens;
+  seq.tokens = std::min(seq.tokens, keep_tokens);
+  seq.reused_blocks = std::min(seq.reused_blocks, b);
+  stats_.recompute_blocks.fetch_add(given_up, std::memory_order_relaxed);
+  stats_.recompute_tokens.fetch_add(given_up_tokens, std::memory_order_relaxed);
 }
 
 Status Scheduler::fit_window(Step& step, std::span<Sequence* const> seqs) {

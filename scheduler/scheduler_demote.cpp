@@ -76,6 +76,27 @@ void Scheduler::drop_nvme_copy(const BlockKey& key) {
   sync_membership(key, Tier::kNvme);
 }
 
+bool Scheduler::lacks_a_page(const BlockKey& key) const {
+  bool lacks = false;
+  parts_.table
+      ->visit(key,
+              [&](const EntryView& v) {
+                if (v.state(CopyId::nvme()) == CopyState::kReady) return;
+                for (uint32_t l = 0; l < v.layers() && !lacks; ++l) {
+                  lacks = v.state(CopyId::hbm(l)) == CopyState::kAbsent &&
+                          v.state(CopyId::host(l)) == CopyState::kAbsent;
+                }
+              })
+      .ignore();
+  return lacks;
+}
+
+void Scheduler::note_if_lost(const BlockKey& key) {
+  bool in_use = false;
+  parts_.table->visit(key, [&](const EntryView& v) { in_use = v.refcount() > 0; }).ignore();
+  if (in_use && lacks_a_page(key)) lost_blocks_.insert(key);
+}
+
 uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
   const BlockKey key = move.block.key;
   const uint32_t layers = options_.geometry.layers;

@@ -470,6 +470,7 @@ void Scheduler::after_change(const BlockKey& key) {
     if (!parts_.table->erase(current).ok()) return;
     facts_.erase(current);
     refused_.erase(current);
+    lost_blocks_.erase(current);
     if (!failed_fills_.empty()) {
       for (uint32_t l = 0; l < options_.geometry.layers; ++l) {
         failed_fills_.erase(PageKey{current, l, Tier::kHbm});

@@ -238,7 +238,8 @@ Status ReferenceEngine::run_step(std::vector<Planned>& batch) {
   if (info.windowed) ++stats_.windowed_steps;
 
   // What the runtime says each item writes: normally what was asked; with prefetch.on_late =
-  // recompute, the first step of a sequence may also hand back part of its reused prefix.
+  // recompute, the first step of a sequence may also hand back part of its reused prefix, and any
+  // step the blocks from one whose read from NVMe failed (lost: recomputed, prompt or not).
   std::vector<StepSlice> slices(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const StepItemInfo& it = info.items[i];
@@ -247,8 +248,13 @@ Status ReferenceEngine::run_step(std::vector<Planned>& batch) {
       seq.written = it.context_tokens;
       seq.keys.resize(it.context_tokens / pt);
       if (options_.kv_shadow) options_.kv_shadow->truncate(seq.sequence, it.context_tokens);
-      seq.out.reused_tokens -= it.recomputed_tokens;
-      stats_.reused_tokens -= it.recomputed_tokens;
+      // Reused tokens handed back are no longer reused; a lost block's may have been computed.
+      const uint64_t unreused =
+          std::min<uint64_t>(it.recomputed_tokens, seq.out.reused_tokens > it.context_tokens
+                                                       ? seq.out.reused_tokens - it.context_tokens
+                                                       : 0);
+      seq.out.reused_tokens -= unreused;
+      stats_.reused_tokens -= unreused;
       stats_.recomputed_tokens += it.recomputed_tokens;
     }
     if (it.sequence != seq.sequence || it.context_tokens != seq.written ||

@@ -1,7 +1,8 @@
 // The scheduler in virtual time when things go wrong: a failed load fails its layer and the block
 // is never served; a failed pinned load is loaded again after the abort; ending a step with a
-// failed layer aborts it and caches nothing unwritten; a failed write is not retried, and a block
-// in use it failed for counts as kept in memory; misuse is reported and changes nothing; an
+// failed layer aborts it and caches nothing unwritten; a sequence recomputes a block lost to a
+// failed read; a failed write is not retried, and a block in use it failed for counts as kept in
+// memory; misuse is reported and changes nothing; an
 // aborted step leaves its sequence as it was.
 #include <gtest/gtest.h>
 
@@ -155,6 +156,41 @@ TEST(SchedulerSim, AFailedWriteIsNotRetriedTheBlockIsDropped) {
   EXPECT_EQ(w.port().nvme_blocks(), 0u);
   EXPECT_GT(w.scheduler().stats().evictions[tier_index(Tier::kHost)].load(), 0u);
   EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), writes.transfers);
+}
+
+// A block a sequence reuses whose read from NVMe fails is never served (its NVMe copy goes), and
+// with no other copy the sequence has lost it: its next step gives that block and those after it
+// back for the engine to recompute (recomputed_tokens), instead of failing every step after.
+TEST(SchedulerSim, ASequenceRecomputesABlockLostToAFailedRead) {
+  SimSetup setup;
+  SimWorld w(setup);
+  const std::vector<BlockKey> prefix = w.prompt(2, 1);
+  for (const BlockKey& k : prefix) {  // on NVMe only, as a restart's recovered index has them
+    w.port().store_on_nvme(k);
+    ASSERT_TRUE(w.scheduler().adopt_nvme_block(k).ok());
+  }
+  w.port().fail_next(Link::kNvmeToHost, 1);
+  auto s = w.scheduler().open_sequence(prefix);  // starts reading the prefix; one read fails
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->reused_blocks, 2u);
+  w.settle();
+  EXPECT_EQ(w.scheduler().stats().failed_loads.load(), 1u);
+  const StepItem item{s->id, 1};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  const StepItemInfo& info = r.info.items[0];
+  EXPECT_GT(info.recomputed_tokens, 0u);
+  EXPECT_EQ(info.context_tokens + info.recomputed_tokens, 2u * 16) << "the engine's count";
+  expect_tables_valid(w, r);
+  // The next step reads what this one wrote: nothing is owed any more.
+  auto r2 = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r2.status.ok()) << r2.status.to_string();
+  EXPECT_EQ(r2.info.items[0].recomputed_tokens, 0u);
+  EXPECT_EQ(r2.info.items[0].context_tokens, 2u * 16 + 1);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.scheduler().match(prefix).blocks, 2u) << "the recomputed prefix is cached again";
+  expect_consistent(w);
 }
 
 // A block in use whose NVMe write failed is never sent there again: like a private block, its

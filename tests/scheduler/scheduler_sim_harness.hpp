@@ -283,7 +283,8 @@ inline void close_and_expect_idle(SimWorld& w, std::initializer_list<SequenceId>
 // key and layer of the first that does not, or "".
 inline std::string lost_page(SimWorld& w) {
   for (const auto& [key, info] : w.table().snapshot()) {
-    if (info.refcount == 0) continue;
+    // A failed NVMe read is the one way, and its sequences recompute the block.
+    if (info.refcount == 0 || w.scheduler().lost_to_a_failed_read(key)) continue;
     if (info.nvme == CopyState::kReady || info.nvme == CopyState::kFilling) continue;
     for (std::size_t l = 0; l < info.pages.size(); ++l) {
       const PageInfo& p = info.pages[l];

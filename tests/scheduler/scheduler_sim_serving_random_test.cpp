@@ -6,9 +6,9 @@
 // other sequences published meanwhile (deduplicated, refilled). With every other seed, a prefix
 // still loading from a slow NVMe link when its first step begins is recomputed; with every third,
 // copies between HBM and host memory fail now and then (a step whose load failed may fail too).
-// Not NVMe's reads and writes: a block whose read fails is dropped, in use or not, and its
-// sequences' steps fail from then on; after write failures a few seeds in a hundred admit a step
-// whose frames never come (the staging its room counted on fails). The tiers are small and the
+// Not NVMe's: with its reads or writes failing, a few seeds in a hundred still admit a step whose
+// frames never come (the staging its room counted on fails; a lost block's recompute), or lose a
+// page of a block in use another way than the failed read of it. The tiers are small and the
 // policies vary by seed, as in scheduler_sim_random_test.cpp, whose invariants this checks after
 // every operation once its transfers are done: the page table's audit and each tier's policy
 // membership hold, no block a sequence references has lost a page, a step is refused at once or
