@@ -195,7 +195,7 @@ typedef struct kvt_step_item_info {
   kvt_sequence_id sequence;
   uint64_t context_tokens;    /* tokens with K/V before this step; writing starts here */
   uint32_t new_tokens;        /* tokens to write, recomputed_tokens included */
-  uint32_t recomputed_tokens; /* a reused prefix given up because it loaded too slowly */
+  uint32_t recomputed_tokens; /* given back: a prefix too slow to load, or lost to a failed read */
   uint32_t pages;             /* pages per layer this item reads and writes */
 } kvt_step_item_info;
 

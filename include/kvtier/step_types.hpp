@@ -46,8 +46,10 @@ struct StepItemInfo {
   uint64_t context_tokens = 0;  // tokens with K/V before this step; the engine writes from here
   // Tokens the engine writes this step: the new_tokens it asked for, plus `recomputed_tokens` in
   // front of them when prefetch.on_late = recompute gave up a reused prefix that was loading too
-  // slowly (decided at the first step of a sequence; reported again by the next begin_step when
-  // that step failed or was aborted, until a step that recomputes them ends).
+  // slowly (decided at the first step of a sequence), or when a block the sequence reads was lost
+  // to a failed NVMe read (any step: that block and the ones after it, prompt or generated
+  // tokens). Reported again by the next begin_step when that step failed or was aborted, until a
+  // step that recomputes them ends; the engine writes from context_tokens.
   uint32_t new_tokens = 0;
   uint32_t recomputed_tokens = 0;
   uint32_t pages = 0;  // pages per layer this step reads and writes
