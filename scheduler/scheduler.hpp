@@ -166,7 +166,7 @@ class Scheduler {
   // be untracked until the last lands. Holds between any two of the loop's tasks; it reads the
   // page table's consistent cut (PageTable::snapshot), so it is for tests and diagnostics.
   Status audit_membership() const;
-  // A block in use that a failed NVMe read left without a copy of some page: the sequences that
+  // A block in use whose NVMe read failed: when that left a page with no copy, the sequences that
   // read it recompute it at their next begin_step. The one way a block in use loses a page.
   bool lost_to_a_failed_read(const BlockKey& key) const { return lost_blocks_.contains(key); }
   // Every invariant a test or an operator can ask for: the page table's audit (frames, counts),
@@ -298,7 +298,8 @@ class Scheduler {
   void give_up_blocks_from(Sequence& seq, uint32_t b);
   // A sequence lets go of one of its blocks: released, a private one's pages dropped.
   Status release_sequence_block(const BlockKey& key);
-  // A block in use whose NVMe read failed: kept in lost_blocks_ when a page has no copy left.
+  // A block in use whose NVMe read failed: kept in lost_blocks_, where a sequence that reads it
+  // checks at its next begin_step whether a page has no copy left (lacks_a_page).
   void note_if_lost(const BlockKey& key);
   // Some page of `key` has no copy in HBM or host memory, ready or on its way, nor on NVMe.
   bool lacks_a_page(const BlockKey& key) const;
@@ -612,8 +613,8 @@ class Scheduler {
   // failed), as a bit per tier: they leave the faster tier only by being dropped, when nothing
   // needs them (execute_move), and are never sent to that tier again.
   std::unordered_map<BlockKey, uint8_t, BlockKeyHash> refused_;
-  // Blocks in use that a failed NVMe read left without a copy of some page (note_if_lost); a
-  // sequence reading one recomputes it (recompute_lost_blocks). Erased with the entry.
+  // Blocks in use whose NVMe read failed (note_if_lost); a sequence reading one recomputes it
+  // when a page has no copy left (recompute_lost_blocks). Erased with the entry.
   std::unordered_set<BlockKey, BlockKeyHash> lost_blocks_;
 
   // What engine threads read without the loop: per step, its layers' readiness and tables.

@@ -92,9 +92,11 @@ bool Scheduler::lacks_a_page(const BlockKey& key) const {
 }
 
 void Scheduler::note_if_lost(const BlockKey& key) {
+  // Whether a page is lost is known only once the loads that waited on the read have given up
+  // their fills, some of them later: a sequence checks when its next step begins.
   bool in_use = false;
   parts_.table->visit(key, [&](const EntryView& v) { in_use = v.refcount() > 0; }).ignore();
-  if (in_use && lacks_a_page(key)) lost_blocks_.insert(key);
+  if (in_use) lost_blocks_.insert(key);
 }
 
 uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {

@@ -354,9 +354,9 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
                       parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
                       // A block whose read failed (I/O error, checksum) is never served again.
                       drop_nvme_copy(key);
-                      note_if_lost(key);
                       finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
                                                    std::to_string(layer) + " from nvme"));
+                      note_if_lost(key);
                       after_change(key);
                     }
                     serve_memory_waiters();  // the block read is a victim again
@@ -489,8 +489,8 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
                   } else {
                     stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
                     drop_nvme_copy(key);
-                    note_if_lost(key);
                     fail_all(s.with_context("loading block " + to_string(key) + " from nvme"));
+                    note_if_lost(key);
                     after_change(key);
                   }
                   serve_memory_waiters();  // the block read is a victim again
