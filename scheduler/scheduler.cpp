@@ -471,7 +471,8 @@ Status Scheduler::close_sequence(SequenceId id, std::optional<uint64_t> generate
 }
 
 Status Scheduler::release_sequence_block(const BlockKey& key) {
-  KVTIER_RETURN_IF_ERROR(parts_.table->release(key).status());
+  KVTIER_ASSIGN_OR_RETURN(const uint32_t left, parts_.table->release(key));
+  if (left == 0) lost_blocks_.erase(key);  // no sequence left to recompute it
   Status first;
   if (key.is_private()) {
     // A private block has no identity anyone can match: its K/V goes with the sequence.

@@ -614,7 +614,8 @@ class Scheduler {
   // needs them (execute_move), and are never sent to that tier again.
   std::unordered_map<BlockKey, uint8_t, BlockKeyHash> refused_;
   // Blocks in use whose NVMe read failed (note_if_lost); a sequence reading one recomputes it
-  // when a page has no copy left (recompute_lost_blocks). Erased with the entry.
+  // when a page has no copy left (recompute_lost_blocks). Erased once no sequence holds the block
+  // (release_sequence_block), or with the entry.
   std::unordered_set<BlockKey, BlockKeyHash> lost_blocks_;
 
   // What engine threads read without the loop: per step, its layers' readiness and tables.

@@ -26,8 +26,9 @@ struct Scheduler::Sequence {
   uint32_t reused_blocks = 0;  // from open: blocks reused rather than prefilled
   bool started = false;        // a step has begun
   // Tokens of a reused prefix given up as late (prefetch.on_late = recompute), or of blocks given
-  // up as lost to a failed NVMe read, that no step has recomputed yet: each begin_step reports them as recomputed_tokens until one ends, so a
-  // begin_step that fails after giving them up, or an aborted step, does not lose them.
+  // up as lost to a failed NVMe read, that no step has recomputed yet: each begin_step reports
+  // them as recomputed_tokens until one ends, so a begin_step that fails after giving them up, or
+  // an aborted step, does not lose them.
   uint64_t owed_recompute = 0;
 };
 
