@@ -303,4 +303,21 @@ inline void expect_tables_valid(SimWorld& w, const SimWorld::StepResult& r) {
   for (const LayerTable& t : r.tables) ASSERT_EQ(t.indptr.size(), r.info.items.size() + 1);
 }
 
+// The tiers and policies of a random-workload seed: small HBM and host memory, NVMe smaller than
+// the blocks open sequences hold on every fourth seed, and the eviction and write policies in turn.
+inline SimSetup random_workload_setup(int seed) {
+  SimSetup setup;
+  setup.hbm_frames = 48;
+  setup.host_frames = 96;
+  setup.nvme_extents = seed % 4 == 3 ? 6 : 64;
+  constexpr EvictionPolicy kEvictions[] = {EvictionPolicy::kLru, EvictionPolicy::kLfu,
+                                           EvictionPolicy::kS3Fifo, EvictionPolicy::kPrefixAware,
+                                           EvictionPolicy::kLookahead};
+  setup.policies.eviction = kEvictions[seed % 5];
+  constexpr WritePolicy kWrites[] = {WritePolicy::kWriteBack, WritePolicy::kWriteThrough,
+                                     WritePolicy::kWriteThroughSelective};
+  setup.policies.write = kWrites[seed % 3];
+  return setup;
+}
+
 }  // namespace kvtier::testing

@@ -294,7 +294,16 @@ TEST(SchedulerSim, ADemandMovesItsQueuedHbmFrameRequestsAheadOfPrefetches) {
   expect_consistent(w);
 }
 
-// A block recomputed rather than loaded (compute-or-load chose recomputing at open) is refilled:
+// Opens a sequence over `prompt` before it is computed (nothing to reuse), then has another
+// sequence compute the prompt and close: the first sequence's step refills those blocks.
+Result<OpenedSequence> open_before_computed(SimWorld& w, std::span<const BlockKey> prompt) {
+  KVTIER_ASSIGN_OR_RETURN(OpenedSequence s, w.scheduler().open_sequence(prompt));
+  if (s.reused_blocks != 0) return internal_error("the prompt was cached already");
+  KVTIER_RETURN_IF_ERROR(w.prefill_and_close(prompt, kNanosPerMicro));
+  return s;
+}
+
+// A block a sequence did not reuse (it opened before the block was computed) is refilled:
 // the step writes its pages into the entry that is there. Copies of them in host memory that are
 // the last outside HBM are dropped as the engine writes each page: the same content, now in HBM,
 // and otherwise a host frame no plan could free while the block is in use.
@@ -303,13 +312,10 @@ TEST(SchedulerSim, ARefillDropsTheHostCopiesOfThePagesItWrites) {
   setup.hbm_frames = 16;
   setup.host_frames = 64;
   SimWorld w(setup);
-  // The sequence opens before its prompt is computed: nothing to reuse. Another sequence computes
-  // the prompt meanwhile, and later prompts push its block down to host memory.
+  // Later prompts push the refilled block down to host memory.
   const std::vector<BlockKey> prompt = w.prompt(1, 1);
-  auto s = w.scheduler().open_sequence(prompt);
-  ASSERT_TRUE(s.ok());
-  ASSERT_EQ(s->reused_blocks, 0u);
-  ASSERT_TRUE(w.prefill_and_close(prompt, kNanosPerMicro).ok());
+  auto s = open_before_computed(w, prompt);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
   for (uint32_t p = 2; p <= 5; ++p) {  // four more blocks fill HBM's 16 frames
     ASSERT_TRUE(w.prefill_and_close(w.prompt(1, p), kNanosPerMicro).ok());
   }
@@ -347,13 +353,10 @@ TEST(SchedulerSim, ARefilledPageDemotedForTheStepsOwnRoomIsWrittenNotLoadedBack)
   setup.host_frames = 64;
   setup.policies.pin_quota = 0.5;  // one block
   SimWorld w(setup);
-  // The sequence opens before its prompt is computed (nothing to reuse); two other sequences then
-  // compute it and another prompt, which fill HBM.
+  // Another prompt fills HBM beside the refilled block.
   const std::vector<BlockKey> prompt = w.prompt(1, 1);
-  auto s = w.scheduler().open_sequence(prompt);
-  ASSERT_TRUE(s.ok());
-  ASSERT_EQ(s->reused_blocks, 0u);
-  ASSERT_TRUE(w.prefill_and_close(prompt, kNanosPerMicro).ok());
+  auto s = open_before_computed(w, prompt);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
   const std::vector<BlockKey> pinned = w.prompt(1, 2);
   ASSERT_TRUE(w.prefill_and_close(pinned, kNanosPerMicro).ok());
   w.settle();

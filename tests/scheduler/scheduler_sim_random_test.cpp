@@ -29,6 +29,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
+using testing::random_workload_setup;
 using testing::SimSetup;
 using testing::SimWorld;
 
@@ -36,18 +37,7 @@ class SchedulerRandomWorkload : public ::testing::TestWithParam<int> {};
 
 TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
   std::mt19937 rng(static_cast<uint32_t>(GetParam()));
-  SimSetup setup;
-  setup.hbm_frames = 48;
-  setup.host_frames = 96;
-  // Every fourth seed: NVMe smaller than the blocks open sequences hold.
-  setup.nvme_extents = GetParam() % 4 == 3 ? 6 : 64;
-  const EvictionPolicy policies[] = {EvictionPolicy::kLru, EvictionPolicy::kLfu,
-                                     EvictionPolicy::kS3Fifo, EvictionPolicy::kPrefixAware,
-                                     EvictionPolicy::kLookahead};
-  setup.policies.eviction = policies[GetParam() % 5];
-  const WritePolicy writes[] = {WritePolicy::kWriteBack, WritePolicy::kWriteThrough,
-                                WritePolicy::kWriteThroughSelective};
-  setup.policies.write = writes[GetParam() % 3];
+  SimSetup setup = random_workload_setup(GetParam());
   SimWorld w(setup);
   std::vector<std::vector<BlockKey>> prompts;
   for (uint32_t p = 0; p < 10; ++p) prompts.push_back(w.prompt(1 + rng() % 6, p, rng() % 3));

@@ -37,6 +37,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
+using testing::random_workload_setup;
 using testing::SimSetup;
 using testing::SimWorld;
 
@@ -54,17 +55,7 @@ class SchedulerServingWorkload : public ::testing::TestWithParam<int> {};
 
 TEST_P(SchedulerServingWorkload, NeverBreaksAnInvariant) {
   std::mt19937 rng(static_cast<uint32_t>(GetParam()));
-  SimSetup setup;
-  setup.hbm_frames = 48;
-  setup.host_frames = 96;
-  setup.nvme_extents = GetParam() % 4 == 3 ? 6 : 64;
-  const EvictionPolicy policies[] = {EvictionPolicy::kLru, EvictionPolicy::kLfu,
-                                     EvictionPolicy::kS3Fifo, EvictionPolicy::kPrefixAware,
-                                     EvictionPolicy::kLookahead};
-  setup.policies.eviction = policies[GetParam() % 5];
-  const WritePolicy writes[] = {WritePolicy::kWriteBack, WritePolicy::kWriteThrough,
-                                WritePolicy::kWriteThroughSelective};
-  setup.policies.write = writes[GetParam() % 3];
+  SimSetup setup = random_workload_setup(GetParam());
   setup.policies.pin_quota = 0.5;
   if (GetParam() % 2 == 1) {
     // A slow NVMe link and a 1 ms deadline: a reused prefix still loading when its first step
