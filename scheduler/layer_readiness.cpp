@@ -22,16 +22,30 @@ void LayerReadiness::page_arrived() {
 
 void LayerReadiness::page_failed(const Status& why) {
   {
+    // One critical section: a waiter must never see the last page counted and the layer not
+    // failed (it would read bytes that did not arrive).
     std::lock_guard<std::mutex> lock(mu_);
     if (pending_ > 0) --pending_;
-    if (!failed_) {
-      failed_ = true;
-      fail_code_ = why.code();
-      fail_message_ = why.message();
-    }
+    record_failure(why);
   }
   cv_.notify_all();
   fire_if_done();
+}
+
+void LayerReadiness::fail(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_failure(why);
+  }
+  cv_.notify_all();
+  fire_if_done();
+}
+
+void LayerReadiness::record_failure(const Status& why) {
+  if (failed_) return;  // the first error is the one reported
+  failed_ = true;
+  fail_code_ = why.code();
+  fail_message_ = why.message();
 }
 
 void LayerReadiness::seal() {

@@ -27,6 +27,8 @@ class LayerReadiness {
   void add_pending(uint32_t pages = 1);
   void page_arrived();
   void page_failed(const Status& why);
+  // The layer fails as a whole, whatever its pages do (the step can no longer be served).
+  void fail(const Status& why);
   // No more pages will be added; the layer is ready once the pending ones arrive.
   void seal();
   // Runs `fn` on the loop once the layer is ready or failed (at once if it already is). This is how
@@ -42,7 +44,8 @@ class LayerReadiness {
   bool sealed() const;
 
  private:
-  void fire_if_done();  // loop side, without mu_ held
+  void fire_if_done();                       // loop side, without mu_ held
+  void record_failure(const Status& why);    // with mu_ held
 
   mutable std::mutex mu_;
   std::vector<std::function<void()>> on_done_;

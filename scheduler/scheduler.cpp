@@ -609,6 +609,8 @@ Status Scheduler::unpin_prefix(uint64_t id) {
   }
   store_gauges();
   want_watermark_check();
+  // Its HBM pages are victims again: a request waiting for a frame may take one now.
+  serve_memory_waiters();
   return ok_status();
 }
 

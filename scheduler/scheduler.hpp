@@ -255,7 +255,7 @@ class Scheduler {
   // abort_step).
   void release_resident_pins(Step& step);
   // HBM frames a new batch cannot have (see the definition).
-  uint64_t frames_held() const;
+  uint64_t frames_held(StepId except = 0) const;
   // kvtier::kept_in_memory of a block a sequence holds.
   bool held_block_kept_in_memory(const BlockKey& key) const {
     return kept_in_memory(key, /*referenced=*/true, /*nvme_tier=*/parts_.nvme != nullptr);
@@ -277,6 +277,14 @@ class Scheduler {
   // in use with a content key that NVMe has no extent for (an NVMe tier smaller than what open
   // sequences hold).
   uint64_t blocks_kept_in_memory() const;
+  // HBM frames a batch may have beside `frames_held` when it computes `window` layers at a time
+  // (none when taken is more than the capacity).
+  uint64_t frames_available(const KeptBlocks& batch, uint64_t window, uint64_t frames_held) const;
+  // After `key`, a block in use, came to stay in memory (NVMe could not store it, or lost a page
+  // of it: `why`): the open steps that no longer fit as fit_window admitted them fail their
+  // unfinished layers with kUnavailable, so the engine aborts them at once rather than waiting
+  // out the timeout for frames no move can free. Begun again, they fit or are refused at once.
+  void fail_steps_that_no_longer_fit(const BlockKey& key, const Status& why);
   // How many of `keys` (with repeats) are blocks of pinned prefixes.
   uint64_t protected_count(std::span<const BlockKey> keys) const;
   // Stores the sizes of sequences_ and protected_ into the stats' gauges.

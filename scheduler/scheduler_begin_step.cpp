@@ -184,7 +184,6 @@ Status Scheduler::fit_window(Step& step, std::span<Sequence* const> seqs) {
     // blocks and its last layers are written last.
     batch_kept.opened += infos[i].pages - known;
   }
-  const uint64_t capacity = parts_.hbm->capacity();
   const uint64_t held = frames_held();
   // Counting the blocks the batch holds walks its whole context: only when every page kept in
   // memory there is, the batch's own counted as outside HBM, could overflow host memory (the
@@ -199,11 +198,7 @@ Status Scheduler::fit_window(Step& step, std::span<Sequence* const> seqs) {
     }
     batch_kept.trades = batch_kept.held > 0;
   }
-  // HBM frames the batch may have when it computes `w` layers at a time.
-  const auto available_for = [&](uint64_t w) {
-    const uint64_t taken = held + frames_kept_in_memory(batch_kept, w, held);
-    return capacity > taken ? capacity - taken : 0;
-  };
+  const auto available_for = [&](uint64_t w) { return frames_available(batch_kept, w, held); };
   if (needed_per_layer > available_for(1)) {
     return layer_does_not_fit(needed_per_layer, available_for(1));
   }
@@ -220,6 +215,8 @@ Status Scheduler::fit_window(Step& step, std::span<Sequence* const> seqs) {
   }
   step.window = window;
   step.shared_blocks = std::move(shared);
+  step.needed_per_layer = needed_per_layer;
+  step.kept = batch_kept;
   return ok_status();
 }
 
@@ -329,9 +326,10 @@ Status Scheduler::plan_first_layers(Step& s) {
 // frames only as they are granted, so counting pins alone would let two steps each take part of
 // HBM and wait on each other until the timeout. A step's frames per layer are its blocks but those
 // an earlier item of its batch holds too, and those of pinned prefixes (counted with the prefix).
-uint64_t Scheduler::frames_held() const {
+uint64_t Scheduler::frames_held(StepId except) const {
   uint64_t held = static_cast<uint64_t>(protected_.size()) * options_.geometry.layers;
   for (const auto& [id, step] : steps_) {
+    if (id == except) continue;
     uint64_t frames = 0;
     for (std::size_t i = 0; i < step->blocks.size(); ++i) {
       const auto own = std::span(step->blocks[i]).subspan(step->shared_blocks[i]);
@@ -374,20 +372,57 @@ uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t wind
   return pages > host_room ? pages - host_room : 0;
 }
 
+uint64_t Scheduler::frames_available(const KeptBlocks& batch, uint64_t window,
+                                     uint64_t frames_held) const {
+  const uint64_t capacity = parts_.hbm->capacity();
+  const uint64_t taken = frames_held + frames_kept_in_memory(batch, window, frames_held);
+  return capacity > taken ? capacity - taken : 0;
+}
+
+void Scheduler::fail_steps_that_no_longer_fit(const BlockKey& key, const Status& why) {
+  // Asked as fit_window asked it, beside every other open step and pinned prefix: a step that
+  // fitted only while `key` could go to NVMe waits for frames that only its own end could free.
+  for (const auto& [id, step] : steps_) {
+    if (step->ended) continue;
+    const uint64_t held = frames_held(id);
+    const uint64_t needed = step->needed_per_layer * step->window;
+    const uint64_t available = frames_available(step->kept, step->window, held);
+    if (needed <= available) continue;
+    const Status s = unavailable(
+        "step " + std::to_string(id) + " no longer fits in HBM: block " + to_string(key) +
+        ", which it was admitted beside as bound for NVMe, must stay in memory (" +
+        why.to_string() + "); its window of " + std::to_string(step->window) + " layers needs " +
+        std::to_string(needed) + " HBM frames, " + std::to_string(available) +
+        " are left. Abort the step and begin it again: it then fits, or is refused at once");
+    for (const auto& ready : step->shared->ready) {
+      if (!ready->finished()) ready->fail(s);
+    }
+  }
+}
+
 uint64_t Scheduler::blocks_kept_in_memory() const {
   const uint64_t referenced = parts_.table->referenced_blocks();
   if (parts_.nvme == nullptr) return referenced;
   const uint64_t private_blocks = parts_.table->private_blocks();
   const uint64_t keyed = referenced - std::min(referenced, private_blocks);
-  // Blocks in use that NVMe refused go nowhere below host memory either. Counted as NVMe-bound,
-  // they let steps in whose frames never came once a write had failed (the random serving
-  // simulation with injected write failures stalled so). Usually none: one lookup each.
+  // Blocks in use that NVMe refused go nowhere below host memory either, nor do the pages left of
+  // those that lost one to a failed NVMe read (NVMe takes whole blocks; they stay until every
+  // sequence holding the block has recomputed it). Counted as NVMe-bound, they let steps in whose
+  // frames never came (the random serving simulation with injected NVMe failures stalled so).
+  // Usually none: one lookup each.
   uint64_t refused_in_use = 0;
   for (const auto& [key, tiers] : refused_) {
-    if ((tiers & (1u << tier_index(Tier::kNvme))) == 0) continue;
-    bool in_use = false;
-    parts_.table->visit(key, [&](const EntryView& v) { in_use = v.refcount() > 0; }).ignore();
-    refused_in_use += in_use ? 1 : 0;
+    const bool by_nvme = (tiers & (1u << tier_index(Tier::kNvme))) != 0;
+    refused_in_use += by_nvme && !lost_blocks_.contains(key) && parts_.table->referenced(key);
+  }
+  for (const BlockKey& key : lost_blocks_) {
+    parts_.table
+        ->visit(key,
+                [&](const EntryView& v) {
+                  const bool in_memory = v.copies(Tier::kHbm) + v.copies(Tier::kHost) > 0;
+                  refused_in_use += v.refcount() > 0 && in_memory;
+                })
+        .ignore();
   }
   refused_in_use = std::min(refused_in_use, keyed);
   const uint64_t to_nvme = keyed - refused_in_use;

@@ -41,6 +41,7 @@ bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
 }
 
 void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& why) {
+  const bool newly_kept = tier == Tier::kNvme && !refused(key, Tier::kNvme) && parts_.table->referenced(key);
   refused_[key] |= static_cast<uint8_t>(1u << tier_index(tier));
   stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
   log_once(LogLevel::kWarn, std::string("scheduler.refused.") + std::string(tier_name(tier)),
@@ -60,6 +61,7 @@ void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& wh
     }
   }
   after_change(key);
+  if (newly_kept) fail_steps_that_no_longer_fit(key, why);
 }
 
 bool Scheduler::shadowed_in(const BlockKey& key, Tier tier) const {
@@ -94,9 +96,10 @@ bool Scheduler::lacks_a_page(const BlockKey& key) const {
 void Scheduler::note_if_lost(const BlockKey& key) {
   // Whether a page is lost is known only once the loads that waited on the read have given up
   // their fills, some of them later: a sequence checks when its next step begins.
-  bool in_use = false;
-  parts_.table->visit(key, [&](const EntryView& v) { in_use = v.refcount() > 0; }).ignore();
-  if (in_use) lost_blocks_.insert(key);
+  if (!parts_.table->referenced(key) || lost_blocks_.contains(key)) return;
+  lost_blocks_.insert(key);
+  fail_steps_that_no_longer_fit(
+      key, io_error("a read of it from NVMe failed and it has no other copy of some page"));
 }
 
 uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {

@@ -54,6 +54,11 @@ struct Scheduler::Step {
   // the step holds a frame per layer for each of the others, window layers at a time
   // (Scheduler::frames_held).
   std::vector<uint32_t> shared_blocks;
+  // What fit_window admitted the step with, asked again when a block in use can no longer leave
+  // memory (Scheduler::fail_steps_that_no_longer_fit): HBM frames per layer, and its blocks kept
+  // in memory.
+  uint64_t needed_per_layer = 0;
+  KeptBlocks kept;
   std::vector<uint32_t> first_written;
   std::shared_ptr<PublishedStep> shared;
   // Blocks created by this step (their pages are written by the engine, nothing to load).
