@@ -44,8 +44,8 @@ class LayerReadiness {
   bool sealed() const;
 
  private:
-  void fire_if_done();                       // loop side, without mu_ held
-  void record_failure(const Status& why);    // with mu_ held
+  void fire_if_done();                     // loop side, without mu_ held
+  void record_failure(const Status& why);  // with mu_ held
 
   mutable std::mutex mu_;
   std::vector<std::function<void()>> on_done_;

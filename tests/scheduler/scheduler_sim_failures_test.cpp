@@ -2,8 +2,8 @@
 // is never served; a failed pinned load is loaded again after the abort; ending a step with a
 // failed layer aborts it and caches nothing unwritten; a sequence recomputes a block lost to a
 // failed read; a failed write is not retried, and a block in use it failed for counts as kept in
-// memory; misuse is reported and changes nothing; an
-// aborted step leaves its sequence as it was.
+// memory; a step that failed writes leave without room fails at once; misuse is reported and
+// changes nothing; an aborted step leaves its sequence as it was.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -228,6 +228,57 @@ TEST(SchedulerSim, ABlockInUseWhoseWriteFailedCountsAsKeptInMemory) {
   EXPECT_NE(r.status.message().find("in all " + std::to_string(kPrompts) + " blocks"),
             std::string::npos)
       << r.status.to_string();
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// A step admitted beside blocks in use that were bound for NVMe, whose writes then fail while
+// the step makes room: those blocks must stay in memory, and the frames the step's window counted
+// on are no longer there. Its unfinished layers fail at once with kUnavailable, saying why, rather
+// than waiting out the timeout for frames no move can free; begun again, the step is refused at
+// once or fits.
+TEST(SchedulerSim, AStepThatFailedWritesLeaveWithoutRoomFailsAtOnce) {
+  constexpr uint32_t kPrompts = 14;  // what host memory takes beside its staging reserve
+  SimSetup setup;
+  setup.hbm_frames = 16;   // 4 blocks
+  setup.host_frames = 64;  // 16, of which 2 are the staging reserve
+  setup.nvme_extents = 64;
+  setup.policies.write = WritePolicy::kWriteBack;
+  SimWorld w(setup);
+  // One-block prompts, their sequences open: their blocks fill host memory, unwritten.
+  std::vector<SequenceId> open;
+  for (uint32_t p = 0; p < kPrompts; ++p) {
+    auto s = w.scheduler().open_sequence(w.prompt(1, p + 1));
+    ASSERT_TRUE(s.ok());
+    open.push_back(s->id);
+    const StepItem item{s->id, 16};
+    auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+    ASSERT_TRUE(r.status.ok()) << "prompt " << p << ": " << r.status.to_string();
+    w.settle();
+  }
+  ASSERT_EQ(w.scheduler().stats().refused_demotions.load(), 0u);
+  // An 8-block prefill fits two layers at a time, its pages of the others going to host memory
+  // once those blocks are written to NVMe. Every write fails.
+  w.port().fail_next(Link::kHostToNvme, 1000000);
+  auto s = w.scheduler().open_sequence(w.prompt(8, 99));
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 8 * 16};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.info.windowed);
+  EXPECT_EQ(r.info.window, 2u);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("no longer fits in HBM"), std::string::npos)
+      << r.status.to_string();
+  EXPECT_NE(r.status.message().find("injected failure"), std::string::npos)
+      << "names the failed write: " << r.status.to_string();
+  EXPECT_GT(w.scheduler().stats().refused_demotions.load(), 0u);
+  expect_consistent(w);  // the harness aborted the step
+  auto again = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  EXPECT_TRUE(again.status.ok() ||
+              (again.info.id == 0 && again.status.code() == StatusCode::kResourceExhausted))
+      << again.status.to_string();
   ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
   for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
   w.settle();

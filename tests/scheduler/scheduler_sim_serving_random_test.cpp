@@ -149,10 +149,9 @@ TEST_P(SchedulerServingWorkload, NeverBreaksAnInvariant) {
         // a failed transfer left without room (the step is aborted, as an engine would).
         const StatusCode code = r.status.code();
         const bool begun = r.info.id != 0;
-        EXPECT_TRUE(
-            (!begun && code == StatusCode::kResourceExhausted) ||
-            (begun && inject_failures &&
-             (code == StatusCode::kIoError || code == StatusCode::kUnavailable)))
+        EXPECT_TRUE((!begun && code == StatusCode::kResourceExhausted) ||
+                    (begun && inject_failures &&
+                     (code == StatusCode::kIoError || code == StatusCode::kUnavailable)))
             << "op " << op << ": " << r.status.to_string();
       }
       what = "step";
