@@ -45,7 +45,9 @@
 // Deadlines. Every wait is bounded (prefetch.deadline_ms for stall accounting, wait_timeout as the
 // hard bound). A late page stalls the step (counted), or, with prefetch.on_late = recompute, the
 // first step of a sequence gives up the part of its reused prefix that is still loading and tells
-// the engine to recompute it.
+// the engine to recompute it. A step that a failed NVMe write or read leaves without the HBM room
+// it was admitted with fails its unfinished layers at once (kUnavailable), never waiting for
+// frames no move can free.
 #pragma once
 
 #include <array>

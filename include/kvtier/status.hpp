@@ -40,7 +40,7 @@ enum class StatusCode : int {
   kDataLoss = 8,            // a checksum or header that does not match: the data is dropped
   kDeadlineExceeded = 9,    // a wait that ran past its deadline
   kCancelled = 10,          // an operation cancelled by shutdown or by its owner
-  kUnavailable = 11,        // a facility not present here (no GPU, io_uring refused)
+  kUnavailable = 11,        // not here (no GPU, io_uring refused) or no longer (a step's HBM room)
   kInternal = 12,           // a broken invariant inside kvtier: a bug, reported instead of crashing
 };
 
