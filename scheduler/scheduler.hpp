@@ -268,6 +268,7 @@ class Scheduler {
   struct KeptBlocks {
     uint64_t held = 0;
     uint64_t opened = 0;
+    uint64_t refilled_on_nvme = 0;  // opened ones whose NVMe copy keeps an extent (refills_on_nvme)
     bool trades = false;
   };
   // HBM frames that hold pages of blocks kept in memory that host memory cannot take, for a batch
@@ -278,7 +279,11 @@ class Scheduler {
   // the private ones, those in use that NVMe refused (a write that failed), and the other blocks
   // in use with a content key that NVMe has no extent for (an NVMe tier smaller than what open
   // sequences hold).
-  uint64_t blocks_kept_in_memory() const;
+  // `extents_taken`: NVMe extents blocks in use outside it cannot have (a batch's refills).
+  uint64_t blocks_kept_in_memory(uint64_t extents_taken = 0) const;
+  // How many of the blocks the item's step opens (from `known` on) are refills of entries NVMe
+  // holds (see the definition).
+  uint64_t refills_on_nvme(const Sequence& seq, const StepItemInfo& item, std::size_t known) const;
   // HBM frames a batch may have beside `frames_held` when it computes `window` layers at a time
   // (none when taken is more than the capacity).
   uint64_t frames_available(const KeptBlocks& batch, uint64_t window, uint64_t frames_held) const;

@@ -159,6 +159,9 @@ void Scheduler::give_up_blocks_from(Sequence& seq, uint32_t b) {
   seq.reused_blocks = std::min(seq.reused_blocks, b);
   stats_.recompute_blocks.fetch_add(given_up, std::memory_order_relaxed);
   stats_.recompute_tokens.fetch_add(given_up_tokens, std::memory_order_relaxed);
+  // The frames of private blocks given up are free now, and the pages of the others may be
+  // victims: what a request waits for (as when a sequence closes).
+  for (Tier t : {Tier::kHbm, Tier::kHost}) serve_frame_waiters(t);
 }
 
 Status Scheduler::fit_window(Step& step, std::span<Sequence* const> seqs) {
@@ -183,6 +186,7 @@ Status Scheduler::fit_window(Step& step, std::span<Sequence* const> seqs) {
     // published, and a prompt block it fills under its content key too, as NVMe takes only whole
     // blocks and its last layers are written last.
     batch_kept.opened += infos[i].pages - known;
+    batch_kept.refilled_on_nvme += refills_on_nvme(*seqs[i], infos[i], known);
   }
   const uint64_t held = frames_held();
   // Counting the blocks the batch holds walks its whole context: only when every page kept in
@@ -218,6 +222,26 @@ Status Scheduler::fit_window(Step& step, std::span<Sequence* const> seqs) {
   step.needed_per_layer = needed_per_layer;
   step.kept = batch_kept;
   return ok_status();
+}
+
+uint64_t Scheduler::refills_on_nvme(const Sequence& seq, const StepItemInfo& item,
+                                    std::size_t known) const {
+  // The blocks open_written_blocks will refill (a prompt block filled whole, its entry referenced
+  // by no one) that NVMe holds: taken in use, their NVMe copies keep extents while the step
+  // writes them, which blocks in use outside the batch cannot have. Usually none: only with an
+  // NVMe tier, and only prompt blocks this step fills whole are looked up.
+  if (parts_.nvme == nullptr) return 0;
+  const uint64_t tokens_after = item.context_tokens + item.recomputed_tokens + item.new_tokens;
+  uint64_t n = 0;
+  for (uint64_t b = known; b < item.pages; ++b) {
+    if (!fills_prompt_block(b, seq.prompt_keys.size(), tokens_after,
+                            options_.geometry.page_tokens)) {
+      break;  // those after it are not filled whole either
+    }
+    const BlockKey& key = seq.prompt_keys[b];
+    n += refillable(key) && page_snapshot(key, 0).nvme == CopyState::kReady;
+  }
+  return n;
 }
 
 Status Scheduler::layer_does_not_fit(uint64_t needed_per_layer, uint64_t available) const {
@@ -361,7 +385,7 @@ uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t wind
                                           uint64_t frames_held) const {
   const uint64_t layers = options_.geometry.layers;
   const bool nvme = parts_.nvme != nullptr;
-  const uint64_t all = blocks_kept_in_memory();
+  const uint64_t all = blocks_kept_in_memory(batch.refilled_on_nvme);
   const uint64_t others = all > batch.held ? all - batch.held : 0;
   const uint64_t outside_window = layers - std::min(layers, window);
   uint64_t pages = others * layers + (batch.held + batch.opened) * outside_window;
@@ -400,7 +424,7 @@ void Scheduler::fail_steps_that_no_longer_fit(const BlockKey& key, const Status&
   }
 }
 
-uint64_t Scheduler::blocks_kept_in_memory() const {
+uint64_t Scheduler::blocks_kept_in_memory(uint64_t extents_taken) const {
   const uint64_t referenced = parts_.table->referenced_blocks();
   if (parts_.nvme == nullptr) return referenced;
   const uint64_t private_blocks = parts_.table->private_blocks();
@@ -426,7 +450,8 @@ uint64_t Scheduler::blocks_kept_in_memory() const {
   }
   refused_in_use = std::min(refused_in_use, keyed);
   const uint64_t to_nvme = keyed - refused_in_use;
-  const uint64_t extents = parts_.nvme->capacity();
+  const uint64_t capacity = parts_.nvme->capacity();
+  const uint64_t extents = capacity - std::min(capacity, extents_taken);
   return private_blocks + refused_in_use + (to_nvme > extents ? to_nvme - extents : 0);
 }
 
