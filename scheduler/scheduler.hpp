@@ -470,6 +470,8 @@ class Scheduler {
   // read in flight at a lower priority moves up to `prio`. `hinted`: the read is a waiting
   // request's hint's (PageOp::hinted).
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted = false);
+  // What a read from NVMe that the store would not start fails with (see the definition).
+  Status nvme_read_not_started(const BlockKey& key, const Status& why) const;
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);
   // After `tier` could not store `key` (`why`): remembers it, says so once, and drops the copies

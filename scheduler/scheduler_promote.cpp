@@ -319,8 +319,15 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
     return;
   }
   if (p.nvme != CopyState::kReady) {
-    done(not_found("page " + to_string(key) + " layer " + std::to_string(layer) +
-                   " has no copy in host memory or on nvme"));
+    if (lost_blocks_.contains(key)) {
+      // The read of its block failed with no other copy left: the step fails as that read did,
+      // and the sequence recomputes the block at its next step (recompute_lost_blocks).
+      done(io_error("page " + to_string(key) + " layer " + std::to_string(layer) +
+                    " was lost: a read of its block from NVMe failed and no other copy is left"));
+    } else {
+      done(not_found("page " + to_string(key) + " layer " + std::to_string(layer) +
+                     " has no copy in host memory or on nvme"));
+    }
     return;
   }
   auto op = std::make_unique<PageOp>();
@@ -339,38 +346,46 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
         const JobId job = links_.enqueue(
             Link::kNvmeToHost, prio, parts_.port->nvme_page_bytes(),
             [this, key, layer, pk, host_frame](std::function<void()> finished) {
-              Status submitted = parts_.port->read_page(
-                  key, layer, host_frame, [this, key, layer, pk, finished](const Status& s) {
-                    finished();
-                    if (--reading_[key] == 0) reading_.erase(key);
-                    if (s.ok()) {
-                      Status c = parts_.table->complete_fill(key, CopyId::host(layer));
-                      stats_.promotions[tier_index(Tier::kHost)].fetch_add(
-                          1, std::memory_order_relaxed);
-                      sync_membership(key, Tier::kHost);
-                      finish_op(pk, c);
-                    } else {
-                      stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
-                      parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-                      // A block whose read failed (I/O error, checksum) is never served again.
-                      drop_nvme_copy(key);
-                      finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
-                                                   std::to_string(layer) + " from nvme"));
-                      note_if_lost(key);
-                      after_change(key);
-                    }
-                    serve_memory_waiters();  // the block read is a victim again
-                  });
-              if (!submitted.ok()) {
+              auto on_done = [this, key, layer, pk, finished](const Status& s) {
                 finished();
                 if (--reading_[key] == 0) reading_.erase(key);
-                parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
-                finish_op(pk, submitted);
-              }
+                if (s.ok()) {
+                  Status c = parts_.table->complete_fill(key, CopyId::host(layer));
+                  stats_.promotions[tier_index(Tier::kHost)].fetch_add(1,
+                                                                       std::memory_order_relaxed);
+                  sync_membership(key, Tier::kHost);
+                  finish_op(pk, c);
+                } else {
+                  stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
+                  parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+                  // A block whose read failed (I/O error, checksum) is never served again.
+                  drop_nvme_copy(key);
+                  finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
+                                               std::to_string(layer) + " from nvme"));
+                  note_if_lost(key);
+                  after_change(key);
+                }
+                serve_memory_waiters();  // the block read is a victim again
+              };
+              Status submitted = parts_.port->read_page(key, layer, host_frame, on_done);
+              if (!submitted.ok()) on_done(nvme_read_not_started(key, submitted));
             });
         if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
       },
       FrameUse::kNvmeRead);
+}
+
+Status Scheduler::nvme_read_not_started(const BlockKey& key, const Status& why) const {
+  // A read waits for its host frames and its turn on the link: meanwhile another read of the
+  // block may have failed, and its NVMe copy gone with it (a block whose read failed is never
+  // read again), or a block no sequence holds been evicted. That is no misuse the store's
+  // not_found would suggest: the page is not there any more, and a sequence that held it
+  // recomputes it (lost_blocks_).
+  if (page_snapshot(key, 0).nvme == CopyState::kReady) return why;
+  return unavailable("block " + to_string(key) +
+                     " left NVMe before this read of it started (a read of it failed, or it was "
+                     "evicted): " +
+                     why.to_string());
 }
 
 void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted) {
@@ -496,7 +511,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
                   serve_memory_waiters();  // the block read is a victim again
                 };
                 Status submitted = parts_.port->read_block(key, g->frames, on_done);
-                if (!submitted.ok()) on_done(submitted);
+                if (!submitted.ok()) on_done(nvme_read_not_started(key, submitted));
               });
           for (uint32_t j = 0; j < layers; ++j) {
             if (auto it = ops_.find(PageKey{key, j, Tier::kHost}); it != ops_.end()) {
