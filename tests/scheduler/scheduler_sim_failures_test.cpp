@@ -193,30 +193,29 @@ TEST(SchedulerSim, ASequenceRecomputesABlockLostToAFailedRead) {
   expect_consistent(w);
 }
 
+// Tiers for kPrompts one-block prompts held open: HBM takes 4 blocks, host memory 16, of which 2
+// are its staging reserve, so the prompts fill what host memory keeps for pages.
+constexpr uint32_t kPrompts = 14;
+SimSetup host_for_prompts_setup(WritePolicy write) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 64;
+  setup.nvme_extents = 64;
+  setup.policies.write = write;
+  return setup;
+}
+
 // A block in use whose NVMe write failed is never sent there again: like a private block, its
 // pages stay in HBM or host memory while it is in use, and begin_step counts it among the blocks
 // kept in memory (counted as bound for NVMe, steps were admitted into frames that never came and
 // waited out their timeout: the random serving simulation with write failures stalled so).
 TEST(SchedulerSim, ABlockInUseWhoseWriteFailedCountsAsKeptInMemory) {
-  constexpr uint32_t kPrompts = 14;  // what host memory takes beside its staging reserve
-  SimSetup setup;
-  setup.hbm_frames = 16;   // 4 blocks
-  setup.host_frames = 64;  // 16, of which 2 are the staging reserve
-  setup.nvme_extents = 64;
-  setup.policies.write = WritePolicy::kWriteThrough;
-  SimWorld w(setup);
+  SimWorld w(host_for_prompts_setup(WritePolicy::kWriteThrough));
   w.port().fail_next(Link::kHostToNvme, 1000000);
   // One-block prompts, each written through and refused by NVMe, their sequences open.
   std::vector<SequenceId> open;
-  for (uint32_t p = 0; p < kPrompts; ++p) {
-    auto s = w.scheduler().open_sequence(w.prompt(1, p + 1));
-    ASSERT_TRUE(s.ok());
-    open.push_back(s->id);
-    const StepItem item{s->id, 16};
-    auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
-    ASSERT_TRUE(r.status.ok()) << "prompt " << p << ": " << r.status.to_string();
-    w.settle();
-  }
+  Status held = w.hold_prompts(kPrompts, kNanosPerMicro, open);
+  ASSERT_TRUE(held.ok()) << held.to_string();
   ASSERT_EQ(w.scheduler().stats().refused_demotions.load(), kPrompts);
   // A prefill one layer of which does not fit in HBM is refused at once; what it says counts
   // the refused blocks among those memory must keep.
@@ -240,24 +239,11 @@ TEST(SchedulerSim, ABlockInUseWhoseWriteFailedCountsAsKeptInMemory) {
 // than waiting out the timeout for frames no move can free; begun again, the step is refused at
 // once or fits.
 TEST(SchedulerSim, AStepThatFailedWritesLeaveWithoutRoomFailsAtOnce) {
-  constexpr uint32_t kPrompts = 14;  // what host memory takes beside its staging reserve
-  SimSetup setup;
-  setup.hbm_frames = 16;   // 4 blocks
-  setup.host_frames = 64;  // 16, of which 2 are the staging reserve
-  setup.nvme_extents = 64;
-  setup.policies.write = WritePolicy::kWriteBack;
-  SimWorld w(setup);
+  SimWorld w(host_for_prompts_setup(WritePolicy::kWriteBack));
   // One-block prompts, their sequences open: their blocks fill host memory, unwritten.
   std::vector<SequenceId> open;
-  for (uint32_t p = 0; p < kPrompts; ++p) {
-    auto s = w.scheduler().open_sequence(w.prompt(1, p + 1));
-    ASSERT_TRUE(s.ok());
-    open.push_back(s->id);
-    const StepItem item{s->id, 16};
-    auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
-    ASSERT_TRUE(r.status.ok()) << "prompt " << p << ": " << r.status.to_string();
-    w.settle();
-  }
+  Status held = w.hold_prompts(kPrompts, kNanosPerMicro, open);
+  ASSERT_TRUE(held.ok()) << held.to_string();
   ASSERT_EQ(w.scheduler().stats().refused_demotions.load(), 0u);
   // An 8-block prefill fits two layers at a time, its pages of the others going to host memory
   // once those blocks are written to NVMe. Every write fails.

@@ -233,6 +233,20 @@ class SimWorld {
     return ok_status();
   }
 
+  // Opens `count` one-block prompts (prompt(1, 1), prompt(1, 2), ...) and computes each in a
+  // step, settled before the next; their sequences stay open, their ids go to `open`.
+  Status hold_prompts(uint32_t count, Nanos compute_per_layer, std::vector<SequenceId>& open) {
+    for (uint32_t p = 0; p < count; ++p) {
+      KVTIER_ASSIGN_OR_RETURN(OpenedSequence s, scheduler().open_sequence(prompt(1, p + 1)));
+      open.push_back(s.id);
+      const StepItem item{s.id, setup_.geometry.page_tokens};
+      Status ran = run_step(std::span(&item, 1), compute_per_layer).status;
+      if (!ran.ok()) return ran.with_context("prompt " + std::to_string(p));
+      settle();
+    }
+    return ok_status();
+  }
+
   // Runs the loop until no transfer is pending. Moves that keep starting each other (a livelock:
   // a block staged down and dropped again for ever) fail the test instead of hanging it.
   void settle() {
