@@ -279,6 +279,12 @@ const ConfigKey kKeys[] = {
      [](Config& c, const YAML::Node& n) { return read_double(n, c.tiers.nvme.watermarks.low); }},
     {"tiers.nvme.watermarks.high", "number",
      [](Config& c, const YAML::Node& n) { return read_double(n, c.tiers.nvme.watermarks.high); }},
+    {"tiers.nvme.pause_after_failed_writes", "integer",
+     [](Config& c, const YAML::Node& n) {
+       return read_u32(n, c.tiers.nvme.pause_after_failed_writes);
+     }},
+    {"tiers.nvme.pause_ms", "integer",
+     [](Config& c, const YAML::Node& n) { return read_u32(n, c.tiers.nvme.pause_ms); }},
 
     {"policies.eviction", "lru|lfu|s3fifo|prefix_aware|lookahead",
      [](Config& c, const YAML::Node& n) { return read_enum(n, c.policies.eviction); }},

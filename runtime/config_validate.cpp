@@ -213,6 +213,7 @@ std::vector<ConfigIssue> find_config_issues(const Config& config) {
                   "true); change the geometry or set tiers.nvme.direct_io: false");
     }
     check_watermarks(out, "nvme", n.watermarks);
+    check_range(out, "tiers.nvme.pause_ms", n.pause_ms, 1, kMaxNvmePauseMs);
   }
   check_bandwidth(out, "tiers.nvme.read_gbps", n.read_gbps);
   check_bandwidth(out, "tiers.nvme.write_gbps", n.write_gbps);

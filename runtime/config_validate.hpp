@@ -34,6 +34,7 @@ inline constexpr uint64_t kMaxBlockBytes = uint64_t{1} << 30;
 inline constexpr uint64_t kDirectIoAlignment = 512;
 inline constexpr uint32_t kMaxQueueDepth = 4096;
 inline constexpr uint32_t kMaxIoThreads = 64;
+inline constexpr uint32_t kMaxNvmePauseMs = 3'600'000;  // an hour
 inline constexpr int kMaxCudaDevice = 255;
 inline constexpr int kMaxNumaNode = 1023;
 inline constexpr std::size_t kMaxLatencyBuckets = 64;

@@ -165,6 +165,13 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
              "Copies a slower tier could not store (fp8 cannot encode NaN or inf, or an NVMe write "
              "failed); their blocks are dropped instead of sent down again",
              kCounter, read(s.refused_demotions));
+  add_single(out, "kvtier_nvme_write_pauses_total",
+             "Times failed NVMe writes in a row (tiers.nvme.pause_after_failed_writes) paused "
+             "writing to NVMe",
+             kCounter, read(s.nvme_write_pauses));
+  add_single(out, "kvtier_nvme_writes_paused",
+             "1 while writes to NVMe are paused after failing, else 0; copies there are still read",
+             MetricType::Gauge, read(s.nvme_writes_paused));
   add_single(out, "kvtier_steps_total", "Engine steps (begin_step calls)", kCounter, read(s.steps));
   add_single(out, "kvtier_windowed_steps_total",
              "Steps that did not fit in HBM at once and ran layer by layer", kCounter,

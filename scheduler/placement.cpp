@@ -110,6 +110,7 @@ Placement::Placement(const PageTable& table, std::array<Evictor*, kNumTiers> evi
 
 std::optional<Tier> Placement::next_tier(Tier tier) const {
   for (int i = tier_index(tier) + 1; i < kNumTiers; ++i) {
+    if (static_cast<Tier>(i) == Tier::kNvme && !nvme_writable_) continue;
     if (evictors_[static_cast<std::size_t>(i)] != nullptr) return static_cast<Tier>(i);
   }
   return std::nullopt;
@@ -159,7 +160,8 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
   const auto taken = [&](const BlockKey& k) {
     return budget.leaving[ti].count(k) != 0 || budget.arriving[ti].count(k) != 0;
   };
-  const bool nvme_tier = evictors_[static_cast<std::size_t>(tier_index(Tier::kNvme))] != nullptr;
+  const bool nvme_tier =
+      nvme_writable_ && evictors_[static_cast<std::size_t>(tier_index(Tier::kNvme))] != nullptr;
   Budget::Candidates& c = budget.candidates[ti];
   const auto refuse = [&](const BlockKey& k) {
     return skip[ti](k) || taken(k) || (!c.referenced_too && read_next_from(table_, k, tier));

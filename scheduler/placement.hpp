@@ -156,6 +156,11 @@ class Placement {
   // a plan evicts it.
   bool admit_new(const BlockFacts& block, std::array<uint64_t, kNumTiers> free_frames) const;
 
+  // Whether blocks may be written to NVMe now (NvmeWriteHealth). While not, plans send nothing
+  // there and keep every block in use in memory, as with no NVMe tier; NVMe still gives up its
+  // own copies when room is asked of it.
+  void set_nvme_writable(bool writable) { nvme_writable_ = writable; }
+
   const PlacementCounters& counters() const { return counters_; }
 
  private:
@@ -170,6 +175,7 @@ class Placement {
   const NvmeAdmission& admission_;
   const WriteStrategy& write_;
   PlacementCounters counters_;
+  bool nvme_writable_ = true;
   std::vector<BlockKey> victims_;  // scratch
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kvtier/log.hpp"
 #include "scheduler/policies/shadowed_first.hpp"
 #include "scheduler/scheduler_internal.hpp"
 
@@ -43,9 +44,12 @@ Scheduler::Scheduler(const SchedulerParts& parts, const SchedulerOptions& option
       links_(options.max_inflight_bytes, &stats_),
       batcher_(*parts.loop, links_, *parts.port, copy_batch_pages(parts.port->host_page_bytes()),
                [this] { land_demotions(); }),
-      resident_pins_(std::make_unique<ResidentPins>()) {}
+      resident_pins_(std::make_unique<ResidentPins>()),
+      nvme_health_(options.nvme_pause) {}
 
-Scheduler::~Scheduler() = default;
+Scheduler::~Scheduler() {
+  if (nvme_resume_timer_ != 0) parts_.loop->cancel_timer(nvme_resume_timer_);
+}
 
 Status Scheduler::init() {
   const auto capacity_of = [&](Tier t) -> uint64_t {
@@ -616,6 +620,10 @@ Status Scheduler::unpin_prefix(uint64_t id) {
 
 uint64_t Scheduler::persist_to_nvme() {
   if (parts_.nvme == nullptr) return 0;
+  if (!nvme_writable()) {
+    log(LogLevel::kWarn, "persist: nothing is written, writes to NVMe are paused after failing");
+    return 0;
+  }
   uint64_t started = 0;
   for (const auto& [key, info] : parts_.table->snapshot()) {
     if (key.is_private() || info.nvme != CopyState::kAbsent || !info.match_tier) continue;

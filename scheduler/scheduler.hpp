@@ -47,7 +47,9 @@
 // first step of a sequence gives up the part of its reused prefix that is still loading and tells
 // the engine to recompute it. A step that a failed NVMe write or read leaves without the HBM room
 // it was admitted with fails its unfinished layers at once (kUnavailable), never waiting for
-// frames no move can free.
+// frames no move can free. Writes that keep failing pause writing to NVMe (NvmeWriteHealth,
+// scheduler_nvme_pause.cpp): while paused, nothing is planned toward NVMe, the steps' fit counts
+// every block in use as kept in memory, and steps that no longer fit fail the same way.
 #pragma once
 
 #include <array>
@@ -71,6 +73,7 @@
 #include "scheduler/event_loop.hpp"
 #include "scheduler/layer_readiness.hpp"
 #include "scheduler/link_queues.hpp"
+#include "scheduler/nvme_write_health.hpp"
 #include "scheduler/page_table.hpp"
 #include "scheduler/placement.hpp"
 #include "scheduler/policies/admission.hpp"
@@ -91,6 +94,8 @@ struct SchedulerOptions {
   std::array<uint64_t, kNumLinks> max_inflight_bytes{};
   // Hard bound on any wait of an engine thread (wait_layer), whatever the deadline policy says.
   Nanos wait_timeout = 30 * kNanosPerSecond;
+  // When failed NVMe writes pause writing there (NvmeWriteHealth).
+  NvmeWritePauseOptions nvme_pause;
 };
 
 // What the scheduler drives; nothing is owned, everything must outlive it. `nvme` may be null (no
@@ -146,7 +151,8 @@ class Scheduler {
   // Loop thread; other threads read stats().pinned_prefix_blocks.
   uint64_t pinned_prefix_blocks() const { return protected_.size(); }
   // Starts writing every cached block that has no NVMe copy to NVMe (before a shutdown, so the
-  // next runtime on the same store finds them). Returns how many blocks it started writing.
+  // next runtime on the same store finds them). Returns how many blocks it started writing: none
+  // while writes to NVMe are paused after failing (it says so).
   uint64_t persist_to_nvme();
   // Shutdown, once the transfers drained: no watermark check is planned or carried on from here,
   // so no loop task starts copies after the copy engines stop (a turn already posted does
@@ -260,7 +266,7 @@ class Scheduler {
   uint64_t frames_held(StepId except = 0) const;
   // kvtier::kept_in_memory of a block a sequence holds.
   bool held_block_kept_in_memory(const BlockKey& key) const {
-    return kept_in_memory(key, /*referenced=*/true, /*nvme_tier=*/parts_.nvme != nullptr);
+    return kept_in_memory(key, /*referenced=*/true, /*nvme_tier=*/nvme_writable());
   }
   // A batch's blocks kept in memory: those its sequences hold (each once, pinned prefixes aside:
   // frames_held counts them), and those its step will open. `trades`: pages of those it holds may
@@ -287,11 +293,14 @@ class Scheduler {
   // HBM frames a batch may have beside `frames_held` when it computes `window` layers at a time
   // (none when taken is more than the capacity).
   uint64_t frames_available(const KeptBlocks& batch, uint64_t window, uint64_t frames_held) const;
-  // After `key`, a block in use, came to stay in memory (NVMe could not store it, or lost a page
-  // of it: `why`): the open steps that no longer fit as fit_window admitted them fail their
-  // unfinished layers with kUnavailable, so the engine aborts them at once rather than waiting
-  // out the timeout for frames no move can free. Begun again, they fit or are refused at once.
-  void fail_steps_that_no_longer_fit(const BlockKey& key, const Status& why);
+  // After blocks in use came to stay in memory (NVMe could not store one, or lost a page of one,
+  // or writes there were paused; `what_changed` says which, for the message): the open steps
+  // that no longer fit as fit_window admitted them fail their unfinished layers with
+  // kUnavailable, so the engine aborts them at once rather than waiting out the timeout for
+  // frames no move can free. Begun again, they fit or are refused at once.
+  void fail_steps_that_no_longer_fit(const std::string& what_changed);
+  // fail_steps_that_no_longer_fit's cause for one block `key` that must stay in memory (`why`).
+  static std::string kept_in_memory_because(const BlockKey& key, const Status& why);
   // How many of `keys` (with repeats) are blocks of pinned prefixes.
   uint64_t protected_count(std::span<const BlockKey> keys) const;
   // Stores the sizes of sequences_ and protected_ into the stats' gauges.
@@ -480,8 +489,18 @@ class Scheduler {
   // The block may be written to NVMe: there is an NVMe tier, the block has a content key (the
   // store is addressed by it; a private block has none yet) and NVMe never refused it.
   bool nvme_takes(const BlockKey& key) const {
-    return parts_.nvme != nullptr && !key.is_private() && !refused(key, Tier::kNvme);
+    return nvme_writable() && !key.is_private() && !refused(key, Tier::kNvme);
   }
+  // There is an NVMe tier and writes to it are not paused (NvmeWriteHealth): blocks in use may
+  // leave memory by way of NVMe.
+  bool nvme_writable() const { return parts_.nvme != nullptr && nvme_health_.writable(); }
+  // How a write to NVMe ended, for NvmeWriteHealth: `written` OK, or its failure. A failure of the
+  // disk's (not a block NVMe cannot encode, not a cancelled write) may pause writing there; while
+  // paused nothing is planned toward NVMe, and open steps that fitted only with blocks bound
+  // there fail (fail_steps_that_no_longer_fit).
+  void note_nvme_write(const Status& written);
+  // The pause is over (its timer): writes go again, and what waited for them is planned again.
+  void resume_nvme_writes();
   bool refused(const BlockKey& key, Tier tier) const {
     if (refused_.empty()) return false;  // the common case: asked per room-making candidate
     auto it = refused_.find(key);
@@ -634,6 +653,9 @@ class Scheduler {
   // when a page has no copy left (recompute_lost_blocks). Erased once no sequence holds the block
   // (release_sequence_block), or with the entry.
   std::unordered_set<BlockKey, BlockKeyHash> lost_blocks_;
+  // Whether writes to NVMe are paused after failing, and the timer that ends the pause (0: none).
+  NvmeWriteHealth nvme_health_;
+  TimerId nvme_resume_timer_ = 0;
 
   // What engine threads read without the loop: per step, its layers' readiness and tables.
   mutable std::mutex published_mu_;

@@ -250,14 +250,16 @@ Status Scheduler::layer_does_not_fit(uint64_t needed_per_layer, uint64_t availab
                              " blocks in use, " + std::to_string(parts_.table->private_blocks()) +
                              " of them private,";
   const std::string kept =
-      parts_.nvme != nullptr
+      nvme_writable()
           ? "hold pages of private blocks, which cannot go to NVMe, and of blocks in use that "
             "NVMe has no room for, which do not fit in host memory: " +
                 in_use + " NVMe has room for " + std::to_string(parts_.nvme->capacity()) +
                 " blocks; in all " + std::to_string(blocks_kept_in_memory()) + " blocks"
-          : "hold pages of blocks in use, which cannot leave memory without an NVMe tier and "
-            "do not fit in host memory: " +
-                in_use;
+          : "hold pages of blocks in use, which cannot leave memory " +
+                std::string(parts_.nvme == nullptr
+                                ? "without an NVMe tier"
+                                : "while writes to NVMe are paused after failing") +
+                " and do not fit in host memory: " + in_use;
   return resource_exhausted(
       "begin_step: one layer of this batch needs " + std::to_string(needed_per_layer) +
       " HBM frames (" + std::to_string(needed_per_layer * options_.geometry.page_bytes()) +
@@ -384,7 +386,7 @@ uint64_t Scheduler::frames_held(StepId except) const {
 uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t window,
                                           uint64_t frames_held) const {
   const uint64_t layers = options_.geometry.layers;
-  const bool nvme = parts_.nvme != nullptr;
+  const bool nvme = nvme_writable();
   const uint64_t all = blocks_kept_in_memory(batch.refilled_on_nvme);
   const uint64_t others = all > batch.held ? all - batch.held : 0;
   const uint64_t outside_window = layers - std::min(layers, window);
@@ -403,9 +405,16 @@ uint64_t Scheduler::frames_available(const KeptBlocks& batch, uint64_t window,
   return capacity > taken ? capacity - taken : 0;
 }
 
-void Scheduler::fail_steps_that_no_longer_fit(const BlockKey& key, const Status& why) {
+std::string Scheduler::kept_in_memory_because(const BlockKey& key, const Status& why) {
+  return "block " + to_string(key) +
+         ", which it was admitted beside as bound for NVMe, must stay in memory (" +
+         why.to_string() + ")";
+}
+
+void Scheduler::fail_steps_that_no_longer_fit(const std::string& what_changed) {
   // Asked as fit_window asked it, beside every other open step and pinned prefix: a step that
-  // fitted only while `key` could go to NVMe waits for frames that only its own end could free.
+  // fitted only while some block in use could go to NVMe waits for frames that only its own end
+  // could free.
   for (const auto& [id, step] : steps_) {
     if (step->ended) continue;
     const uint64_t held = frames_held(id);
@@ -413,9 +422,8 @@ void Scheduler::fail_steps_that_no_longer_fit(const BlockKey& key, const Status&
     const uint64_t available = frames_available(step->kept, step->window, held);
     if (needed <= available) continue;
     const Status s = unavailable(
-        "step " + std::to_string(id) + " no longer fits in HBM: block " + to_string(key) +
-        ", which it was admitted beside as bound for NVMe, must stay in memory (" +
-        why.to_string() + "); its window of " + std::to_string(step->window) + " layers needs " +
+        "step " + std::to_string(id) + " no longer fits in HBM: " + what_changed +
+        "; its window of " + std::to_string(step->window) + " layers needs " +
         std::to_string(needed) + " HBM frames, " + std::to_string(available) +
         " are left. Abort the step and begin it again: it then fits, or is refused at once");
     for (const auto& ready : step->shared->ready) {
@@ -426,7 +434,7 @@ void Scheduler::fail_steps_that_no_longer_fit(const BlockKey& key, const Status&
 
 uint64_t Scheduler::blocks_kept_in_memory(uint64_t extents_taken) const {
   const uint64_t referenced = parts_.table->referenced_blocks();
-  if (parts_.nvme == nullptr) return referenced;
+  if (!nvme_writable()) return referenced;
   const uint64_t private_blocks = parts_.table->private_blocks();
   const uint64_t keyed = referenced - std::min(referenced, private_blocks);
   // Blocks in use that NVMe refused go nowhere below host memory either, nor do the pages left of

@@ -62,7 +62,7 @@ void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& wh
     }
   }
   after_change(key);
-  if (newly_kept) fail_steps_that_no_longer_fit(key, why);
+  if (newly_kept) fail_steps_that_no_longer_fit(kept_in_memory_because(key, why));
 }
 
 bool Scheduler::shadowed_in(const BlockKey& key, Tier tier) const {
@@ -99,8 +99,8 @@ void Scheduler::note_if_lost(const BlockKey& key) {
   // their fills, some of them later: a sequence checks when its next step begins.
   if (!parts_.table->referenced(key) || lost_blocks_.contains(key)) return;
   lost_blocks_.insert(key);
-  fail_steps_that_no_longer_fit(
-      key, io_error("a read of it from NVMe failed and it has no other copy of some page"));
+  fail_steps_that_no_longer_fit(kept_in_memory_because(
+      key, io_error("a read of it from NVMe failed and it has no other copy of some page")));
 }
 
 uint64_t Scheduler::execute_move(const PlannedMove& move, TransferPriority prio) {
@@ -335,7 +335,7 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
                                      bool drop_hbm) {
   const uint32_t layers = options_.geometry.layers;
   const PageKey pk{key, CopyId::kWholeBlock, Tier::kNvme};
-  if (parts_.nvme == nullptr || key.is_private() || ops_.contains(pk)) return false;
+  if (!nvme_writable() || key.is_private() || ops_.contains(pk)) return false;
   std::vector<uint32_t> host_frames(layers);
   for (uint32_t l = 0; l < layers; ++l) {
     const PageSnapshot p = page_snapshot(key, l);
@@ -402,6 +402,9 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           sync_membership(key, Tier::kNvme);
           sync_membership(key, Tier::kHost);
           finish_op(pk, s);
+          // A disk that fails write after write pauses writing (first: a step that no longer
+          // fits hears of the pause, the larger cause).
+          note_nvme_write(s);
           // The store refused the block (an fp8 store and a page with NaN or inf) or
           // could not write it (an I/O error): it is not written again — a failing disk
           // would otherwise be hammered with the same block, at once when the failure

@@ -95,6 +95,11 @@ struct NvmeTierConfig {
   double read_gbps = 0.0;  // bandwidth for compute-or-load planning; 0 = measure/assume default
   double write_gbps = 0.0;
   Watermarks watermarks;
+  // Failed writes in a row (none succeeding between) that pause writing to NVMe; 0 = never pause.
+  // The first pause lasts pause_ms; each failure of the first writes after one doubles it, up to
+  // 5 minutes (or pause_ms, when longer). Copies already there are still read.
+  uint32_t pause_after_failed_writes = 8;
+  uint32_t pause_ms = 1000;
 
   friend bool operator==(const NvmeTierConfig&, const NvmeTierConfig&) = default;
 };

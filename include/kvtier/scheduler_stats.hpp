@@ -65,6 +65,10 @@ struct SchedulerStats {
   // Copies a slower tier could not store (an fp8 tier and a page with NaN or inf, or a failed
   // NVMe write): their blocks are dropped instead of sent down again.
   Counter refused_demotions{0};
+  // Times failed NVMe writes paused writing there (failures in a row; see NvmeWriteHealth), and
+  // whether it is paused now (1) or not (0).
+  Counter nvme_write_pauses{0};
+  Gauge nvme_writes_paused{0};
 
   Counter steps{0};
   Counter windowed_steps{0};  // steps that did not fit in HBM at once and ran layer by layer

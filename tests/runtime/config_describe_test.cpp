@@ -20,6 +20,7 @@ TEST(Describe, DefaultSummaryHasGeometryTiersPoliciesAndMetrics) {
   EXPECT_THAT(d, HasSubstr("65536 frames of 64 KiB"));
   EXPECT_THAT(d, HasSubstr("8176 extents of 2 MiB (4 KiB header + 32 x 64 KiB pages)"));
   EXPECT_THAT(d, HasSubstr("path ./.kvtier/store0.kvs (8176 extents)\n"));
+  EXPECT_THAT(d, HasSubstr("writes paused 1000 ms after 8 failed in a row\n"));
   EXPECT_THAT(d, HasSubstr("policies  eviction lru, write write_back"));
   EXPECT_THAT(d,
               HasSubstr("metrics   listen 127.0.0.1:9464, 12 latency buckets 0.0001 s .. 1 s\n"));
@@ -36,6 +37,9 @@ TEST(Describe, ReflectsWhatChanged) {
   c.policies.write_selective_hits = 3;
   c.tiers.host.numa_node = 1;
   const std::string d = describe_config(c);
+  Config never;
+  never.tiers.nvme.pause_after_failed_writes = 0;
+  EXPECT_THAT(describe_config(never), HasSubstr("writes never paused after failures\n"));
   EXPECT_THAT(d, HasSubstr("(key namespace \"tenant-a\")"));
   EXPECT_THAT(d, HasSubstr("tier nvme disabled\n"));
   EXPECT_THAT(d, HasSubstr("write write_through_selective after 3 hits"));

@@ -155,6 +155,8 @@ tiers:
     kv_dtype: fp8_e4m3
     read_gbps: 6.5
     write_gbps: 3.25
+    pause_after_failed_writes: 0
+    pause_ms: 2500
     watermarks: {low: 0.3, high: 0.8}
 policies:
   eviction: s3fifo
@@ -206,6 +208,8 @@ metrics:
   EXPECT_EQ(c.tiers.host.kv_dtype, TierKvDtype::kFp8E4M3);
   EXPECT_EQ(c.tiers.nvme.read_gbps, 6.5);
   EXPECT_EQ(c.tiers.nvme.write_gbps, 3.25);
+  EXPECT_EQ(c.tiers.nvme.pause_after_failed_writes, 0u);
+  EXPECT_EQ(c.tiers.nvme.pause_ms, 2500u);
   EXPECT_EQ(c.tiers.nvme.watermarks.low, 0.3);
   EXPECT_EQ(c.tiers.nvme.watermarks.high, 0.8);
   EXPECT_EQ(c.policies.eviction, EvictionPolicy::kS3Fifo);

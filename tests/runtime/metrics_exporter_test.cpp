@@ -143,6 +143,8 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_deadline_misses_total",
                            "kvtier_failed_loads_total",
                            "kvtier_refused_demotions_total",
+                           "kvtier_nvme_write_pauses_total",
+                           "kvtier_nvme_writes_paused",
                            "kvtier_link_queued_bytes",
                            "kvtier_link_inflight_bytes"}) {
     EXPECT_THAT(names, Contains(want));

@@ -2,8 +2,9 @@
 // is never served; a failed pinned load is loaded again after the abort; ending a step with a
 // failed layer aborts it and caches nothing unwritten; a sequence recomputes a block lost to a
 // failed read; a failed write is not retried, and a block in use it failed for counts as kept in
-// memory; a step that failed writes leave without room fails at once; misuse is reported and
-// changes nothing; an aborted step leaves its sequence as it was.
+// memory; a step that failed writes leave without room fails at once; writes that keep failing
+// pause writing to NVMe, for longer each time, until one succeeds; misuse is reported and changes
+// nothing; an aborted step leaves its sequence as it was.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -261,6 +262,132 @@ TEST(SchedulerSim, AStepThatFailedWritesLeaveWithoutRoomFailsAtOnce) {
       << "names the failed write: " << r.status.to_string();
   EXPECT_GT(w.scheduler().stats().refused_demotions.load(), 0u);
   expect_consistent(w);  // the harness aborted the step
+  auto again = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  EXPECT_TRUE(again.status.ok() ||
+              (again.info.id == 0 && again.status.code() == StatusCode::kResourceExhausted))
+      << again.status.to_string();
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
+// Writes to NVMe that fail in a row pause writing there: each pause and its length, in virtual
+// time, from the scheduler's gauge as the loop runs prompts through tiers too small to hold them,
+// one every 5 ms.
+struct PauseLog {
+  std::vector<Nanos> lengths;  // of every pause that ended
+  uint64_t writes_while_paused = 0;
+  uint64_t writes = 0;
+  bool paused_at_end = false;
+  uint64_t blocks_on_nvme = 0;  // at the end
+};
+PauseLog run_prompts_with_failing_writes(const NvmeWritePauseOptions& pause, uint32_t failures,
+                                         uint32_t prompts) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  setup.nvme_pause = pause;
+  SimWorld w(setup);
+  w.port().fail_next(Link::kHostToNvme, failures);
+  PauseLog log;
+  bool paused = false;
+  Nanos since = 0;
+  uint64_t writes_seen = 0;
+  w.loop().after_each_event([&] {
+    const uint64_t writes = w.port().counters(Link::kHostToNvme).transfers;
+    const bool now_paused = w.scheduler().stats().nvme_writes_paused.load() != 0;
+    // Writes submitted by an event the pause held throughout.
+    if (paused && now_paused) log.writes_while_paused += writes - writes_seen;
+    writes_seen = writes;
+    if (now_paused != paused) {
+      if (paused) log.lengths.push_back(w.loop().clock().now() - since);
+      since = w.loop().clock().now();
+      paused = now_paused;
+    }
+  });
+  for (uint32_t p = 0; p < prompts; ++p) {
+    auto s = w.scheduler().open_sequence(w.prompt(4, p + 1));
+    EXPECT_TRUE(s.ok());
+    if (!s.ok()) break;
+    const StepItem item{s->id, 4 * 16};
+    const Status ran = w.run_step(std::span(&item, 1), kNanosPerMicro).status;
+    EXPECT_TRUE(ran.ok()) << "prompt " << p << ": " << ran.to_string();
+    EXPECT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    // The next request comes 5 ms later (settling would run every pause out between prompts).
+    w.loop().run_until(w.loop().clock().now() + 5 * kNanosPerMilli);
+  }
+  w.settle();
+  w.loop().after_each_event({});
+  log.writes = w.port().counters(Link::kHostToNvme).transfers;
+  log.paused_at_end = paused;
+  log.blocks_on_nvme = w.port().nvme_blocks();
+  EXPECT_EQ(w.scheduler().stats().nvme_write_pauses.load(), log.lengths.size() + (paused ? 1 : 0));
+  expect_consistent(w);
+  return log;
+}
+
+NvmeWritePauseOptions pause_after(uint32_t failures) {
+  NvmeWritePauseOptions o;
+  o.after_failed_writes = failures;
+  o.first_pause = 10 * kNanosPerMilli;
+  o.longest_pause = 40 * kNanosPerMilli;
+  return o;
+}
+
+// A disk that fails every write: three failures in a row pause writing for 10 ms, and each pause
+// whose first write fails again is twice as long, up to 40 ms. No write starts while paused, and
+// every step runs (the blocks that cannot go down are dropped, or stay in memory while in use).
+// Without the pause every block that leaves host memory is tried once.
+TEST(SchedulerSim, WritesThatKeepFailingPauseForLongerEachTime) {
+  const PauseLog paused = run_prompts_with_failing_writes(pause_after(3), 1000000, 24);
+  ASSERT_GE(paused.lengths.size(), 4u);
+  const Nanos ms = kNanosPerMilli;
+  EXPECT_EQ(paused.lengths[0], 10 * ms);
+  EXPECT_EQ(paused.lengths[1], 20 * ms);
+  EXPECT_EQ(paused.lengths[2], 40 * ms);
+  EXPECT_EQ(paused.lengths[3], 40 * ms);
+  EXPECT_EQ(paused.writes_while_paused, 0u);
+  EXPECT_EQ(paused.blocks_on_nvme, 0u);
+  const PauseLog never = run_prompts_with_failing_writes(pause_after(0), 1000000, 24);
+  EXPECT_TRUE(never.lengths.empty());
+  EXPECT_LT(paused.writes, never.writes) << "the pauses spared the failing disk no write";
+}
+
+// A disk that recovers: after five failures writes succeed again, the outage ends with the first
+// of them, and blocks reach NVMe as before.
+TEST(SchedulerSim, WritesResumeWhenTheDiskRecovers) {
+  const PauseLog log = run_prompts_with_failing_writes(pause_after(3), 5, 24);
+  ASSERT_FALSE(log.lengths.empty()) << "three failures in a row paused writing";
+  EXPECT_EQ(log.writes_while_paused, 0u);
+  EXPECT_GT(log.writes, 8u) << "writes went on after the failures";
+  EXPECT_FALSE(log.paused_at_end);
+  EXPECT_GT(log.blocks_on_nvme, 0u);
+}
+
+// A step admitted beside blocks in use bound for NVMe fails at once when writing there pauses,
+// saying so (the pause leaves every block in use in memory).
+TEST(SchedulerSim, AStepThatAPauseLeavesWithoutRoomFailsAtOnceSayingWhy) {
+  SimSetup setup = host_for_prompts_setup(WritePolicy::kWriteBack);
+  setup.nvme_pause = pause_after(1);
+  SimWorld w(setup);
+  std::vector<SequenceId> open;
+  Status held = w.hold_prompts(kPrompts, kNanosPerMicro, open);
+  ASSERT_TRUE(held.ok()) << held.to_string();
+  w.port().fail_next(Link::kHostToNvme, 1000000);
+  auto s = w.scheduler().open_sequence(w.prompt(8, 99));
+  ASSERT_TRUE(s.ok());
+  const StepItem item{s->id, 8 * 16};
+  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
+  ASSERT_TRUE(r.info.windowed);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("writes to NVMe are paused for 10 ms after 1 failed in a row"),
+            std::string::npos)
+      << r.status.to_string();
+  EXPECT_EQ(w.scheduler().stats().nvme_writes_paused.load(), 1u);
+  // Begun again while paused, it is counted with every block in use kept in memory: refused at
+  // once, or it fits.
   auto again = w.run_step(std::span(&item, 1), kNanosPerMicro);
   EXPECT_TRUE(again.status.ok() ||
               (again.info.id == 0 && again.status.code() == StatusCode::kResourceExhausted))

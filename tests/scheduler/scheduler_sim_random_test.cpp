@@ -33,6 +33,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
+using testing::pause_nvme_writes_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
 using testing::SimWorld;
@@ -42,11 +43,12 @@ class SchedulerRandomWorkload : public ::testing::TestWithParam<int> {};
 TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
   std::mt19937 rng(static_cast<uint32_t>(GetParam()));
   SimSetup setup = random_workload_setup(GetParam());
+  const bool inject_failures = GetParam() % 3 == 2;
+  if (inject_failures) pause_nvme_writes_at_every_failure(setup);
   SimWorld w(setup);
   std::vector<std::vector<BlockKey>> prompts;
   for (uint32_t p = 0; p < 10; ++p) prompts.push_back(w.prompt(1 + rng() % 6, p, rng() % 3));
   std::vector<SequenceId> open;
-  const bool inject_failures = GetParam() % 3 == 2;
   std::mt19937 failures(static_cast<uint32_t>(GetParam()) * 7919u + 1);
   for (int op = 0; op < 300; ++op) {
     if (inject_failures && failures() % 16 == 0) {
