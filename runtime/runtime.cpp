@@ -24,6 +24,7 @@
 #include "runtime/config_validate.hpp"
 #include "runtime/metrics_exporter.hpp"
 #include "runtime/metrics_tiers.hpp"
+#include "runtime/runtime_opener.hpp"
 #include "runtime/timeouts.hpp"
 #include "scheduler/asio_event_loop.hpp"
 #include "scheduler/engine_transfer_port.hpp"
@@ -139,15 +140,21 @@ struct Runtime::Impl {
 };
 
 Result<std::unique_ptr<Runtime>> Runtime::open(const Config& config, RuntimeOptions options) {
+  return detail::RuntimeOpener::open(config, options, TierStackOptions{});
+}
+
+Result<std::unique_ptr<Runtime>> detail::RuntimeOpener::open(const Config& config,
+                                                             RuntimeOptions options,
+                                                             TierStackOptions tier_options) {
   KVTIER_RETURN_IF_ERROR(validate_config(config));
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Runtime::Impl>();
   impl->config = config;
   KVTIER_ASSIGN_OR_RETURN(impl->options, checked_options(options));
   const Geometry& g = config.model.geometry;
   impl->namespace_tag = kvtier::namespace_tag(impl->key_namespace());
   impl->root = kvtier::namespace_root(impl->key_namespace());
 
-  auto tiers = open_tiers(config.tiers, g);
+  auto tiers = open_tiers(config.tiers, g, std::move(tier_options));
   if (!tiers.ok()) return std::move(tiers).status().with_context("opening the tiers");
   impl->tiers = std::move(tiers).value();
   TierStack& t = *impl->tiers;

@@ -101,6 +101,10 @@ struct RuntimeStats {
 
 using PrefixPinId = uint64_t;
 
+namespace detail {
+struct RuntimeOpener;  // opens a Runtime over replaced tier seams (tests); not part of the API
+}  // namespace detail
+
 class Runtime {
  public:
   // Opens the tiers, recovers the NVMe store's index and starts the loop. The config is validated
@@ -186,6 +190,7 @@ class Runtime {
   Status shutdown();
 
  private:
+  friend struct detail::RuntimeOpener;
   struct Impl;
   explicit Runtime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
