@@ -39,10 +39,9 @@ void prefill_prompt(Runtime& rt, uint32_t seed) {
   auto seq = rt.open_sequence(rt.block_keys(tokens));
   ASSERT_TRUE(seq.ok()) << seq.status().to_string();
   bool bytes_ok = true;
-  const Status ran =
-      testing::run_checked_step(rt, seq->id, tokens, seq->reused_tokens,
-                                static_cast<uint32_t>(tokens.size() - seq->reused_tokens),
-                                &bytes_ok);
+  const Status ran = testing::run_checked_step(
+      rt, seq->id, tokens, seq->reused_tokens,
+      static_cast<uint32_t>(tokens.size() - seq->reused_tokens), &bytes_ok);
   EXPECT_TRUE(ran.ok()) << "prompt " << seed << ": " << ran.to_string();
   EXPECT_TRUE(bytes_ok) << "prompt " << seed;
   ASSERT_TRUE(rt.close_sequence(seq->id).ok());
