@@ -12,9 +12,11 @@ NvmeWritePauseOptions nvme_pause_options(const NvmeTierConfig& config) {
   return o;
 }
 
-void NvmeWriteHealth::on_write_ok() {
+bool NvmeWriteHealth::on_write_ok() {
+  const bool outage_ended = last_pause_ != 0;
   failures_in_a_row_ = 0;
   last_pause_ = 0;
+  return outage_ended;
 }
 
 std::optional<Nanos> NvmeWriteHealth::on_write_failed() {

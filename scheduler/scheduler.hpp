@@ -501,6 +501,8 @@ class Scheduler {
   void note_nvme_write(const Status& written);
   // The pause is over (its timer): writes go again, and what waited for them is planned again.
   void resume_nvme_writes();
+  // A write succeeded after an outage: the blocks its failures refused may go to NVMe again.
+  void lift_disk_refusals();
   bool refused(const BlockKey& key, Tier tier) const {
     if (refused_.empty()) return false;  // the common case: asked per room-making candidate
     auto it = refused_.find(key);
@@ -647,7 +649,9 @@ class Scheduler {
   uint64_t next_pin_ = 0;
   // Blocks a slower tier could not store (an fp8 tier cannot encode NaN or inf; an NVMe write
   // failed), as a bit per tier: they leave the faster tier only by being dropped, when nothing
-  // needs them (execute_move), and are never sent to that tier again.
+  // needs them (execute_move), and are not sent to that tier again — but for NVMe refusals of a
+  // failing disk (kRefusedByFailingDisk), lifted when writes succeed after a pause.
+  static constexpr uint8_t kRefusedByFailingDisk = 0x80;
   std::unordered_map<BlockKey, uint8_t, BlockKeyHash> refused_;
   // Blocks in use whose NVMe read failed (note_if_lost); a sequence reading one recomputes it
   // when a page has no copy left (recompute_lost_blocks). Erased once no sequence holds the block

@@ -43,12 +43,16 @@ bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
 void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& why) {
   const bool newly_kept =
       tier == Tier::kNvme && !refused(key, Tier::kNvme) && parts_.table->referenced(key);
-  refused_[key] |= static_cast<uint8_t>(1u << tier_index(tier));
+  refused_[key] |= static_cast<uint8_t>((1u << tier_index(tier)) |
+                                       (tier == Tier::kNvme && is_disk_failure(why)
+                                            ? kRefusedByFailingDisk
+                                            : 0u));
   stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
   log_once(LogLevel::kWarn, std::string("scheduler.refused.") + std::string(tier_name(tier)),
            std::string("the ") + std::string(tier_name(tier)) + " tier could not store block " +
                to_string(key) + " (" + why.to_string() +
-               "); such blocks are dropped when nothing needs them, never sent there again");
+               "); such blocks are dropped when nothing needs them, not sent there again (for a "
+               "failing disk: until writes there succeed after a pause)");
   // The copies that would have gone down leave the tier above once nothing needs them.
   const Tier above = tier == Tier::kHost ? Tier::kHbm : Tier::kHost;
   if (!may_lose_last_copy(key, above)) {

@@ -63,7 +63,8 @@ struct SchedulerStats {
   // Loads that failed (I/O error, checksum) and became misses.
   Counter failed_loads{0};
   // Copies a slower tier could not store (an fp8 tier and a page with NaN or inf, or a failed
-  // NVMe write): their blocks are dropped instead of sent down again.
+  // NVMe write): their blocks are dropped instead of sent down again (a failing disk's refusals
+  // are lifted when its writes succeed after a pause).
   Counter refused_demotions{0};
   // Times failed NVMe writes paused writing there (failures in a row; see NvmeWriteHealth), and
   // whether it is paused now (1) or not (0).

@@ -1,5 +1,5 @@
 // NvmeWriteHealth: failures in a row pause writes to NVMe, each failed retry doubles the pause up
-// to the longest, and a success starts everything again.
+// to the longest, and a success starts everything again (and says when it ends an outage).
 #include "scheduler/nvme_write_health.hpp"
 
 #include <gtest/gtest.h>
@@ -41,11 +41,11 @@ TEST(NvmeWriteHealth, ASuccessStartsTheCountAndThePauseAgain) {
   h.resume();
   ASSERT_EQ(h.on_write_failed(), std::optional<Nanos>(200));
   h.resume();
-  h.on_write_ok();
+  EXPECT_TRUE(h.on_write_ok()) << "the first success after a pause ends the outage";
   EXPECT_EQ(h.failures_in_a_row(), 0u);
   EXPECT_FALSE(h.on_write_failed());
   EXPECT_FALSE(h.on_write_failed());
-  h.on_write_ok();  // between failures: they are not in a row
+  EXPECT_FALSE(h.on_write_ok()) << "between failures, no outage: they are not in a row";
   EXPECT_FALSE(h.on_write_failed());
   EXPECT_FALSE(h.on_write_failed());
   EXPECT_EQ(h.on_write_failed(), std::optional<Nanos>(100)) << "the first pause again";

@@ -3,8 +3,9 @@
 // failed layer aborts it and caches nothing unwritten; a sequence recomputes a block lost to a
 // failed read; a failed write is not retried, and a block in use it failed for counts as kept in
 // memory; a step that failed writes leave without room fails at once; writes that keep failing
-// pause writing to NVMe, for longer each time, until one succeeds; misuse is reported and changes
-// nothing; an aborted step leaves its sequence as it was.
+// pause writing to NVMe, for longer each time, until one succeeds, which lets the blocks they
+// refused be written again; misuse is reported and changes nothing; an aborted step leaves its
+// sequence as it was.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -395,6 +396,39 @@ TEST(SchedulerSim, AStepThatAPauseLeavesWithoutRoomFailsAtOnceSayingWhy) {
   ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
   for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
   w.settle();
+  expect_consistent(w);
+}
+
+// Blocks whose writes failed while the disk was failing may be written again once it works: the
+// first write to succeed after a pause lifts those refusals. Three one-block prompts held open are
+// refused by the three failures that pause writing; the disk then recovers and the next prompts'
+// writes succeed. Closed and pushed out of memory, the three go to NVMe and stay cached, where a
+// refused block is dropped.
+TEST(SchedulerSim, BlocksRefusedByAFailingDiskAreWrittenOnceItWorksAgain) {
+  SimSetup setup = host_for_prompts_setup(WritePolicy::kWriteThrough);
+  setup.nvme_pause = pause_after(3);
+  SimWorld w(setup);
+  w.port().fail_next(Link::kHostToNvme, 3);
+  std::vector<SequenceId> open;
+  Status held = w.hold_prompts(kPrompts, kNanosPerMicro, open);
+  ASSERT_TRUE(held.ok()) << held.to_string();
+  ASSERT_EQ(w.scheduler().stats().refused_demotions.load(), 3u);
+  ASSERT_EQ(w.scheduler().stats().nvme_write_pauses.load(), 1u);
+  ASSERT_EQ(w.scheduler().stats().nvme_writes_paused.load(), 0u) << "the outage ended";
+  for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
+  w.settle();
+  // Prompts of their own push every held block out of memory.
+  for (uint32_t p = 0; p < 8; ++p) {
+    ASSERT_TRUE(w.prefill_and_close(w.prompt(4, 100 + p), kNanosPerMicro).ok());
+    w.settle();
+  }
+  uint32_t cached = 0;
+  for (uint32_t p = 0; p < kPrompts; ++p) {
+    const MatchResult m = w.scheduler().match(w.prompt(1, p + 1));
+    EXPECT_EQ(m.by_tier[tier_index(Tier::kHbm)] + m.by_tier[tier_index(Tier::kHost)], 0u);
+    cached += m.by_tier[tier_index(Tier::kNvme)];
+  }
+  EXPECT_EQ(cached, kPrompts) << "a block the failing disk refused was dropped, not written";
   expect_consistent(w);
 }
 
