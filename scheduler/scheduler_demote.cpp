@@ -43,10 +43,9 @@ bool Scheduler::may_lose_last_copy(const BlockKey& key, Tier tier) const {
 void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& why) {
   const bool newly_kept =
       tier == Tier::kNvme && !refused(key, Tier::kNvme) && parts_.table->referenced(key);
-  refused_[key] |= static_cast<uint8_t>((1u << tier_index(tier)) |
-                                       (tier == Tier::kNvme && is_disk_failure(why)
-                                            ? kRefusedByFailingDisk
-                                            : 0u));
+  uint8_t bits = static_cast<uint8_t>(1u << tier_index(tier));
+  if (tier == Tier::kNvme && is_disk_failure(why)) bits |= kRefusedByFailingDisk;
+  refused_[key] |= bits;
   stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
   log_once(LogLevel::kWarn, std::string("scheduler.refused.") + std::string(tier_name(tier)),
            std::string("the ") + std::string(tier_name(tier)) + " tier could not store block " +
