@@ -190,7 +190,7 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
     const BlockKey key = c.keys[c.next++];
     if (taken(key)) continue;        // chosen or arriving since the batch was fetched
     budget.leaving[ti].insert(key);  // never proposed twice in one plan
-    Snapshot s = read_block(table_, key, tier, nvme_tier);
+    Snapshot s = read_block(table_, key, tier, nvme_tier && !nvme_refuses_(key));
     if (tier == Tier::kHbm && budget.host_pages_leave.count(key) != 0) {
       s.host_missing = s.evictable;  // its host copies leave in this plan: each page needs a frame
     }
@@ -232,8 +232,8 @@ uint64_t Placement::free_in(Tier tier, uint64_t frames, Budget& budget, const Ti
       uint64_t need = 0;
       if (*next == Tier::kNvme) {
         // The NVMe store is addressed by content key: a private block has none yet.
-        admitted =
-            s.nvme_absent && s.all_in_memory && !key.is_private() && admission_.admits(s.hits);
+        admitted = s.nvme_absent && s.all_in_memory && !key.is_private() &&
+                   admission_.admits(s.hits) && !nvme_refuses_(key);
         need = 1;
       } else {  // host, from HBM
         ask_evictor = !evictors_[ni]->contains(key) && !next_tier(*next);

@@ -36,7 +36,8 @@
 //   - otherwise drop: a cache may lose a block; the next request recomputes it;
 //   - a block kept in memory is never lost and never goes to NVMe: a private block
 //     (BlockKey::is_private: K/V an engine wrote that has no content key yet; NVMe is addressed
-//     by content key) and, with no NVMe tier, a block an open sequence holds. In host memory only
+//     by content key) and, with no NVMe tier to write to (none, writes paused, or NVMe refused
+//     that block: set_nvme_refuses), a block an open sequence holds. In host memory only
 //     its pages whose HBM copy is ready can leave, in HBM with no room below only those host
 //     memory holds, and only those count as freed. The same in host memory for a block in use
 //     with no NVMe copy that the plan does not write there. When host memory has room for some of
@@ -160,6 +161,11 @@ class Placement {
   // there and keep every block in use in memory, as with no NVMe tier; NVMe still gives up its
   // own copies when room is asked of it.
   void set_nvme_writable(bool writable) { nvme_writable_ = writable; }
+  // Blocks NVMe will not take (the scheduler's refusals: a write of the block failed, or fp8
+  // cannot encode it): planned as with no NVMe tier, block by block — never demoted there, and
+  // kept in memory while in use, some of their pages going down where host memory has room for
+  // only some. `refuses` must outlive the placement. Default: none.
+  void set_nvme_refuses(KeyFilter refuses) { nvme_refuses_ = refuses; }
 
   const PlacementCounters& counters() const { return counters_; }
 
@@ -176,6 +182,7 @@ class Placement {
   const WriteStrategy& write_;
   PlacementCounters counters_;
   bool nvme_writable_ = true;
+  KeyFilter nvme_refuses_ = KeyFilter::none();
   std::vector<BlockKey> victims_;  // scratch
 };
 

@@ -93,6 +93,7 @@ Status Scheduler::init() {
   }
   admission_ = std::make_unique<NvmeAdmission>(options_.policies.admission);
   placement_ = std::make_unique<Placement>(*parts_.table, raw, *admission_, *write_);
+  placement_->set_nvme_refuses(KeyFilter(nvme_refuses_));
   return ok_status();
 }
 

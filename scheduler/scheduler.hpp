@@ -508,6 +508,11 @@ class Scheduler {
     auto it = refused_.find(key);
     return it != refused_.end() && (it->second & (1u << tier_index(tier))) != 0;
   }
+  // The blocks NVMe refused, for the placement (Placement::set_nvme_refuses).
+  struct NvmeRefuses {
+    const Scheduler* scheduler;
+    bool operator()(const BlockKey& key) const { return scheduler->refused(key, Tier::kNvme); }
+  };
   // Blocks the placement must leave alone when it plans room in `tier` (SkipFilter::operator()).
   struct SkipFilter {
     const Scheduler* scheduler;
@@ -587,6 +592,7 @@ class Scheduler {
   std::unique_ptr<WriteStrategy> write_;
   std::unique_ptr<NvmeAdmission> admission_;
   std::unique_ptr<Placement> placement_;
+  NvmeRefuses nvme_refuses_{this};  // the placement's view of refused_
 
   std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   std::unordered_map<StepId, std::unique_ptr<Step>> steps_;

@@ -546,10 +546,12 @@ class TwoLayerRig {
     fill(key, CopyId::nvme());
     track(key, Tier::kNvme);
   }
-  // Room for `frames` in `tier`, with `host_free` host frames and `nvme_free` NVMe extents free.
+  // Room for `frames` in `tier`, with `host_free` host frames and `nvme_free` NVMe extents free,
+  // and the blocks NVMe refuses.
   PlacementPlan plan_room(Tier tier, uint64_t frames, uint64_t host_free = 0,
-                          uint64_t nvme_free = 4) {
+                          uint64_t nvme_free = 4, KeyFilter nvme_refuses = KeyFilter::none()) {
     Placement placement(*rig_.table, evictors(), admission_, *write_);
+    placement.set_nvme_refuses(nvme_refuses);
     return placement.plan_room(tier, frames, {0, host_free, nvme() ? nvme_free : 0u});
   }
   Result<ExecutionResult> execute(const PlacementPlan& plan) {
@@ -657,6 +659,49 @@ TEST_P(PlacementKept, HostRoomForPartOfABlockKeptInMemoryTakesThatPart) {
   EXPECT_EQ(info->pages[0].host, CopyState::kAbsent);
   EXPECT_EQ(info->pages[1].hbm, CopyState::kAbsent);
   EXPECT_EQ(info->pages[1].host, CopyState::kReady) << "its last layer went down";
+}
+
+// A block in use that NVMe refused (a write of it failed) is kept in memory like a private block:
+// never planned toward NVMe, and host room for part of it takes that part. HBM (2 layers, 4
+// frames) holds U, in use (both pages); host memory (3 frames) holds kept block R and has one
+// frame free. Planned as a block that could go to NVMe, U was demoted whole or not at all: with
+// one host frame it stayed, its drop refused, and a step waiting for HBM frames waited for ever
+// (seed 1310 of the wide sweep, with HBM and host memory full of blocks in use).
+TEST(PlacementInUse, ABlockInUseThatNvmeRefusedIsKeptInMemory) {
+  TwoLayerRig rig(KeptKind::kPrivate, /*hbm_frames=*/4, /*host_frames=*/3);
+  const BlockKey u = rig.in_use(1);
+  const BlockKey r = rig.kept(1);
+  rig.whole(u, Tier::kHbm);
+  rig.whole(r, Tier::kHost);
+  const auto refuses_u = [&](const BlockKey& key) { return key == u; };
+  const PlacementPlan plan =
+      rig.plan_room(Tier::kHbm, 1, /*host_free=*/1, /*nvme_free=*/4, KeyFilter(refuses_u));
+  ASSERT_EQ(plan.moves.size(), 1u);
+  EXPECT_EQ(plan.moves[0].block.key, u);
+  EXPECT_EQ(plan.moves[0].to, Tier::kHost);
+  EXPECT_EQ(plan.moves[0].pages_down, 1u) << "its last layer goes down, its first stays";
+  EXPECT_EQ(plan.shortfall, 0u);
+  // Not refused, U could go to NVMe: it is not kept in memory, and is not split.
+  const PlacementPlan free_to_go = rig.plan_room(Tier::kHbm, 1, /*host_free=*/1);
+  for (const PlannedMove& m : free_to_go.moves) EXPECT_EQ(m.pages_down, 0u);
+}
+
+// In host memory, a block in use that NVMe refused is never demoted there: its pages stay (HBM
+// holds none of them). Not refused, it would go to NVMe whole.
+TEST(PlacementInUse, ABlockInUseThatNvmeRefusedIsNotSentThere) {
+  TwoLayerRig rig(KeptKind::kPrivate, /*hbm_frames=*/4, /*host_frames=*/2);
+  const BlockKey u = rig.in_use(1);
+  rig.whole(u, Tier::kHost);
+  const PlacementPlan free_to_go = rig.plan_room(Tier::kHost, 2);
+  ASSERT_EQ(free_to_go.moves.size(), 1u);
+  EXPECT_EQ(free_to_go.moves[0].to, Tier::kNvme);
+  const auto refuses_u = [&](const BlockKey& key) { return key == u; };
+  const PlacementPlan plan =
+      rig.plan_room(Tier::kHost, 2, /*host_free=*/0, /*nvme_free=*/4, KeyFilter(refuses_u));
+  for (const PlannedMove& m : plan.moves) {
+    EXPECT_FALSE(m.block.key == u && m.to == Tier::kNvme) << "sent to NVMe, which refused it";
+  }
+  EXPECT_EQ(plan.shortfall, 2u) << "its pages are its last copies";
 }
 
 // NVMe smaller than the blocks in use: its 4 extents hold blocks open sequences read from there

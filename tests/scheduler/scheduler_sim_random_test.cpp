@@ -102,10 +102,12 @@ INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerRandomWorkload,
 // that refilled a block loaded back a page of it demoted for the step's own room, and stalled);
 // with failures injected, 269 (a sequence's blocks given up for recompute freed frames, and the
 // requests waiting for frames were not told; then a read queued behind a failed read of the same
-// block failed with the store's not_found) and 401 (a page lost to a failed read, asked for by a
-// step already begun, failed it with not_found rather than as the read did).
+// block failed with the store's not_found), 401 (a page lost to a failed read, asked for by a
+// step already begun, failed it with not_found rather than as the read did) and 1310 (a block in
+// use that NVMe refused was planned as one that could go there: with host room for only some of
+// its HBM pages none went down, and a step waited for HBM frames for ever).
 INSTANTIATE_TEST_SUITE_P(FoundByTheWideSweep, SchedulerRandomWorkload,
-                         ::testing::Values(5715, 269, 401));
+                         ::testing::Values(5715, 269, 401, 1310));
 #endif
 
 }  // namespace
