@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/runtime_opener.hpp"
 #include "tests/runtime/metrics_test_util.hpp"
 #include "tests/runtime/runtime_test_util.hpp"
 #include "tiers/fault_injection.hpp"
@@ -56,12 +55,8 @@ TEST(RuntimeNvmePause, ADiskThatFailsEveryWriteIsPausedAndTheEngineRunsOnMemory)
   auto faults = std::make_shared<FaultInjectingIoBackend>();
   TierStackOptions seams;
   seams.io = faults;
-  auto opened = detail::RuntimeOpener::open(c, RuntimeOptions{}, seams);
-  if (!opened.ok() && opened.status().code() == StatusCode::kUnavailable) {
-    GTEST_SKIP() << "no NVMe store here: " << opened.status().to_string();
-  }
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  std::unique_ptr<Runtime> rt = std::move(opened).value();
+  std::unique_ptr<Runtime> rt = testing::open_or_skip(c, seams);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
   ASSERT_NE(rt->metrics_port(), 0);
   EXPECT_EQ(scrape(*rt).paused, 0.0);
   // Every write from now on fails with EIO.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvtier/kvtier.hpp"
+#include "runtime/runtime_opener.hpp"
 
 namespace kvtier::testing {
 
@@ -56,10 +57,11 @@ inline Config small_config(const std::filesystem::path& dir) {
   return c;
 }
 
-// The runtime of `c`, or null: when its NVMe store cannot be opened here (kUnavailable: O_DIRECT
-// or io_uring refused) the caller skips the test; any other failure fails it.
-inline std::unique_ptr<Runtime> open_or_skip(const Config& c) {
-  auto rt = Runtime::open(c);
+// The runtime of `c` (over the tier seams given, e.g. a fault-injecting I/O backend), or null:
+// when its NVMe store cannot be opened here (kUnavailable: O_DIRECT or io_uring refused) the
+// caller skips the test; any other failure fails it.
+inline std::unique_ptr<Runtime> open_or_skip(const Config& c, TierStackOptions seams = {}) {
+  auto rt = detail::RuntimeOpener::open(c, RuntimeOptions{}, std::move(seams));
   if (!rt.ok() && rt.status().code() == StatusCode::kUnavailable) return nullptr;
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
   return rt.ok() ? std::move(rt).value() : nullptr;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <span>
 #include <string>
@@ -235,20 +236,19 @@ TEST(SchedulerSim, ABlockInUseWhoseWriteFailedCountsAsKeptInMemory) {
   expect_consistent(w);
 }
 
-// A step admitted beside blocks in use that were bound for NVMe, whose writes then fail while
-// the step makes room: those blocks must stay in memory, and the frames the step's window counted
-// on are no longer there. Its unfinished layers fail at once with kUnavailable, saying why, rather
-// than waiting out the timeout for frames no move can free; begun again, the step is refused at
-// once or fits.
-TEST(SchedulerSim, AStepThatFailedWritesLeaveWithoutRoomFailsAtOnce) {
-  SimWorld w(host_for_prompts_setup(WritePolicy::kWriteBack));
-  // One-block prompts, their sequences open: their blocks fill host memory, unwritten.
+// The scenario of the next two tests: one-block prompts held open fill host memory, unwritten;
+// every write to NVMe fails from then on, and an 8-block prefill that fits two layers at a time
+// (its pages of the others going to host memory once those blocks are written to NVMe) is left
+// without the room it was admitted with. `check` looks at the failed step (the harness aborted
+// it); begun again, the step must be refused at once or fit.
+void run_a_step_failed_writes_leave_without_room(
+    const SimSetup& setup,
+    const std::function<void(SimWorld&, const SimWorld::StepResult&)>& check) {
+  SimWorld w(setup);
   std::vector<SequenceId> open;
   Status held = w.hold_prompts(kPrompts, kNanosPerMicro, open);
   ASSERT_TRUE(held.ok()) << held.to_string();
   ASSERT_EQ(w.scheduler().stats().refused_demotions.load(), 0u);
-  // An 8-block prefill fits two layers at a time, its pages of the others going to host memory
-  // once those blocks are written to NVMe. Every write fails.
   w.port().fail_next(Link::kHostToNvme, 1000000);
   auto s = w.scheduler().open_sequence(w.prompt(8, 99));
   ASSERT_TRUE(s.ok());
@@ -259,10 +259,8 @@ TEST(SchedulerSim, AStepThatFailedWritesLeaveWithoutRoomFailsAtOnce) {
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
   EXPECT_NE(r.status.message().find("no longer fits in HBM"), std::string::npos)
       << r.status.to_string();
-  EXPECT_NE(r.status.message().find("injected failure"), std::string::npos)
-      << "names the failed write: " << r.status.to_string();
-  EXPECT_GT(w.scheduler().stats().refused_demotions.load(), 0u);
-  expect_consistent(w);  // the harness aborted the step
+  check(w, r);
+  expect_consistent(w);
   auto again = w.run_step(std::span(&item, 1), kNanosPerMicro);
   EXPECT_TRUE(again.status.ok() ||
               (again.info.id == 0 && again.status.code() == StatusCode::kResourceExhausted))
@@ -271,6 +269,21 @@ TEST(SchedulerSim, AStepThatFailedWritesLeaveWithoutRoomFailsAtOnce) {
   for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
   w.settle();
   expect_consistent(w);
+}
+
+// A step admitted beside blocks in use that were bound for NVMe, whose writes then fail while
+// the step makes room: those blocks must stay in memory, and the frames the step's window counted
+// on are no longer there. Its unfinished layers fail at once with kUnavailable, saying why, rather
+// than waiting out the timeout for frames no move can free; begun again, the step is refused at
+// once or fits.
+TEST(SchedulerSim, AStepThatFailedWritesLeaveWithoutRoomFailsAtOnce) {
+  run_a_step_failed_writes_leave_without_room(
+      host_for_prompts_setup(WritePolicy::kWriteBack),
+      [](SimWorld& w, const SimWorld::StepResult& r) {
+        EXPECT_NE(r.status.message().find("injected failure"), std::string::npos)
+            << "names the failed write: " << r.status.to_string();
+        EXPECT_GT(w.scheduler().stats().refused_demotions.load(), 0u);
+      });
 }
 
 // Writes to NVMe that fail in a row pause writing there: each pause and its length, in virtual
@@ -368,35 +381,19 @@ TEST(SchedulerSim, WritesResumeWhenTheDiskRecovers) {
 }
 
 // A step admitted beside blocks in use bound for NVMe fails at once when writing there pauses,
-// saying so (the pause leaves every block in use in memory).
+// saying so (the pause leaves every block in use in memory); begun again while paused, it is
+// counted with every block in use kept in memory.
 TEST(SchedulerSim, AStepThatAPauseLeavesWithoutRoomFailsAtOnceSayingWhy) {
   SimSetup setup = host_for_prompts_setup(WritePolicy::kWriteBack);
   setup.nvme_pause = pause_after(1);
-  SimWorld w(setup);
-  std::vector<SequenceId> open;
-  Status held = w.hold_prompts(kPrompts, kNanosPerMicro, open);
-  ASSERT_TRUE(held.ok()) << held.to_string();
-  w.port().fail_next(Link::kHostToNvme, 1000000);
-  auto s = w.scheduler().open_sequence(w.prompt(8, 99));
-  ASSERT_TRUE(s.ok());
-  const StepItem item{s->id, 8 * 16};
-  auto r = w.run_step(std::span(&item, 1), kNanosPerMicro);
-  ASSERT_TRUE(r.info.windowed);
-  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.to_string();
-  EXPECT_NE(r.status.message().find("writes to NVMe are paused for 10 ms after 1 failed in a row"),
+  run_a_step_failed_writes_leave_without_room(
+      setup, [](SimWorld& w, const SimWorld::StepResult& r) {
+        EXPECT_NE(
+            r.status.message().find("writes to NVMe are paused for 10 ms after 1 failed in a row"),
             std::string::npos)
-      << r.status.to_string();
-  EXPECT_EQ(w.scheduler().stats().nvme_writes_paused.load(), 1u);
-  // Begun again while paused, it is counted with every block in use kept in memory: refused at
-  // once, or it fits.
-  auto again = w.run_step(std::span(&item, 1), kNanosPerMicro);
-  EXPECT_TRUE(again.status.ok() ||
-              (again.info.id == 0 && again.status.code() == StatusCode::kResourceExhausted))
-      << again.status.to_string();
-  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
-  for (SequenceId id : open) ASSERT_TRUE(w.scheduler().close_sequence(id).ok());
-  w.settle();
-  expect_consistent(w);
+            << r.status.to_string();
+        EXPECT_EQ(w.scheduler().stats().nvme_writes_paused.load(), 1u);
+      });
 }
 
 // Blocks whose writes failed while the disk was failing may be written again once it works: the
