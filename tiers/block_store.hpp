@@ -55,6 +55,8 @@ class BlockStore {
 
   virtual uint64_t capacity_blocks() const = 0;
   virtual uint64_t used_blocks() const = 0;  // extents held: readable, being written, draining
+  // Blocks of space taken out of service for good (bad sectors); capacity_blocks() excludes them.
+  virtual uint64_t retired_blocks() const { return 0; }
   // Quiescent-point check of the store's accounting (used + free = capacity, index consistency).
   virtual Status audit() const = 0;
 };

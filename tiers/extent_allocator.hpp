@@ -33,6 +33,8 @@ class ExtentAllocator {
 
   Result<uint32_t> allocate() { return frames_->allocate(); }
   Status free(uint32_t extent) { return frames_->free(extent); }
+  // Takes an allocated extent out of service for good (see FrameAllocator::retire).
+  Status retire(uint32_t extent) { return frames_->retire(extent); }
   // Claims exactly these extents (see FrameAllocator::reserve_all). Quiescent use only.
   Status reserve_all(std::span<const uint32_t> extents) { return frames_->reserve_all(extents); }
 
@@ -40,7 +42,10 @@ class ExtentAllocator {
   // Inverse of locate: the extent at (file, offset), or kNotFound when none starts there.
   Result<uint32_t> extent_at(uint32_t file, uint64_t offset) const;
 
+  // Every extent of the files, retired ones included; in_service() leaves those out.
   uint32_t capacity() const { return frames_->capacity(); }
+  uint32_t in_service() const { return frames_->in_service(); }
+  uint32_t retired() const { return frames_->retired(); }
   uint32_t used() const { return frames_->used(); }
   uint32_t free_count() const { return frames_->free_count(); }
   bool is_allocated(uint32_t extent) const { return frames_->is_allocated(extent); }

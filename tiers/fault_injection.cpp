@@ -34,7 +34,7 @@ class FaultQueue final : public IoQueue {
     std::size_t accepted = 0;
     for (const IoRequest& r : requests) {
       if (in_flight_ >= inner_->depth()) break;
-      const auto d = backend_.decide(r.opcode);
+      const auto d = backend_.decide(r);
       if (d.fire && (d.rule.kind == FaultKind::kError || d.rule.kind == FaultKind::kAgain)) {
         synthetic_.push_back(
             IoCompletion{r.tag, d.rule.kind == FaultKind::kError ? -d.rule.error : -EAGAIN});
@@ -165,6 +165,7 @@ void FaultInjectingIoBackend::fail_allocate(int error) {
 void FaultInjectingIoBackend::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   rules_.clear();
+  bad_.clear();
   open_part_.clear();
   open_error_ = 0;
   allocate_error_ = 0;
@@ -180,9 +181,28 @@ uint64_t FaultInjectingIoBackend::requests(IoOpcode op) const {
   return seen_[static_cast<int>(op)];
 }
 
-FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(IoOpcode op) {
+void FaultInjectingIoBackend::add_bad_range(IoOpcode opcode, uint64_t offset, uint64_t length,
+                                            int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bad_.push_back(BadRange{opcode, offset, length, error});
+}
+
+FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(const IoRequest& request) {
+  const IoOpcode op = request.opcode;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < request.iovcnt; ++i) bytes += request.iov[i].iov_len;
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t index = ++seen_[static_cast<int>(op)];
+  for (const BadRange& b : bad_) {
+    if (b.opcode == op && request.offset < b.offset + b.length &&
+        b.offset < request.offset + bytes) {
+      FaultRule rule;
+      rule.opcode = op;
+      rule.kind = FaultKind::kError;
+      rule.error = b.error;
+      return Decision{true, rule};
+    }
+  }
   for (const Armed& a : rules_) {
     if (a.rule.opcode == op && index >= a.first && index < a.first + a.rule.count) {
       return Decision{true, a.rule};

@@ -6,6 +6,8 @@
 // flipped on disk (a write) or in memory (a read) so checksums must catch it; opening or
 // allocating a file fails. Faults are armed as rules counted per opcode over every request the
 // wrapped queues see, from the moment the rule is added: `nth = 1` hits the next matching request.
+// A bad range is a bad sector instead: every request of its opcode that touches those bytes (of
+// any file the queues write) fails with its errno, for as long as the range is armed.
 //
 // Threading: rules and counters are shared by all queues under one mutex (held for bookkeeping
 // only); each wrapped queue is used by its I/O thread like any IoQueue. Requests the fault replaces
@@ -44,6 +46,9 @@ class FaultInjectingIoBackend final : public IoBackend {
   explicit FaultInjectingIoBackend(std::shared_ptr<IoBackend> inner = posix_io_backend());
 
   void add_rule(const FaultRule& rule);
+  // Every `opcode` request overlapping bytes [offset, offset + length) fails with -error (EIO:
+  // a bad sector), until clear().
+  void add_bad_range(IoOpcode opcode, uint64_t offset, uint64_t length, int error = 5);
   // The next open of a path containing `path_part` fails with `error` (e.g. EACCES, ENOSPC).
   void fail_open(std::string path_part, int error);
   // The next allocate() (fallocate) fails with `error` (e.g. ENOSPC).
@@ -78,7 +83,7 @@ class FaultInjectingIoBackend final : public IoBackend {
     bool fire = false;
     FaultRule rule;
   };
-  Decision decide(IoOpcode op);
+  Decision decide(const IoRequest& request);
   void undo(IoOpcode op);  // the request was not accepted after all: uncount it
   void fired();
 
@@ -88,9 +93,17 @@ class FaultInjectingIoBackend final : public IoBackend {
     uint64_t first;  // absolute index (1-based) of the first request it hits
   };
 
+  struct BadRange {
+    IoOpcode opcode;
+    uint64_t offset;
+    uint64_t length;
+    int error;
+  };
+
   std::shared_ptr<IoBackend> inner_;
   mutable std::mutex mu_;
   std::vector<Armed> rules_;   // guarded by mu_
+  std::vector<BadRange> bad_;  // guarded by mu_
   uint64_t seen_[2] = {0, 0};  // guarded by mu_
   uint64_t injected_ = 0;      // guarded by mu_
   std::string open_part_;      // guarded by mu_

@@ -98,7 +98,8 @@ void FrameAllocator::rebuild_stripes() {
     const auto end = static_cast<uint32_t>(static_cast<uint64_t>(capacity_) * (s + 1) / kStripes);
     uint32_t first = kNoFrame;
     for (uint32_t i = end; i-- > begin;) {
-      if (next_[i].load(std::memory_order_relaxed) == kAllocatedMark) continue;
+      const uint32_t link = next_[i].load(std::memory_order_relaxed);
+      if (link == kAllocatedMark || link == kRetiredMark) continue;
       next_[i].store(first, std::memory_order_relaxed);
       first = i;
     }
@@ -176,13 +177,30 @@ Status FrameAllocator::free(uint32_t frame) {
   uint32_t expected = kAllocatedMark;
   if (!next_[frame].compare_exchange_strong(expected, static_cast<uint32_t>(head),
                                             std::memory_order_relaxed)) {
-    return failed_precondition("double free of frame " + std::to_string(frame) +
-                               " (it is not allocated)");
+    return failed_precondition(expected == kRetiredMark
+                                   ? "free of frame " + std::to_string(frame) + ", which is retired"
+                                   : "double free of frame " + std::to_string(frame) +
+                                         " (it is not allocated)");
   }
   while (!head_word.compare_exchange_weak(head, pack(static_cast<uint32_t>(head >> 32) + 1, frame),
                                           std::memory_order_release, std::memory_order_relaxed)) {
     next_[frame].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
   }
+  add_used(-1);
+  return ok_status();
+}
+
+Status FrameAllocator::retire(uint32_t frame) {
+  if (frame >= capacity_) {
+    return out_of_range("cannot retire frame " + std::to_string(frame) + ": capacity is " +
+                        std::to_string(capacity_));
+  }
+  uint32_t expected = kAllocatedMark;
+  if (!next_[frame].compare_exchange_strong(expected, kRetiredMark, std::memory_order_relaxed)) {
+    return failed_precondition("cannot retire frame " + std::to_string(frame) + ": it is " +
+                               (expected == kRetiredMark ? "retired already" : "not allocated"));
+  }
+  retired_.fetch_add(1, std::memory_order_relaxed);
   add_used(-1);
   return ok_status();
 }
@@ -197,6 +215,9 @@ Status FrameAllocator::reserve_all(std::span<const uint32_t> frames) {
     if (wanted[f] || is_allocated(f)) {
       return failed_precondition("cannot reserve frame " + std::to_string(f) +
                                  ": it is already allocated");
+    }
+    if (next_[f].load(std::memory_order_relaxed) == kRetiredMark) {
+      return failed_precondition("cannot reserve frame " + std::to_string(f) + ": it is retired");
     }
     wanted[f] = true;
   }
@@ -227,9 +248,13 @@ Status FrameAllocator::audit() const {
     }
   }
   uint32_t allocated = 0;
+  uint32_t retired_links = 0;
   for (uint32_t i = 0; i < capacity_; ++i) {
     if (is_allocated(i)) {
       ++allocated;
+    } else if (next_[i].load(std::memory_order_relaxed) == kRetiredMark) {
+      if (on_stack[i]) return internal_error("retired frame " + std::to_string(i) + " is free");
+      ++retired_links;
     } else if (!on_stack[i]) {
       return internal_error("frame " + std::to_string(i) +
                             " is neither allocated nor on the free stack");
@@ -240,10 +265,13 @@ Status FrameAllocator::audit() const {
     counted += used_[i].value.load(std::memory_order_relaxed);
   }
   // used() reads only the slots threads have had: every count must be in them.
-  if (counted != allocated || used() != allocated || allocated + free_walked != capacity_) {
+  if (counted != allocated || used() != allocated || retired_links != retired() ||
+      allocated + free_walked + retired_links != capacity_) {
     return internal_error("accounting broken: used " + std::to_string(counted) +
                           ", allocated links " + std::to_string(allocated) + ", free stack " +
-                          std::to_string(free_walked) + ", capacity " + std::to_string(capacity_));
+                          std::to_string(free_walked) + ", retired links " +
+                          std::to_string(retired_links) + " (counted " + std::to_string(retired()) +
+                          "), capacity " + std::to_string(capacity_));
   }
   return ok_status();
 }

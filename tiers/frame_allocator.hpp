@@ -24,6 +24,10 @@
 // off by the operations in flight (it is clamped to [0, capacity]). Threads beyond kCounterSlots
 // share one more slot through an atomic add, and home stripe 0.
 //
+// A frame can be retired for good (an NVMe extent on a bad sector): its link word then holds
+// kRetiredMark, it is neither used nor free, and in_service() = capacity() - retired() is what the
+// tier can hold; capacity() stays the size of the index space.
+//
 // The allocator hands out indices only; the arena that owns the bytes (HBM, host pool, NVMe
 // extents) maps an index to an address or offset. It holds no lock, so it may be called under any
 // other lock. Rejected: a mutex-guarded free list (a lock per alloc on the hot path), a separate
@@ -33,6 +37,7 @@
 // invisible to another that then finds the tier "full" for as long as the cache holds it).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -45,7 +50,8 @@ namespace kvtier {
 class FrameAllocator {
  public:
   static constexpr uint32_t kNoFrame = 0xFFFF'FFFFu;
-  static constexpr uint32_t kMaxFrames = kNoFrame - 1;
+  // Two link values mark allocated and retired frames, so indices stop below them.
+  static constexpr uint32_t kMaxFrames = kNoFrame - 2;
   // Threads that count their allocations in a private slot (see the header comment); the slots are
   // process-wide, so a thread has the same one in every allocator.
   static constexpr uint32_t kCounterSlots = 64;
@@ -63,6 +69,10 @@ class FrameAllocator {
   // Returns a frame. kOutOfRange for an index past capacity; kFailedPrecondition for a frame that
   // is not allocated (double free). Nothing changes on error.
   Status free(uint32_t frame);
+  // Takes an allocated frame out of service for good: it is never handed out again, and used()
+  // and in_service() drop by one. kOutOfRange past capacity; kFailedPrecondition for a frame that
+  // is not allocated. Nothing changes on error.
+  Status retire(uint32_t frame);
 
   // Marks exactly these frames allocated (they must be free and distinct) and rebuilds the free
   // stack in O(capacity). For rebuilding state at start-up (recovering an NVMe index): not safe
@@ -70,18 +80,25 @@ class FrameAllocator {
   Status reserve_all(std::span<const uint32_t> frames);
 
   bool is_allocated(uint32_t frame) const;
+  // The size of the index space, retired frames included.
   uint32_t capacity() const { return capacity_; }
+  uint32_t retired() const { return retired_.load(std::memory_order_relaxed); }
+  // The frames that can hold data: capacity() less the retired ones.
+  uint32_t in_service() const { return capacity_ - retired(); }
   uint32_t used() const;
-  uint32_t free_count() const { return capacity_ - used(); }
+  uint32_t free_count() const { return in_service() - std::min(used(), in_service()); }
 
-  // Quiescent-point consistency check: the free stacks hold exactly the frames whose link is not
-  // kAllocatedMark, each once, and used() equals the number of allocated frames. Not safe
+  // Quiescent-point consistency check: the free stacks hold exactly the frames whose link is
+  // neither kAllocatedMark nor kRetiredMark, each once, used() equals the number of allocated
+  // frames and retired() the number of retired ones. Not safe
   // concurrently with alloc/free.
   Status audit() const;
 
  private:
   // The link value of a frame that is allocated. Never a valid index (indices are < kMaxFrames).
-  static constexpr uint32_t kAllocatedMark = kMaxFrames;
+  static constexpr uint32_t kAllocatedMark = kNoFrame - 1;
+  // The link value of a retired frame.
+  static constexpr uint32_t kRetiredMark = kNoFrame - 2;
 
   struct alignas(64) CounterSlot {
     std::atomic<int64_t> value{0};
@@ -108,6 +125,7 @@ class FrameAllocator {
   std::unique_ptr<std::atomic<uint32_t>[]> next_;  // [capacity] next free frame, or kAllocatedMark
   std::unique_ptr<CounterSlot[]> used_;            // [kCounterSlots + 1]; the last one is shared
   std::unique_ptr<Stripe[]> stripes_;              // [kStripes]
+  std::atomic<uint32_t> retired_{0};
 };
 
 }  // namespace kvtier

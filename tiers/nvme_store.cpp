@@ -295,6 +295,8 @@ Status NvmeStore::open_files() {
                           ExtentAllocator::create(per_file, layout_.extent_bytes, first_offset));
   readers_.assign(extents_->capacity(), 0);
   doomed_.assign(extents_->capacity(), 0);
+  bad_.assign(extents_->capacity(), 0);
+  max_retired_ = std::max<uint32_t>(1, extents_->capacity() / 32);
   return Status();
 }
 
@@ -602,9 +604,27 @@ Status NvmeStore::audit() const {
   return Status();
 }
 
+void NvmeStore::mark_bad_locked(uint32_t extent, const std::string& why) {
+  if (bad_[extent] != 0) return;
+  if (bad_marked_ >= max_retired_) {
+    if (bad_marked_ == max_retired_) {
+      ++bad_marked_;  // said once
+      log(LogLevel::kWarn, "NVMe store: " + why + "; " + std::to_string(max_retired_) +
+                               " extents are retired already, so the device is failing as a " +
+                               "whole, not at a few sectors: failed extents stay in service");
+    }
+    return;
+  }
+  bad_[extent] = 1;
+  ++bad_marked_;
+  log(LogLevel::kWarn, "NVMe store: " + why + "; extent " + std::to_string(extent) +
+                           " is retired (" + std::to_string(bad_marked_) + " of at most " +
+                           std::to_string(max_retired_) + ")");
+}
+
 void NvmeStore::free_extent_locked(uint32_t extent) {
   doomed_[extent] = 0;
-  Status s = extents_->free(extent);
+  Status s = bad_[extent] != 0 ? extents_->retire(extent) : extents_->free(extent);
   if (!s.ok()) log(LogLevel::kError, "NVMe store: " + s.to_string());
 }
 
@@ -623,6 +643,10 @@ std::vector<std::shared_ptr<TransferState>> NvmeStore::write_finished(const Op& 
     it->second.state = EntryState::kReady;
     it->second.page_sums = op.page_sums;
     return joined;
+  }
+  if (!ok && is_media_error(op.io_errno)) {
+    mark_bad_locked(op.extent, "write of " + key_text(op.key) + " failed with a media error (" +
+                                   errno_text(op.io_errno) + ")");
   }
   index_.erase(it);
   free_extent_locked(op.extent);
@@ -647,6 +671,13 @@ void NvmeStore::complete_joined(std::vector<std::shared_ptr<TransferState>>& joi
 void NvmeStore::read_finished(const Op& op) {
   std::lock_guard<std::mutex> lock(index_mu_);
   if (--readers_[op.extent] == 0 && doomed_[op.extent] != 0) free_extent_locked(op.extent);
+}
+
+void NvmeStore::blame_extent(const Op& op, const std::string& why) {
+  std::lock_guard<std::mutex> lock(index_mu_);
+  // The read still counts as a reader here, so the extent is not reused yet, whether or not its
+  // block was erased meanwhile: it is the extent that failed.
+  mark_bad_locked(op.extent, why);
 }
 
 void NvmeStore::drop_corrupt(const Op& op, const std::string& why) {

@@ -40,6 +40,18 @@
 // key still names exactly those bytes, and the scan verifies the header as for any other block.
 // Erasing a block still being written marks it; the write, once done, frees its extent.
 //
+// Bad extents: a read or write that fails with a media error (is_media_error: EIO, ENODATA,
+// EILSEQ) blames the extent it touched. The extent is retired instead of freed, so the next
+// block does not land on the same sectors (the allocator is LIFO: a freed extent is the next one
+// handed out, and one bad sector would fail every later write). A block whose read failed so
+// stays readable (an I/O error is not proof of bad data; its callers drop it if they choose) and
+// its extent is retired when the block is erased. capacity_blocks() counts the extents left in
+// service and retired_blocks() the others, so that the scheduler's count can shrink with it.
+// At most one extent in 32 (at least one) is retired: past that the device fails as a whole,
+// not at a few sectors, and retiring more would only shrink the cache (the scheduler pauses
+// writing to a disk that keeps failing). Retirement lasts until the store is reopened; a drive
+// remaps a bad sector when it is written again, so a restart gives the extent another chance.
+//
 // Writing a key again: a block already readable is refused with kAlreadyExists (equal keys mean
 // equal bytes; callers count that as present). A block still being written is not written twice:
 // the new write joins the one in flight — it moves no bytes, undoes an erase waiting for that
@@ -119,8 +131,11 @@ class NvmeStore final : public BlockStore {
   bool contains(const BlockKey& key) const override;
   std::vector<BlockKey> keys() const override;
 
-  uint64_t capacity_blocks() const override { return extents_->capacity(); }
+  uint64_t capacity_blocks() const override { return extents_->in_service(); }
   uint64_t used_blocks() const override { return extents_->used(); }
+  uint64_t retired_blocks() const override { return extents_->retired(); }
+  // The most extents media errors may retire (see the header).
+  uint32_t max_retired_blocks() const { return max_retired_; }
   Status audit() const override;
 
   const ExtentLayout& layout() const { return layout_; }
@@ -173,6 +188,12 @@ class NvmeStore final : public BlockStore {
                               const BlockKey& key, const Status& result);
   void read_finished(const Op& op);
   void drop_corrupt(const Op& op, const std::string& why);
+  // A read of `op` failed with a media error: its extent is retired when it is let go.
+  void blame_extent(const Op& op, const std::string& why);
+  // Under index_mu_: `extent` is retired instead of freed when it is let go, unless the cap is
+  // reached. `why` names the failed request.
+  void mark_bad_locked(uint32_t extent, const std::string& why);
+  // Under index_mu_: frees `extent`, or retires it when it was marked bad.
   void free_extent_locked(uint32_t extent);
 
   const PageFormat format_;
@@ -193,6 +214,9 @@ class NvmeStore final : public BlockStore {
   std::unordered_map<BlockKey, Entry, BlockKeyHash> index_;  // guarded by index_mu_
   std::vector<uint32_t> readers_;                            // per extent; guarded by index_mu_
   std::vector<uint8_t> doomed_;   // per extent: free when its readers reach 0; guarded by index_mu_
+  std::vector<uint8_t> bad_;      // per extent: retire instead of freeing; guarded by index_mu_
+  uint32_t bad_marked_ = 0;       // extents marked bad so far; guarded by index_mu_
+  uint32_t max_retired_ = 0;      // set at open
   uint64_t next_generation_ = 1;  // guarded by index_mu_
 };
 

@@ -276,7 +276,7 @@ void NvmeStore::Worker::on_completion(Segment* s, int32_t res) {
       finished = false;
     } else {
       stats.io_errors.fetch_add(1, std::memory_order_relaxed);
-      op.fail(errno_status(io_errno_code(err), describe(*s), err));
+      op.fail(errno_status(io_errno_code(err), describe(*s), err), err);
     }
   } else if (res == 0 && s->remaining > 0) {
     stats.io_errors.fetch_add(1, std::memory_order_relaxed);
@@ -361,6 +361,7 @@ void NvmeStore::Worker::finish(Op& op) {
         }
       } else {
         result = result.with_context(block_context(op, "read"));
+        if (is_media_error(op.io_errno)) store_.blame_extent(op, result.message());
       }
       store_.read_finished(op);
       break;

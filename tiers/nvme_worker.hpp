@@ -77,11 +77,13 @@ struct NvmeStore::Op {
   std::size_t outstanding = 0;
   StatusCode error_code = StatusCode::kOk;
   std::string error_message;
+  int io_errno = 0;  // the errno of the first failure, when a request failed with one
 
-  void fail(const Status& s) {
+  void fail(const Status& s, int err = 0) {
     if (error_code == StatusCode::kOk) {
       error_code = s.code();
       error_message = s.message();
+      io_errno = err;
     } else {
       s.ignore();
     }

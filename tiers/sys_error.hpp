@@ -29,6 +29,12 @@ inline StatusCode io_errno_code(int err) {
   return (err == ENOSPC || err == EDQUOT) ? StatusCode::kResourceExhausted : StatusCode::kIoError;
 }
 
+// The errnos a failed read or write of a device's media comes back with: EIO (what most drivers
+// and file systems return), ENODATA (the block layer's "critical medium error") and EILSEQ (its
+// protection-information mismatch). Unlike EINVAL, EBADF or ENOSPC, they blame the sectors the
+// request touched, not the request or the device as a whole.
+inline bool is_media_error(int err) { return err == EIO || err == ENODATA || err == EILSEQ; }
+
 // open(2): EINVAL is how a filesystem refuses O_DIRECT, so it is kInvalidArgument (callers may
 // retry without it); a full medium is kResourceExhausted; the rest are I/O errors.
 inline StatusCode open_errno_code(int err) {

@@ -50,7 +50,7 @@ TEST(Validate, EachTierHoldsAtLeastOneFrameAndAtMostTheIndexLimit) {
   c.model.geometry = Geometry{1, 1, 8, Dtype::kFP8E4M3, 32};  // 512-byte pages, 4 KiB frames
   c.tiers.host.capacity_bytes = uint64_t{1} << 50;            // 2^38 frames
   EXPECT_THAT(problems(c), HasSubstr("tiers.host.capacity: 1PiB holds 274877906944 frames, more "
-                                     "than the 4294967294 one tier can index"));
+                                     "than the 4294967293 one tier can index"));
 }
 
 TEST(Validate, NvmeNeedsRoomForASuperblockAndAnExtentPerPath) {

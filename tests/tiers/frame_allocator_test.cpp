@@ -48,6 +48,49 @@ TEST(FrameAllocator, DoubleFreeAndOutOfRangeAreErrors) {
   ASSERT_TRUE(a->audit().ok());
 }
 
+TEST(FrameAllocator, ARetiredFrameIsNeverHandedOutAgain) {
+  auto a = make(4);
+  auto bad = a->allocate();
+  ASSERT_TRUE(bad.ok());
+  ASSERT_TRUE(a->retire(*bad).ok());
+  EXPECT_EQ(a->retired(), 1u);
+  EXPECT_EQ(a->in_service(), 3u);
+  EXPECT_EQ(a->used(), 0u);
+  EXPECT_EQ(a->free_count(), 3u);
+  EXPECT_FALSE(a->is_allocated(*bad));
+  ASSERT_TRUE(a->audit().ok()) << a->audit().to_string();
+  // Frees and allocations cycle through the three in service only: the freed frame is the next
+  // one handed out (the stacks are LIFO), so a retired one coming back would show at once.
+  std::set<uint32_t> seen;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<uint32_t> held;
+    for (int i = 0; i < 3; ++i) {
+      auto f = a->allocate();
+      ASSERT_TRUE(f.ok());
+      EXPECT_NE(*f, *bad);
+      seen.insert(*f);
+      held.push_back(*f);
+    }
+    EXPECT_EQ(a->allocate().status().code(), StatusCode::kResourceExhausted);
+    for (uint32_t f : held) ASSERT_TRUE(a->free(f).ok());
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  // Misuse is an error that changes nothing.
+  Status twice = a->retire(*bad);
+  EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(twice.message().find("retired already"), std::string::npos) << twice.message();
+  Status freed = a->free(*bad);
+  EXPECT_EQ(freed.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(freed.message().find("retired"), std::string::npos) << freed.message();
+  EXPECT_EQ(a->retire(4).code(), StatusCode::kOutOfRange);
+  const uint32_t free_one = *bad == 0 ? 1 : 0;
+  EXPECT_NE(a->retire(free_one).message().find("not allocated"), std::string::npos);
+  const uint32_t wanted[] = {*bad};
+  EXPECT_EQ(a->reserve_all(wanted).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a->retired(), 1u);
+  ASSERT_TRUE(a->audit().ok()) << a->audit().to_string();
+}
+
 TEST(FrameAllocator, ZeroCapacityIsEmpty) {
   auto a = make(0);
   EXPECT_EQ(a->allocate().status().code(), StatusCode::kResourceExhausted);
