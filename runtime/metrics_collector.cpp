@@ -172,6 +172,10 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_single(out, "kvtier_nvme_writes_paused",
              "1 while writes to NVMe are paused after failing, else 0; copies there are still read",
              MetricType::Gauge, read(s.nvme_writes_paused));
+  add_single(out, "kvtier_nvme_retired_extents",
+             "NVMe extents retired after a read or write failed with a media error (bad "
+             "sectors); the tier holds that many blocks fewer until a restart",
+             MetricType::Gauge, read(s.nvme_retired_extents));
   add_single(out, "kvtier_steps_total", "Engine steps (begin_step calls)", kCounter, read(s.steps));
   add_single(out, "kvtier_windowed_steps_total",
              "Steps that did not fit in HBM at once and ran layer by layer", kCounter,

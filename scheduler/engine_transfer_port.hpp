@@ -39,6 +39,9 @@ class EngineTransferPort final : public TransferPort {
   Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
                    TransferDone done) override;
   Status erase_block(const BlockKey& key) override;
+  uint64_t nvme_retired_extents() const override {
+    return store_ != nullptr ? store_->retired_blocks() : 0;
+  }
   LinkModel link_model(Link link) const override;
   uint64_t host_page_bytes() const override { return host_format_.page_bytes(); }
   uint64_t nvme_page_bytes() const override { return nvme_format_.page_bytes(); }

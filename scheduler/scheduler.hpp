@@ -48,8 +48,10 @@
 // the engine to recompute it. A step that a failed NVMe write or read leaves without the HBM room
 // it was admitted with fails its unfinished layers at once (kUnavailable), never waiting for
 // frames no move can free. Writes that keep failing pause writing to NVMe (NvmeWriteHealth,
-// scheduler_nvme_pause.cpp): while paused, nothing is planned toward NVMe, the steps' fit counts
-// every block in use as kept in memory, and steps that no longer fit fail the same way.
+// scheduler_nvme_failures.cpp): while paused, nothing is planned toward NVMe, the steps' fit counts
+// every block in use as kept in memory, and steps that no longer fit fail the same way. Extents
+// the store retires after media errors are retired in the table's NVMe allocator too, so that
+// plans count only the extents left in service.
 #pragma once
 
 #include <array>
@@ -503,6 +505,11 @@ class Scheduler {
   void resume_nvme_writes();
   // A write succeeded after an outage: the blocks its failures refused may go to NVMe again.
   void lift_disk_refusals();
+  // Retires in the table's NVMe allocator as many free extents as the store retired since the
+  // last call (bad sectors; TransferPort::nvme_retired_extents), so plans count only the extents
+  // left in service; fails the open steps that no longer fit. Returns how many it retired. When
+  // every extent holds a block, the rest are retired by a later call, once extents are freed.
+  uint64_t take_retired_nvme_extents();
   bool refused(const BlockKey& key, Tier tier) const {
     if (refused_.empty()) return false;  // the common case: asked per room-making candidate
     auto it = refused_.find(key);

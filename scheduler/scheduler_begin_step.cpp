@@ -253,7 +253,7 @@ Status Scheduler::layer_does_not_fit(uint64_t needed_per_layer, uint64_t availab
       nvme_writable()
           ? "hold pages of private blocks, which cannot go to NVMe, and of blocks in use that "
             "NVMe has no room for, which do not fit in host memory: " +
-                in_use + " NVMe has room for " + std::to_string(parts_.nvme->capacity()) +
+                in_use + " NVMe has room for " + std::to_string(parts_.nvme->in_service()) +
                 " blocks; in all " + std::to_string(blocks_kept_in_memory()) + " blocks"
           : "hold pages of blocks in use, which cannot leave memory " +
                 std::string(parts_.nvme == nullptr
@@ -458,7 +458,7 @@ uint64_t Scheduler::blocks_kept_in_memory(uint64_t extents_taken) const {
   }
   refused_in_use = std::min(refused_in_use, keyed);
   const uint64_t to_nvme = keyed - refused_in_use;
-  const uint64_t capacity = parts_.nvme->capacity();
+  const uint64_t capacity = parts_.nvme->in_service();
   const uint64_t extents = capacity - std::min(capacity, extents_taken);
   return private_blocks + refused_in_use + (to_nvme > extents ? to_nvme - extents : 0);
 }

@@ -408,12 +408,15 @@ bool Scheduler::demote_block_to_nvme(const BlockKey& key, TransferPriority prio,
           // A disk that fails write after write pauses writing (first: a step that no longer
           // fits hears of the pause, the larger cause).
           note_nvme_write(s);
+          // A write that failed on a bad sector retired its extent in the store: the next write
+          // of the block lands elsewhere, so the block is not refused.
+          const bool extent_retired = take_retired_nvme_extents() > 0;
           // The store refused the block (an fp8 store and a page with NaN or inf) or
           // could not write it (an I/O error): it is not written again — a failing disk
           // would otherwise be hammered with the same block, at once when the failure
           // comes from the submit call — and its host pages go when nothing needs them,
           // as any victim's that cannot go down.
-          if (!s.ok() && s.code() != StatusCode::kCancelled) {
+          if (!s.ok() && s.code() != StatusCode::kCancelled && !extent_retired) {
             refused_by_tier(key, Tier::kNvme, s);
           }
           if (s.ok() && drop_hbm) {
@@ -634,7 +637,7 @@ std::vector<PlannedMove> Scheduler::plan_watermark(Tier tier) {
   uint64_t used = 0;
   if (tier == Tier::kNvme) {
     if (parts_.nvme == nullptr) return {};
-    capacity = parts_.nvme->capacity();
+    capacity = parts_.nvme->in_service();
     used = parts_.nvme->used();
   } else {
     capacity = frames(tier)->capacity();

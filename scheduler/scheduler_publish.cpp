@@ -195,7 +195,7 @@ void Scheduler::apply_write_policy(const BlockKey& content) {
     if (present) ctx.present = ctx.present.with(t);
   }
   if (parts_.host->capacity() > 0) ctx.available = ctx.available.with(Tier::kHost);
-  if (nvme_writable() && parts_.nvme->capacity() > 0) {
+  if (nvme_writable() && parts_.nvme->in_service() > 0) {
     ctx.available = ctx.available.with(Tier::kNvme);
   }
   const TierMask to = write_->on_complete(ctx);

@@ -11,7 +11,7 @@ SimTransferPort::SimTransferPort(SimEventLoop& loop, const Geometry& geometry,
     : loop_(loop), geometry_(geometry), spec_(spec) {}
 
 void SimTransferPort::schedule(Link link, uint64_t bytes, TransferDone done,
-                               std::function<void()> on_success) {
+                               std::function<void()> on_success, bool fail) {
   const int i = static_cast<int>(link);
   const LinkModel& model = spec_.links[i];
   const Nanos now = loop_.now();
@@ -22,8 +22,7 @@ void SimTransferPort::schedule(Link link, uint64_t bytes, TransferDone done,
   counters_[i].transfers += 1;
   counters_[i].bytes += bytes;
   counters_[i].busy += occupancy;
-  bool fail = false;
-  if (fail_next_[i] > 0) {
+  if (!fail && fail_next_[i] > 0) {
     --fail_next_[i];
     fail = true;
   }
@@ -64,18 +63,21 @@ Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_
     return already_exists("block " + to_string(key) + " is already on nvme");
   }
   if (!on_nvme_.contains(key) && !writing_.contains(key) &&
-      on_nvme_.size() + writing_.size() >= spec_.nvme_extents) {
+      on_nvme_.size() + writing_.size() + retired_extents_ >= spec_.nvme_extents) {
     return resource_exhausted("nvme store full: " + std::to_string(spec_.nvme_extents) +
-                              " extents in use");
+                              " extents, " + std::to_string(retired_extents_) + " of them retired");
   }
+  const bool bad_extent = bad_extent_writes_ > 0;
+  if (bad_extent) --bad_extent_writes_;
   writing_.insert(key);
   schedule(
       Link::kHostToNvme, nvme_page_bytes() * geometry_.layers,
-      [this, key, done = std::move(done)](const Status& s) {
+      [this, key, bad_extent, done = std::move(done)](const Status& s) {
         writing_.erase(key);
+        if (bad_extent) ++retired_extents_;  // before the caller hears of the failure
         done(s);
       },
-      [this, key] { on_nvme_.insert(key); });
+      [this, key] { on_nvme_.insert(key); }, bad_extent);
   return ok_status();
 }
 

@@ -46,6 +46,7 @@ class SimTransferPort final : public TransferPort {
   Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
                    TransferDone done) override;
   Status erase_block(const BlockKey& key) override;
+  uint64_t nvme_retired_extents() const override { return retired_extents_; }
   LinkModel link_model(Link link) const override { return spec_.links[static_cast<int>(link)]; }
   uint64_t host_page_bytes() const override {
     return spec_.host_page_bytes != 0 ? spec_.host_page_bytes : geometry_.page_bytes();
@@ -56,6 +57,9 @@ class SimTransferPort final : public TransferPort {
 
   // The next `count` transfers on `link` complete with kIoError (after their modeled time).
   void fail_next(Link link, uint32_t count) { fail_next_[static_cast<int>(link)] += count; }
+  // The next `count` NVMe writes land on bad sectors: each fails with kIoError and retires its
+  // extent (the store holds one block fewer), as the real store does after a media error.
+  void fail_next_on_bad_extents(uint32_t count) { bad_extent_writes_ += count; }
   const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
   const TransferStats& transfer_stats() const { return stats_; }
   std::size_t nvme_blocks() const { return on_nvme_.size(); }
@@ -68,13 +72,17 @@ class SimTransferPort final : public TransferPort {
   void store_on_nvme(const BlockKey& key) { on_nvme_.insert(key); }
 
  private:
-  void schedule(Link link, uint64_t bytes, TransferDone done, std::function<void()> on_success);
+  // `fail`: this transfer fails whatever fail_next says (it does not consume fail_next).
+  void schedule(Link link, uint64_t bytes, TransferDone done, std::function<void()> on_success,
+                bool fail = false);
 
   SimEventLoop& loop_;
   const Geometry geometry_;
   const SimLinkSpec spec_;
   std::array<Nanos, kNumLinks> busy_until_{};
   std::array<uint32_t, kNumLinks> fail_next_{};
+  uint32_t bad_extent_writes_ = 0;
+  uint64_t retired_extents_ = 0;
   std::array<SimLinkCounters, kNumLinks> counters_{};
   TransferStats stats_;
   std::unordered_set<BlockKey, BlockKeyHash> on_nvme_;

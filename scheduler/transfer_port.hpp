@@ -60,6 +60,10 @@ class TransferPort {
   // Forgets a block on NVMe (frees its extent). Synchronous; the store does no I/O for it.
   virtual Status erase_block(const BlockKey& key) = 0;
 
+  // Extents the NVMe store has retired after media errors (BlockStore::retired_blocks); it grows
+  // after the failed read or write that retired one, before that transfer's callback runs.
+  virtual uint64_t nvme_retired_extents() const = 0;
+
   virtual LinkModel link_model(Link link) const = 0;
   // Bytes one page moves over the HBM<->host links, in the host tier's PageFormat (fp8 and its
   // scales when tiers.host.kv_dtype is fp8_e4m3; the page as computed otherwise).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <unordered_map>
+#include <utility>
 
 #include "tiers/sys_error.hpp"
 
@@ -166,6 +167,7 @@ void FaultInjectingIoBackend::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   rules_.clear();
   bad_.clear();
+  next_bad_[0] = next_bad_[1] = 0;
   open_part_.clear();
   open_error_ = 0;
   allocate_error_ = 0;
@@ -187,12 +189,20 @@ void FaultInjectingIoBackend::add_bad_range(IoOpcode opcode, uint64_t offset, ui
   bad_.push_back(BadRange{opcode, offset, length, error});
 }
 
+void FaultInjectingIoBackend::make_next_bad(IoOpcode opcode, int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  next_bad_[static_cast<int>(opcode)] = error;
+}
+
 FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(const IoRequest& request) {
   const IoOpcode op = request.opcode;
   uint64_t bytes = 0;
   for (uint32_t i = 0; i < request.iovcnt; ++i) bytes += request.iov[i].iov_len;
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t index = ++seen_[static_cast<int>(op)];
+  if (const int error = std::exchange(next_bad_[static_cast<int>(op)], 0); error != 0) {
+    bad_.push_back(BadRange{op, request.offset, bytes, error});
+  }
   for (const BadRange& b : bad_) {
     if (b.opcode == op && request.offset < b.offset + b.length &&
         b.offset < request.offset + bytes) {

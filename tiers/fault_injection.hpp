@@ -49,6 +49,9 @@ class FaultInjectingIoBackend final : public IoBackend {
   // Every `opcode` request overlapping bytes [offset, offset + length) fails with -error (EIO:
   // a bad sector), until clear().
   void add_bad_range(IoOpcode opcode, uint64_t offset, uint64_t length, int error = 5);
+  // The bytes the next `opcode` request touches become a bad range of that opcode (it fails, and
+  // so does every later one touching them): a bad sector wherever the caller writes or reads next.
+  void make_next_bad(IoOpcode opcode, int error = 5);
   // The next open of a path containing `path_part` fails with `error` (e.g. EACCES, ENOSPC).
   void fail_open(std::string path_part, int error);
   // The next allocate() (fallocate) fails with `error` (e.g. ENOSPC).
@@ -104,6 +107,7 @@ class FaultInjectingIoBackend final : public IoBackend {
   mutable std::mutex mu_;
   std::vector<Armed> rules_;   // guarded by mu_
   std::vector<BadRange> bad_;  // guarded by mu_
+  int next_bad_[2] = {0, 0};   // per opcode: the errno the next request's bytes go bad with
   uint64_t seen_[2] = {0, 0};  // guarded by mu_
   uint64_t injected_ = 0;      // guarded by mu_
   std::string open_part_;      // guarded by mu_

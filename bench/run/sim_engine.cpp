@@ -184,7 +184,7 @@ MetricsSources sim_metrics_sources(SimWorld& world) {
   if (world.spec().host_frames > 0) m.occupancy[tier_index(Tier::kHost)] = frames(&world.host());
   if (const ExtentAllocator* nvme = world.nvme(); nvme != nullptr) {
     m.occupancy[tier_index(Tier::kNvme)] = [nvme, block = g.block_bytes()] {
-      return TierOccupancy{uint64_t{nvme->used()} * block, uint64_t{nvme->capacity()} * block};
+      return TierOccupancy{uint64_t{nvme->used()} * block, uint64_t{nvme->in_service()} * block};
     };
   }
   return m;

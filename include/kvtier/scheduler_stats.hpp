@@ -70,6 +70,8 @@ struct SchedulerStats {
   // whether it is paused now (1) or not (0).
   Counter nvme_write_pauses{0};
   Gauge nvme_writes_paused{0};
+  // NVMe extents retired after media errors (bad sectors): they hold no block until a restart.
+  Gauge nvme_retired_extents{0};
 
   Counter steps{0};
   Counter windowed_steps{0};  // steps that did not fit in HBM at once and ran layer by layer

@@ -43,6 +43,22 @@ struct HttpResponse {
   std::string error;
 };
 
+// A connect(2) that a signal interrupted goes on in the background: waits (10 s at most) for it
+// to end, and says whether it succeeded; errno says why not.
+inline bool connected_after_interrupt(int fd) {
+  pollfd p{fd, POLLOUT, 0};
+  int n;
+  while ((n = ::poll(&p, 1, 10'000)) < 0 && errno == EINTR) {
+  }
+  if (n == 0) errno = ETIMEDOUT;
+  if (n <= 0) return false;
+  int error = 0;
+  socklen_t len = sizeof error;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) return false;
+  errno = error;
+  return error == 0;
+}
+
 // `method` http://127.0.0.1:port/target with a 10 s send/receive timeout; reads until the server
 // closes.
 inline HttpResponse http_request(uint16_t port, std::string_view method, std::string_view target) {
@@ -59,7 +75,8 @@ inline HttpResponse http_request(uint16_t port, std::string_view method, std::st
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 &&
+      !(errno == EINTR && connected_after_interrupt(fd))) {
     r.error = "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
     ::close(fd);
     return r;
@@ -69,6 +86,7 @@ inline HttpResponse http_request(uint16_t port, std::string_view method, std::st
                               "\r\nConnection: close\r\n\r\n";
   for (std::size_t sent = 0; sent < request.size();) {
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       r.error = std::string("send: ") + std::strerror(errno);
       ::close(fd);

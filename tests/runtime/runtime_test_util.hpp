@@ -128,7 +128,8 @@ inline std::vector<uint32_t> make_tokens(std::size_t n, uint32_t seed, std::size
 
 // Runs one step for one sequence: waits for each layer, checks the context already there, writes
 // the new tokens, ends the layer. Returns the step's status. `tokens` holds the context and the
-// new tokens, context + new_tokens in all.
+// new tokens, context + new_tokens in all. When the step gives tokens back to recompute (a block
+// lost to a failed NVMe read), the context checked ends, and the writing starts, where it says.
 inline Status run_checked_step(Runtime& rt, SequenceId seq, const std::vector<uint32_t>& tokens,
                                uint64_t context, uint32_t new_tokens, bool* bytes_ok) {
   if (tokens.size() < context + new_tokens) {
@@ -139,6 +140,17 @@ inline Status run_checked_step(Runtime& rt, SequenceId seq, const std::vector<ui
   const StepItem item{seq, new_tokens};
   auto step = rt.begin_step(std::span(&item, 1));
   if (!step.ok()) return step.status();
+  const StepItemInfo& info = step->items[0];
+  const uint32_t writes = info.recomputed_tokens + info.new_tokens;
+  if (info.context_tokens + writes != context + new_tokens) {
+    rt.abort_step(step->id).ignore();
+    return internal_error("run_checked_step: the step writes tokens [" +
+                          std::to_string(info.context_tokens) + ", " +
+                          std::to_string(info.context_tokens + writes) + "), not up to " +
+                          std::to_string(context + new_tokens));
+  }
+  context = info.context_tokens;
+  new_tokens = writes;
   const HbmView view = rt.hbm_view();
   const Geometry& g = rt.geometry();
   for (uint32_t l = 0; l < step->layers; ++l) {

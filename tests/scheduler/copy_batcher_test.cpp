@@ -43,6 +43,7 @@ class RecordingPort final : public TransferPort {
     return failed_precondition("not used");
   }
   Status erase_block(const BlockKey&) override { return failed_precondition("not used"); }
+  uint64_t nvme_retired_extents() const override { return 0; }
   LinkModel link_model(Link) const override { return LinkModel{}; }
   uint64_t host_page_bytes() const override { return kPageBytes; }
   uint64_t nvme_page_bytes() const override { return kPageBytes; }

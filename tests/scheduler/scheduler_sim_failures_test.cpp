@@ -161,6 +161,60 @@ TEST(SchedulerSim, AFailedWriteIsNotRetriedTheBlockIsDropped) {
   EXPECT_EQ(w.scheduler().stats().refused_demotions.load(), writes.transfers);
 }
 
+// Runs 8 prompts of 4 blocks through tiers too small to keep them, so that their blocks go to
+// NVMe; `before` may arm failures first.
+struct WritesRun {
+  uint64_t write_transfers = 0;
+  uint64_t blocks_on_nvme = 0;
+  uint64_t refused = 0;
+  uint64_t retired = 0;
+  uint64_t extents_in_service = 0;
+};
+WritesRun run_prompts_to_nvme(const std::function<void(SimWorld&)>& before) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  before(w);
+  for (uint32_t p = 0; p < 8; ++p) {
+    auto s = w.scheduler().open_sequence(w.prompt(4, p + 1));
+    EXPECT_TRUE(s.ok());
+    if (!s.ok()) return {};
+    const StepItem item{s->id, 4 * 16};
+    EXPECT_TRUE(w.run_step(std::span(&item, 1), kNanosPerMicro).status.ok()) << "prompt " << p;
+    EXPECT_TRUE(w.scheduler().close_sequence(s->id).ok());
+    w.settle();
+    expect_consistent(w);
+  }
+  const SchedulerStats& stats = w.scheduler().stats();
+  return WritesRun{w.port().counters(Link::kHostToNvme).transfers, w.port().nvme_blocks(),
+                   stats.refused_demotions.load(), stats.nvme_retired_extents.load(),
+                   w.nvme()->in_service()};
+}
+
+// A write that fails on a bad sector retires its extent in the store. The scheduler retires one
+// in its own count of extents, and does not refuse the block: written again, it lands on another
+// extent, and NVMe ends up holding what it holds when no write fails.
+TEST(SchedulerSim, AWriteThatFailsOnABadSectorIsWrittenAgainElsewhere) {
+  const WritesRun clean = run_prompts_to_nvme([](SimWorld&) {});
+  ASSERT_GT(clean.blocks_on_nvme, 3u);
+  const WritesRun bad =
+      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_on_bad_extents(3); });
+  EXPECT_EQ(bad.retired, 3u);
+  EXPECT_EQ(bad.extents_in_service, 61u);
+  EXPECT_EQ(bad.refused, 0u);
+  EXPECT_EQ(bad.blocks_on_nvme, clean.blocks_on_nvme);
+  EXPECT_EQ(bad.write_transfers, clean.write_transfers + 3);
+  // A failure that retires nothing refuses its block, as before.
+  const WritesRun failed = run_prompts_to_nvme([](SimWorld& w) {
+    w.port().fail_next(Link::kHostToNvme, 3);
+  });
+  EXPECT_EQ(failed.retired, 0u);
+  EXPECT_EQ(failed.refused, 3u);
+  EXPECT_EQ(failed.blocks_on_nvme, clean.blocks_on_nvme - 3);
+}
+
 // A block a sequence reuses whose read from NVMe fails is never served (its NVMe copy goes), and
 // with no other copy the sequence has lost it: its next step gives that block and those after it
 // back for the engine to recompute (recomputed_tokens), instead of failing every step after.

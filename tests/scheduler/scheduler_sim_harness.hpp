@@ -81,6 +81,7 @@ class SimWorld {
   SimTransferPort& port() { return world_->port(); }
   const FrameAllocator& hbm() { return world_->hbm(); }
   const FrameAllocator& host() { return world_->host(); }
+  const ExtentAllocator* nvme() { return world_->nvme(); }  // null: no NVMe tier
   const SimSetup& setup() const { return setup_; }
   // The first invariant broken between two of the loop's events ("" when none): in the runtime
   // an engine thread may look at the state at any such point, not only when the loop is idle.

@@ -1,5 +1,6 @@
-// Scheduler: pausing writes to NVMe when they keep failing, and resuming them (NvmeWriteHealth
-// decides; this carries the decision into the placement, the stats and the open steps).
+// Scheduler: how it answers a failing disk. Writes that keep failing pause writing to NVMe, and
+// resume (NvmeWriteHealth decides; this carries the decision into the placement, the stats and
+// the open steps); extents the store retires after media errors leave the table's count.
 #include <iterator>
 #include <string>
 
@@ -55,6 +56,30 @@ void Scheduler::resume_nvme_writes() {
   // What could leave host memory only by way of NVMe may go now.
   want_watermark_check();
   serve_memory_waiters();
+}
+
+uint64_t Scheduler::take_retired_nvme_extents() {
+  if (parts_.nvme == nullptr) return 0;
+  const uint64_t retired_by_store = parts_.port->nvme_retired_extents();
+  uint64_t taken = 0;
+  while (parts_.nvme->retired() < retired_by_store) {
+    Result<uint32_t> extent = parts_.nvme->allocate();
+    if (!extent.ok()) break;  // every extent holds a block: a later call takes one freed then
+    Status retired = parts_.nvme->retire(*extent);
+    if (!retired.ok()) {
+      log(LogLevel::kError, "retiring an NVMe extent of the page table: " + retired.to_string());
+      parts_.nvme->free(*extent).ignore();
+      break;
+    }
+    ++taken;
+  }
+  if (taken == 0) return 0;
+  stats_.nvme_retired_extents.store(parts_.nvme->retired(), std::memory_order_relaxed);
+  want_watermark_check();
+  fail_steps_that_no_longer_fit("the NVMe store retired " + std::to_string(taken) +
+                                " extents after media errors (" +
+                                std::to_string(parts_.nvme->in_service()) + " left in service)");
+  return taken;
 }
 
 }  // namespace kvtier

@@ -1,0 +1,168 @@
+// A whole Runtime over a real NVMe store whose I/O fails underneath it (EIO from the I/O backend).
+// A disk that fails every write: the engine's steps all run on memory alone, writing pauses after
+// tiers.nvme.pause_after_failed_writes failures in a row, no write reaches the disk while paused,
+// /metrics says so, and a shutdown while paused persists nothing and returns. A bad sector: it
+// costs one failed write (or read) and its extent, which the store and the scheduler retire,
+// and nothing else.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/runtime/metrics_test_util.hpp"
+#include "tests/runtime/runtime_test_util.hpp"
+#include "tiers/fault_injection.hpp"
+
+namespace kvtier {
+namespace {
+
+struct Scrape {
+  double paused = -1;
+  double pauses = -1;
+  double refused = -1;
+  double retired = -1;
+  double failed_loads = -1;
+};
+
+Scrape scrape(const Runtime& rt) {
+  const testing::HttpResponse r = testing::http_get(rt.metrics_port(), "/metrics");
+  EXPECT_EQ(r.status, 200) << r.error;
+  Scrape s;
+  s.paused = testing::sample_value(r.body, "kvtier_nvme_writes_paused").value_or(-1);
+  s.pauses = testing::sample_value(r.body, "kvtier_nvme_write_pauses_total").value_or(-1);
+  s.refused = testing::sample_value(r.body, "kvtier_refused_demotions_total").value_or(-1);
+  s.retired = testing::sample_value(r.body, "kvtier_nvme_retired_extents").value_or(-1);
+  s.failed_loads = testing::sample_value(r.body, "kvtier_failed_loads_total").value_or(-1);
+  return s;
+}
+
+// Prefills one 8-block prompt of its own (or reuses what is cached of it), checking the bytes,
+// and closes it. Returns the step's status; `must_run` expects it OK.
+Status prefill_prompt(Runtime& rt, uint32_t seed, bool must_run = true) {
+  const std::vector<uint32_t> tokens = testing::make_tokens(8 * 16, seed);
+  auto seq = rt.open_sequence(rt.block_keys(tokens));
+  EXPECT_TRUE(seq.ok()) << seq.status().to_string();
+  if (!seq.ok()) return seq.status();
+  bool bytes_ok = true;
+  const Status ran = testing::run_checked_step(
+      rt, seq->id, tokens, seq->reused_tokens,
+      static_cast<uint32_t>(tokens.size() - seq->reused_tokens), &bytes_ok);
+  if (must_run) EXPECT_TRUE(ran.ok()) << "prompt " << seed << ": " << ran.to_string();
+  EXPECT_TRUE(bytes_ok) << "prompt " << seed << " was served wrong bytes";
+  EXPECT_TRUE(rt.close_sequence(seq->id).ok());
+  return ran;
+}
+
+struct FaultyRuntime {
+  std::shared_ptr<FaultInjectingIoBackend> faults = std::make_shared<FaultInjectingIoBackend>();
+  std::unique_ptr<Runtime> rt;
+};
+
+FaultyRuntime open_faulty(const Config& c) {
+  FaultyRuntime f;
+  TierStackOptions seams;
+  seams.io = f.faults;
+  f.rt = testing::open_or_skip(c, seams);
+  return f;
+}
+
+TEST(RuntimeNvmeFailures, ADiskThatFailsEveryWriteIsPausedAndTheEngineRunsOnMemory) {
+  testing::ScratchDir dir("runtime-nvme-pause");
+  Config c = testing::small_config(dir.path());
+  c.metrics.listen = "127.0.0.1:0";
+  c.tiers.nvme.pause_after_failed_writes = 2;
+  c.tiers.nvme.pause_ms = 600'000;  // holds for the whole test
+  auto [faults, rt] = open_faulty(c);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
+  ASSERT_NE(rt->metrics_port(), 0);
+  EXPECT_EQ(scrape(*rt).paused, 0.0);
+  // Every write from now on fails with EIO.
+  faults->add_rule({IoOpcode::kWrite, FaultKind::kError, 1, 1u << 30, EIO});
+
+  // 8-block prompts, 32 pages each: HBM holds 2 of them and host memory 8, so from the eleventh on
+  // blocks leave host memory, and the disk is asked to write them.
+  uint32_t seed = 1;
+  for (; seed <= 40 && scrape(*rt).paused != 1.0; ++seed) prefill_prompt(*rt, seed).ignore();
+  Scrape s = scrape(*rt);
+  ASSERT_EQ(s.paused, 1.0) << "40 prompts and writing to NVMe never paused";
+  EXPECT_EQ(s.pauses, 1.0);
+  // Each failed write retired its extent (the first of them, up to one extent in 32) or refused
+  // its block.
+  EXPECT_GE(s.retired + s.refused, 2.0);
+
+  // While paused, the disk sees no write, and every step still runs.
+  const uint64_t writes = faults->requests(IoOpcode::kWrite);
+  for (uint32_t more = 0; more < 20; ++more) prefill_prompt(*rt, 1000 + more).ignore();
+  EXPECT_EQ(faults->requests(IoOpcode::kWrite), writes) << "a write reached the paused disk";
+  s = scrape(*rt);
+  EXPECT_EQ(s.paused, 1.0);
+  EXPECT_EQ(s.pauses, 1.0);
+  const RuntimeStats stats = rt->stats();
+  EXPECT_EQ(stats.used_bytes[tier_index(Tier::kNvme)], 0u) << "nothing was written to NVMe";
+  EXPECT_GT(stats.evictions[tier_index(Tier::kHost)], 0u) << "blocks left host memory, dropped";
+  EXPECT_TRUE(rt->audit().ok());
+  // A shutdown while paused persists nothing (it says so) and returns.
+  EXPECT_TRUE(rt->shutdown().ok());
+  EXPECT_EQ(faults->requests(IoOpcode::kWrite), writes);
+}
+
+uint64_t nvme_capacity(const Runtime& rt) {
+  return rt.stats().capacity_bytes[tier_index(Tier::kNvme)];
+}
+
+// The next block written lands on a bad sector: that write fails, its extent is retired (in the
+// store, and in the scheduler's count), and the block is not refused: written again, elsewhere.
+// Nothing pauses, no write fails again, and every step's bytes check out.
+TEST(RuntimeNvmeFailures, ABadSectorUnderAWriteCostsOneWriteAndItsExtent) {
+  testing::ScratchDir dir("runtime-nvme-bad-write");
+  Config c = testing::small_config(dir.path());
+  c.metrics.listen = "127.0.0.1:0";
+  auto [faults, rt] = open_faulty(c);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
+  const uint64_t capacity = nvme_capacity(*rt);
+  faults->make_next_bad(IoOpcode::kWrite);
+  // From the eleventh prompt on, blocks leave host memory by way of NVMe.
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt, seed).ok());
+  EXPECT_EQ(faults->injected(), 1u) << "the bad sector failed more than one write";
+  EXPECT_GT(faults->requests(IoOpcode::kWrite), 20u) << "writes went on after it";
+  const Scrape s = scrape(*rt);
+  EXPECT_EQ(s.retired, 1.0);
+  EXPECT_EQ(s.refused, 0.0) << "the block whose write failed is written again elsewhere";
+  EXPECT_EQ(s.pauses, 0.0);
+  EXPECT_LT(nvme_capacity(*rt), capacity) << "the tier holds one extent fewer";
+  EXPECT_TRUE(rt->audit().ok());
+  EXPECT_TRUE(rt->shutdown().ok());
+}
+
+// A block on NVMe only whose read hits a bad sector: the read fails (the step runs without it or
+// fails, never on wrong bytes), the block is dropped, and its extent retired on both sides.
+TEST(RuntimeNvmeFailures, ABadSectorUnderAReadRetiresItsExtentOnceTheBlockIsDropped) {
+  testing::ScratchDir dir("runtime-nvme-bad-read");
+  Config c = testing::small_config(dir.path());
+  c.metrics.listen = "127.0.0.1:0";
+  auto [faults, rt] = open_faulty(c);
+  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
+  const uint64_t capacity = nvme_capacity(*rt);
+  // Thirty prompts push the first ones' blocks out of memory, to NVMe.
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt, seed).ok());
+  ASSERT_EQ(scrape(*rt).retired, 0.0);
+  faults->make_next_bad(IoOpcode::kRead);
+  // The first prompt again: its blocks are read back from NVMe, and the first read fails.
+  const Status again = prefill_prompt(*rt, 1, /*must_run=*/false);
+  EXPECT_TRUE(again.ok() || again.code() == StatusCode::kIoError) << again.to_string();
+  EXPECT_EQ(faults->injected(), 1u);
+  const Scrape s = scrape(*rt);
+  EXPECT_GE(s.failed_loads, 1.0);
+  EXPECT_EQ(s.retired, 1.0);
+  EXPECT_LT(nvme_capacity(*rt), capacity);
+  // Prompts go on as before, the first one included (recomputed where its block was lost).
+  for (uint32_t seed = 1; seed <= 5; ++seed) ASSERT_TRUE(prefill_prompt(*rt, seed).ok());
+  EXPECT_EQ(scrape(*rt).retired, 1.0);
+  EXPECT_TRUE(rt->audit().ok());
+  EXPECT_TRUE(rt->shutdown().ok());
+}
+
+}  // namespace
+}  // namespace kvtier
