@@ -207,9 +207,8 @@ TEST(SchedulerSim, AWriteThatFailsOnABadSectorIsWrittenAgainElsewhere) {
   EXPECT_EQ(bad.blocks_on_nvme, clean.blocks_on_nvme);
   EXPECT_EQ(bad.write_transfers, clean.write_transfers + 3);
   // A failure that retires nothing refuses its block, as before.
-  const WritesRun failed = run_prompts_to_nvme([](SimWorld& w) {
-    w.port().fail_next(Link::kHostToNvme, 3);
-  });
+  const WritesRun failed =
+      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next(Link::kHostToNvme, 3); });
   EXPECT_EQ(failed.retired, 0u);
   EXPECT_EQ(failed.refused, 3u);
   EXPECT_EQ(failed.blocks_on_nvme, clean.blocks_on_nvme - 3);
