@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "tiers/extent_allocator.hpp"
+
 namespace kvtier {
 
 SimTransferPort::SimTransferPort(SimEventLoop& loop, const Geometry& geometry,
@@ -74,7 +76,11 @@ Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_
       Link::kHostToNvme, nvme_page_bytes() * geometry_.layers,
       [this, key, bad_extent, done = std::move(done)](const Status& s) {
         writing_.erase(key);
-        if (bad_extent) ++retired_extents_;  // before the caller hears of the failure
+        // Before the caller hears of the failure, as the real store does.
+        if (bad_extent &&
+            retired_extents_ < max_retired_extents(static_cast<uint32_t>(spec_.nvme_extents))) {
+          ++retired_extents_;
+        }
         done(s);
       },
       [this, key] { on_nvme_.insert(key); }, bad_extent);

@@ -58,7 +58,8 @@ class SimTransferPort final : public TransferPort {
   // The next `count` transfers on `link` complete with kIoError (after their modeled time).
   void fail_next(Link link, uint32_t count) { fail_next_[static_cast<int>(link)] += count; }
   // The next `count` NVMe writes land on bad sectors: each fails with kIoError and retires its
-  // extent (the store holds one block fewer), as the real store does after a media error.
+  // extent (the store holds one block fewer) while fewer than max_retired_extents are, as the
+  // real store does after a media error.
   void fail_next_on_bad_extents(uint32_t count) { bad_extent_writes_ += count; }
   const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
   const TransferStats& transfer_stats() const { return stats_; }

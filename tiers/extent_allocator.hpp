@@ -8,6 +8,7 @@
 // index after a restart).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -22,6 +23,13 @@ struct ExtentLocation {
   uint32_t file = 0;    // index into the store's paths
   uint64_t offset = 0;  // byte offset of the extent within that file
 };
+
+// The most extents of a store of `extents` that media errors may retire: one in 32, at least one.
+// Past that the device fails as a whole, not at a few sectors, and retiring more would only
+// shrink the cache (see nvme_store.hpp).
+inline uint32_t max_retired_extents(uint32_t extents) {
+  return std::max<uint32_t>(1, extents / 32);
+}
 
 class ExtentAllocator {
  public:

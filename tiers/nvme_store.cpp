@@ -296,7 +296,7 @@ Status NvmeStore::open_files() {
   readers_.assign(extents_->capacity(), 0);
   doomed_.assign(extents_->capacity(), 0);
   bad_.assign(extents_->capacity(), 0);
-  max_retired_ = std::max<uint32_t>(1, extents_->capacity() / 32);
+  max_retired_ = max_retired_extents(extents_->capacity());
   return Status();
 }
 

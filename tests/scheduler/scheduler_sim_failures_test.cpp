@@ -195,17 +195,24 @@ WritesRun run_prompts_to_nvme(const std::function<void(SimWorld&)>& before) {
 
 // A write that fails on a bad sector retires its extent in the store. The scheduler retires one
 // in its own count of extents, and does not refuse the block: written again, it lands on another
-// extent, and NVMe ends up holding what it holds when no write fails.
+// extent, and NVMe ends up holding what it holds when no write fails. Past one extent in 32 the
+// store retires none (the disk is failing as a whole), and a failed write refuses its block.
 TEST(SchedulerSim, AWriteThatFailsOnABadSectorIsWrittenAgainElsewhere) {
   const WritesRun clean = run_prompts_to_nvme([](SimWorld&) {});
   ASSERT_GT(clean.blocks_on_nvme, 3u);
   const WritesRun bad =
-      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_on_bad_extents(3); });
-  EXPECT_EQ(bad.retired, 3u);
-  EXPECT_EQ(bad.extents_in_service, 61u);
+      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_on_bad_extents(2); });
+  EXPECT_EQ(bad.retired, 2u);
+  EXPECT_EQ(bad.extents_in_service, 62u);
   EXPECT_EQ(bad.refused, 0u);
   EXPECT_EQ(bad.blocks_on_nvme, clean.blocks_on_nvme);
-  EXPECT_EQ(bad.write_transfers, clean.write_transfers + 3);
+  EXPECT_EQ(bad.write_transfers, clean.write_transfers + 2);
+  // 64 extents: the third bad sector retires nothing.
+  const WritesRun past_the_cap =
+      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_on_bad_extents(3); });
+  EXPECT_EQ(past_the_cap.retired, 2u);
+  EXPECT_EQ(past_the_cap.refused, 1u);
+  EXPECT_EQ(past_the_cap.blocks_on_nvme, clean.blocks_on_nvme - 1);
   // A failure that retires nothing refuses its block, as before.
   const WritesRun failed =
       run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next(Link::kHostToNvme, 3); });

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -344,6 +345,13 @@ inline void pause_nvme_writes_at_every_failure(SimSetup& setup) {
   setup.nvme_pause.after_failed_writes = 1;
   setup.nvme_pause.first_pause = kNanosPerMilli;
   setup.nvme_pause.longest_pause = 4 * kNanosPerMilli;
+}
+
+// For the same seeds, once per operation: one time in 24 the next NVMe write lands on a bad
+// sector (it fails and its extent is retired, up to one in 32). `bad_sectors` is a generator of
+// its own, so that the seed's operations and its other failures are drawn as they were.
+inline void maybe_write_on_a_bad_sector(SimWorld& w, std::mt19937& bad_sectors) {
+  if (bad_sectors() % 24 == 0) w.port().fail_next_on_bad_extents(1);
 }
 
 }  // namespace kvtier::testing

@@ -5,7 +5,8 @@
 // over some whole blocks of one, so prompts share prefixes, extend earlier turns and meet blocks
 // other sequences published meanwhile (deduplicated, refilled). With every other seed, a prefix
 // still loading from a slow NVMe link when its first step begins is recomputed; with every third,
-// transfers on any link fail now and then: a step whose load failed fails (kIoError), and so does
+// transfers on any link fail now and then, and NVMe writes land on bad sectors (their extents
+// retired): a step whose load failed fails (kIoError), and so does
 // one that a failed NVMe write or read left without room (kUnavailable: a block it was admitted
 // beside as bound for NVMe must stay in memory), and a block in use that lost a page to a failed
 // read is recomputed. The tiers are small and the policies vary by seed, as in
@@ -38,6 +39,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
+using testing::maybe_write_on_a_bad_sector;
 using testing::pause_nvme_writes_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
@@ -90,12 +92,14 @@ TEST_P(SchedulerServingWorkload, NeverBreaksAnInvariant) {
     return keys_of(c, static_cast<uint64_t>(1 + rng() % (kMaxBlocks / 2)) * pt);
   };
 
+  std::mt19937 bad_sectors(static_cast<uint32_t>(GetParam()) * 104729u + 7);
   for (int op = 0; op < 300; ++op) {
     if (inject_failures && rng() % 16 == 0) {
       // The next transfer on one link fails: a copy between HBM and host memory, or an NVMe
       // read or write.
       w.port().fail_next(kAllLinks[rng() % kAllLinks.size()], 1);
     }
+    if (inject_failures) maybe_write_on_a_bad_sector(w, bad_sectors);
     const int choice = static_cast<int>(rng() % 20);
     std::string what;
     if (choice < 5 || open.empty()) {
