@@ -76,11 +76,7 @@ Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_
       Link::kHostToNvme, nvme_page_bytes() * geometry_.layers,
       [this, key, bad_extent, done = std::move(done)](const Status& s) {
         writing_.erase(key);
-        // Before the caller hears of the failure, as the real store does.
-        if (bad_extent &&
-            retired_extents_ < max_retired_extents(static_cast<uint32_t>(spec_.nvme_extents))) {
-          ++retired_extents_;
-        }
+        if (bad_extent) retire_an_extent();  // before the caller hears, as the real store does
         done(s);
       },
       [this, key] { on_nvme_.insert(key); }, bad_extent);
@@ -94,7 +90,7 @@ Status SimTransferPort::read_block(const BlockKey& key, std::span<const uint32_t
     return invalid_argument("read_block with " + std::to_string(host_frames.size()) +
                             " pages, geometry has " + std::to_string(geometry_.layers) + " layers");
   }
-  schedule(Link::kNvmeToHost, nvme_page_bytes() * geometry_.layers, std::move(done), nullptr);
+  schedule_read(key, nvme_page_bytes() * geometry_.layers, std::move(done));
   return ok_status();
 }
 
@@ -104,12 +100,28 @@ Status SimTransferPort::read_page(const BlockKey& key, uint32_t layer, uint32_t 
   if (layer >= geometry_.layers) {
     return out_of_range("layer " + std::to_string(layer) + " of " + to_string(key));
   }
-  schedule(Link::kNvmeToHost, nvme_page_bytes(), std::move(done), nullptr);
+  schedule_read(key, nvme_page_bytes(), std::move(done));
   return ok_status();
+}
+
+void SimTransferPort::schedule_read(const BlockKey& key, uint64_t bytes, TransferDone done) {
+  const bool bad_extent = bad_extent_reads_ > 0;
+  if (bad_extent) {
+    --bad_extent_reads_;
+    on_bad_extents_.insert(key);
+  }
+  schedule(Link::kNvmeToHost, bytes, std::move(done), nullptr, bad_extent);
+}
+
+void SimTransferPort::retire_an_extent() {
+  if (retired_extents_ < max_retired_extents(static_cast<uint32_t>(spec_.nvme_extents))) {
+    ++retired_extents_;
+  }
 }
 
 Status SimTransferPort::erase_block(const BlockKey& key) {
   if (on_nvme_.erase(key) == 0) return not_found("block " + to_string(key) + " is not on nvme");
+  if (on_bad_extents_.erase(key) != 0) retire_an_extent();
   return ok_status();
 }
 

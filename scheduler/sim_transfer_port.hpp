@@ -61,6 +61,9 @@ class SimTransferPort final : public TransferPort {
   // extent (the store holds one block fewer) while fewer than max_retired_extents are, as the
   // real store does after a media error.
   void fail_next_on_bad_extents(uint32_t count) { bad_extent_writes_ += count; }
+  // The next NVMe read (of a block or a page) lands on a bad sector: it fails with kIoError, and
+  // the block's extent is retired when the block is erased (within the same cap).
+  void fail_next_read_on_a_bad_extent() { bad_extent_reads_ += 1; }
   const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
   const TransferStats& transfer_stats() const { return stats_; }
   std::size_t nvme_blocks() const { return on_nvme_.size(); }
@@ -76,6 +79,10 @@ class SimTransferPort final : public TransferPort {
   // `fail`: this transfer fails whatever fail_next says (it does not consume fail_next).
   void schedule(Link link, uint64_t bytes, TransferDone done, std::function<void()> on_success,
                 bool fail = false);
+  // A read of `key`, failing on a bad sector when one is armed.
+  void schedule_read(const BlockKey& key, uint64_t bytes, TransferDone done);
+  // One more extent retired, unless max_retired_extents are already.
+  void retire_an_extent();
 
   SimEventLoop& loop_;
   const Geometry geometry_;
@@ -83,7 +90,10 @@ class SimTransferPort final : public TransferPort {
   std::array<Nanos, kNumLinks> busy_until_{};
   std::array<uint32_t, kNumLinks> fail_next_{};
   uint32_t bad_extent_writes_ = 0;
+  uint32_t bad_extent_reads_ = 0;
   uint64_t retired_extents_ = 0;
+  // Blocks a read failed on a bad sector for: their extents are retired when they are erased.
+  std::unordered_set<BlockKey, BlockKeyHash> on_bad_extents_;
   std::array<SimLinkCounters, kNumLinks> counters_{};
   TransferStats stats_;
   std::unordered_set<BlockKey, BlockKeyHash> on_nvme_;

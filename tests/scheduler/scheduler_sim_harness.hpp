@@ -348,10 +348,14 @@ inline void pause_nvme_writes_at_every_failure(SimSetup& setup) {
 }
 
 // For the same seeds, once per operation: one time in 24 the next NVMe write lands on a bad
-// sector (it fails and its extent is retired, up to one in 32). `bad_sectors` is a generator of
-// its own, so that the seed's operations and its other failures are drawn as they were.
-inline void maybe_write_on_a_bad_sector(SimWorld& w, std::mt19937& bad_sectors) {
-  if (bad_sectors() % 24 == 0) w.port().fail_next_on_bad_extents(1);
+// sector (it fails and its extent is retired, up to one in 32), and one time in 24 the next NVMe
+// read does (it fails, and the extent is retired when the block is erased). `bad_sectors` is a
+// generator of its own, so that the seed's operations and its other failures are drawn as they
+// were.
+inline void maybe_hit_a_bad_sector(SimWorld& w, std::mt19937& bad_sectors) {
+  const uint32_t draw = bad_sectors() % 24;
+  if (draw == 0) w.port().fail_next_on_bad_extents(1);
+  if (draw == 1) w.port().fail_next_read_on_a_bad_extent();
 }
 
 }  // namespace kvtier::testing

@@ -4,8 +4,8 @@
 // sequences at random over small tiers (every fourth with NVMe smaller than the blocks in use).
 // The workload never publishes, so memory fills with private pages that cannot go to NVMe and
 // steps must trade pages in the last free frames. On every third seed transfers on any link fail
-// now and then, and NVMe writes land on bad sectors (each drawn from a generator of its own, so
-// the operations are those of the seed without failures). After every event of the loop the page
+// now and then, and NVMe reads and writes hit bad sectors (each drawn from a generator of its own,
+// so the operations are those of the seed without failures). After every event of the loop the page
 // table passes its audit and each tier's policy tracks exactly the blocks with a ready copy there;
 // after every operation no block a sequence references has lost a page (but to a failed read); a
 // step is either refused at once or completes, or with failures injected fails once begun
@@ -33,7 +33,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
-using testing::maybe_write_on_a_bad_sector;
+using testing::maybe_hit_a_bad_sector;
 using testing::pause_nvme_writes_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
@@ -56,7 +56,7 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
     if (inject_failures && failures() % 16 == 0) {
       w.port().fail_next(kAllLinks[failures() % kAllLinks.size()], 1);
     }
-    if (inject_failures) maybe_write_on_a_bad_sector(w, bad_sectors);
+    if (inject_failures) maybe_hit_a_bad_sector(w, bad_sectors);
     const int choice = static_cast<int>(rng() % 10);
     if (choice < 3 || open.empty()) {
       auto s = w.scheduler().open_sequence(prompts[rng() % prompts.size()]);

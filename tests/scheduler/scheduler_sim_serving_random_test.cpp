@@ -5,11 +5,10 @@
 // over some whole blocks of one, so prompts share prefixes, extend earlier turns and meet blocks
 // other sequences published meanwhile (deduplicated, refilled). With every other seed, a prefix
 // still loading from a slow NVMe link when its first step begins is recomputed; with every third,
-// transfers on any link fail now and then, and NVMe writes land on bad sectors (their extents
-// retired): a step whose load failed fails (kIoError), and so does
-// one that a failed NVMe write or read left without room (kUnavailable: a block it was admitted
-// beside as bound for NVMe must stay in memory), and a block in use that lost a page to a failed
-// read is recomputed. The tiers are small and the policies vary by seed, as in
+// transfers on any link fail now and then, and NVMe reads and writes hit bad sectors (their
+// extents retired): a step whose load failed fails (kIoError), and so does one that a failed NVMe
+// write or read left without room (kUnavailable: a block it was admitted beside as bound for NVMe
+// must stay in memory), and a block in use that lost a page to a failed read is recomputed. The tiers are small and the policies vary by seed, as in
 // scheduler_sim_random_test.cpp, whose invariants this checks after every operation once its
 // transfers are done: the page table's audit and each tier's policy membership hold, no block a
 // sequence references has lost a page (but to a failed read), a step is refused at once or
@@ -39,7 +38,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
-using testing::maybe_write_on_a_bad_sector;
+using testing::maybe_hit_a_bad_sector;
 using testing::pause_nvme_writes_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
@@ -99,7 +98,7 @@ TEST_P(SchedulerServingWorkload, NeverBreaksAnInvariant) {
       // read or write.
       w.port().fail_next(kAllLinks[rng() % kAllLinks.size()], 1);
     }
-    if (inject_failures) maybe_write_on_a_bad_sector(w, bad_sectors);
+    if (inject_failures) maybe_hit_a_bad_sector(w, bad_sectors);
     const int choice = static_cast<int>(rng() % 20);
     std::string what;
     if (choice < 5 || open.empty()) {
