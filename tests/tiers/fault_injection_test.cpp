@@ -1,5 +1,6 @@
 // Every injected I/O fault becomes a Status that names the file, the offset and the errno; the
 // block stays a miss (never wrong data); the counters say what happened; accounting stays exact.
+// A bad sector costs one failed write or read and its extent, retired until the store reopens.
 #include "tiers/fault_injection.hpp"
 
 #include <gtest/gtest.h>
