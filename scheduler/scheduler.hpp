@@ -445,13 +445,16 @@ class Scheduler {
   void land_demotions();
   // Gives up requests still waiting for a host frame — only those of page `only`, or every one —
   // and returns how many. HBM demotions: each page stays in HBM, ready, as nothing was copied
-  // yet. With kDemotionsAndPrefetchReads, prefetches' reads from NVMe too: nothing reads them
-  // yet, and a step that wants the page asks again. Done for a page a step reads (better not
-  // moved at all), and when host memory is full of pages that cannot move: those frames might
-  // never come, and the demotions waiting for them held HBM frames no plan could count on and
-  // blocked every request queued behind them, as prefetches of pages no step may read again (the
-  // next step's first layers, loaded as a windowed step ends) kept the scheduler busy for good.
-  enum class Withdrawn : uint8_t { kDemotions, kDemotionsAndPrefetchReads };
+  // yet. With kDemotionsAndReads, reads from NVMe too: a prefetch's ends unstarted (a step that
+  // wants the page asks again, as a demand); a step's fails the step with kUnavailable, and the
+  // engine may begin it again once it has freed something. Done for a page a step reads (better
+  // not moved at all), and when host memory is full of pages that cannot move: those frames
+  // might never come. The demotions waiting for them held HBM frames no plan could count on and
+  // blocked every request queued behind them; prefetches of pages no step may read again (the
+  // next step's first layers, loaded as a windowed step ends) kept the scheduler busy for good;
+  // and a step whose read from NVMe waited for host frames (a copy of its block had failed, and
+  // only the engine could free a frame) waited out its timeout (wide-sweep seed 9620).
+  enum class Withdrawn : uint8_t { kDemotions, kDemotionsAndReads };
   std::size_t withdraw_host_requests(const PageKey* only, Withdrawn what, std::string_view why);
   // Starts writing the block (every page ready in host memory) to NVMe; false when it cannot
   // (not all in host, already going, NVMe full of blocks that cannot leave). `keep_host`: its host

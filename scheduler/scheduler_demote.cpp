@@ -3,6 +3,7 @@
 // full. See scheduler.hpp for the rules.
 #include <string>
 #include <unordered_set>
+#include <utility>
 
 #include "kvtier/log.hpp"
 #include "scheduler/scheduler.hpp"
@@ -299,7 +300,7 @@ void Scheduler::land_demotions() {
 std::size_t Scheduler::withdraw_host_requests(const PageKey* only, Withdrawn what,
                                               std::string_view why) {
   std::vector<FrameWaiter> demotions;
-  std::vector<FrameWaiter> reads;
+  std::vector<std::pair<FrameWaiter, bool>> reads;  // and whether a step's (demand) read
   auto& queues = waiters_[tier_index(Tier::kHost)];
   for (int p = 0; p < kNumPriorities; ++p) {
     const bool prefetch = static_cast<TransferPriority>(p) != TransferPriority::kDemand;
@@ -307,13 +308,16 @@ std::size_t Scheduler::withdraw_host_requests(const PageKey* only, Withdrawn wha
     for (auto it = q.begin(); it != q.end();) {
       const bool page = only == nullptr || (it->key == only->key && it->layer == only->layer);
       const bool demotion = it->use == FrameUse::kDemotion;
-      const bool read = what == Withdrawn::kDemotionsAndPrefetchReads && prefetch &&
-                        it->use == FrameUse::kNvmeRead;
+      const bool read = what == Withdrawn::kDemotionsAndReads && it->use == FrameUse::kNvmeRead;
       if (!page || !(demotion || read)) {
         ++it;
         continue;
       }
-      (demotion ? demotions : reads).push_back(std::move(*it));
+      if (demotion) {
+        demotions.push_back(std::move(*it));
+      } else {
+        reads.emplace_back(std::move(*it), !prefetch);
+      }
       it = q.erase(it);
     }
   }
@@ -325,9 +329,12 @@ std::size_t Scheduler::withdraw_host_requests(const PageKey* only, Withdrawn wha
     w.granted(cancelled("demotion of " + to_string(w.key) + " layer " + std::to_string(w.layer) +
                         " withdrawn: " + std::string(why)));
   }
-  for (FrameWaiter& w : reads) {
-    w.granted(cancelled("prefetch of " + to_string(w.key) + " layer " + std::to_string(w.layer) +
-                        " from nvme withdrawn: " + std::string(why)));
+  for (auto& [w, demand] : reads) {
+    const std::string what_read =
+        "of " + to_string(w.key) + " layer " + std::to_string(w.layer) + " from nvme withdrawn: ";
+    // A prefetch ends unstarted; a step's read fails the step, which the engine may begin again.
+    w.granted(demand ? unavailable("read " + what_read + std::string(why))
+                     : cancelled("prefetch " + what_read + std::string(why)));
   }
   // The HBM room counted on the demoted pages is to be made otherwise.
   if (!demotions.empty()) parts_.loop->post([this] { serve_frame_waiters(Tier::kHbm); });

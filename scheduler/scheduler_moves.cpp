@@ -227,10 +227,11 @@ void Scheduler::serve_frame_waiters(Tier tier) {
   serving_[tier_index(tier)] = false;
   // Still short after planning, with no host frame free beyond the reserve, none on its way and
   // no transfer left that could change that: only the engine can free one now (host memory is
-  // full of pages that cannot move), so HBM demotions and prefetches stop waiting for it. Plans
-  // will not demote into host memory again meanwhile (room_for_plans gives them no host room).
+  // full of pages that cannot move), so HBM demotions and reads from NVMe stop waiting for it: a
+  // step's read fails the step at once (kUnavailable) rather than at its timeout. Plans will not
+  // demote into host memory again meanwhile (room_for_plans gives them no host room).
   if (tier == Tier::kHost && links_.idle() && host_has_nothing_for_demotions()) {
-    withdraw_host_requests(nullptr, Withdrawn::kDemotionsAndPrefetchReads,
+    withdraw_host_requests(nullptr, Withdrawn::kDemotionsAndReads,
                            "host memory has no frame to give and none on its way");
   }
 }

@@ -361,11 +361,11 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
                   // A block whose read failed (I/O error, checksum) is never served again;
                   // erased after a media error, its extent is retired in the store.
                   drop_nvme_copy(key);
-                  take_retired_nvme_extents();
                   finish_op(pk, s.with_context("loading " + to_string(key) + " layer " +
                                                std::to_string(layer) + " from nvme"));
                   note_if_lost(key);
                   after_change(key);
+                  take_retired_nvme_extents();
                 }
                 serve_memory_waiters();  // the block read is a victim again
               };
@@ -506,10 +506,10 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
                   } else {
                     stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
                     drop_nvme_copy(key);
-                    take_retired_nvme_extents();
                     fail_all(s.with_context("loading block " + to_string(key) + " from nvme"));
                     note_if_lost(key);
                     after_change(key);
+                    take_retired_nvme_extents();
                   }
                   serve_memory_waiters();  // the block read is a victim again
                 };

@@ -108,9 +108,12 @@ INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerRandomWorkload,
 // block failed with the store's not_found), 401 (a page lost to a failed read, asked for by a
 // step already begun, failed it with not_found rather than as the read did) and 1310 (a block in
 // use that NVMe refused was planned as one that could go there: with host room for only some of
-// its HBM pages none went down, and a step waited for HBM frames for ever).
+// its HBM pages none went down, and a step waited for HBM frames for ever) and 9620 (once bad
+// sectors were injected too: a copy of a block in use failed, the step's read of it from NVMe
+// waited for host frames that host memory full of private pages would never give, and only
+// demotions and prefetches were withdrawn then, not the step's read).
 INSTANTIATE_TEST_SUITE_P(FoundByTheWideSweep, SchedulerRandomWorkload,
-                         ::testing::Values(5715, 269, 401, 1310));
+                         ::testing::Values(5715, 269, 401, 1310, 9620));
 #endif
 
 }  // namespace
