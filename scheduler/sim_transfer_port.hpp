@@ -60,7 +60,7 @@ class SimTransferPort final : public TransferPort {
   // The next `count` NVMe writes land on bad sectors: each fails with kIoError and retires its
   // extent (the store holds one block fewer) while fewer than max_retired_extents are, as the
   // real store does after a media error.
-  void fail_next_on_bad_extents(uint32_t count) { bad_extent_writes_ += count; }
+  void fail_next_writes_on_bad_extents(uint32_t count) { bad_extent_writes_ += count; }
   // The next NVMe read (of a block or a page) lands on a bad sector: it fails with kIoError, and
   // the block's extent is retired when the block is erased (within the same cap).
   void fail_next_read_on_a_bad_extent() { bad_extent_reads_ += 1; }

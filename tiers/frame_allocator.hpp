@@ -90,8 +90,7 @@ class FrameAllocator {
 
   // Quiescent-point consistency check: the free stacks hold exactly the frames whose link is
   // neither kAllocatedMark nor kRetiredMark, each once, used() equals the number of allocated
-  // frames and retired() the number of retired ones. Not safe
-  // concurrently with alloc/free.
+  // frames and retired() the number of retired ones. Not safe concurrently with alloc/free.
   Status audit() const;
 
  private:

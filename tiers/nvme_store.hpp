@@ -42,11 +42,12 @@
 //
 // Bad extents: a read or write that fails with a media error (is_media_error: EIO, ENODATA,
 // EILSEQ) blames the extent it touched. The extent is retired instead of freed, so the next
-// block does not land on the same sectors (the allocator is LIFO: a freed extent is the next one
-// handed out, and one bad sector would fail every later write). A block whose read failed so
-// stays readable (an I/O error is not proof of bad data; its callers drop it if they choose) and
-// its extent is retired when the block is erased. capacity_blocks() counts the extents left in
-// service and retired_blocks() the others, so that the scheduler's count can shrink with it.
+// block does not land on the same sectors (the allocator's free lists are LIFO: a freed extent
+// is soon handed out again, and in a test one bad sector failed every later write). A block
+// whose read failed so stays readable (an I/O error is not proof of bad data; its callers drop it
+// if they choose) and its extent is retired when the block is erased. capacity_blocks() counts
+// the extents left in service and retired_blocks() the others, so that the scheduler's count can
+// shrink with it.
 // At most one extent in 32 (at least one) is retired: past that the device fails as a whole,
 // not at a few sectors, and retiring more would only shrink the cache (the scheduler pauses
 // writing to a disk that keeps failing). Retirement lasts until the store is reopened; a drive

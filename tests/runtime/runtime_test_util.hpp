@@ -128,8 +128,8 @@ inline std::vector<uint32_t> make_tokens(std::size_t n, uint32_t seed, std::size
 
 // Runs one step for one sequence: waits for each layer, checks the context already there, writes
 // the new tokens, ends the layer. Returns the step's status. `tokens` holds the context and the
-// new tokens, context + new_tokens in all. When the step gives tokens back to recompute (a block
-// lost to a failed NVMe read), the context checked ends, and the writing starts, where it says.
+// new tokens, context + new_tokens in all. A step that gives tokens back to recompute (a block
+// lost to a failed NVMe read) checks the context up to, and writes from, its context_tokens.
 inline Status run_checked_step(Runtime& rt, SequenceId seq, const std::vector<uint32_t>& tokens,
                                uint64_t context, uint32_t new_tokens, bool* bytes_ok) {
   if (tokens.size() < context + new_tokens) {

@@ -201,7 +201,7 @@ TEST(SchedulerSim, AWriteThatFailsOnABadSectorIsWrittenAgainElsewhere) {
   const WritesRun clean = run_prompts_to_nvme([](SimWorld&) {});
   ASSERT_GT(clean.blocks_on_nvme, 3u);
   const WritesRun bad =
-      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_on_bad_extents(2); });
+      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_writes_on_bad_extents(2); });
   EXPECT_EQ(bad.retired, 2u);
   EXPECT_EQ(bad.extents_in_service, 62u);
   EXPECT_EQ(bad.refused, 0u);
@@ -209,7 +209,7 @@ TEST(SchedulerSim, AWriteThatFailsOnABadSectorIsWrittenAgainElsewhere) {
   EXPECT_EQ(bad.write_transfers, clean.write_transfers + 2);
   // 64 extents: the third bad sector retires nothing.
   const WritesRun past_the_cap =
-      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_on_bad_extents(3); });
+      run_prompts_to_nvme([](SimWorld& w) { w.port().fail_next_writes_on_bad_extents(3); });
   EXPECT_EQ(past_the_cap.retired, 2u);
   EXPECT_EQ(past_the_cap.refused, 1u);
   EXPECT_EQ(past_the_cap.blocks_on_nvme, clean.blocks_on_nvme - 1);

@@ -354,7 +354,7 @@ inline void pause_nvme_writes_at_every_failure(SimSetup& setup) {
 // were.
 inline void maybe_hit_a_bad_sector(SimWorld& w, std::mt19937& bad_sectors) {
   const uint32_t draw = bad_sectors() % 24;
-  if (draw == 0) w.port().fail_next_on_bad_extents(1);
+  if (draw == 0) w.port().fail_next_writes_on_bad_extents(1);
   if (draw == 1) w.port().fail_next_read_on_a_bad_extent();
 }
 
