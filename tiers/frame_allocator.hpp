@@ -86,7 +86,10 @@ class FrameAllocator {
   // The frames that can hold data: capacity() less the retired ones.
   uint32_t in_service() const { return capacity_ - retired(); }
   uint32_t used() const;
-  uint32_t free_count() const { return in_service() - std::min(used(), in_service()); }
+  uint32_t free_count() const {
+    const uint32_t serving = in_service();
+    return serving - std::min(used(), serving);  // used() sums counter slots: read it once
+  }
 
   // Quiescent-point consistency check: the free stacks hold exactly the frames whose link is
   // neither kAllocatedMark nor kRetiredMark, each once, used() equals the number of allocated

@@ -296,7 +296,6 @@ Status NvmeStore::open_files() {
   readers_.assign(extents_->capacity(), 0);
   doomed_.assign(extents_->capacity(), 0);
   bad_.assign(extents_->capacity(), 0);
-  max_retired_ = max_retired_extents(extents_->capacity());
   return Status();
 }
 
@@ -606,10 +605,11 @@ Status NvmeStore::audit() const {
 
 void NvmeStore::mark_bad_locked(uint32_t extent, const std::string& why) {
   if (bad_[extent] != 0) return;
-  if (bad_marked_ >= max_retired_) {
-    if (bad_marked_ == max_retired_) {
-      ++bad_marked_;  // said once
-      log(LogLevel::kWarn, "NVMe store: " + why + "; " + std::to_string(max_retired_) +
+  const uint32_t most = max_retired_blocks();
+  if (bad_marked_ >= most) {
+    if (!said_failing_whole_) {
+      said_failing_whole_ = true;
+      log(LogLevel::kWarn, "NVMe store: " + why + "; " + std::to_string(most) +
                                " extents are retired already, so the device is failing as a " +
                                "whole, not at a few sectors: failed extents stay in service");
     }
@@ -619,7 +619,7 @@ void NvmeStore::mark_bad_locked(uint32_t extent, const std::string& why) {
   ++bad_marked_;
   log(LogLevel::kWarn, "NVMe store: " + why + "; extent " + std::to_string(extent) +
                            " is retired (" + std::to_string(bad_marked_) + " of at most " +
-                           std::to_string(max_retired_) + ")");
+                           std::to_string(most) + ")");
 }
 
 void NvmeStore::free_extent_locked(uint32_t extent) {

@@ -136,7 +136,7 @@ class NvmeStore final : public BlockStore {
   uint64_t used_blocks() const override { return extents_->used(); }
   uint64_t retired_blocks() const override { return extents_->retired(); }
   // The most extents media errors may retire (see the header).
-  uint32_t max_retired_blocks() const { return max_retired_; }
+  uint32_t max_retired_blocks() const { return max_retired_extents(extents_->capacity()); }
   Status audit() const override;
 
   const ExtentLayout& layout() const { return layout_; }
@@ -214,11 +214,11 @@ class NvmeStore final : public BlockStore {
   mutable std::mutex index_mu_;
   std::unordered_map<BlockKey, Entry, BlockKeyHash> index_;  // guarded by index_mu_
   std::vector<uint32_t> readers_;                            // per extent; guarded by index_mu_
-  std::vector<uint8_t> doomed_;   // per extent: free when its readers reach 0; guarded by index_mu_
-  std::vector<uint8_t> bad_;      // per extent: retire instead of freeing; guarded by index_mu_
-  uint32_t bad_marked_ = 0;       // extents marked bad so far; guarded by index_mu_
-  uint32_t max_retired_ = 0;      // set at open
-  uint64_t next_generation_ = 1;  // guarded by index_mu_
+  std::vector<uint8_t> doomed_;  // per extent: free when its readers reach 0; guarded by index_mu_
+  std::vector<uint8_t> bad_;     // per extent: retire instead of freeing; guarded by index_mu_
+  uint32_t bad_marked_ = 0;      // extents marked bad so far; guarded by index_mu_
+  bool said_failing_whole_ = false;  // the cap was reached and logged; guarded by index_mu_
+  uint64_t next_generation_ = 1;     // guarded by index_mu_
 };
 
 }  // namespace kvtier

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,37 +56,44 @@ Status prefill_prompt(Runtime& rt, uint32_t seed, bool must_run = true) {
   return ran;
 }
 
-struct FaultyRuntime {
-  std::shared_ptr<FaultInjectingIoBackend> faults = std::make_shared<FaultInjectingIoBackend>();
-  std::unique_ptr<Runtime> rt;
+// A runtime over the small test tiers in a scratch directory, its NVMe store's I/O through
+// faults_, /metrics on an ephemeral port.
+class RuntimeNvmeFailures : public ::testing::Test {
+ protected:
+  // False where the NVMe store cannot be opened (O_DIRECT or io_uring refused): the test skips.
+  bool open(const std::function<void(Config&)>& tweak = {}) {
+    Config c = testing::small_config(dir_.path());
+    c.metrics.listen = "127.0.0.1:0";
+    if (tweak) tweak(c);
+    TierStackOptions seams;
+    seams.io = faults_;
+    rt_ = testing::open_or_skip(c, seams);
+    return rt_ != nullptr;
+  }
+  static constexpr const char* kNoStore =
+      "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
+
+  testing::ScratchDir dir_{"runtime-nvme-failures"};
+  std::shared_ptr<FaultInjectingIoBackend> faults_ = std::make_shared<FaultInjectingIoBackend>();
+  std::unique_ptr<Runtime> rt_;
 };
 
-FaultyRuntime open_faulty(const Config& c) {
-  FaultyRuntime f;
-  TierStackOptions seams;
-  seams.io = f.faults;
-  f.rt = testing::open_or_skip(c, seams);
-  return f;
-}
-
-TEST(RuntimeNvmeFailures, ADiskThatFailsEveryWriteIsPausedAndTheEngineRunsOnMemory) {
-  testing::ScratchDir dir("runtime-nvme-pause");
-  Config c = testing::small_config(dir.path());
-  c.metrics.listen = "127.0.0.1:0";
-  c.tiers.nvme.pause_after_failed_writes = 2;
-  c.tiers.nvme.pause_ms = 600'000;  // holds for the whole test
-  auto [faults, rt] = open_faulty(c);
-  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
-  ASSERT_NE(rt->metrics_port(), 0);
-  EXPECT_EQ(scrape(*rt).paused, 0.0);
+TEST_F(RuntimeNvmeFailures, ADiskThatFailsEveryWriteIsPausedAndTheEngineRunsOnMemory) {
+  const bool opened = open([](Config& c) {
+    c.tiers.nvme.pause_after_failed_writes = 2;
+    c.tiers.nvme.pause_ms = 600'000;  // holds for the whole test
+  });
+  if (!opened) GTEST_SKIP() << kNoStore;
+  ASSERT_NE(rt_->metrics_port(), 0);
+  EXPECT_EQ(scrape(*rt_).paused, 0.0);
   // Every write from now on fails with EIO.
-  faults->add_rule({IoOpcode::kWrite, FaultKind::kError, 1, 1u << 30, EIO});
+  faults_->add_rule({IoOpcode::kWrite, FaultKind::kError, 1, 1u << 30, EIO});
 
   // 8-block prompts, 32 pages each: HBM holds 2 of them and host memory 8, so from the eleventh on
   // blocks leave host memory, and the disk is asked to write them.
   uint32_t seed = 1;
-  for (; seed <= 40 && scrape(*rt).paused != 1.0; ++seed) prefill_prompt(*rt, seed).ignore();
-  Scrape s = scrape(*rt);
+  for (; seed <= 40 && scrape(*rt_).paused != 1.0; ++seed) prefill_prompt(*rt_, seed).ignore();
+  Scrape s = scrape(*rt_);
   ASSERT_EQ(s.paused, 1.0) << "40 prompts and writing to NVMe never paused";
   EXPECT_EQ(s.pauses, 1.0);
   // Each failed write retired its extent (the first of them, up to one extent in 32) or refused
@@ -93,19 +101,19 @@ TEST(RuntimeNvmeFailures, ADiskThatFailsEveryWriteIsPausedAndTheEngineRunsOnMemo
   EXPECT_GE(s.retired + s.refused, 2.0);
 
   // While paused, the disk sees no write, and every step still runs.
-  const uint64_t writes = faults->requests(IoOpcode::kWrite);
-  for (uint32_t more = 0; more < 20; ++more) prefill_prompt(*rt, 1000 + more).ignore();
-  EXPECT_EQ(faults->requests(IoOpcode::kWrite), writes) << "a write reached the paused disk";
-  s = scrape(*rt);
+  const uint64_t writes = faults_->requests(IoOpcode::kWrite);
+  for (uint32_t more = 0; more < 20; ++more) prefill_prompt(*rt_, 1000 + more).ignore();
+  EXPECT_EQ(faults_->requests(IoOpcode::kWrite), writes) << "a write reached the paused disk";
+  s = scrape(*rt_);
   EXPECT_EQ(s.paused, 1.0);
   EXPECT_EQ(s.pauses, 1.0);
-  const RuntimeStats stats = rt->stats();
+  const RuntimeStats stats = rt_->stats();
   EXPECT_EQ(stats.used_bytes[tier_index(Tier::kNvme)], 0u) << "nothing was written to NVMe";
   EXPECT_GT(stats.evictions[tier_index(Tier::kHost)], 0u) << "blocks left host memory, dropped";
-  EXPECT_TRUE(rt->audit().ok());
+  EXPECT_TRUE(rt_->audit().ok());
   // A shutdown while paused persists nothing (it says so) and returns.
-  EXPECT_TRUE(rt->shutdown().ok());
-  EXPECT_EQ(faults->requests(IoOpcode::kWrite), writes);
+  EXPECT_TRUE(rt_->shutdown().ok());
+  EXPECT_EQ(faults_->requests(IoOpcode::kWrite), writes);
 }
 
 uint64_t nvme_capacity(const Runtime& rt) {
@@ -115,53 +123,45 @@ uint64_t nvme_capacity(const Runtime& rt) {
 // The next block written lands on a bad sector: that write fails, its extent is retired (in the
 // store, and in the scheduler's count), and the block is not refused: written again, elsewhere.
 // Nothing pauses, no write fails again, and every step's bytes check out.
-TEST(RuntimeNvmeFailures, ABadSectorUnderAWriteCostsOneWriteAndItsExtent) {
-  testing::ScratchDir dir("runtime-nvme-bad-write");
-  Config c = testing::small_config(dir.path());
-  c.metrics.listen = "127.0.0.1:0";
-  auto [faults, rt] = open_faulty(c);
-  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
-  const uint64_t capacity = nvme_capacity(*rt);
-  faults->make_next_bad(IoOpcode::kWrite);
+TEST_F(RuntimeNvmeFailures, ABadSectorUnderAWriteCostsOneWriteAndItsExtent) {
+  if (!open()) GTEST_SKIP() << kNoStore;
+  const uint64_t capacity = nvme_capacity(*rt_);
+  faults_->make_next_bad(IoOpcode::kWrite);
   // From the eleventh prompt on, blocks leave host memory by way of NVMe.
-  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt, seed).ok());
-  EXPECT_EQ(faults->injected(), 1u) << "the bad sector failed more than one write";
-  EXPECT_GT(faults->requests(IoOpcode::kWrite), 20u) << "writes went on after it";
-  const Scrape s = scrape(*rt);
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  EXPECT_EQ(faults_->injected(), 1u) << "the bad sector failed more than one write";
+  EXPECT_GT(faults_->requests(IoOpcode::kWrite), 20u) << "writes went on after it";
+  const Scrape s = scrape(*rt_);
   EXPECT_EQ(s.retired, 1.0);
   EXPECT_EQ(s.refused, 0.0) << "the block whose write failed is written again elsewhere";
   EXPECT_EQ(s.pauses, 0.0);
-  EXPECT_LT(nvme_capacity(*rt), capacity) << "the tier holds one extent fewer";
-  EXPECT_TRUE(rt->audit().ok());
-  EXPECT_TRUE(rt->shutdown().ok());
+  EXPECT_LT(nvme_capacity(*rt_), capacity) << "the tier holds one extent fewer";
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
 }
 
 // A block on NVMe only whose read hits a bad sector: the read fails (the step runs without it or
 // fails, never on wrong bytes), the block is dropped, and its extent retired on both sides.
-TEST(RuntimeNvmeFailures, ABadSectorUnderAReadRetiresItsExtentOnceTheBlockIsDropped) {
-  testing::ScratchDir dir("runtime-nvme-bad-read");
-  Config c = testing::small_config(dir.path());
-  c.metrics.listen = "127.0.0.1:0";
-  auto [faults, rt] = open_faulty(c);
-  if (!rt) GTEST_SKIP() << "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
-  const uint64_t capacity = nvme_capacity(*rt);
+TEST_F(RuntimeNvmeFailures, ABadSectorUnderAReadRetiresItsExtentOnceTheBlockIsDropped) {
+  if (!open()) GTEST_SKIP() << kNoStore;
+  const uint64_t capacity = nvme_capacity(*rt_);
   // Thirty prompts push the first ones' blocks out of memory, to NVMe.
-  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt, seed).ok());
-  ASSERT_EQ(scrape(*rt).retired, 0.0);
-  faults->make_next_bad(IoOpcode::kRead);
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  ASSERT_EQ(scrape(*rt_).retired, 0.0);
+  faults_->make_next_bad(IoOpcode::kRead);
   // The first prompt again: its blocks are read back from NVMe, and the first read fails.
-  const Status again = prefill_prompt(*rt, 1, /*must_run=*/false);
+  const Status again = prefill_prompt(*rt_, 1, /*must_run=*/false);
   EXPECT_TRUE(again.ok() || again.code() == StatusCode::kIoError) << again.to_string();
-  EXPECT_EQ(faults->injected(), 1u);
-  const Scrape s = scrape(*rt);
+  EXPECT_EQ(faults_->injected(), 1u);
+  const Scrape s = scrape(*rt_);
   EXPECT_GE(s.failed_loads, 1.0);
   EXPECT_EQ(s.retired, 1.0);
-  EXPECT_LT(nvme_capacity(*rt), capacity);
+  EXPECT_LT(nvme_capacity(*rt_), capacity);
   // Prompts go on as before, the first one included (recomputed where its block was lost).
-  for (uint32_t seed = 1; seed <= 5; ++seed) ASSERT_TRUE(prefill_prompt(*rt, seed).ok());
-  EXPECT_EQ(scrape(*rt).retired, 1.0);
-  EXPECT_TRUE(rt->audit().ok());
-  EXPECT_TRUE(rt->shutdown().ok());
+  for (uint32_t seed = 1; seed <= 5; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  EXPECT_EQ(scrape(*rt_).retired, 1.0);
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
 }
 
 }  // namespace

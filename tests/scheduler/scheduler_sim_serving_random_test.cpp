@@ -8,13 +8,13 @@
 // transfers on any link fail now and then, and NVMe reads and writes hit bad sectors (their
 // extents retired): a step whose load failed fails (kIoError), and so does one that a failed NVMe
 // write or read left without room (kUnavailable: a block it was admitted beside as bound for NVMe
-// must stay in memory), and a block in use that lost a page to a failed read is recomputed. The tiers are small and the policies vary by seed, as in
-// scheduler_sim_random_test.cpp, whose invariants this checks after every operation once its
-// transfers are done: the page table's audit and each tier's policy membership hold, no block a
-// sequence references has lost a page (but to a failed read), a step is refused at once or
-// completes (or fails as above), and at the end every frame is accounted for and the scheduler is
-// idle. 120 seeds here; the slow-labelled scheduler_sim_random_wide_test builds this file again
-// for 3,000 more.
+// must stay in memory), and a block in use that lost a page to a failed read is recomputed. The
+// tiers are small and the policies vary by seed, as in scheduler_sim_random_test.cpp, whose
+// invariants this checks after every operation once its transfers are done: the page table's
+// audit and each tier's policy membership hold, no block a sequence references has lost a page
+// (but to a failed read), a step is refused at once or completes (or fails as above), and at the
+// end every frame is accounted for and the scheduler is idle. 120 seeds here; the slow-labelled
+// scheduler_sim_random_wide_test builds this file again for 3,000 more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
