@@ -80,10 +80,13 @@ std::string describe_config(const Config& config) {
          " pages), " + watermarks(n.watermarks));
     line("          read " + gbps(n.read_gbps, "unknown") + ", write " +
          gbps(n.write_gbps, "unknown"));
-    line(n.pause_after_failed_writes == 0
-             ? std::string("          writes never paused after failures")
-             : "          writes paused " + std::to_string(n.pause_ms) + " ms after " +
-                   std::to_string(n.pause_after_failed_writes) + " failed in a row");
+    const auto pauses = [&](const char* what, uint32_t after) {
+      line(after == 0 ? "          " + std::string(what) + " never paused after failures"
+                      : "          " + std::string(what) + " paused " + std::to_string(n.pause_ms) +
+                            " ms after " + std::to_string(after) + " failed in a row");
+    };
+    pauses("writes", n.pause_after_failed_writes);
+    pauses("reads", n.pause_after_failed_reads);
     for (std::size_t i = 0; i < n.paths.size(); ++i) {
       const uint64_t extents = i < s.nvme_extents_per_file.size() ? s.nvme_extents_per_file[i] : 0;
       line("          path " + n.paths[i] + " (" + std::to_string(extents) + " extents)");

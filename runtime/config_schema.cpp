@@ -283,6 +283,10 @@ const ConfigKey kKeys[] = {
      [](Config& c, const YAML::Node& n) {
        return read_u32(n, c.tiers.nvme.pause_after_failed_writes);
      }},
+    {"tiers.nvme.pause_after_failed_reads", "integer",
+     [](Config& c, const YAML::Node& n) {
+       return read_u32(n, c.tiers.nvme.pause_after_failed_reads);
+     }},
     {"tiers.nvme.pause_ms", "integer",
      [](Config& c, const YAML::Node& n) { return read_u32(n, c.tiers.nvme.pause_ms); }},
 

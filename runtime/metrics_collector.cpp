@@ -172,6 +172,14 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
   add_single(out, "kvtier_nvme_writes_paused",
              "1 while writes to NVMe are paused after failing, else 0; copies there are still read",
              MetricType::Gauge, read(s.nvme_writes_paused));
+  add_single(out, "kvtier_nvme_read_pauses_total",
+             "Times failed NVMe reads in a row (tiers.nvme.pause_after_failed_reads) paused "
+             "reading from NVMe",
+             kCounter, read(s.nvme_read_pauses));
+  add_single(out, "kvtier_nvme_reads_paused",
+             "1 while reads from NVMe are paused after failing, else 0; prompts recompute what "
+             "is cached only there",
+             MetricType::Gauge, read(s.nvme_reads_paused));
   add_single(out, "kvtier_nvme_retired_extents",
              "NVMe extents retired after a read or write failed with a media error (bad "
              "sectors); the tier holds that many blocks fewer until a restart",

@@ -196,7 +196,8 @@ Result<std::unique_ptr<Runtime>> detail::RuntimeOpener::open(const Config& confi
                    config.tiers.nvme.watermarks};
   so.max_inflight_bytes.fill(kMaxInflightBytes);
   so.wait_timeout = timeout_nanos(impl->options.wait_timeout);
-  so.nvme_pause = nvme_pause_options(config.tiers.nvme);
+  so.nvme_write_pause = nvme_write_pause_options(config.tiers.nvme);
+  so.nvme_read_pause = nvme_read_pause_options(config.tiers.nvme);
   SchedulerParts parts{impl->table.get(),   impl->port.get(),     impl->loop.get(),
                        &t.hbm->allocator(), &t.host->allocator(), impl->nvme_capacity.get()};
   KVTIER_ASSIGN_OR_RETURN(impl->scheduler, Scheduler::create(parts, so));

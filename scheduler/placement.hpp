@@ -157,7 +157,7 @@ class Placement {
   // a plan evicts it.
   bool admit_new(const BlockFacts& block, std::array<uint64_t, kNumTiers> free_frames) const;
 
-  // Whether blocks may be written to NVMe now (NvmeWriteHealth). While not, plans send nothing
+  // Whether blocks may be written to NVMe now (NvmeHealth). While not, plans send nothing
   // there and keep every block in use in memory, as with no NVMe tier; NVMe still gives up its
   // own copies when room is asked of it.
   void set_nvme_writable(bool writable) { nvme_writable_ = writable; }

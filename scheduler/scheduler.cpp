@@ -45,10 +45,13 @@ Scheduler::Scheduler(const SchedulerParts& parts, const SchedulerOptions& option
       batcher_(*parts.loop, links_, *parts.port, copy_batch_pages(parts.port->host_page_bytes()),
                [this] { land_demotions(); }),
       resident_pins_(std::make_unique<ResidentPins>()),
-      nvme_health_(options.nvme_pause) {}
+      nvme_write_health_(options.nvme_write_pause),
+      nvme_read_health_(options.nvme_read_pause) {}
 
 Scheduler::~Scheduler() {
-  if (nvme_resume_timer_ != 0) parts_.loop->cancel_timer(nvme_resume_timer_);
+  for (TimerId timer : {nvme_write_resume_timer_, nvme_read_resume_timer_}) {
+    if (timer != 0) parts_.loop->cancel_timer(timer);
+  }
 }
 
 Status Scheduler::init() {
@@ -345,7 +348,10 @@ void Scheduler::decide_reuse(std::span<const BlockKey> keys, const MatchResult& 
   int64_t saving = 0;
   bool uses_h2d = false;
   bool uses_nvme = false;
+  // While reads from NVMe are paused (a failing disk), the prefix ends before the first block
+  // found only there.
   for (uint32_t i = 0; i < match.blocks; ++i) {
+    if (from[i] == Tier::kNvme && !nvme_readable()) break;
     saving += recompute_block - load_time(from[i]);
     uses_h2d = uses_h2d || from[i] != Tier::kHbm;
     uses_nvme = uses_nvme || from[i] == Tier::kNvme;

@@ -47,11 +47,12 @@
 // first step of a sequence gives up the part of its reused prefix that is still loading and tells
 // the engine to recompute it. A step that a failed NVMe write or read leaves without the HBM room
 // it was admitted with fails its unfinished layers at once (kUnavailable), never waiting for
-// frames no move can free. Writes that keep failing pause writing to NVMe (NvmeWriteHealth,
+// frames no move can free. Writes that keep failing pause writing to NVMe (NvmeHealth,
 // scheduler_nvme_failures.cpp): while paused, nothing is planned toward NVMe, the steps' fit counts
-// every block in use as kept in memory, and steps that no longer fit fail the same way. Extents
-// the store retires after media errors are retired in the table's NVMe allocator too, so that
-// plans count only the extents left in service.
+// every block in use as kept in memory, and steps that no longer fit fail the same way. Reads
+// that keep failing pause reading from NVMe: while paused, compute-or-load reuses no block found
+// only there and hints read none. Extents the store retires after media errors are retired in
+// the table's NVMe allocator too, so that plans count only the extents left in service.
 #pragma once
 
 #include <array>
@@ -75,7 +76,7 @@
 #include "scheduler/event_loop.hpp"
 #include "scheduler/layer_readiness.hpp"
 #include "scheduler/link_queues.hpp"
-#include "scheduler/nvme_write_health.hpp"
+#include "scheduler/nvme_health.hpp"
 #include "scheduler/page_table.hpp"
 #include "scheduler/placement.hpp"
 #include "scheduler/policies/admission.hpp"
@@ -96,8 +97,9 @@ struct SchedulerOptions {
   std::array<uint64_t, kNumLinks> max_inflight_bytes{};
   // Hard bound on any wait of an engine thread (wait_layer), whatever the deadline policy says.
   Nanos wait_timeout = 30 * kNanosPerSecond;
-  // When failed NVMe writes pause writing there (NvmeWriteHealth).
-  NvmeWritePauseOptions nvme_pause;
+  // When failed NVMe writes pause writing there, and failed reads reading (NvmeHealth).
+  NvmePauseOptions nvme_write_pause;
+  NvmePauseOptions nvme_read_pause;
 };
 
 // What the scheduler drives; nothing is owned, everything must outlive it. `nvme` may be null (no
@@ -496,10 +498,13 @@ class Scheduler {
   bool nvme_takes(const BlockKey& key) const {
     return nvme_writable() && !key.is_private() && !refused(key, Tier::kNvme);
   }
-  // There is an NVMe tier and writes to it are not paused (NvmeWriteHealth): blocks in use may
-  // leave memory by way of NVMe.
-  bool nvme_writable() const { return parts_.nvme != nullptr && nvme_health_.writable(); }
-  // How a write to NVMe ended, for NvmeWriteHealth: `written` OK, or its failure. A failure of the
+  // There is an NVMe tier and writes to it are not paused (NvmeHealth): blocks in use may leave
+  // memory by way of NVMe.
+  bool nvme_writable() const { return parts_.nvme != nullptr && nvme_write_health_.usable(); }
+  // Reads from NVMe are not paused: compute-or-load may reuse a block found only there, and hints
+  // may read one.
+  bool nvme_readable() const { return nvme_read_health_.usable(); }
+  // How a write to NVMe ended, for NvmeHealth: `written` OK, or its failure. A failure of the
   // disk's (not a block NVMe cannot encode, not a cancelled write) may pause writing there; while
   // paused nothing is planned toward NVMe, and open steps that fitted only with blocks bound
   // there fail (fail_steps_that_no_longer_fit).
@@ -508,6 +513,11 @@ class Scheduler {
   void resume_nvme_writes();
   // A write succeeded after an outage: the blocks its failures refused may go to NVMe again.
   void lift_disk_refusals();
+  // How a read from NVMe ended, for NvmeHealth: `read` OK, or its failure. Failures of the disk's
+  // (an I/O error, bytes that fail their checksum) may pause reading there.
+  void note_nvme_read(const Status& read);
+  // The read pause is over (its timer): prompts may reuse blocks from NVMe again.
+  void resume_nvme_reads();
   // Retires in the table's NVMe allocator as many free extents as the store retired since the
   // last call (bad sectors; TransferPort::nvme_retired_extents), so plans count only the extents
   // left in service; fails the open steps that no longer fit. Returns how many it retired. When
@@ -673,9 +683,12 @@ class Scheduler {
   // when a page has no copy left (recompute_lost_blocks). Erased once no sequence holds the block
   // (release_sequence_block), or with the entry.
   std::unordered_set<BlockKey, BlockKeyHash> lost_blocks_;
-  // Whether writes to NVMe are paused after failing, and the timer that ends the pause (0: none).
-  NvmeWriteHealth nvme_health_;
-  TimerId nvme_resume_timer_ = 0;
+  // Whether writes to NVMe, and reads, are paused after failing, and the timers that end the
+  // pauses (0: none).
+  NvmeHealth nvme_write_health_;
+  NvmeHealth nvme_read_health_;
+  TimerId nvme_write_resume_timer_ = 0;
+  TimerId nvme_read_resume_timer_ = 0;
 
   // What engine threads read without the loop: per step, its layers' readiness and tables.
   mutable std::mutex published_mu_;

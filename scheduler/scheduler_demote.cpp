@@ -45,7 +45,7 @@ void Scheduler::refused_by_tier(const BlockKey& key, Tier tier, const Status& wh
   const bool newly_kept =
       tier == Tier::kNvme && !refused(key, Tier::kNvme) && parts_.table->referenced(key);
   uint8_t bits = static_cast<uint8_t>(1u << tier_index(tier));
-  if (tier == Tier::kNvme && is_disk_failure(why)) bits |= kRefusedByFailingDisk;
+  if (tier == Tier::kNvme && is_disk_write_failure(why)) bits |= kRefusedByFailingDisk;
   refused_[key] |= bits;
   stats_.refused_demotions.fetch_add(1, std::memory_order_relaxed);
   log_once(LogLevel::kWarn, std::string("scheduler.refused.") + std::string(tier_name(tier)),

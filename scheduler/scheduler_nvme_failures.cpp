@@ -1,6 +1,8 @@
 // Scheduler: how it answers a failing disk. Writes that keep failing pause writing to NVMe, and
-// resume (NvmeWriteHealth decides; this carries the decision into the placement, the stats and
-// the open steps); extents the store retires after media errors leave the table's count.
+// resume (NvmeHealth decides; this carries the decision into the placement, the stats and the
+// open steps). Reads that keep failing pause reading from NVMe: compute-or-load and the hints
+// read there only while nvme_readable(). Extents the store retires after media errors leave the
+// table's count.
 #include <iterator>
 #include <string>
 
@@ -11,12 +13,12 @@ namespace kvtier {
 
 void Scheduler::note_nvme_write(const Status& written) {
   if (written.ok()) {
-    if (nvme_health_.on_write_ok()) lift_disk_refusals();
+    if (nvme_write_health_.on_ok()) lift_disk_refusals();
     return;
   }
-  if (!is_disk_failure(written)) return;
-  const uint32_t in_a_row = nvme_health_.failures_in_a_row() + 1;
-  const std::optional<Nanos> pause = nvme_health_.on_write_failed();
+  if (!is_disk_write_failure(written)) return;
+  const uint32_t in_a_row = nvme_write_health_.failures_in_a_row() + 1;
+  const std::optional<Nanos> pause = nvme_write_health_.on_failed();
   if (!pause) return;
   placement_->set_nvme_writable(false);
   stats_.nvme_write_pauses.fetch_add(1, std::memory_order_relaxed);
@@ -25,7 +27,7 @@ void Scheduler::note_nvme_write(const Status& written) {
       "writes to NVMe are paused for " + std::to_string(*pause / kNanosPerMilli) + " ms after " +
       std::to_string(in_a_row) + " failed in a row, the last with " + written.to_string();
   log(LogLevel::kWarn, what + "; blocks in use stay in memory, NVMe copies are still read");
-  nvme_resume_timer_ = parts_.loop->post_after(*pause, [this] { resume_nvme_writes(); });
+  nvme_write_resume_timer_ = parts_.loop->post_after(*pause, [this] { resume_nvme_writes(); });
   fail_steps_that_no_longer_fit(what + ", so every block in use must stay in memory");
 }
 
@@ -49,13 +51,39 @@ void Scheduler::lift_disk_refusals() {
 }
 
 void Scheduler::resume_nvme_writes() {
-  nvme_resume_timer_ = 0;
-  nvme_health_.resume();
+  nvme_write_resume_timer_ = 0;
+  nvme_write_health_.resume();
   placement_->set_nvme_writable(true);
   stats_.nvme_writes_paused.store(0, std::memory_order_relaxed);
   // What could leave host memory only by way of NVMe may go now.
   want_watermark_check();
   serve_memory_waiters();
+}
+
+void Scheduler::note_nvme_read(const Status& read) {
+  if (read.ok()) {
+    if (nvme_read_health_.on_ok()) {
+      log(LogLevel::kInfo, "reads from NVMe succeed again after an outage");
+    }
+    return;
+  }
+  if (!is_disk_read_failure(read)) return;
+  const uint32_t in_a_row = nvme_read_health_.failures_in_a_row() + 1;
+  const std::optional<Nanos> pause = nvme_read_health_.on_failed();
+  if (!pause) return;
+  stats_.nvme_read_pauses.fetch_add(1, std::memory_order_relaxed);
+  stats_.nvme_reads_paused.store(1, std::memory_order_relaxed);
+  log(LogLevel::kWarn, "reads from NVMe are paused for " + std::to_string(*pause / kNanosPerMilli) +
+                           " ms after " + std::to_string(in_a_row) +
+                           " failed in a row, the last with " + read.to_string() +
+                           "; prompts recompute the blocks cached only there, which stay");
+  nvme_read_resume_timer_ = parts_.loop->post_after(*pause, [this] { resume_nvme_reads(); });
+}
+
+void Scheduler::resume_nvme_reads() {
+  nvme_read_resume_timer_ = 0;
+  nvme_read_health_.resume();
+  stats_.nvme_reads_paused.store(0, std::memory_order_relaxed);
 }
 
 uint64_t Scheduler::take_retired_nvme_extents() {

@@ -330,6 +330,13 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
     }
     return;
   }
+  if (prio == TransferPriority::kPrefetch && !nvme_readable()) {
+    // Speculative (a pinned prefix, the next step's first layers): a step that needs the page
+    // reads it at demand.
+    done(unavailable("page " + to_string(key) + " layer " + std::to_string(layer) +
+                     " is on NVMe only, and reads from NVMe are paused after failing"));
+    return;
+  }
   auto op = std::make_unique<PageOp>();
   op->prefetch = prio != TransferPriority::kDemand;
   op->waiters.push_back(std::move(done));
@@ -349,6 +356,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
               auto on_done = [this, key, layer, pk, finished](const Status& s) {
                 finished();
                 if (--reading_[key] == 0) reading_.erase(key);
+                note_nvme_read(s);
                 if (s.ok()) {
                   Status c = parts_.table->complete_fill(key, CopyId::host(layer));
                   stats_.promotions[tier_index(Tier::kHost)].fetch_add(1,
@@ -408,8 +416,11 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
   if (!s.ok() || in_hbm) return;
   // A prefetch, the lowest priority a read takes, finds nothing to start or to move up when the
   // block is in host memory or has no NVMe copy to read (a hint passes here for every block of
-  // its prefixes, each time).
-  if (prio == TransferPriority::kPrefetch && (any_host || nvme != CopyState::kReady)) return;
+  // its prefixes, each time), or when reads from NVMe are paused.
+  if (prio == TransferPriority::kPrefetch &&
+      (any_host || nvme != CopyState::kReady || !nvme_readable())) {
+    return;
+  }
   // A demand, or a sequence just opened, joins a read issued at a lower priority: the read moves
   // up its link's queue, or, still waiting for host frames, up the frame queue. Before the checks
   // below: a read whose frames were granted has host copies (filling) already.
@@ -491,6 +502,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
                 auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
                   finished();
                   if (--reading_[key] == 0) reading_.erase(key);
+                  note_nvme_read(s);
                   for (uint32_t j = 0; j < layers; ++j) {
                     if (s.ok()) {
                       parts_.table->complete_fill(key, CopyId::host(j)).ignore();

@@ -34,7 +34,8 @@ Result<std::unique_ptr<SimWorld>> SimWorld::create(const SimWorldSpec& spec) {
   so.geometry = spec.geometry;
   so.policies = spec.policies;
   so.watermarks = spec.watermarks;
-  so.nvme_pause = spec.nvme_pause;
+  so.nvme_write_pause = spec.nvme_write_pause;
+  so.nvme_read_pause = spec.nvme_read_pause;
   so.max_inflight_bytes.fill(spec.max_inflight_bytes);
   SchedulerParts parts{w->table_.get(), w->port_.get(), &w->loop_,
                        w->hbm_.get(),   w->host_.get(), w->nvme_.get()};

@@ -31,7 +31,8 @@ struct SimWorldSpec {
   std::array<LinkModel, kNumLinks> links{};         // indexed by Link
   PoliciesConfig policies;
   std::array<Watermarks, kNumTiers> watermarks{};
-  NvmeWritePauseOptions nvme_pause;  // when failed NVMe writes pause writing there
+  NvmePauseOptions nvme_write_pause;  // when failed NVMe writes pause writing there
+  NvmePauseOptions nvme_read_pause;   // and failed reads reading
   // Per link (SchedulerOptions::max_inflight_bytes). As the Runtime's: deep enough to keep a
   // link busy, shallow enough that a demand load is never behind more than a few milliseconds of
   // background work.

@@ -99,6 +99,10 @@ struct NvmeTierConfig {
   // The first pause lasts pause_ms; each failure of the first writes after one doubles it, up to
   // 5 minutes (or pause_ms, when longer). Copies already there are still read.
   uint32_t pause_after_failed_writes = 8;
+  // Failed reads in a row (I/O errors, bytes that fail their checksum) that pause reading from
+  // NVMe, the same way: while paused, prompts reuse no block from NVMe (they recompute it) and
+  // hints read none; the copies stay there for after the pause. 0 = never pause.
+  uint32_t pause_after_failed_reads = 8;
   uint32_t pause_ms = 1000;
 
   friend bool operator==(const NvmeTierConfig&, const NvmeTierConfig&) = default;

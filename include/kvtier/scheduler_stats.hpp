@@ -66,10 +66,13 @@ struct SchedulerStats {
   // NVMe write): their blocks are dropped instead of sent down again (a failing disk's refusals
   // are lifted when its writes succeed after a pause).
   Counter refused_demotions{0};
-  // Times failed NVMe writes paused writing there (failures in a row; see NvmeWriteHealth), and
+  // Times failed NVMe writes paused writing there (failures in a row; see NvmeHealth), and
   // whether it is paused now (1) or not (0).
   Counter nvme_write_pauses{0};
   Gauge nvme_writes_paused{0};
+  // The same for reads: while paused, prompts reuse no block from NVMe and hints read none.
+  Counter nvme_read_pauses{0};
+  Gauge nvme_reads_paused{0};
   // NVMe extents retired after media errors (bad sectors): they hold no block until a restart.
   Gauge nvme_retired_extents{0};
 

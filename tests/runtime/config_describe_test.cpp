@@ -21,6 +21,7 @@ TEST(Describe, DefaultSummaryHasGeometryTiersPoliciesAndMetrics) {
   EXPECT_THAT(d, HasSubstr("8176 extents of 2 MiB (4 KiB header + 32 x 64 KiB pages)"));
   EXPECT_THAT(d, HasSubstr("path ./.kvtier/store0.kvs (8176 extents)\n"));
   EXPECT_THAT(d, HasSubstr("writes paused 1000 ms after 8 failed in a row\n"));
+  EXPECT_THAT(d, HasSubstr("reads paused 1000 ms after 8 failed in a row\n"));
   EXPECT_THAT(d, HasSubstr("policies  eviction lru, write write_back"));
   EXPECT_THAT(d,
               HasSubstr("metrics   listen 127.0.0.1:9464, 12 latency buckets 0.0001 s .. 1 s\n"));
@@ -39,7 +40,9 @@ TEST(Describe, ReflectsWhatChanged) {
   const std::string d = describe_config(c);
   Config never;
   never.tiers.nvme.pause_after_failed_writes = 0;
+  never.tiers.nvme.pause_after_failed_reads = 0;
   EXPECT_THAT(describe_config(never), HasSubstr("writes never paused after failures\n"));
+  EXPECT_THAT(describe_config(never), HasSubstr("reads never paused after failures\n"));
   EXPECT_THAT(d, HasSubstr("(key namespace \"tenant-a\")"));
   EXPECT_THAT(d, HasSubstr("tier nvme disabled\n"));
   EXPECT_THAT(d, HasSubstr("write write_through_selective after 3 hits"));

@@ -156,6 +156,7 @@ tiers:
     read_gbps: 6.5
     write_gbps: 3.25
     pause_after_failed_writes: 0
+    pause_after_failed_reads: 3
     pause_ms: 2500
     watermarks: {low: 0.3, high: 0.8}
 policies:
@@ -209,6 +210,7 @@ metrics:
   EXPECT_EQ(c.tiers.nvme.read_gbps, 6.5);
   EXPECT_EQ(c.tiers.nvme.write_gbps, 3.25);
   EXPECT_EQ(c.tiers.nvme.pause_after_failed_writes, 0u);
+  EXPECT_EQ(c.tiers.nvme.pause_after_failed_reads, 3u);
   EXPECT_EQ(c.tiers.nvme.pause_ms, 2500u);
   EXPECT_EQ(c.tiers.nvme.watermarks.low, 0.3);
   EXPECT_EQ(c.tiers.nvme.watermarks.high, 0.8);

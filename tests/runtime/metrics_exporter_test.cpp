@@ -145,6 +145,8 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_refused_demotions_total",
                            "kvtier_nvme_write_pauses_total",
                            "kvtier_nvme_writes_paused",
+                           "kvtier_nvme_read_pauses_total",
+                           "kvtier_nvme_reads_paused",
                            "kvtier_link_queued_bytes",
                            "kvtier_link_inflight_bytes"}) {
     EXPECT_THAT(names, Contains(want));

@@ -3,7 +3,9 @@
 // tiers.nvme.pause_after_failed_writes failures in a row, no write reaches the disk while paused,
 // /metrics says so, and a shutdown while paused persists nothing and returns. A bad sector: it
 // costs one failed write (or read) and its extent, which the store and the scheduler retire,
-// and nothing else.
+// and nothing else. A disk that fails every read: reading pauses after
+// tiers.nvme.pause_after_failed_reads failures in a row, and prompts then recompute what is cached
+// on NVMe only, without a read, instead of failing on it.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -25,6 +27,8 @@ struct Scrape {
   double refused = -1;
   double retired = -1;
   double failed_loads = -1;
+  double reads_paused = -1;
+  double read_pauses = -1;
 };
 
 Scrape scrape(const Runtime& rt) {
@@ -36,6 +40,8 @@ Scrape scrape(const Runtime& rt) {
   s.refused = testing::sample_value(r.body, "kvtier_refused_demotions_total").value_or(-1);
   s.retired = testing::sample_value(r.body, "kvtier_nvme_retired_extents").value_or(-1);
   s.failed_loads = testing::sample_value(r.body, "kvtier_failed_loads_total").value_or(-1);
+  s.reads_paused = testing::sample_value(r.body, "kvtier_nvme_reads_paused").value_or(-1);
+  s.read_pauses = testing::sample_value(r.body, "kvtier_nvme_read_pauses_total").value_or(-1);
   return s;
 }
 
@@ -50,7 +56,9 @@ Status prefill_prompt(Runtime& rt, uint32_t seed, bool must_run = true) {
   const Status ran = testing::run_checked_step(
       rt, seq->id, tokens, seq->reused_tokens,
       static_cast<uint32_t>(tokens.size() - seq->reused_tokens), &bytes_ok);
-  if (must_run) EXPECT_TRUE(ran.ok()) << "prompt " << seed << ": " << ran.to_string();
+  if (must_run) {
+    EXPECT_TRUE(ran.ok()) << "prompt " << seed << ": " << ran.to_string();
+  }
   EXPECT_TRUE(bytes_ok) << "prompt " << seed << " was served wrong bytes";
   EXPECT_TRUE(rt.close_sequence(seq->id).ok());
   return ran;
@@ -160,6 +168,41 @@ TEST_F(RuntimeNvmeFailures, ABadSectorUnderAReadRetiresItsExtentOnceTheBlockIsDr
   // Prompts go on as before, the first one included (recomputed where its block was lost).
   for (uint32_t seed = 1; seed <= 5; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
   EXPECT_EQ(scrape(*rt_).retired, 1.0);
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// Every read fails once thirty prompts have pushed the first ones' blocks to NVMe. The first
+// prompt asked again reads its blocks back, and the reads fail, which pauses reading (two failures
+// in a row); every prompt after it recomputes its blocks without a read, runs, and is served the
+// right bytes. The disk sees no read while paused, and nothing is dropped from it.
+TEST_F(RuntimeNvmeFailures, ADiskThatFailsEveryReadIsPausedAndPromptsRecompute) {
+  const bool opened = open([](Config& c) {
+    c.tiers.nvme.pause_after_failed_reads = 2;
+    c.tiers.nvme.pause_ms = 600'000;  // holds for the whole test
+  });
+  if (!opened) GTEST_SKIP() << kNoStore;
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  const uint64_t on_nvme = rt_->stats().used_bytes[tier_index(Tier::kNvme)];
+  ASSERT_GT(on_nvme, 0u);
+  EXPECT_EQ(scrape(*rt_).reads_paused, 0.0);
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kError, 1, 1u << 30, EIO});
+
+  // Its step fails with the reads, or runs recomputing the blocks they lost; never on wrong bytes.
+  const Status first = prefill_prompt(*rt_, 1, /*must_run=*/false);
+  EXPECT_TRUE(first.ok() || first.code() == StatusCode::kIoError) << first.to_string();
+  EXPECT_GE(faults_->injected(), 2u);
+  Scrape s = scrape(*rt_);
+  ASSERT_EQ(s.reads_paused, 1.0);
+  EXPECT_EQ(s.read_pauses, 1.0);
+  const uint64_t reads = faults_->requests(IoOpcode::kRead);
+  for (uint32_t seed = 2; seed <= 10; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  EXPECT_EQ(faults_->requests(IoOpcode::kRead), reads) << "a read reached the paused disk";
+  s = scrape(*rt_);
+  EXPECT_EQ(s.reads_paused, 1.0);
+  EXPECT_EQ(s.read_pauses, 1.0);
+  EXPECT_EQ(s.pauses, 0.0) << "writes were never paused";
+  EXPECT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], 0u) << "NVMe keeps its blocks";
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());
 }

@@ -356,13 +356,13 @@ struct PauseLog {
   bool paused_at_end = false;
   uint64_t blocks_on_nvme = 0;  // at the end
 };
-PauseLog run_prompts_with_failing_writes(const NvmeWritePauseOptions& pause, uint32_t failures,
+PauseLog run_prompts_with_failing_writes(const NvmePauseOptions& pause, uint32_t failures,
                                          uint32_t prompts) {
   SimSetup setup;
   setup.hbm_frames = 16;
   setup.host_frames = 16;
   setup.nvme_extents = 64;
-  setup.nvme_pause = pause;
+  setup.nvme_write_pause = pause;
   SimWorld w(setup);
   w.port().fail_next(Link::kHostToNvme, failures);
   PauseLog log;
@@ -402,9 +402,9 @@ PauseLog run_prompts_with_failing_writes(const NvmeWritePauseOptions& pause, uin
   return log;
 }
 
-NvmeWritePauseOptions pause_after(uint32_t failures) {
-  NvmeWritePauseOptions o;
-  o.after_failed_writes = failures;
+NvmePauseOptions pause_after(uint32_t failures) {
+  NvmePauseOptions o;
+  o.after_failures = failures;
   o.first_pause = 10 * kNanosPerMilli;
   o.longest_pause = 40 * kNanosPerMilli;
   return o;
@@ -445,7 +445,7 @@ TEST(SchedulerSim, WritesResumeWhenTheDiskRecovers) {
 // counted with every block in use kept in memory.
 TEST(SchedulerSim, AStepThatAPauseLeavesWithoutRoomFailsAtOnceSayingWhy) {
   SimSetup setup = host_for_prompts_setup(WritePolicy::kWriteBack);
-  setup.nvme_pause = pause_after(1);
+  setup.nvme_write_pause = pause_after(1);
   run_a_step_failed_writes_leave_without_room(
       setup, [](SimWorld& w, const SimWorld::StepResult& r) {
         EXPECT_NE(
@@ -463,7 +463,7 @@ TEST(SchedulerSim, AStepThatAPauseLeavesWithoutRoomFailsAtOnceSayingWhy) {
 // refused block is dropped.
 TEST(SchedulerSim, BlocksRefusedByAFailingDiskAreWrittenOnceItWorksAgain) {
   SimSetup setup = host_for_prompts_setup(WritePolicy::kWriteThrough);
-  setup.nvme_pause = pause_after(3);
+  setup.nvme_write_pause = pause_after(3);
   SimWorld w(setup);
   w.port().fail_next(Link::kHostToNvme, 3);
   std::vector<SequenceId> open;

@@ -41,7 +41,8 @@ struct SimSetup {
   std::array<Watermarks, kNumTiers> watermarks{Watermarks{0.9, 1.0}, Watermarks{0.9, 1.0},
                                                Watermarks{0.9, 1.0}};
   uint64_t max_inflight_bytes = 64ull << 20;  // per link
-  NvmeWritePauseOptions nvme_pause;
+  NvmePauseOptions nvme_write_pause;
+  NvmePauseOptions nvme_read_pause;
   // Virtual time the engine spends between a step's last end_layer and its end_step (sampling),
   // the loop running meanwhile; unset: end_step follows at once.
   std::optional<Nanos> sampling_time;
@@ -68,7 +69,8 @@ class SimWorld {
     spec.links[static_cast<int>(Link::kHostToNvme)] = link(setup.nvme_write_gbps);
     spec.policies = setup.policies;
     spec.watermarks = setup.watermarks;
-    spec.nvme_pause = setup.nvme_pause;
+    spec.nvme_write_pause = setup.nvme_write_pause;
+    spec.nvme_read_pause = setup.nvme_read_pause;
     spec.max_inflight_bytes = setup.max_inflight_bytes;
     auto w = kvtier::SimWorld::create(spec);
     EXPECT_TRUE(w.ok()) << w.status().to_string();
@@ -339,12 +341,15 @@ inline SimSetup random_workload_setup(int seed) {
 }
 
 // For the random workloads' seeds that inject transfer failures: every failed NVMe write pauses
-// writing there for a few milliseconds (a millisecond, doubling up to four), so the pauses, their
-// ends and the steps they leave without room happen often, among everything else.
-inline void pause_nvme_writes_at_every_failure(SimSetup& setup) {
-  setup.nvme_pause.after_failed_writes = 1;
-  setup.nvme_pause.first_pause = kNanosPerMilli;
-  setup.nvme_pause.longest_pause = 4 * kNanosPerMilli;
+// writing there for a few milliseconds (a millisecond, doubling up to four), and every failed
+// read reading, so the pauses, their ends, the steps they leave without room and the prompts
+// that recompute what only NVMe holds happen often, among everything else.
+inline void pause_nvme_at_every_failure(SimSetup& setup) {
+  for (NvmePauseOptions* pause : {&setup.nvme_write_pause, &setup.nvme_read_pause}) {
+    pause->after_failures = 1;
+    pause->first_pause = kNanosPerMilli;
+    pause->longest_pause = 4 * kNanosPerMilli;
+  }
 }
 
 // For the same seeds, once per operation: one time in 24 the next NVMe write lands on a bad

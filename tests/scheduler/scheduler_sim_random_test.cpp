@@ -34,7 +34,7 @@ namespace {
 using testing::expect_consistent;
 using testing::lost_page;
 using testing::maybe_hit_a_bad_sector;
-using testing::pause_nvme_writes_at_every_failure;
+using testing::pause_nvme_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
 using testing::SimWorld;
@@ -45,7 +45,7 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
   std::mt19937 rng(static_cast<uint32_t>(GetParam()));
   SimSetup setup = random_workload_setup(GetParam());
   const bool inject_failures = GetParam() % 3 == 2;
-  if (inject_failures) pause_nvme_writes_at_every_failure(setup);
+  if (inject_failures) pause_nvme_at_every_failure(setup);
   SimWorld w(setup);
   std::vector<std::vector<BlockKey>> prompts;
   for (uint32_t p = 0; p < 10; ++p) prompts.push_back(w.prompt(1 + rng() % 6, p, rng() % 3));

@@ -39,7 +39,7 @@ namespace {
 using testing::expect_consistent;
 using testing::lost_page;
 using testing::maybe_hit_a_bad_sector;
-using testing::pause_nvme_writes_at_every_failure;
+using testing::pause_nvme_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
 using testing::SimWorld;
@@ -69,7 +69,7 @@ TEST_P(SchedulerServingWorkload, NeverBreaksAnInvariant) {
   }
   // Every third seed: transfers on a random link fail now and then (kIoError).
   const bool inject_failures = GetParam() % 3 == 2;
-  if (inject_failures) pause_nvme_writes_at_every_failure(setup);
+  if (inject_failures) pause_nvme_at_every_failure(setup);
   SimWorld w(setup);
   const uint32_t pt = setup.geometry.page_tokens;
 

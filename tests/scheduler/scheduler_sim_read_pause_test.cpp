@@ -1,0 +1,150 @@
+// The scheduler in virtual time over a disk whose reads fail: failed reads in a row pause reading
+// from NVMe; while paused, prompts recompute the blocks cached only there instead of failing on
+// them, and hints read none; after the pause the first read decides (a failure pauses again at
+// once, a success ends the outage).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tests/scheduler/scheduler_sim_harness.hpp"
+
+namespace kvtier {
+namespace {
+
+using testing::expect_consistent;
+using testing::SimSetup;
+using testing::SimWorld;
+
+constexpr Nanos kMs = kNanosPerMilli;
+constexpr uint32_t kPromptBlocks = 4;
+
+NvmePauseOptions reads_pause_after(uint32_t failures) {
+  NvmePauseOptions o;
+  o.after_failures = failures;
+  o.first_pause = 10 * kMs;
+  o.longest_pause = 40 * kMs;
+  return o;
+}
+
+// Prompts of four blocks computed until the first few are cached on NVMe only.
+class ReadPause {
+ public:
+  explicit ReadPause(const NvmePauseOptions& pause) : w_(setup(pause)) {
+    EXPECT_TRUE(w_.compute_prompts(8, kPromptBlocks, kNanosPerMicro, prompts_).ok());
+    for (uint32_t p = 0; p < 4; ++p) {
+      EXPECT_EQ(w_.scheduler().match(prompts_[p]).by_tier[tier_index(Tier::kNvme)], kPromptBlocks)
+          << "prompt " << p << " is cached on NVMe only";
+    }
+  }
+
+  SimWorld& world() { return w_; }
+
+  struct Prompt {
+    Status step;
+    uint32_t reused_from_nvme = 0;
+    uint32_t recomputed = 0;
+  };
+  // Opens prompt `p`, runs one step computing what it does not reuse and one token more, closes
+  // it, and lets virtual time run 1 ms on (not past a pause).
+  Prompt run(uint32_t p) {
+    Prompt out;
+    auto s = w_.scheduler().open_sequence(prompts_[p]);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (!s.ok()) return out;
+    out.reused_from_nvme = s->reused_by_tier[tier_index(Tier::kNvme)];
+    out.recomputed = s->recompute_blocks;
+    const StepItem item{s->id, (kPromptBlocks - s->reused_blocks) * 16 + 1};
+    out.step = w_.run_step(std::span(&item, 1), kNanosPerMicro).status;
+    EXPECT_TRUE(w_.scheduler().close_sequence(s->id).ok());
+    wait(kMs);
+    return out;
+  }
+  // Hints prompt `p` as a waiting request's; returns how many NVMe reads started by then.
+  uint64_t hint(uint32_t p) {
+    const HintedRequest r{p, 0, prompts_[p]};
+    EXPECT_TRUE(w_.scheduler().hint(std::span(&r, 1)).ok());
+    wait(kMs);
+    return reads();
+  }
+  uint64_t reads() { return w_.port().counters(Link::kNvmeToHost).transfers; }
+  void wait(Nanos t) { w_.loop().run_until(w_.loop().clock().now() + t); }
+  uint64_t pauses() { return w_.scheduler().stats().nvme_read_pauses.load(); }
+  bool paused() { return w_.scheduler().stats().nvme_reads_paused.load() != 0; }
+
+ private:
+  static SimSetup setup(const NvmePauseOptions& pause) {
+    SimSetup s;
+    s.hbm_frames = 16;
+    s.host_frames = 16;
+    s.nvme_extents = 64;
+    s.nvme_read_pause = pause;
+    return s;
+  }
+
+  SimWorld w_;
+  std::vector<std::vector<BlockKey>> prompts_;
+};
+
+// A disk whose every read fails. The first prompt's four reads fail its step and pause reading
+// (three in a row); the next prompt then recomputes its four blocks and runs, and a hint reads
+// nothing. Past the pause the first read fails again and pauses again at once. Without the pause
+// the second prompt reuses its blocks from NVMe and fails like the first.
+TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
+  ReadPause r(reads_pause_after(3));
+  r.world().port().fail_next(Link::kNvmeToHost, 1'000'000);
+  const ReadPause::Prompt first = r.run(0);
+  EXPECT_EQ(first.reused_from_nvme, kPromptBlocks);
+  EXPECT_EQ(first.step.code(), StatusCode::kIoError) << first.step.to_string();
+  EXPECT_TRUE(r.paused());
+  EXPECT_EQ(r.pauses(), 1u);
+  const uint64_t reads = r.reads();
+  const ReadPause::Prompt second = r.run(1);
+  EXPECT_EQ(second.reused_from_nvme, 0u);
+  EXPECT_EQ(second.recomputed, kPromptBlocks);
+  EXPECT_TRUE(second.step.ok()) << second.step.to_string();
+  EXPECT_EQ(r.reads(), reads) << "no read from NVMe starts while reads are paused";
+  EXPECT_EQ(r.hint(3), reads) << "not even for a hint";
+  r.wait(10 * kMs);
+  EXPECT_FALSE(r.paused());
+  const ReadPause::Prompt third = r.run(2);
+  EXPECT_EQ(third.reused_from_nvme, kPromptBlocks);
+  EXPECT_EQ(third.step.code(), StatusCode::kIoError) << third.step.to_string();
+  EXPECT_TRUE(r.paused()) << "the first read after the pause failed: paused again";
+  EXPECT_EQ(r.pauses(), 2u);
+  r.world().settle();
+  expect_consistent(r.world());
+
+  ReadPause never(reads_pause_after(0));
+  never.world().port().fail_next(Link::kNvmeToHost, 1'000'000);
+  EXPECT_EQ(never.run(0).step.code(), StatusCode::kIoError);
+  const ReadPause::Prompt unpaused = never.run(1);
+  EXPECT_EQ(unpaused.reused_from_nvme, kPromptBlocks);
+  EXPECT_EQ(unpaused.step.code(), StatusCode::kIoError) << "every prompt pays for the dead disk";
+  const uint64_t before_hint = never.reads();
+  EXPECT_GT(never.hint(3), before_hint) << "a hint reads from NVMe";
+  EXPECT_EQ(never.pauses(), 0u);
+  never.world().settle();
+  expect_consistent(never.world());
+}
+
+// A disk that recovers: its first four reads fail (the first prompt's), and past the pause the
+// next prompt reuses its blocks from NVMe again, the outage over.
+TEST(SchedulerSim, ReadsResumeWhenTheDiskRecovers) {
+  ReadPause r(reads_pause_after(3));
+  r.world().port().fail_next(Link::kNvmeToHost, kPromptBlocks);
+  EXPECT_EQ(r.run(0).step.code(), StatusCode::kIoError);
+  EXPECT_TRUE(r.paused());
+  r.wait(10 * kMs);
+  const ReadPause::Prompt next = r.run(1);
+  EXPECT_EQ(next.reused_from_nvme, kPromptBlocks);
+  EXPECT_TRUE(next.step.ok()) << next.step.to_string();
+  EXPECT_FALSE(r.paused());
+  EXPECT_EQ(r.pauses(), 1u);
+  r.world().settle();
+  expect_consistent(r.world());
+}
+
+}  // namespace
+}  // namespace kvtier
