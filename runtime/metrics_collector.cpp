@@ -184,6 +184,9 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
              "NVMe extents retired after a read or write failed with a media error (bad "
              "sectors); the tier holds that many blocks fewer until a restart",
              MetricType::Gauge, read(s.nvme_retired_extents));
+  add_single(out, "kvtier_nvme_blocks_lost_total",
+             "Blocks the NVMe tier lost with a drive taken out of service (misses from then on)",
+             kCounter, read(s.nvme_blocks_lost));
   add_single(out, "kvtier_steps_total", "Engine steps (begin_step calls)", kCounter, read(s.steps));
   add_single(out, "kvtier_windowed_steps_total",
              "Steps that did not fit in HBM at once and ran layer by layer", kCounter,
@@ -275,6 +278,10 @@ void MetricsCollector::collect_transfer(const TransferStats& t,
   add_single(out, "kvtier_dropped_extents_total",
              "NVMe extents dropped at recovery (torn, foreign or duplicate)", kCounter,
              read(t.dropped_extents));
+  add_single(out, "kvtier_nvme_files_out_of_service",
+             "NVMe store files (drives) out of service after media errors in a row; their blocks "
+             "are dropped and their extents retired until a restart",
+             MetricType::Gauge, read(t.files_out_of_service));
   add_single(out, "kvtier_copy_segments_total",
              "Physical copies issued by the copy engines after batching pages", kCounter,
              read(t.copy_segments));

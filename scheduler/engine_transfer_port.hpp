@@ -42,6 +42,9 @@ class EngineTransferPort final : public TransferPort {
   uint64_t nvme_retired_extents() const override {
     return store_ != nullptr ? store_->retired_blocks() : 0;
   }
+  std::vector<BlockKey> take_lost_nvme_blocks() override {
+    return store_ != nullptr ? store_->take_lost_blocks() : std::vector<BlockKey>{};
+  }
   LinkModel link_model(Link link) const override;
   uint64_t host_page_bytes() const override { return host_format_.page_bytes(); }
   uint64_t nvme_page_bytes() const override { return nvme_format_.page_bytes(); }

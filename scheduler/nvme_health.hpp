@@ -31,15 +31,17 @@ struct NvmePauseOptions {
 };
 
 // Whether a failed write says something of the disk: not a block NVMe cannot encode (fp8 and NaN
-// or inf: kInvalidArgument), not a write cancelled at shutdown.
+// or inf: kInvalidArgument), not a write cancelled at shutdown, not one to a drive the store has
+// taken out of service (kUnavailable: the drives left in service are not in question).
 inline bool is_disk_write_failure(const Status& written) {
   return !written.ok() && written.code() != StatusCode::kInvalidArgument &&
-         written.code() != StatusCode::kCancelled;
+         written.code() != StatusCode::kCancelled && written.code() != StatusCode::kUnavailable;
 }
 
 // Whether a failed read says something of the disk: an I/O error, or bytes that came back wrong
 // (a checksum or a header that does not match). Not a read cancelled at shutdown, nor one of a
-// block that left NVMe before its read started.
+// block that left NVMe before its read started, nor one from a drive the store has taken out of
+// service (kUnavailable).
 inline bool is_disk_read_failure(const Status& read) {
   return read.code() == StatusCode::kIoError || read.code() == StatusCode::kDataLoss;
 }

@@ -382,6 +382,10 @@ Result<OpenedSequence> Scheduler::open_sequence(std::span<const BlockKey> prompt
                               " is not a content key (private or null)");
     }
   }
+  // Blocks a dead drive took are forgotten before the prompt is matched: reused, each would fail
+  // its read (the drive is found out on an I/O thread, and the loop hears of it only with a
+  // transfer's callback, after whatever ran meanwhile).
+  take_retired_nvme_extents();
   auto seq = std::make_unique<Sequence>();
   seq->id = ++next_sequence_;
   seq->prompt_keys.assign(prompt_keys.begin(), prompt_keys.end());

@@ -487,7 +487,7 @@ class Scheduler {
   // request's hint's (PageOp::hinted).
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted = false);
   // What a read from NVMe that the store would not start fails with (see the definition).
-  Status nvme_read_not_started(const BlockKey& key, const Status& why) const;
+  Status nvme_read_not_started(const BlockKey& key, const Status& why);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);
   // After `tier` could not store `key` (`why`): remembers it, says so once, and drops the copies
@@ -523,6 +523,9 @@ class Scheduler {
   // left in service; fails the open steps that no longer fit. Returns how many it retired. When
   // every extent holds a block, the rest are retired by a later call, once extents are freed.
   uint64_t take_retired_nvme_extents();
+  // Forgets the NVMe copies of the blocks the store dropped with a dead drive
+  // (TransferPort::take_lost_nvme_blocks); those read or written right now wait for a later call.
+  void forget_lost_nvme_blocks();
   bool refused(const BlockKey& key, Tier tier) const {
     if (refused_.empty()) return false;  // the common case: asked per room-making candidate
     auto it = refused_.find(key);
@@ -685,6 +688,9 @@ class Scheduler {
   std::unordered_set<BlockKey, BlockKeyHash> lost_blocks_;
   // Whether writes to NVMe, and reads, are paused after failing, and the timers that end the
   // pauses (0: none).
+  // Blocks the store lost that were being read or written when it said so
+  // (forget_lost_nvme_blocks).
+  std::vector<BlockKey> lost_nvme_later_;
   NvmeHealth nvme_write_health_;
   NvmeHealth nvme_read_health_;
   TimerId nvme_write_resume_timer_ = 0;

@@ -2,12 +2,14 @@
 // resume (NvmeHealth decides; this carries the decision into the placement, the stats and the
 // open steps). Reads that keep failing pause reading from NVMe: compute-or-load and the hints
 // read there only while nvme_readable(). Extents the store retires after media errors leave the
-// table's count.
+// table's count, and blocks it lost with a dead drive leave the table.
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "kvtier/log.hpp"
 #include "scheduler/scheduler.hpp"
+#include "scheduler/scheduler_internal.hpp"
 
 namespace kvtier {
 
@@ -86,8 +88,37 @@ void Scheduler::resume_nvme_reads() {
   stats_.nvme_reads_paused.store(0, std::memory_order_relaxed);
 }
 
+void Scheduler::forget_lost_nvme_blocks() {
+  if (parts_.nvme == nullptr) return;
+  std::vector<BlockKey> lost = parts_.port->take_lost_nvme_blocks();
+  if (lost.empty() && lost_nvme_later_.empty()) return;
+  lost.insert(lost.end(), lost_nvme_later_.begin(), lost_nvme_later_.end());
+  lost_nvme_later_.clear();
+  uint64_t forgotten = 0;
+  for (const BlockKey& key : lost) {
+    // A read in flight ends first (its failure drops the copy as any failed read's does); a
+    // write that landed on the dead drive is forgotten once its copy is ready.
+    if (reading_.contains(key) || page_snapshot(key, 0).nvme == CopyState::kFilling) {
+      lost_nvme_later_.push_back(key);
+      continue;
+    }
+    if (page_snapshot(key, 0).nvme != CopyState::kReady) continue;
+    drop_nvme_copy(key);
+    note_if_lost(key);
+    after_change(key);
+    ++forgotten;
+  }
+  if (forgotten == 0) return;
+  stats_.nvme_blocks_lost.fetch_add(forgotten, std::memory_order_relaxed);
+  log(LogLevel::kWarn, "NVMe lost " + std::to_string(forgotten) +
+                           (forgotten == 1 ? " block" : " blocks") +
+                           " with a drive taken out of service; they are misses now");
+  want_watermark_check();
+}
+
 uint64_t Scheduler::take_retired_nvme_extents() {
   if (parts_.nvme == nullptr) return 0;
+  forget_lost_nvme_blocks();
   const uint64_t retired_by_store = parts_.port->nvme_retired_extents();
   uint64_t taken = 0;
   while (parts_.nvme->retired() < retired_by_store) {

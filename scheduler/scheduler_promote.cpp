@@ -1,5 +1,6 @@
 // Scheduler: promotions — a page brought up NVMe -> host -> HBM for a demand or a prefetch, joining
 // what is already in flight, and the frames it waits for. See scheduler.hpp for the rules.
+#include <algorithm>
 #include <string>
 
 #include "scheduler/scheduler.hpp"
@@ -385,13 +386,16 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
       FrameUse::kNvmeRead);
 }
 
-Status Scheduler::nvme_read_not_started(const BlockKey& key, const Status& why) const {
+Status Scheduler::nvme_read_not_started(const BlockKey& key, const Status& why) {
   // A read waits for its host frames and its turn on the link: meanwhile another read of the
   // block may have failed, and its NVMe copy gone with it (a block whose read failed is never
-  // read again), or a block no sequence holds been evicted. That is no misuse the store's
-  // not_found would suggest: the page is not there any more, and a sequence that held it
-  // recomputes it (lost_blocks_).
-  if (page_snapshot(key, 0).nvme == CopyState::kReady) return why;
+  // read again), or a block no sequence holds been evicted, or a dead drive taken it (the store
+  // lists it; forgotten here). That is no misuse the store's not_found would suggest: the page is
+  // not there any more, and a sequence that held it recomputes it (lost_blocks_).
+  forget_lost_nvme_blocks();
+  const bool lost_with_a_drive =
+      std::find(lost_nvme_later_.begin(), lost_nvme_later_.end(), key) != lost_nvme_later_.end();
+  if (!lost_with_a_drive && page_snapshot(key, 0).nvme == CopyState::kReady) return why;
   return unavailable("block " + to_string(key) +
                      " left NVMe before this read of it started (a read of it failed, or it was "
                      "evicted): " +

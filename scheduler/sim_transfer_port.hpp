@@ -12,7 +12,9 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <unordered_set>
+#include <vector>
 
 #include "kvtier/transfer_stats.hpp"
 #include "kvtier/types.hpp"
@@ -47,6 +49,11 @@ class SimTransferPort final : public TransferPort {
                    TransferDone done) override;
   Status erase_block(const BlockKey& key) override;
   uint64_t nvme_retired_extents() const override { return retired_extents_; }
+  std::vector<BlockKey> take_lost_nvme_blocks() override {
+    std::vector<BlockKey> lost;
+    lost.swap(lost_);
+    return lost;
+  }
   LinkModel link_model(Link link) const override { return spec_.links[static_cast<int>(link)]; }
   uint64_t host_page_bytes() const override {
     return spec_.host_page_bytes != 0 ? spec_.host_page_bytes : geometry_.page_bytes();
@@ -64,6 +71,14 @@ class SimTransferPort final : public TransferPort {
   // The next NVMe read (of a block or a page) lands on a bad sector: it fails with kIoError, and
   // the block's extent is retired when the block is erased (within the same cap).
   void fail_next_read_on_a_bad_extent() { bad_extent_reads_ += 1; }
+  // A dead drive: these blocks leave the store (take_lost_nvme_blocks lists them) and `extents`
+  // extents are retired with it, as the real store does when it takes a file out of service.
+  void lose_nvme_blocks(std::span<const BlockKey> keys, uint64_t extents) {
+    for (const BlockKey& key : keys) {
+      if (on_nvme_.erase(key) != 0) lost_.push_back(key);
+    }
+    retired_extents_ += extents;
+  }
   const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
   const TransferStats& transfer_stats() const { return stats_; }
   std::size_t nvme_blocks() const { return on_nvme_.size(); }
@@ -98,6 +113,7 @@ class SimTransferPort final : public TransferPort {
   TransferStats stats_;
   std::unordered_set<BlockKey, BlockKeyHash> on_nvme_;
   std::unordered_set<BlockKey, BlockKeyHash> writing_;
+  std::vector<BlockKey> lost_;
 };
 
 }  // namespace kvtier

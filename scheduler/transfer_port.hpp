@@ -63,6 +63,10 @@ class TransferPort {
   // Extents the NVMe store has retired after media errors (BlockStore::retired_blocks); it grows
   // after the failed read or write that retired one, before that transfer's callback runs.
   virtual uint64_t nvme_retired_extents() const = 0;
+  // Blocks the NVMe store dropped on its own since the last call (BlockStore::take_lost_blocks: a
+  // dead drive took them). Listed before the callback of the transfer that took the drive out
+  // runs, or of a write that landed on it meanwhile.
+  virtual std::vector<BlockKey> take_lost_nvme_blocks() = 0;
 
   virtual LinkModel link_model(Link link) const = 0;
   // Bytes one page moves over the HBM<->host links, in the host tier's PageFormat (fp8 and its

@@ -57,6 +57,9 @@ class BlockStore {
   virtual uint64_t used_blocks() const = 0;  // extents held: readable, being written, draining
   // Blocks of space taken out of service for good (bad sectors); capacity_blocks() excludes them.
   virtual uint64_t retired_blocks() const { return 0; }
+  // Blocks the store dropped on its own since the last call (a dead drive took them; each is no
+  // longer contains()'d): their holders forget them.
+  virtual std::vector<BlockKey> take_lost_blocks() { return {}; }
   // Quiescent-point check of the store's accounting (used + free = capacity, index consistency).
   virtual Status audit() const = 0;
 };

@@ -60,6 +60,7 @@ class ConvertingStore final : public BlockStore {
   uint64_t capacity_blocks() const override { return inner_.capacity_blocks(); }
   uint64_t used_blocks() const override { return inner_.used_blocks(); }
   uint64_t retired_blocks() const override { return inner_.retired_blocks(); }
+  std::vector<BlockKey> take_lost_blocks() override { return inner_.take_lost_blocks(); }
   Status audit() const override { return inner_.audit(); }
 
   const PageFormat& page_format() const { return format_; }

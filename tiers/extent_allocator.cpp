@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace kvtier {
 
@@ -30,6 +31,22 @@ ExtentAllocator::ExtentAllocator(std::vector<uint32_t> extents_per_file, uint64_
     file_start_.push_back(start);
     start += n;
   }
+}
+
+uint32_t ExtentAllocator::retire_free_in_file(uint32_t file) {
+  std::vector<uint32_t> others;
+  uint32_t retired = 0;
+  for (Result<uint32_t> e = frames_->allocate(); e.ok(); e = frames_->allocate()) {
+    const Result<ExtentLocation> at = locate(*e);
+    if (at.ok() && at->file == file && frames_->retire(*e).ok()) {
+      ++retired;
+    } else {
+      others.push_back(*e);
+    }
+  }
+  // Given back in reverse, so the free stacks hand them out in about the order they did.
+  for (auto it = others.rbegin(); it != others.rend(); ++it) frames_->free(*it).ignore();
+  return retired;
 }
 
 Result<ExtentLocation> ExtentAllocator::locate(uint32_t extent) const {

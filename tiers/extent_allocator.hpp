@@ -45,6 +45,10 @@ class ExtentAllocator {
   Status retire(uint32_t extent) { return frames_->retire(extent); }
   // Claims exactly these extents (see FrameAllocator::reserve_all). Quiescent use only.
   Status reserve_all(std::span<const uint32_t> extents) { return frames_->reserve_all(extents); }
+  // Retires every free extent of `file` (a dead drive) and returns how many: it takes every free
+  // extent and gives back those of other files, O(free extents). Quiescent use only (the caller
+  // serializes every allocate and free).
+  uint32_t retire_free_in_file(uint32_t file);
 
   Result<ExtentLocation> locate(uint32_t extent) const;
   // Inverse of locate: the extent at (file, offset), or kNotFound when none starts there.

@@ -158,6 +158,12 @@ void FaultInjectingIoBackend::fail_open(std::string path_part, int error) {
   open_error_ = error;
 }
 
+void FaultInjectingIoBackend::fail_file(std::string path_part, int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dead_part_ = std::move(path_part);
+  dead_error_ = error;
+}
+
 void FaultInjectingIoBackend::fail_allocate(int error) {
   std::lock_guard<std::mutex> lock(mu_);
   allocate_error_ = error;
@@ -170,6 +176,8 @@ void FaultInjectingIoBackend::clear() {
   next_bad_[0] = next_bad_[1] = 0;
   open_part_.clear();
   open_error_ = 0;
+  dead_part_.clear();
+  dead_error_ = 0;
   allocate_error_ = 0;
 }
 
@@ -202,6 +210,16 @@ FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(const IoReques
   const uint64_t index = ++seen_[static_cast<int>(op)];
   if (const int error = std::exchange(next_bad_[static_cast<int>(op)], 0); error != 0) {
     bad_.push_back(BadRange{op, request.offset, bytes, error});
+  }
+  if (dead_error_ != 0) {
+    const auto file = opened_.find(request.fd);
+    if (file != opened_.end() && file->second.find(dead_part_) != std::string::npos) {
+      FaultRule rule;
+      rule.opcode = op;
+      rule.kind = FaultKind::kError;
+      rule.error = dead_error_;
+      return Decision{true, rule};
+    }
   }
   for (const BadRange& b : bad_) {
     if (b.opcode == op && request.offset < b.offset + b.length &&
@@ -256,7 +274,12 @@ Result<ScopedFd> FaultInjectingIoBackend::open(const std::string& path, int flag
       return errno_status(open_errno_code(err), "open " + path, err);
     }
   }
-  return inner_->open(path, flags, mode);
+  Result<ScopedFd> fd = inner_->open(path, flags, mode);
+  if (fd.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    opened_[fd->get()] = path;  // a number reused after a close names the new file
+  }
+  return fd;
 }
 
 Status FaultInjectingIoBackend::allocate(int fd, const std::string& path, uint64_t size) {

@@ -7,7 +7,9 @@
 // allocating a file fails. Faults are armed as rules counted per opcode over every request the
 // wrapped queues see, from the moment the rule is added: `nth = 1` hits the next matching request.
 // A bad range is a bad sector instead: every request of its opcode that touches those bytes (of
-// any file the queues write) fails with its errno, for as long as the range is armed.
+// any file the queues write) fails with its errno, for as long as the range is armed. A dead file
+// is a dead drive: every request to a file opened through this backend whose path contains the
+// given part fails.
 //
 // Threading: rules and counters are shared by all queues under one mutex (held for bookkeeping
 // only); each wrapped queue is used by its I/O thread like any IoQueue. Requests the fault replaces
@@ -18,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tiers/io_backend.hpp"
@@ -52,6 +55,9 @@ class FaultInjectingIoBackend final : public IoBackend {
   // The bytes the next `opcode` request touches become a bad range of that opcode (it fails, and
   // so does every later one touching them): a bad sector wherever the caller writes or reads next.
   void make_next_bad(IoOpcode opcode, int error = 5);
+  // Every request to a file whose path contains `path_part` (opened through this backend, before
+  // or after) fails with -error, until clear(): a dead drive.
+  void fail_file(std::string path_part, int error = 5);
   // The next open of a path containing `path_part` fails with `error` (e.g. EACCES, ENOSPC).
   void fail_open(std::string path_part, int error);
   // The next allocate() (fallocate) fails with `error` (e.g. ENOSPC).
@@ -111,8 +117,11 @@ class FaultInjectingIoBackend final : public IoBackend {
   uint64_t seen_[2] = {0, 0};  // guarded by mu_
   uint64_t injected_ = 0;      // guarded by mu_
   std::string open_part_;      // guarded by mu_
-  int open_error_ = 0;         // guarded by mu_
-  int allocate_error_ = 0;     // guarded by mu_
+  std::unordered_map<int, std::string> opened_;  // fd -> path, of every open; guarded by mu_
+  std::string dead_part_;                        // guarded by mu_
+  int dead_error_ = 0;                           // guarded by mu_
+  int open_error_ = 0;                           // guarded by mu_
+  int allocate_error_ = 0;                       // guarded by mu_
 };
 
 }  // namespace kvtier

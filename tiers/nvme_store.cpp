@@ -296,6 +296,7 @@ Status NvmeStore::open_files() {
   readers_.assign(extents_->capacity(), 0);
   doomed_.assign(extents_->capacity(), 0);
   bad_.assign(extents_->capacity(), 0);
+  file_health_ = NvmeFileHealth(static_cast<uint32_t>(files_.size()));
   return Status();
 }
 
@@ -603,31 +604,6 @@ Status NvmeStore::audit() const {
   return Status();
 }
 
-void NvmeStore::mark_bad_locked(uint32_t extent, const std::string& why) {
-  if (bad_[extent] != 0) return;
-  const uint32_t most = max_retired_blocks();
-  if (bad_marked_ >= most) {
-    if (!said_failing_whole_) {
-      said_failing_whole_ = true;
-      log(LogLevel::kWarn, "NVMe store: " + why + "; " + std::to_string(most) +
-                               " extents are retired already, so the device is failing as a " +
-                               "whole, not at a few sectors: failed extents stay in service");
-    }
-    return;
-  }
-  bad_[extent] = 1;
-  ++bad_marked_;
-  log(LogLevel::kWarn, "NVMe store: " + why + "; extent " + std::to_string(extent) +
-                           " is retired (" + std::to_string(bad_marked_) + " of at most " +
-                           std::to_string(most) + ")");
-}
-
-void NvmeStore::free_extent_locked(uint32_t extent) {
-  doomed_[extent] = 0;
-  Status s = bad_[extent] != 0 ? extents_->retire(extent) : extents_->free(extent);
-  if (!s.ok()) log(LogLevel::kError, "NVMe store: " + s.to_string());
-}
-
 std::vector<std::shared_ptr<TransferState>> NvmeStore::write_finished(const Op& op, bool ok) {
   std::lock_guard<std::mutex> lock(index_mu_);
   auto it = index_.find(op.key);
@@ -639,14 +615,19 @@ std::vector<std::shared_ptr<TransferState>> NvmeStore::write_finished(const Op& 
   }
   std::vector<std::shared_ptr<TransferState>> joined = std::move(it->second.joined);
   it->second.joined.clear();
-  if (ok && !it->second.erase_when_written) {
+  if (ok) file_health_.on_ok(op.file);
+  const bool file_in_service = file_health_.in_service(op.file);
+  if (ok && !it->second.erase_when_written && file_in_service) {
     it->second.state = EntryState::kReady;
     it->second.page_sums = op.page_sums;
     return joined;
   }
+  // Written to a file taken out of service meanwhile: the block is lost with the file's others.
+  if (ok && !it->second.erase_when_written) lost_.push_back(op.key);
   if (!ok && is_media_error(op.io_errno)) {
-    mark_bad_locked(op.extent, "write of " + key_text(op.key) + " failed with a media error (" +
-                                   errno_text(op.io_errno) + ")");
+    note_media_error_locked(op.extent, op.file,
+                            "write of " + key_text(op.key) + " failed with a media error (" +
+                                errno_text(op.io_errno) + ")");
   }
   index_.erase(it);
   free_extent_locked(op.extent);
@@ -668,16 +649,10 @@ void NvmeStore::complete_joined(std::vector<std::shared_ptr<TransferState>>& joi
   joined.clear();
 }
 
-void NvmeStore::read_finished(const Op& op) {
+void NvmeStore::read_finished(const Op& op, bool ok) {
   std::lock_guard<std::mutex> lock(index_mu_);
+  if (ok) file_health_.on_ok(op.file);
   if (--readers_[op.extent] == 0 && doomed_[op.extent] != 0) free_extent_locked(op.extent);
-}
-
-void NvmeStore::blame_extent(const Op& op, const std::string& why) {
-  std::lock_guard<std::mutex> lock(index_mu_);
-  // The read still counts as a reader here, so the extent is not reused yet, whether or not its
-  // block was erased meanwhile: it is the extent that failed.
-  mark_bad_locked(op.extent, why);
 }
 
 void NvmeStore::drop_corrupt(const Op& op, const std::string& why) {

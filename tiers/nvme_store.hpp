@@ -53,6 +53,16 @@
 // writing to a disk that keeps failing). Retirement lasts until the store is reopened; a drive
 // remaps a bad sector when it is written again, so a restart gives the extent another chance.
 //
+// Dead drives: with the store over several files (one per drive), a file whose requests fail
+// with media errors NvmeFileHealth::kMediaErrorsInARow times in a row, none succeeding between,
+// is out of service (NvmeFileHealth; not the last one in service) until the store is reopened.
+// Its free extents are retired at once, so no block lands there again; its blocks are dropped
+// from the index and listed for take_lost_blocks(), so the scheduler forgets them before it
+// plans a read of one; every extent of it freed later is retired too. Without this, once the
+// cap above was reached the dead drive's freed extents came round again and failed write after
+// write, until the scheduler paused writing to every drive. TransferStats::files_out_of_service
+// counts them.
+//
 // Writing a key again: a block already readable is refused with kAlreadyExists (equal keys mean
 // equal bytes; callers count that as present). A block still being written is not written twice:
 // the new write joins the one in flight — it moves no bytes, undoes an erase waiting for that
@@ -79,6 +89,7 @@
 #include "tiers/block_store.hpp"
 #include "tiers/extent_allocator.hpp"
 #include "tiers/io_backend.hpp"
+#include "tiers/nvme_file_health.hpp"
 #include "tiers/nvme_format.hpp"
 
 namespace kvtier {
@@ -135,6 +146,7 @@ class NvmeStore final : public BlockStore {
   uint64_t capacity_blocks() const override { return extents_->in_service(); }
   uint64_t used_blocks() const override { return extents_->used(); }
   uint64_t retired_blocks() const override { return extents_->retired(); }
+  std::vector<BlockKey> take_lost_blocks() override;
   // The most extents media errors may retire (see the header).
   uint32_t max_retired_blocks() const { return max_retired_extents(extents_->capacity()); }
   Status audit() const override;
@@ -187,14 +199,24 @@ class NvmeStore final : public BlockStore {
   std::vector<std::shared_ptr<TransferState>> write_finished(const Op& op, bool ok);
   static void complete_joined(std::vector<std::shared_ptr<TransferState>>& joined,
                               const BlockKey& key, const Status& result);
-  void read_finished(const Op& op);
+  void read_finished(const Op& op, bool ok);
   void drop_corrupt(const Op& op, const std::string& why);
   // A read of `op` failed with a media error: its extent is retired when it is let go.
   void blame_extent(const Op& op, const std::string& why);
+  // `failed`, the failure of `op`, as the caller is told it: kUnavailable, naming the drive, when
+  // op's file is out of service (this failure took it out, or came after): it says nothing more
+  // of the disks left in service, and the scheduler's pauses must not count it.
+  Status failed_on_a_dead_drive(const Op& op, const Status& failed);
   // Under index_mu_: `extent` is retired instead of freed when it is let go, unless the cap is
   // reached. `why` names the failed request.
   void mark_bad_locked(uint32_t extent, const std::string& why);
-  // Under index_mu_: frees `extent`, or retires it when it was marked bad.
+  // Under index_mu_: a request to `extent` of `file` failed with a media error: the extent is
+  // marked bad, and the file may go out of service (take_file_out_locked).
+  void note_media_error_locked(uint32_t extent, uint32_t file, const std::string& why);
+  // Under index_mu_: retires the free extents of `file`, drops its blocks into lost_.
+  void take_file_out_locked(uint32_t file, const std::string& why);
+  // Under index_mu_: frees `extent`, or retires it when it was marked bad or its file is out of
+  // service.
   void free_extent_locked(uint32_t extent);
 
   const PageFormat format_;
@@ -218,6 +240,8 @@ class NvmeStore final : public BlockStore {
   std::vector<uint8_t> bad_;     // per extent: retire instead of freeing; guarded by index_mu_
   uint32_t bad_marked_ = 0;      // extents marked bad so far; guarded by index_mu_
   bool said_failing_whole_ = false;  // the cap was reached and logged; guarded by index_mu_
+  NvmeFileHealth file_health_;       // guarded by index_mu_
+  std::vector<BlockKey> lost_;       // dropped with their files, not yet taken; index_mu_
   uint64_t next_generation_ = 1;     // guarded by index_mu_
 };
 

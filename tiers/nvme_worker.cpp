@@ -348,7 +348,9 @@ void NvmeStore::Worker::finish(Op& op) {
   switch (op.kind) {
     case Op::Kind::kWrite:
       joined = store_.write_finished(op, result.ok());
-      if (!result.ok()) result = result.with_context(block_context(op, "write"));
+      if (!result.ok()) {
+        result = store_.failed_on_a_dead_drive(op, result.with_context(block_context(op, "write")));
+      }
       break;
     case Op::Kind::kReadBlock:
     case Op::Kind::kReadPage:
@@ -362,8 +364,9 @@ void NvmeStore::Worker::finish(Op& op) {
       } else {
         result = result.with_context(block_context(op, "read"));
         if (is_media_error(op.io_errno)) store_.blame_extent(op, result.message());
+        result = store_.failed_on_a_dead_drive(op, result);
       }
-      store_.read_finished(op);
+      store_.read_finished(op, result.ok());
       break;
     case Op::Kind::kScan: {
       ScanBatch& b = *op.scan;
@@ -399,7 +402,7 @@ void NvmeStore::Worker::cancel(std::unique_ptr<Op> op) {
   switch (op->kind) {
     case Op::Kind::kWrite: joined = store_.write_finished(*op, false); break;
     case Op::Kind::kReadBlock:
-    case Op::Kind::kReadPage: store_.read_finished(*op); break;
+    case Op::Kind::kReadPage: store_.read_finished(*op, false); break;
     case Op::Kind::kScan: {
       ScanBatch& b = *op->scan;
       std::lock_guard<std::mutex> lock(b.mu);

@@ -73,8 +73,11 @@ struct SchedulerStats {
   // The same for reads: while paused, prompts reuse no block from NVMe and hints read none.
   Counter nvme_read_pauses{0};
   Gauge nvme_reads_paused{0};
-  // NVMe extents retired after media errors (bad sectors): they hold no block until a restart.
+  // NVMe extents retired after media errors (bad sectors, or a dead drive's whole file): they
+  // hold no block until a restart.
   Gauge nvme_retired_extents{0};
+  // Blocks the NVMe tier lost with a drive taken out of service (NvmeFileHealth).
+  Counter nvme_blocks_lost{0};
 
   Counter steps{0};
   Counter windowed_steps{0};  // steps that did not fit in HBM at once and ran layer by layer

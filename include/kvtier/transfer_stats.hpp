@@ -104,6 +104,7 @@ struct TransferStats {
   std::atomic<uint64_t> sq_full_waits{0};  // submissions held back because the SQ was full
   std::atomic<uint64_t> recovered_blocks{0};  // blocks found by the restart scan
   std::atomic<uint64_t> dropped_extents{0};   // extents dropped at recovery (torn, foreign, dup)
+  std::atomic<uint64_t> files_out_of_service{0};  // gauge: files (drives) dead after media errors
 
   // Copy engines.
   std::atomic<uint64_t> copy_segments{0};  // physical copies issued after batching

@@ -147,6 +147,8 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_nvme_writes_paused",
                            "kvtier_nvme_read_pauses_total",
                            "kvtier_nvme_reads_paused",
+                           "kvtier_nvme_blocks_lost_total",
+                           "kvtier_nvme_files_out_of_service",
                            "kvtier_link_queued_bytes",
                            "kvtier_link_inflight_bytes"}) {
     EXPECT_THAT(names, Contains(want));

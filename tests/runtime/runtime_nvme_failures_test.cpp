@@ -5,7 +5,8 @@
 // costs one failed write (or read) and its extent, which the store and the scheduler retire,
 // and nothing else. A disk that fails every read: reading pauses after
 // tiers.nvme.pause_after_failed_reads failures in a row, and prompts then recompute what is cached
-// on NVMe only, without a read, instead of failing on it.
+// on NVMe only, without a read, instead of failing on it. A dead drive among four: the store takes
+// it out of service, the scheduler forgets the blocks it held, and the engine runs on the others.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -29,6 +30,8 @@ struct Scrape {
   double failed_loads = -1;
   double reads_paused = -1;
   double read_pauses = -1;
+  double files_out = -1;
+  double blocks_lost = -1;
 };
 
 Scrape scrape(const Runtime& rt) {
@@ -42,6 +45,8 @@ Scrape scrape(const Runtime& rt) {
   s.failed_loads = testing::sample_value(r.body, "kvtier_failed_loads_total").value_or(-1);
   s.reads_paused = testing::sample_value(r.body, "kvtier_nvme_reads_paused").value_or(-1);
   s.read_pauses = testing::sample_value(r.body, "kvtier_nvme_read_pauses_total").value_or(-1);
+  s.files_out = testing::sample_value(r.body, "kvtier_nvme_files_out_of_service").value_or(-1);
+  s.blocks_lost = testing::sample_value(r.body, "kvtier_nvme_blocks_lost_total").value_or(-1);
   return s;
 }
 
@@ -203,6 +208,45 @@ TEST_F(RuntimeNvmeFailures, ADiskThatFailsEveryReadIsPausedAndPromptsRecompute) 
   EXPECT_EQ(s.read_pauses, 1.0);
   EXPECT_EQ(s.pauses, 0.0) << "writes were never paused";
   EXPECT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], 0u) << "NVMe keeps its blocks";
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// The store over four files, one per drive; thirty prompts push blocks to NVMe, the first of them
+// onto the first drive, which then dies: every request to it fails with EIO. The first prompts
+// asked again read their blocks from it and fail or recompute; within a few failures the store
+// takes the drive out of service and the scheduler forgets its blocks. From then on every prompt
+// runs, nothing pauses, no request reaches the dead drive's file, and the tier holds a quarter
+// fewer blocks.
+TEST_F(RuntimeNvmeFailures, ADeadDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOthers) {
+  const bool opened = open([&](Config& c) {
+    c.tiers.nvme.paths.clear();
+    for (int d = 0; d < 4; ++d) {
+      c.tiers.nvme.paths.push_back((dir_.path() / ("drive" + std::to_string(d) + ".kvs")).string());
+    }
+  });
+  if (!opened) GTEST_SKIP() << kNoStore;
+  const uint64_t capacity = nvme_capacity(*rt_);
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  faults_->fail_file("drive1.kvs");
+  for (uint32_t seed = 1; seed <= 10; ++seed) {
+    const Status again = prefill_prompt(*rt_, seed, /*must_run=*/false);
+    EXPECT_TRUE(again.ok() || again.code() == StatusCode::kIoError ||
+                again.code() == StatusCode::kUnavailable)
+        << again.to_string();
+  }
+  Scrape s = scrape(*rt_);
+  ASSERT_EQ(s.files_out, 1.0);
+  EXPECT_GT(s.blocks_lost, 0.0);
+  const uint64_t injected = faults_->injected();
+  for (uint32_t seed = 11; seed <= 40; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  for (uint32_t seed = 1; seed <= 10; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  EXPECT_EQ(faults_->injected(), injected) << "a request reached the dead drive";
+  s = scrape(*rt_);
+  EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
+  EXPECT_EQ(s.read_pauses, 0.0) << "reading never paused";
+  EXPECT_LE(nvme_capacity(*rt_), capacity * 3 / 4);
+  EXPECT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], 0u);
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());
 }

@@ -44,6 +44,7 @@ class RecordingPort final : public TransferPort {
   }
   Status erase_block(const BlockKey&) override { return failed_precondition("not used"); }
   uint64_t nvme_retired_extents() const override { return 0; }
+  std::vector<BlockKey> take_lost_nvme_blocks() override { return {}; }
   LinkModel link_model(Link) const override { return LinkModel{}; }
   uint64_t host_page_bytes() const override { return kPageBytes; }
   uint64_t nvme_page_bytes() const override { return kPageBytes; }

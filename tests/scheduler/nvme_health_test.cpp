@@ -78,12 +78,14 @@ TEST(NvmeHealth, OptionsFromTheConfig) {
 
 // A write failure is the disk's unless the block could not be encoded or the write was cancelled;
 // a read failure is the disk's when the I/O failed or the bytes came back wrong, not when its
-// block left NVMe before the read started or the read was cancelled.
+// block left NVMe before the read started or the read was cancelled. Neither is the disk's when
+// the store took the request's drive out of service (kUnavailable).
 TEST(NvmeHealth, WhichFailuresAreTheDisks) {
   EXPECT_TRUE(is_disk_write_failure(io_error("EIO")));
   EXPECT_TRUE(is_disk_write_failure(resource_exhausted("ENOSPC")));
   EXPECT_FALSE(is_disk_write_failure(invalid_argument("NaN in an fp8 page")));
   EXPECT_FALSE(is_disk_write_failure(cancelled("shutdown")));
+  EXPECT_FALSE(is_disk_write_failure(unavailable("its drive is out of service")));
   EXPECT_FALSE(is_disk_write_failure(ok_status()));
   EXPECT_TRUE(is_disk_read_failure(io_error("EIO")));
   EXPECT_TRUE(is_disk_read_failure(data_loss("checksum")));

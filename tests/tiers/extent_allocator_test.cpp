@@ -57,6 +57,37 @@ TEST(ExtentAllocator, ReserveAllThenAllocateTheRest) {
   ASSERT_TRUE(a.audit().ok());
 }
 
+// A dead drive's free extents leave service at once; those in use stay allocated (their blocks
+// are dropped, and retired as they are freed), and the other files' free extents are handed out
+// in the order they would have been.
+TEST(ExtentAllocator, RetireFreeInFileTakesOnlyThatFilesFreeExtents) {
+  auto r = ExtentAllocator::create({4, 4, 4}, 4096, 4096);
+  ASSERT_TRUE(r.ok());
+  auto& a = **r;
+  std::vector<uint32_t> held;
+  for (int i = 0; i < 3; ++i) held.push_back(*a.allocate());
+  std::vector<uint32_t> order;  // the order a fresh allocator hands the rest out
+  for (int i = 0; i < 9; ++i) order.push_back(*a.allocate());
+  for (auto it = order.rbegin(); it != order.rend(); ++it) ASSERT_TRUE(a.free(*it).ok());
+  uint32_t in_file1_free = 0;
+  for (uint32_t e : order) in_file1_free += a.locate(e)->file == 1 ? 1 : 0;
+
+  EXPECT_EQ(a.retire_free_in_file(1), in_file1_free);
+  EXPECT_EQ(a.retired(), in_file1_free);
+  EXPECT_EQ(a.in_service(), 12u - in_file1_free);
+  EXPECT_EQ(a.used(), 3u);
+  std::vector<uint32_t> rest;
+  for (Result<uint32_t> e = a.allocate(); e.ok(); e = a.allocate()) rest.push_back(*e);
+  std::vector<uint32_t> expected;
+  for (uint32_t e : order) {
+    if (a.locate(e)->file != 1) expected.push_back(e);
+  }
+  EXPECT_EQ(rest, expected);
+  for (uint32_t e : held) EXPECT_TRUE(a.is_allocated(e));
+  EXPECT_EQ(a.retire_free_in_file(1), 0u) << "none left to retire";
+  EXPECT_TRUE(a.audit().ok());
+}
+
 TEST(ExtentAllocator, RejectsBadGeometry) {
   EXPECT_EQ(ExtentAllocator::create({1}, 0, 0).status().code(), StatusCode::kInvalidArgument);
 }

@@ -1,11 +1,14 @@
 // Every injected I/O fault becomes a Status that names the file, the offset and the errno; the
 // block stays a miss (never wrong data); the counters say what happened; accounting stays exact.
-// A bad sector costs one failed write or read and its extent, retired until the store reopens.
+// A bad sector costs one failed write or read and its extent, retired until the store reopens; a
+// dead drive among several is taken out of service, its blocks listed as lost.
 #include "tiers/fault_injection.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <vector>
 
 #include "tests/tiers/tier_test_support.hpp"
 #include "tiers/key_text.hpp"
@@ -43,8 +46,9 @@ class FaultTest : public ::testing::Test {
     o.backend = faults_;
     return o;
   }
-  std::unique_ptr<NvmeStore> open() {
-    auto s = NvmeStore::create(kGeom, options());
+  std::unique_ptr<NvmeStore> open() { return open_with(options()); }
+  std::unique_ptr<NvmeStore> open_with(const NvmeStoreOptions& o) {
+    auto s = NvmeStore::create(kGeom, o);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     return s.ok() ? std::move(s).value() : nullptr;
   }
@@ -205,6 +209,77 @@ TEST_F(FaultTest, ADeviceFailingEveryWriteRetiresNoMoreThanOneExtentIn32) {
   EXPECT_EQ(store_->retired_blocks(), 3u);
   EXPECT_EQ(store_->capacity_blocks(), 93u);
   EXPECT_EQ(store_->used_blocks(), 0u);
+  EXPECT_EQ(store_->stats().files_out_of_service.load(), 0u) << "the only file stays in service";
+}
+
+// A dead drive among four: every request to the third file fails. The writes that land there
+// fail, NvmeFileHealth::kMediaErrorsInARow of them in a row, and the file is out of service (the
+// last failure says kUnavailable: from then on a request to the file says nothing of the others).
+// Its free extents are retired, its blocks dropped and listed once for take_lost_blocks(), and
+// every later write lands on the other three and succeeds. Without this, all 30 of 30 writes
+// failed: past the retirement cap a failed extent went back to the free list and came round
+// again. Reopened with the drive working, the store uses all four again.
+TEST_F(FaultTest, ADeadDriveAmongSeveralIsTakenOutOfServiceAndItsBlocksListedAsLost) {
+  store_.reset();
+  NvmeStoreOptions o = options();
+  o.config.paths = {dir_.file("d0.kvs"), dir_.file("d1.kvs"), dir_.file("d2.kvs"),
+                    dir_.file("d3.kvs")};
+  o.config.capacity_bytes = 4 * 32 * (kGeom.block_bytes() + 4096);
+  auto s = NvmeStore::create(kGeom, o);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  store_ = std::move(s).value();
+  ASSERT_EQ(store_->capacity_blocks(), 128u);
+  const auto on_dead_drive = [&](uint64_t id) {
+    auto place = store_->locate(test_key(id));
+    return place.ok() && place->path.ends_with("d2.kvs");
+  };
+  // Extents are handed out in order at first: 72 blocks fill the first two files and 8 of the
+  // third.
+  std::vector<BlockKey> expected_lost;
+  for (uint64_t id = 0; id < 72; ++id) {
+    ASSERT_TRUE(write(id, id).ok());
+    if (on_dead_drive(id)) expected_lost.push_back(test_key(id));
+  }
+  ASSERT_FALSE(expected_lost.empty());
+  faults_->fail_file("d2.kvs");
+  int io_errors = 0;
+  int unavailable = 0;
+  for (uint64_t id = 100; id < 130; ++id) {
+    const Status w = write(id, id);
+    if (w.code() == StatusCode::kIoError) {
+      ++io_errors;
+    } else if (w.code() == StatusCode::kUnavailable) {
+      // The failure that took the drive out says so, for the scheduler not to count it.
+      EXPECT_NE(w.message().find("d2.kvs is out of service"), std::string::npos) << w.message();
+      ++unavailable;
+    } else {
+      ASSERT_TRUE(w.ok()) << w.to_string();
+      EXPECT_FALSE(on_dead_drive(id)) << "a write succeeded on the dead drive";
+    }
+  }
+  EXPECT_EQ(io_errors, static_cast<int>(NvmeFileHealth::kMediaErrorsInARow) - 1);
+  EXPECT_EQ(unavailable, 1);
+  EXPECT_EQ(store_->stats().files_out_of_service.load(), 1u);
+  EXPECT_EQ(store_->retired_blocks(), 32u) << "every extent of the dead drive, and no other";
+  EXPECT_EQ(store_->capacity_blocks(), 96u);
+  std::vector<BlockKey> lost = store_->take_lost_blocks();
+  std::sort(lost.begin(), lost.end());
+  std::sort(expected_lost.begin(), expected_lost.end());
+  EXPECT_EQ(lost, expected_lost);
+  EXPECT_TRUE(store_->take_lost_blocks().empty()) << "listed once";
+  for (const BlockKey& key : expected_lost) EXPECT_FALSE(store_->contains(key));
+  for (uint64_t id = 0; id < 72; ++id) {
+    if (store_->contains(test_key(id))) {
+      EXPECT_TRUE(read(id, id).ok());
+    }
+  }
+  // Reopened with the drive working, all four files are in service again.
+  store_.reset();
+  faults_->clear();
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  EXPECT_EQ(store_->stats().files_out_of_service.load(), 0u);
 }
 
 TEST_F(FaultTest, TheKthReadFailsAndOnlyIt) {

@@ -1,11 +1,14 @@
-// The scheduler in virtual time over a disk whose reads fail: failed reads in a row pause reading
-// from NVMe; while paused, prompts recompute the blocks cached only there instead of failing on
-// them, and hints read none; after the pause the first read decides (a failure pauses again at
-// once, a success ends the outage).
+// The scheduler in virtual time over a failing disk. Failed reads in a row pause reading from
+// NVMe; while paused, prompts recompute the blocks cached only there instead of failing on them,
+// and hints read none; after the pause the first read decides (a failure pauses again at once, a
+// success ends the outage). Blocks the store loses with a dead drive are forgotten before a
+// prompt reuses one, or, when one is being read, once that read ends.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tests/scheduler/scheduler_sim_harness.hpp"
@@ -29,9 +32,9 @@ NvmePauseOptions reads_pause_after(uint32_t failures) {
 }
 
 // Prompts of four blocks computed until the first few are cached on NVMe only.
-class ReadPause {
+class FailingDisk {
  public:
-  explicit ReadPause(const NvmePauseOptions& pause) : w_(setup(pause)) {
+  explicit FailingDisk(const NvmePauseOptions& pause = {}) : w_(setup(pause)) {
     EXPECT_TRUE(w_.compute_prompts(8, kPromptBlocks, kNanosPerMicro, prompts_).ok());
     for (uint32_t p = 0; p < 4; ++p) {
       EXPECT_EQ(w_.scheduler().match(prompts_[p]).by_tier[tier_index(Tier::kNvme)], kPromptBlocks)
@@ -40,6 +43,7 @@ class ReadPause {
   }
 
   SimWorld& world() { return w_; }
+  std::span<const BlockKey> prompt(uint32_t p) const { return prompts_[p]; }
 
   struct Prompt {
     Status step;
@@ -72,6 +76,15 @@ class ReadPause {
   void wait(Nanos t) { w_.loop().run_until(w_.loop().clock().now() + t); }
   uint64_t pauses() { return w_.scheduler().stats().nvme_read_pauses.load(); }
   bool paused() { return w_.scheduler().stats().nvme_reads_paused.load() != 0; }
+  uint64_t lost() { return w_.scheduler().stats().nvme_blocks_lost.load(); }
+  // Every block the table has a ready NVMe copy of is on the simulated disk.
+  void expect_nvme_copies_on_disk() {
+    for (const auto& [key, info] : w_.table().snapshot()) {
+      if (info.nvme == CopyState::kReady) {
+        EXPECT_TRUE(w_.port().on_nvme(key)) << to_string(key) << " is not on NVMe any more";
+      }
+    }
+  }
 
  private:
   static SimSetup setup(const NvmePauseOptions& pause) {
@@ -92,15 +105,15 @@ class ReadPause {
 // nothing. Past the pause the first read fails again and pauses again at once. Without the pause
 // the second prompt reuses its blocks from NVMe and fails like the first.
 TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
-  ReadPause r(reads_pause_after(3));
+  FailingDisk r(reads_pause_after(3));
   r.world().port().fail_next(Link::kNvmeToHost, 1'000'000);
-  const ReadPause::Prompt first = r.run(0);
+  const FailingDisk::Prompt first = r.run(0);
   EXPECT_EQ(first.reused_from_nvme, kPromptBlocks);
   EXPECT_EQ(first.step.code(), StatusCode::kIoError) << first.step.to_string();
   EXPECT_TRUE(r.paused());
   EXPECT_EQ(r.pauses(), 1u);
   const uint64_t reads = r.reads();
-  const ReadPause::Prompt second = r.run(1);
+  const FailingDisk::Prompt second = r.run(1);
   EXPECT_EQ(second.reused_from_nvme, 0u);
   EXPECT_EQ(second.recomputed, kPromptBlocks);
   EXPECT_TRUE(second.step.ok()) << second.step.to_string();
@@ -108,7 +121,7 @@ TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
   EXPECT_EQ(r.hint(3), reads) << "not even for a hint";
   r.wait(10 * kMs);
   EXPECT_FALSE(r.paused());
-  const ReadPause::Prompt third = r.run(2);
+  const FailingDisk::Prompt third = r.run(2);
   EXPECT_EQ(third.reused_from_nvme, kPromptBlocks);
   EXPECT_EQ(third.step.code(), StatusCode::kIoError) << third.step.to_string();
   EXPECT_TRUE(r.paused()) << "the first read after the pause failed: paused again";
@@ -116,10 +129,10 @@ TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
   r.world().settle();
   expect_consistent(r.world());
 
-  ReadPause never(reads_pause_after(0));
+  FailingDisk never(reads_pause_after(0));
   never.world().port().fail_next(Link::kNvmeToHost, 1'000'000);
   EXPECT_EQ(never.run(0).step.code(), StatusCode::kIoError);
-  const ReadPause::Prompt unpaused = never.run(1);
+  const FailingDisk::Prompt unpaused = never.run(1);
   EXPECT_EQ(unpaused.reused_from_nvme, kPromptBlocks);
   EXPECT_EQ(unpaused.step.code(), StatusCode::kIoError) << "every prompt pays for the dead disk";
   const uint64_t before_hint = never.reads();
@@ -132,18 +145,79 @@ TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
 // A disk that recovers: its first four reads fail (the first prompt's), and past the pause the
 // next prompt reuses its blocks from NVMe again, the outage over.
 TEST(SchedulerSim, ReadsResumeWhenTheDiskRecovers) {
-  ReadPause r(reads_pause_after(3));
+  FailingDisk r(reads_pause_after(3));
   r.world().port().fail_next(Link::kNvmeToHost, kPromptBlocks);
   EXPECT_EQ(r.run(0).step.code(), StatusCode::kIoError);
   EXPECT_TRUE(r.paused());
   r.wait(10 * kMs);
-  const ReadPause::Prompt next = r.run(1);
+  const FailingDisk::Prompt next = r.run(1);
   EXPECT_EQ(next.reused_from_nvme, kPromptBlocks);
   EXPECT_TRUE(next.step.ok()) << next.step.to_string();
   EXPECT_FALSE(r.paused());
   EXPECT_EQ(r.pauses(), 1u);
   r.world().settle();
   expect_consistent(r.world());
+}
+
+// A drive dies and takes the first prompt's blocks (and 16 extents) with it. The next prompt the
+// engine opens makes the scheduler forget them first: the first prompt asked again reuses none,
+// reads nothing, recomputes its blocks and runs.
+TEST(SchedulerSim, BlocksLostWithADeadDriveAreForgottenBeforeAPromptReusesThem) {
+  FailingDisk d;
+  const uint64_t reads = d.reads();
+  d.world().port().lose_nvme_blocks(d.prompt(0), 16);
+  const FailingDisk::Prompt again = d.run(0);
+  EXPECT_EQ(again.reused_from_nvme, 0u);
+  EXPECT_TRUE(again.step.ok()) << again.step.to_string();
+  EXPECT_EQ(d.reads(), reads) << "no read of a lost block";
+  EXPECT_EQ(d.lost(), kPromptBlocks);
+  EXPECT_EQ(d.world().scheduler().stats().nvme_retired_extents.load(), 16u);
+  d.expect_nvme_copies_on_disk();
+  d.world().settle();
+  expect_consistent(d.world());
+}
+
+// The first prompt's blocks are read from NVMe, and the drive dies as the first of those reads
+// starts; the scheduler hears of it at once (another prompt opens). It forgets at once the blocks
+// whose reads have not started, and the one being read once its read ends. The first prompt's
+// step fails (kUnavailable: blocks it reuses left NVMe before their reads started) and, begun
+// again, recomputes them; the next prompt opened makes the scheduler forget the last.
+TEST(SchedulerSim, ABlockLostWhileItIsReadIsForgottenOnceTheReadEnds) {
+  FailingDisk d;
+  auto first = d.world().scheduler().open_sequence(d.prompt(0));
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->reused_by_tier[tier_index(Tier::kNvme)], kPromptBlocks);
+  const uint64_t reads = d.reads();
+  std::optional<Result<OpenedSequence>> second;
+  uint64_t lost_then = 0;
+  d.world().loop().after_each_event([&] {
+    if (second.has_value() || d.reads() == reads) return;
+    d.world().port().lose_nvme_blocks(d.prompt(0), 0);
+    second = d.world().scheduler().open_sequence(d.prompt(1));
+    lost_then = d.lost();
+  });
+  const StepItem decode{first->id, 1};
+  const Status ran = d.world().run_step(std::span(&decode, 1), kNanosPerMicro).status;
+  d.world().loop().after_each_event({});
+  EXPECT_EQ(ran.code(), StatusCode::kUnavailable) << ran.to_string();
+  EXPECT_NE(ran.message().find("left NVMe before this read of it started"), std::string::npos);
+  // Begun again, the step recomputes what it lost.
+  const testing::SimWorld::StepResult again =
+      d.world().run_step(std::span(&decode, 1), kNanosPerMicro);
+  EXPECT_TRUE(again.status.ok()) << again.status.to_string();
+  EXPECT_GT(again.info.items[0].recomputed_tokens, 0u);
+  ASSERT_TRUE(second.has_value() && second->ok());
+  EXPECT_GT(lost_then, 0u) << "the blocks whose reads had not started are forgotten at once";
+  EXPECT_LT(lost_then, kPromptBlocks) << "the block being read is not";
+  auto third = d.world().scheduler().open_sequence(d.prompt(2));
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(d.lost(), kPromptBlocks);
+  d.expect_nvme_copies_on_disk();
+  for (SequenceId id : {first->id, (*second)->id, third->id}) {
+    ASSERT_TRUE(d.world().scheduler().close_sequence(id).ok());
+  }
+  d.world().settle();
+  expect_consistent(d.world());
 }
 
 }  // namespace
