@@ -79,6 +79,15 @@ class SimTransferPort final : public TransferPort {
     }
     retired_extents_ += extents;
   }
+  // A dead drive holding about one block in `one_in`, drawn with `rng`; no extent is retired.
+  template <typename Rng>
+  void lose_some_nvme_blocks(Rng& rng, uint32_t one_in) {
+    std::vector<BlockKey> keys;
+    for (const BlockKey& key : on_nvme_) {
+      if (rng() % one_in == 0) keys.push_back(key);
+    }
+    lose_nvme_blocks(keys, 0);
+  }
   const SimLinkCounters& counters(Link link) const { return counters_[static_cast<int>(link)]; }
   const TransferStats& transfer_stats() const { return stats_; }
   std::size_t nvme_blocks() const { return on_nvme_.size(); }

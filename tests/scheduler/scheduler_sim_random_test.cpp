@@ -1,11 +1,12 @@
 // The scheduler in virtual time under random workloads: 240 seeds, and those a wider sweep found
 // (the slow-labelled scheduler_sim_random_wide_test builds this file again for seeds 240 to
 // 10,239), over the five eviction and three write policies, each opening, stepping and closing
-// sequences at random over small tiers (every fourth with NVMe smaller than the blocks in use).
-// The workload never publishes, so memory fills with private pages that cannot go to NVMe and
-// steps must trade pages in the last free frames. On every third seed transfers on any link fail
-// now and then, and NVMe reads and writes hit bad sectors (each drawn from a generator of its own,
-// so the operations are those of the seed without failures). After every event of the loop the page
+// sequences at random over small tiers (every fourth with NVMe smaller than the blocks in use). The
+// workload never publishes, so memory fills with private pages that cannot go to NVMe and steps
+// must trade pages in the last free frames. On every third seed transfers on any link fail now and
+// then, NVMe reads and writes hit bad sectors, and now and then a drive dies with a quarter of the
+// blocks on NVMe (each drawn from a generator of its own, so the operations are those of the seed
+// without failures); reads and writes pause as they fail. After every event of the loop the page
 // table passes its audit and each tier's policy tracks exactly the blocks with a ready copy there;
 // after every operation no block a sequence references has lost a page (but to a failed read); a
 // step is either refused at once or completes, or with failures injected fails once begun
@@ -33,7 +34,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
-using testing::maybe_hit_a_bad_sector;
+using testing::maybe_hit_a_failing_disk;
 using testing::pause_nvme_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
@@ -51,12 +52,12 @@ TEST_P(SchedulerRandomWorkload, NeverBreaksAnInvariant) {
   for (uint32_t p = 0; p < 10; ++p) prompts.push_back(w.prompt(1 + rng() % 6, p, rng() % 3));
   std::vector<SequenceId> open;
   std::mt19937 failures(static_cast<uint32_t>(GetParam()) * 7919u + 1);
-  std::mt19937 bad_sectors(static_cast<uint32_t>(GetParam()) * 104729u + 7);
+  std::mt19937 disk(static_cast<uint32_t>(GetParam()) * 104729u + 7);
   for (int op = 0; op < 300; ++op) {
     if (inject_failures && failures() % 16 == 0) {
       w.port().fail_next(kAllLinks[failures() % kAllLinks.size()], 1);
     }
-    if (inject_failures) maybe_hit_a_bad_sector(w, bad_sectors);
+    if (inject_failures) maybe_hit_a_failing_disk(w, disk);
     const int choice = static_cast<int>(rng() % 10);
     if (choice < 3 || open.empty()) {
       auto s = w.scheduler().open_sequence(prompts[rng() % prompts.size()]);

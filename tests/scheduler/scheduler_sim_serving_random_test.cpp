@@ -5,16 +5,18 @@
 // over some whole blocks of one, so prompts share prefixes, extend earlier turns and meet blocks
 // other sequences published meanwhile (deduplicated, refilled). With every other seed, a prefix
 // still loading from a slow NVMe link when its first step begins is recomputed; with every third,
-// transfers on any link fail now and then, and NVMe reads and writes hit bad sectors (their
-// extents retired): a step whose load failed fails (kIoError), and so does one that a failed NVMe
-// write or read left without room (kUnavailable: a block it was admitted beside as bound for NVMe
-// must stay in memory), and a block in use that lost a page to a failed read is recomputed. The
-// tiers are small and the policies vary by seed, as in scheduler_sim_random_test.cpp, whose
-// invariants this checks after every operation once its transfers are done: the page table's
-// audit and each tier's policy membership hold, no block a sequence references has lost a page
-// (but to a failed read), a step is refused at once or completes (or fails as above), and at the
-// end every frame is accounted for and the scheduler is idle. 120 seeds here; the slow-labelled
-// scheduler_sim_random_wide_test builds this file again for 3,000 more.
+// transfers on any link fail now and then, NVMe reads and writes hit bad sectors (their extents
+// retired), a drive dies now and then with a quarter of the blocks on NVMe (forgotten), and reads
+// and writes pause as they fail: a step whose load failed fails (kIoError), and so does one that a
+// failed NVMe write or read left without room (kUnavailable: a block it was admitted beside as
+// bound for NVMe must stay in memory), and a block in use that lost a page to a failed read is
+// recomputed. The tiers are small and the policies vary by seed, as in
+// scheduler_sim_random_test.cpp, whose invariants this checks after every operation once its
+// transfers are done: the page table's audit and each tier's policy membership hold, no block a
+// sequence references has lost a page (but to a failed read), a step is refused at once or
+// completes (or fails as above), and at the end every frame is accounted for and the scheduler is
+// idle. 120 seeds here; the slow-labelled scheduler_sim_random_wide_test builds this file again for
+// 3,000 more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,7 +40,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::lost_page;
-using testing::maybe_hit_a_bad_sector;
+using testing::maybe_hit_a_failing_disk;
 using testing::pause_nvme_at_every_failure;
 using testing::random_workload_setup;
 using testing::SimSetup;
@@ -91,14 +93,14 @@ TEST_P(SchedulerServingWorkload, NeverBreaksAnInvariant) {
     return keys_of(c, static_cast<uint64_t>(1 + rng() % (kMaxBlocks / 2)) * pt);
   };
 
-  std::mt19937 bad_sectors(static_cast<uint32_t>(GetParam()) * 104729u + 7);
+  std::mt19937 disk(static_cast<uint32_t>(GetParam()) * 104729u + 7);
   for (int op = 0; op < 300; ++op) {
     if (inject_failures && rng() % 16 == 0) {
       // The next transfer on one link fails: a copy between HBM and host memory, or an NVMe
       // read or write.
       w.port().fail_next(kAllLinks[rng() % kAllLinks.size()], 1);
     }
-    if (inject_failures) maybe_hit_a_bad_sector(w, bad_sectors);
+    if (inject_failures) maybe_hit_a_failing_disk(w, disk);
     const int choice = static_cast<int>(rng() % 20);
     std::string what;
     if (choice < 5 || open.empty()) {
