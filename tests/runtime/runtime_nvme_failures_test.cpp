@@ -10,11 +10,14 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "kvtier/scheduler_stats.hpp"
 #include "tests/runtime/metrics_test_util.hpp"
 #include "tests/runtime/runtime_test_util.hpp"
 #include "tiers/fault_injection.hpp"
@@ -32,6 +35,7 @@ struct Scrape {
   double read_pauses = -1;
   double files_out = -1;
   double blocks_lost = -1;
+  double writes_pending = -1;  // bytes queued or in flight host -> NVMe
 };
 
 Scrape scrape(const Runtime& rt) {
@@ -47,6 +51,26 @@ Scrape scrape(const Runtime& rt) {
   s.read_pauses = testing::sample_value(r.body, "kvtier_nvme_read_pauses_total").value_or(-1);
   s.files_out = testing::sample_value(r.body, "kvtier_nvme_files_out_of_service").value_or(-1);
   s.blocks_lost = testing::sample_value(r.body, "kvtier_nvme_blocks_lost_total").value_or(-1);
+  s.writes_pending =
+      testing::sample_value(r.body, "kvtier_link_inflight_bytes{src=\"host\",dst=\"nvme\"}")
+          .value_or(-1);
+  for (const char* priority : kQueuePriorityNames) {
+    const std::string series = std::string("kvtier_link_queued_bytes{src=\"host\",dst=\"nvme\",") +
+                               "priority=\"" + priority + "\"}";
+    s.writes_pending += testing::sample_value(r.body, series).value_or(0);
+  }
+  return s;
+}
+
+// Scrapes until `settled` holds, for up to 10 s: reads a step stopped waiting for (it recomputed
+// their blocks instead) end after the step, and what their failures change shows then.
+Scrape scrape_until(const Runtime& rt, const std::function<bool(const Scrape&)>& settled) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Scrape s = scrape(rt);
+  while (!settled(s) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    s = scrape(rt);
+  }
   return s;
 }
 
@@ -113,7 +137,10 @@ TEST_F(RuntimeNvmeFailures, ADiskThatFailsEveryWriteIsPausedAndTheEngineRunsOnMe
   // its block.
   EXPECT_GE(s.retired + s.refused, 2.0);
 
-  // While paused, the disk sees no write, and every step still runs.
+  // While paused, the disk sees no write, and every step still runs: once the writes planned
+  // before the pause have ended, none reaches it.
+  s = scrape_until(*rt_, [](const Scrape& now) { return now.writes_pending == 0.0; });
+  ASSERT_EQ(s.writes_pending, 0.0);
   const uint64_t writes = faults_->requests(IoOpcode::kWrite);
   for (uint32_t more = 0; more < 20; ++more) prefill_prompt(*rt_, 1000 + more).ignore();
   EXPECT_EQ(faults_->requests(IoOpcode::kWrite), writes) << "a write reached the paused disk";
@@ -197,7 +224,7 @@ TEST_F(RuntimeNvmeFailures, ADiskThatFailsEveryReadIsPausedAndPromptsRecompute) 
   const Status first = prefill_prompt(*rt_, 1, /*must_run=*/false);
   EXPECT_TRUE(first.ok() || first.code() == StatusCode::kIoError) << first.to_string();
   EXPECT_GE(faults_->injected(), 2u);
-  Scrape s = scrape(*rt_);
+  Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.reads_paused == 1.0; });
   ASSERT_EQ(s.reads_paused, 1.0);
   EXPECT_EQ(s.read_pauses, 1.0);
   const uint64_t reads = faults_->requests(IoOpcode::kRead);
@@ -235,7 +262,8 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOt
                 again.code() == StatusCode::kUnavailable)
         << again.to_string();
   }
-  Scrape s = scrape(*rt_);
+  Scrape s = scrape_until(
+      *rt_, [](const Scrape& now) { return now.files_out == 1.0 && now.blocks_lost > 0; });
   ASSERT_EQ(s.files_out, 1.0);
   EXPECT_GT(s.blocks_lost, 0.0);
   const uint64_t injected = faults_->injected();
