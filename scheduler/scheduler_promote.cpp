@@ -376,6 +376,8 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
                   after_change(key);
                   take_retired_nvme_extents();
                 }
+                // A dead drive took the block while it was read: forgotten now.
+                if (!lost_nvme_later_.empty()) forget_lost_nvme_blocks();
                 serve_memory_waiters();  // the block read is a victim again
               };
               Status submitted = parts_.port->read_page(key, layer, host_frame, on_done);
@@ -397,8 +399,8 @@ Status Scheduler::nvme_read_not_started(const BlockKey& key, const Status& why) 
       std::find(lost_nvme_later_.begin(), lost_nvme_later_.end(), key) != lost_nvme_later_.end();
   if (!lost_with_a_drive && page_snapshot(key, 0).nvme == CopyState::kReady) return why;
   return unavailable("block " + to_string(key) +
-                     " left NVMe before this read of it started (a read of it failed, or it was "
-                     "evicted): " +
+                     " left NVMe before this read of it started (a read of it failed, it was "
+                     "evicted, or its drive was taken out of service): " +
                      why.to_string());
 }
 
@@ -527,6 +529,8 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
                     after_change(key);
                     take_retired_nvme_extents();
                   }
+                  // A dead drive took the block while it was read: forgotten now.
+                  if (!lost_nvme_later_.empty()) forget_lost_nvme_blocks();
                   serve_memory_waiters();  // the block read is a victim again
                 };
                 Status submitted = parts_.port->read_block(key, g->frames, on_done);

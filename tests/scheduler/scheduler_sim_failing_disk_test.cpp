@@ -179,9 +179,9 @@ TEST(SchedulerSim, BlocksLostWithADeadDriveAreForgottenBeforeAPromptReusesThem) 
 
 // The first prompt's blocks are read from NVMe, and the drive dies as the first of those reads
 // starts; the scheduler hears of it at once (another prompt opens). It forgets at once the blocks
-// whose reads have not started, and the one being read once its read ends. The first prompt's
-// step fails (kUnavailable: blocks it reuses left NVMe before their reads started) and, begun
-// again, recomputes them; the next prompt opened makes the scheduler forget the last.
+// whose reads have not started, and the one being read as its read ends. The first prompt's step
+// fails (kUnavailable: blocks it reuses left NVMe before their reads started) and, begun again,
+// recomputes them.
 TEST(SchedulerSim, ABlockLostWhileItIsReadIsForgottenOnceTheReadEnds) {
   FailingDisk d;
   auto first = d.world().scheduler().open_sequence(d.prompt(0));
@@ -209,9 +209,9 @@ TEST(SchedulerSim, ABlockLostWhileItIsReadIsForgottenOnceTheReadEnds) {
   ASSERT_TRUE(second.has_value() && second->ok());
   EXPECT_GT(lost_then, 0u) << "the blocks whose reads had not started are forgotten at once";
   EXPECT_LT(lost_then, kPromptBlocks) << "the block being read is not";
+  EXPECT_EQ(d.lost(), kPromptBlocks) << "forgotten as its read ended";
   auto third = d.world().scheduler().open_sequence(d.prompt(2));
   ASSERT_TRUE(third.ok());
-  EXPECT_EQ(d.lost(), kPromptBlocks);
   d.expect_nvme_copies_on_disk();
   for (SequenceId id : {first->id, (*second)->id, third->id}) {
     ASSERT_TRUE(d.world().scheduler().close_sequence(id).ok());
