@@ -390,7 +390,9 @@ KVT_API kvt_status kvt_step_get_item(const kvt_step* step, size_t index, kvt_ste
  * recomputed), KVT_UNAVAILABLE when a failed NVMe write or read, or writes to NVMe paused after
  * failing (tiers.nvme.pause_after_failed_writes), left the step without the HBM room it was
  * admitted with, or a read it needs from NVMe finds host memory full of pages only the engine can
- * free (abort it and begin it again: it then fits or is refused at once),
+ * free, or a block it reuses left NVMe before its read started (another read of it failed, or its
+ * drive was taken out of service) (abort it and begin it again: it then fits or is refused at
+ * once, and recomputes what it lost),
  * KVT_DEADLINE_EXCEEDED after params.wait_timeout_ms, or KVT_CANCELLED when the step is aborted or
  * the runtime shuts down meanwhile (a shutdown wakes every such wait at once). */
 KVT_API kvt_status kvt_step_wait_layer(kvt_step* step, uint32_t layer);

@@ -146,9 +146,11 @@ class Runtime {
   Result<StepInfo> begin_step(std::span<const StepItem> batch);
   // kOk once the layer is ready; a load's error; kUnavailable when a failed NVMe transfer, or
   // writes to NVMe paused after failing, left the step without the room it was admitted with, or
-  // a read it needs from NVMe finds host memory full of pages only the engine can free (abort and
-  // begin it again); kDeadlineExceeded after wait_timeout; kCancelled when the step is aborted or
-  // the runtime shuts down.
+  // a read it needs from NVMe finds host memory full of pages only the engine can free, or a
+  // block it reuses left NVMe before its read started (another read of it failed, or its drive
+  // was taken out of service): abort and begin it again (it then recomputes what it lost);
+  // kDeadlineExceeded after wait_timeout; kCancelled when the step is aborted or the runtime
+  // shuts down.
   Status wait_layer(StepId step, uint32_t layer);
   // The layer's block table; kFailedPrecondition until the layer is ready (wait_layer first).
   Result<LayerTable> layer_table(StepId step, uint32_t layer) const;
