@@ -64,7 +64,8 @@ void NvmeStore::take_file_out_locked(uint32_t file, const std::string& why) {
           " requests in a row with media errors, none succeeding between (the last: " + why +
           "): it is out of service until the store is reopened; its " + std::to_string(dropped) +
           " blocks are dropped and its " + std::to_string(files_[file].extent_count) +
-          " extents retired (" + std::to_string(free_retired) + " of them free); " +
+          " extents retired (" + std::to_string(free_retired) +
+          " free ones now, the others as their reads and writes end); " +
           std::to_string(files_.size() - file_health_.out_of_service()) + " of " +
           std::to_string(files_.size()) + " files stay in service");
 }
