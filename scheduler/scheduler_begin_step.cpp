@@ -429,6 +429,7 @@ void Scheduler::fail_steps_that_no_longer_fit(const std::string& what_changed) {
     for (const auto& ready : step->shared->ready) {
       if (!ready->finished()) ready->fail(s);
     }
+    s.ignore();  // told to every layer still waiting, or to none left to tell
   }
 }
 
