@@ -98,11 +98,12 @@ void Scheduler::forget_lost_nvme_blocks() {
   for (const BlockKey& key : lost) {
     // A read in flight ends first (its failure drops the copy as any failed read's does); a
     // write that landed on the dead drive is forgotten once its copy is ready.
-    if (reading_.contains(key) || page_snapshot(key, 0).nvme == CopyState::kFilling) {
+    const CopyState nvme = page_snapshot(key, 0).nvme;
+    if (reading_.contains(key) || nvme == CopyState::kFilling) {
       lost_nvme_later_.push_back(key);
       continue;
     }
-    if (page_snapshot(key, 0).nvme != CopyState::kReady) continue;
+    if (nvme != CopyState::kReady) continue;
     drop_nvme_copy(key);
     note_if_lost(key);
     after_change(key);

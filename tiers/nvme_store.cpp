@@ -623,7 +623,10 @@ std::vector<std::shared_ptr<TransferState>> NvmeStore::write_finished(const Op& 
     return joined;
   }
   // Written to a file taken out of service meanwhile: the block is lost with the file's others.
-  if (ok && !it->second.erase_when_written) lost_.push_back(op.key);
+  if (ok && !it->second.erase_when_written) {
+    lost_.push_back(op.key);
+    has_lost_.store(true, std::memory_order_release);
+  }
   if (!ok && is_media_error(op.io_errno)) {
     note_media_error_locked(op.extent, op.file,
                             "write of " + key_text(op.key) + " failed with a media error (" +

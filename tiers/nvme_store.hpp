@@ -215,6 +215,8 @@ class NvmeStore final : public BlockStore {
   void note_media_error_locked(uint32_t extent, uint32_t file, const std::string& why);
   // Under index_mu_: retires the free extents of `file`, drops its blocks into lost_.
   void take_file_out_locked(uint32_t file, const std::string& why);
+  // Under index_mu_: whether `extent` lies in a file taken out of service.
+  bool on_a_file_out_of_service_locked(uint32_t extent) const;
   // Under index_mu_: frees `extent`, or retires it when it was marked bad or its file is out of
   // service.
   void free_extent_locked(uint32_t extent);
@@ -239,10 +241,11 @@ class NvmeStore final : public BlockStore {
   std::vector<uint8_t> doomed_;  // per extent: free when its readers reach 0; guarded by index_mu_
   std::vector<uint8_t> bad_;     // per extent: retire instead of freeing; guarded by index_mu_
   uint32_t bad_marked_ = 0;      // extents marked bad so far; guarded by index_mu_
-  bool said_failing_whole_ = false;  // the cap was reached and logged; guarded by index_mu_
-  NvmeFileHealth file_health_;       // guarded by index_mu_
-  std::vector<BlockKey> lost_;       // dropped with their files, not yet taken; index_mu_
-  uint64_t next_generation_ = 1;     // guarded by index_mu_
+  bool said_failing_whole_ = false;    // the cap was reached and logged; guarded by index_mu_
+  NvmeFileHealth file_health_;         // guarded by index_mu_
+  std::vector<BlockKey> lost_;         // dropped with their files, not yet taken; index_mu_
+  std::atomic<bool> has_lost_{false};  // lost_ is not empty (written under index_mu_)
+  uint64_t next_generation_ = 1;       // guarded by index_mu_
 };
 
 }  // namespace kvtier

@@ -49,6 +49,7 @@ void NvmeStore::take_file_out_locked(uint32_t file, const std::string& why) {
     }
     const uint32_t extent = it->second.extent;
     lost_.push_back(it->first);
+    has_lost_.store(true, std::memory_order_release);
     it = index_.erase(it);
     ++dropped;
     if (readers_[extent] == 0) {
@@ -70,10 +71,15 @@ void NvmeStore::take_file_out_locked(uint32_t file, const std::string& why) {
           std::to_string(files_.size()) + " files stay in service");
 }
 
+bool NvmeStore::on_a_file_out_of_service_locked(uint32_t extent) const {
+  if (file_health_.out_of_service() == 0) return false;  // the common case: no lookup
+  const Result<ExtentLocation> at = extents_->locate(extent);
+  return at.ok() && !file_health_.in_service(at->file);
+}
+
 void NvmeStore::free_extent_locked(uint32_t extent) {
   doomed_[extent] = 0;
-  const Result<ExtentLocation> at = extents_->locate(extent);
-  const bool retire = bad_[extent] != 0 || (at.ok() && !file_health_.in_service(at->file));
+  const bool retire = bad_[extent] != 0 || on_a_file_out_of_service_locked(extent);
   Status s = retire ? extents_->retire(extent) : extents_->free(extent);
   if (!s.ok()) log(LogLevel::kError, "NVMe store: " + s.to_string());
 }
@@ -95,9 +101,12 @@ Status NvmeStore::failed_on_a_dead_drive(const Op& op, const Status& failed) {
 }
 
 std::vector<BlockKey> NvmeStore::take_lost_blocks() {
+  // Asked before every prompt is matched: no lock while no drive has lost anything.
+  if (!has_lost_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(index_mu_);
   std::vector<BlockKey> lost;
   lost.swap(lost_);
+  has_lost_.store(false, std::memory_order_relaxed);
   return lost;
 }
 

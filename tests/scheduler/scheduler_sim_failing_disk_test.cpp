@@ -17,19 +17,12 @@ namespace kvtier {
 namespace {
 
 using testing::expect_consistent;
+using testing::pause_after;
 using testing::SimSetup;
 using testing::SimWorld;
 
 constexpr Nanos kMs = kNanosPerMilli;
 constexpr uint32_t kPromptBlocks = 4;
-
-NvmePauseOptions reads_pause_after(uint32_t failures) {
-  NvmePauseOptions o;
-  o.after_failures = failures;
-  o.first_pause = 10 * kMs;
-  o.longest_pause = 40 * kMs;
-  return o;
-}
 
 // Prompts of four blocks computed until the first few are cached on NVMe only.
 class FailingDisk {
@@ -105,7 +98,7 @@ class FailingDisk {
 // nothing. Past the pause the first read fails again and pauses again at once. Without the pause
 // the second prompt reuses its blocks from NVMe and fails like the first.
 TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
-  FailingDisk r(reads_pause_after(3));
+  FailingDisk r(pause_after(3));
   r.world().port().fail_next(Link::kNvmeToHost, 1'000'000);
   const FailingDisk::Prompt first = r.run(0);
   EXPECT_EQ(first.reused_from_nvme, kPromptBlocks);
@@ -129,7 +122,7 @@ TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
   r.world().settle();
   expect_consistent(r.world());
 
-  FailingDisk never(reads_pause_after(0));
+  FailingDisk never(pause_after(0));
   never.world().port().fail_next(Link::kNvmeToHost, 1'000'000);
   EXPECT_EQ(never.run(0).step.code(), StatusCode::kIoError);
   const FailingDisk::Prompt unpaused = never.run(1);
@@ -145,7 +138,7 @@ TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
 // A disk that recovers: its first four reads fail (the first prompt's), and past the pause the
 // next prompt reuses its blocks from NVMe again, the outage over.
 TEST(SchedulerSim, ReadsResumeWhenTheDiskRecovers) {
-  FailingDisk r(reads_pause_after(3));
+  FailingDisk r(pause_after(3));
   r.world().port().fail_next(Link::kNvmeToHost, kPromptBlocks);
   EXPECT_EQ(r.run(0).step.code(), StatusCode::kIoError);
   EXPECT_TRUE(r.paused());

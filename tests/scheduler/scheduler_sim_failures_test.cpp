@@ -22,6 +22,7 @@ namespace {
 
 using testing::expect_consistent;
 using testing::expect_tables_valid;
+using testing::pause_after;
 using testing::SimSetup;
 using testing::SimWorld;
 
@@ -400,14 +401,6 @@ PauseLog run_prompts_with_failing_writes(const NvmePauseOptions& pause, uint32_t
   EXPECT_EQ(w.scheduler().stats().nvme_write_pauses.load(), log.lengths.size() + (paused ? 1 : 0));
   expect_consistent(w);
   return log;
-}
-
-NvmePauseOptions pause_after(uint32_t failures) {
-  NvmePauseOptions o;
-  o.after_failures = failures;
-  o.first_pause = 10 * kNanosPerMilli;
-  o.longest_pause = 40 * kNanosPerMilli;
-  return o;
 }
 
 // A disk that fails every write: three failures in a row pause writing for 10 ms, and each pause

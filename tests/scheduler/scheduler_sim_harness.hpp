@@ -340,16 +340,24 @@ inline SimSetup random_workload_setup(int seed) {
   return setup;
 }
 
+// A pause of NVMe writes or reads after `failures` in a row (0: never), `first` long at first and
+// doubling up to `longest`.
+inline NvmePauseOptions pause_after(uint32_t failures, Nanos first = 10 * kNanosPerMilli,
+                                    Nanos longest = 40 * kNanosPerMilli) {
+  NvmePauseOptions o;
+  o.after_failures = failures;
+  o.first_pause = first;
+  o.longest_pause = longest;
+  return o;
+}
+
 // For the random workloads' seeds that inject transfer failures: every failed NVMe write pauses
 // writing there for a few milliseconds (a millisecond, doubling up to four), and every failed
 // read reading, so the pauses, their ends, the steps they leave without room and the prompts
 // that recompute what only NVMe holds happen often, among everything else.
 inline void pause_nvme_at_every_failure(SimSetup& setup) {
-  for (NvmePauseOptions* pause : {&setup.nvme_write_pause, &setup.nvme_read_pause}) {
-    pause->after_failures = 1;
-    pause->first_pause = kNanosPerMilli;
-    pause->longest_pause = 4 * kNanosPerMilli;
-  }
+  setup.nvme_write_pause = pause_after(1, kNanosPerMilli, 4 * kNanosPerMilli);
+  setup.nvme_read_pause = setup.nvme_write_pause;
 }
 
 // For the same seeds, once per operation: one time in 24 the next NVMe write lands on a bad
