@@ -87,6 +87,9 @@ std::string describe_config(const Config& config) {
     };
     pauses("writes", n.pause_after_failed_writes);
     pauses("reads", n.pause_after_failed_reads);
+    line(n.io_timeout_ms == 0 ? "          requests never time out"
+                              : "          a request unanswered for " +
+                                    std::to_string(n.io_timeout_ms) + " ms fails its drive");
     for (std::size_t i = 0; i < n.paths.size(); ++i) {
       const uint64_t extents = i < s.nvme_extents_per_file.size() ? s.nvme_extents_per_file[i] : 0;
       line("          path " + n.paths[i] + " (" + std::to_string(extents) + " extents)");

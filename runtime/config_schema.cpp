@@ -289,6 +289,8 @@ const ConfigKey kKeys[] = {
      }},
     {"tiers.nvme.pause_ms", "integer",
      [](Config& c, const YAML::Node& n) { return read_u32(n, c.tiers.nvme.pause_ms); }},
+    {"tiers.nvme.io_timeout_ms", "integer",
+     [](Config& c, const YAML::Node& n) { return read_u32(n, c.tiers.nvme.io_timeout_ms); }},
 
     {"policies.eviction", "lru|lfu|s3fifo|prefix_aware|lookahead",
      [](Config& c, const YAML::Node& n) { return read_enum(n, c.policies.eviction); }},
@@ -297,9 +299,8 @@ const ConfigKey kKeys[] = {
     {"policies.write_selective_hits", "integer",
      [](Config& c, const YAML::Node& n) { return read_u32(n, c.policies.write_selective_hits); }},
     {"policies.admission.nvme_min_hits", "integer",
-     [](Config& c, const YAML::Node& n) {
-       return read_u32(n, c.policies.admission.nvme_min_hits);
-     }},
+     [](Config& c,
+        const YAML::Node& n) { return read_u32(n, c.policies.admission.nvme_min_hits); }},
     {"policies.prefetch.depth", "integer",
      [](Config& c, const YAML::Node& n) { return read_u32(n, c.policies.prefetch.depth); }},
     {"policies.prefetch.layerwise", "boolean",

@@ -282,6 +282,13 @@ void MetricsCollector::collect_transfer(const TransferStats& t,
              "NVMe store files (drives) out of service after media errors in a row; their blocks "
              "are dropped and their extents retired until a restart",
              MetricType::Gauge, read(t.files_out_of_service));
+  add_single(out, "kvtier_nvme_io_timeouts_total",
+             "NVMe requests a drive left unanswered past tiers.nvme.io_timeout_ms (a hung drive)",
+             kCounter, read(t.io_timeouts));
+  add_single(out, "kvtier_nvme_requests_unanswered",
+             "NVMe requests past their timeout that the drive has still not answered; their "
+             "memory stays reserved, and requests to that drive fail at once, until it does",
+             MetricType::Gauge, read(t.requests_unanswered));
   add_single(out, "kvtier_copy_segments_total",
              "Physical copies issued by the copy engines after batching pages", kCounter,
              read(t.copy_segments));

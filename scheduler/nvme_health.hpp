@@ -30,7 +30,8 @@ struct NvmePauseOptions {
   Nanos longest_pause = 300 * kNanosPerSecond;
 };
 
-// Whether a failed write says something of the disk: not a block NVMe cannot encode (fp8 and NaN
+// Whether a failed write says something of the disk (an I/O error, a full device, a drive that
+// left it unanswered past tiers.nvme.io_timeout_ms): not a block NVMe cannot encode (fp8 and NaN
 // or inf: kInvalidArgument), not a write cancelled at shutdown, not one to a drive the store has
 // taken out of service (kUnavailable: the drives left in service are not in question).
 inline bool is_disk_write_failure(const Status& written) {
@@ -38,12 +39,14 @@ inline bool is_disk_write_failure(const Status& written) {
          written.code() != StatusCode::kCancelled && written.code() != StatusCode::kUnavailable;
 }
 
-// Whether a failed read says something of the disk: an I/O error, or bytes that came back wrong
-// (a checksum or a header that does not match). Not a read cancelled at shutdown, nor one of a
-// block that left NVMe before its read started, nor one from a drive the store has taken out of
-// service (kUnavailable).
+// Whether a failed read says something of the disk: an I/O error, bytes that came back wrong
+// (a checksum or a header that does not match), or a drive that left requests unanswered past
+// tiers.nvme.io_timeout_ms (kDeadlineExceeded: the store refuses reads from it until it answers).
+// Not a read cancelled at shutdown, nor one of a block that left NVMe before its read started,
+// nor one from a drive the store has taken out of service (kUnavailable).
 inline bool is_disk_read_failure(const Status& read) {
-  return read.code() == StatusCode::kIoError || read.code() == StatusCode::kDataLoss;
+  return read.code() == StatusCode::kIoError || read.code() == StatusCode::kDataLoss ||
+         read.code() == StatusCode::kDeadlineExceeded;
 }
 
 // From tiers.nvme.pause_after_failed_writes, or pause_after_failed_reads, and pause_ms (both

@@ -36,6 +36,13 @@ class FaultQueue final : public IoQueue {
     for (const IoRequest& r : requests) {
       if (in_flight_ >= inner_->depth()) break;
       const auto d = backend_.decide(r);
+      if (d.fire && d.rule.kind == FaultKind::kHang) {
+        held_.push_back(r);
+        backend_.fired();
+        ++accepted;
+        ++in_flight_;
+        continue;
+      }
       if (d.fire && (d.rule.kind == FaultKind::kError || d.rule.kind == FaultKind::kAgain)) {
         synthetic_.push_back(
             IoCompletion{r.tag, d.rule.kind == FaultKind::kError ? -d.rule.error : -EAGAIN});
@@ -86,6 +93,8 @@ class FaultQueue final : public IoQueue {
 
   Status wait(std::vector<IoCompletion>& out, int timeout_ms) override {
     const std::size_t before = out.size();
+    KVTIER_RETURN_IF_ERROR(answer_held());
+    if (!held_.empty() && (timeout_ms < 0 || timeout_ms > kHeldPollMs)) timeout_ms = kHeldPollMs;
     if (!synthetic_.empty()) {
       out.insert(out.end(), synthetic_.begin(), synthetic_.end());
       in_flight_ -= static_cast<uint32_t>(synthetic_.size());
@@ -119,6 +128,28 @@ class FaultQueue final : public IoQueue {
     uint64_t corrupt_at = 0;
   };
 
+  static constexpr int kHeldPollMs = 5;
+
+  // Once the drive answers: held requests go to the kernel, or fail with its error.
+  Status answer_held() {
+    if (held_.empty() || backend_.answers() == answers_seen_) return Status();
+    answers_seen_ = backend_.answers();
+    const int error = backend_.answer_error();
+    std::vector<IoRequest> held;
+    held.swap(held_);
+    for (const IoRequest& r : held) {
+      if (error != 0) {
+        synthetic_.push_back(IoCompletion{r.tag, -error});
+        continue;
+      }
+      auto n = inner_->submit(std::span<const IoRequest>(&r, 1));
+      if (!n.ok()) return std::move(n).status();
+      if (*n == 0) return internal_error("fault injection: the queue refused a held request");
+      originals_[r.tag] = r;
+    }
+    return Status();
+  }
+
   static void corrupt(const IoRequest& r, uint64_t at) {
     if (r.opcode == IoOpcode::kWrite) {
       flip_via_fd(r.fd, r.offset + at).ignore();
@@ -137,6 +168,8 @@ class FaultQueue final : public IoQueue {
   std::unique_ptr<IoQueue> inner_;
   uint32_t in_flight_ = 0;
   std::vector<IoCompletion> synthetic_;
+  std::vector<IoRequest> held_;  // hung, in flight as far as the caller knows
+  uint64_t answers_seen_ = 0;
   std::unordered_map<uint64_t, Tracked> tracked_;
   std::unordered_map<uint64_t, IoRequest> originals_;
 };
@@ -150,6 +183,28 @@ void FaultInjectingIoBackend::add_rule(const FaultRule& rule) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t base = seen_[static_cast<int>(rule.opcode)];
   rules_.push_back(Armed{rule, base + std::max<uint64_t>(rule.nth, 1)});
+}
+
+void FaultInjectingIoBackend::hang_file(std::string path_part) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hung_part_ = std::move(path_part);
+}
+
+void FaultInjectingIoBackend::answer_hung(int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hung_part_.clear();
+  answer_error_ = error;
+  ++answers_;
+}
+
+uint64_t FaultInjectingIoBackend::answers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return answers_;
+}
+
+int FaultInjectingIoBackend::answer_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return answer_error_;
 }
 
 void FaultInjectingIoBackend::fail_open(std::string path_part, int error) {
@@ -210,6 +265,15 @@ FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(const IoReques
   const uint64_t index = ++seen_[static_cast<int>(op)];
   if (const int error = std::exchange(next_bad_[static_cast<int>(op)], 0); error != 0) {
     bad_.push_back(BadRange{op, request.offset, bytes, error});
+  }
+  if (!hung_part_.empty()) {
+    const auto file = opened_.find(request.fd);
+    if (file != opened_.end() && file->second.find(hung_part_) != std::string::npos) {
+      FaultRule rule;
+      rule.opcode = op;
+      rule.kind = FaultKind::kHang;
+      return Decision{true, rule};
+    }
   }
   if (dead_error_ != 0) {
     const auto file = opened_.find(request.fd);

@@ -9,7 +9,8 @@
 // A bad range is a bad sector instead: every request of its opcode that touches those bytes (of
 // any file the queues write) fails with its errno, for as long as the range is armed. A dead file
 // is a dead drive: every request to a file opened through this backend whose path contains the
-// given part fails.
+// given part fails. A hung file is a hung drive: its requests are held, unanswered, until the test
+// lets the drive answer (done, or failed with an errno, as a kernel's own timeout would).
 //
 // Threading: rules and counters are shared by all queues under one mutex (held for bookkeeping
 // only); each wrapped queue is used by its I/O thread like any IoQueue. Requests the fault replaces
@@ -32,7 +33,8 @@ enum class FaultKind : uint8_t {
   kShort = 1,  // submit only the first half (aligned down to 512 bytes, at least 512)
   kAgain = 2,  // complete with -EAGAIN, no I/O
   kCorrupt =
-      3,  // do the I/O, then flip byte `corrupt_at` of it: on disk (write) or in memory (read)
+      3,      // do the I/O, then flip byte `corrupt_at` of it: on disk (write) or in memory (read)
+  kHang = 4,  // held, neither done nor completed, until answer_hung()
 };
 
 struct FaultRule {
@@ -58,6 +60,16 @@ class FaultInjectingIoBackend final : public IoBackend {
   // Every request to a file whose path contains `path_part` (opened through this backend, before
   // or after) fails with -error, until clear(): a dead drive.
   void fail_file(std::string path_part, int error = 5);
+  // Every request to a file whose path contains `path_part` is held, unanswered, until
+  // answer_hung(): a hung drive (clear() does not end it). The queue then polls: it sleeps at
+  // most 5 ms at a time while it holds a request.
+  void hang_file(std::string path_part);
+  // The hung drive answers: every request held so far is done (error 0) or completes with
+  // -error, and later requests to that file go through.
+  void answer_hung(int error = 0);
+  uint64_t answers() const;  // answer_hung() calls so far
+  int answer_error() const;  // the error of the last one
+
   // The next open of a path containing `path_part` fails with `error` (e.g. EACCES, ENOSPC).
   void fail_open(std::string path_part, int error);
   // The next allocate() (fallocate) fails with `error` (e.g. ENOSPC).
@@ -118,6 +130,9 @@ class FaultInjectingIoBackend final : public IoBackend {
   uint64_t injected_ = 0;      // guarded by mu_
   std::string open_part_;      // guarded by mu_
   std::unordered_map<int, std::string> opened_;  // fd -> path, of every open; guarded by mu_
+  std::string hung_part_;                        // guarded by mu_
+  uint64_t answers_ = 0;                         // guarded by mu_
+  int answer_error_ = 0;                         // guarded by mu_
   std::string dead_part_;                        // guarded by mu_
   int dead_error_ = 0;                           // guarded by mu_
   int open_error_ = 0;                           // guarded by mu_

@@ -297,6 +297,7 @@ Status NvmeStore::open_files() {
   doomed_.assign(extents_->capacity(), 0);
   bad_.assign(extents_->capacity(), 0);
   file_health_ = NvmeFileHealth(static_cast<uint32_t>(files_.size()));
+  unanswered_.assign(files_.size(), 0);
   return Status();
 }
 
@@ -307,7 +308,8 @@ Status NvmeStore::start_workers() {
   q.sqpoll = c.sqpoll;
   for (uint32_t i = 0; i < c.io_threads; ++i) {
     KVTIER_ASSIGN_OR_RETURN(auto queue, options_.backend->make_queue(q));
-    auto worker = std::make_unique<Worker>(*this, std::move(queue), c.queue_depth);
+    auto worker = std::make_unique<Worker>(*this, std::move(queue), c.queue_depth,
+                                           std::chrono::milliseconds(c.io_timeout_ms));
     KVTIER_RETURN_IF_ERROR(worker->start(options_.fixed_buffers, options_.use_fixed_buffers));
     workers_.push_back(std::move(worker));
   }
@@ -355,7 +357,10 @@ Status NvmeStore::recover() {
     const auto& h = batch.headers[e];
     if (!h.has_value()) {
       if (batch.codes[e] == StatusCode::kDataLoss) ++dropped;
-      if (batch.codes[e] == StatusCode::kIoError) ++io_failures;
+      if (batch.codes[e] == StatusCode::kIoError ||
+          batch.codes[e] == StatusCode::kDeadlineExceeded) {
+        ++io_failures;
+      }
       continue;
     }
     if (h->fingerprint != fingerprint_ || h->store_id != store_id_ || h->layers != layout_.layers ||
@@ -436,6 +441,10 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
       extents_->free(*extent).ignore();
       return std::move(loc).status();
     }
+    if (Status hung = refuse_on_a_hung_drive_locked(loc->file, what); !hung.ok()) {
+      free_extent_locked(*extent);
+      return hung;
+    }
     op->extent = *extent;
     op->file = loc->file;
     op->extent_offset = loc->offset;
@@ -487,6 +496,7 @@ Result<const NvmeStore::Entry*> NvmeStore::claim_for_read(const BlockKey& key,
     return failed_precondition(what + ": the block is still being written");
   }
   KVTIER_ASSIGN_OR_RETURN(ExtentLocation loc, place(it->second.extent));
+  KVTIER_RETURN_IF_ERROR(refuse_on_a_hung_drive_locked(loc.file, what));
   op.extent = it->second.extent;
   op.file = loc.file;
   op.extent_offset = loc.offset;

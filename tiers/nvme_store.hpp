@@ -63,6 +63,19 @@
 // write, until the scheduler paused writing to every drive. TransferStats::files_out_of_service
 // counts them.
 //
+// Hung drives (nvme_store_hung.cpp): a drive that stops answering fails nothing, so the rules
+// above never see it. A request in flight longer than tiers.nvme.io_timeout_ms counts against its
+// file as a media error would (NvmeFileHealth), and while any such request is unanswered every new
+// request to that file fails at once (kDeadlineExceeded, counted the same way): a hung drive among
+// several is taken out of service after as many requests as a dead one, and a lone one is left to
+// the scheduler's pauses. No request can be taken back from a drive: a write past its timeout is
+// told it failed, and its extent (and header slot) stay reserved, as draining, until the drive
+// answers (the answer is then dropped: the writer already knows the block is not there); a read
+// past its timeout goes on, because its memory is the caller's and the drive may still fill it,
+// and ends when the drive answers (the kernel's own timeout bounds that). At open, a header read
+// past its timeout counts as unreadable, so a store opens past a hung drive. Closing the store
+// waits for every answer. TransferStats counts io_timeouts and requests_unanswered.
+//
 // Writing a key again: a block already readable is refused with kAlreadyExists (equal keys mean
 // equal bytes; callers count that as present). A block still being written is not written twice:
 // the new write joins the one in flight — it moves no bytes, undoes an erase waiting for that
@@ -221,6 +234,23 @@ class NvmeStore final : public BlockStore {
   // service.
   void free_extent_locked(uint32_t extent);
 
+  // Hung drives (nvme_store_hung.cpp). A request of `op` passed the I/O timeout: counted against
+  // its file (a media error for NvmeFileHealth), which refuses requests until it answers.
+  void note_unanswered(const Op& op, const std::string& what);
+  // That request was answered at last.
+  void note_answered(const Op& op);
+  // Under index_mu_: OK, or the error a new request to `file` fails with at once while the file
+  // has requests unanswered (it counts against the file, as a request that timed out would).
+  Status refuse_on_a_hung_drive_locked(uint32_t file, const std::string& what);
+  // The same for an operation posted before its file stopped answering (takes index_mu_ only
+  // while some request is unanswered).
+  Status refuse_on_a_hung_drive(const Op& op);
+  // The write `op` is abandoned: its key leaves the index (its extent stays reserved, as
+  // draining, until the write ends); hands back the writes that joined it, to be told with it.
+  std::vector<std::shared_ptr<TransferState>> abandon_write(const Op& op);
+  // The drive answered an abandoned write at last: its extent is let go.
+  void abandoned_write_ended(const Op& op, bool ok);
+
   const PageFormat format_;
   const Geometry geometry_;  // format_.stored_geometry()
   NvmeStoreOptions options_;
@@ -243,6 +273,7 @@ class NvmeStore final : public BlockStore {
   uint32_t bad_marked_ = 0;      // extents marked bad so far; guarded by index_mu_
   bool said_failing_whole_ = false;    // the cap was reached and logged; guarded by index_mu_
   NvmeFileHealth file_health_;         // guarded by index_mu_
+  std::vector<uint32_t> unanswered_;   // per file: requests past the I/O timeout; index_mu_
   std::vector<BlockKey> lost_;         // dropped with their files, not yet taken; index_mu_
   std::atomic<bool> has_lost_{false};  // lost_ is not empty (written under index_mu_)
   uint64_t next_generation_ = 1;       // guarded by index_mu_

@@ -62,10 +62,11 @@ void NvmeStore::take_file_out_locked(uint32_t file, const std::string& why) {
   log(LogLevel::kError,
       "NVMe store: " + files_[file].path + " failed " +
           std::to_string(NvmeFileHealth::kMediaErrorsInARow) +
-          " requests in a row with media errors, none succeeding between (the last: " + why +
-          "): it is out of service until the store is reopened; its " + std::to_string(dropped) +
-          " blocks are dropped and its " + std::to_string(files_[file].extent_count) +
-          " extents retired (" + std::to_string(free_retired) +
+          " requests in a row with media errors or no answer, none succeeding between (the last: " +
+          why + "): it is out of service until the store is reopened; its " +
+          std::to_string(dropped) + " blocks are dropped and its " +
+          std::to_string(files_[file].extent_count) + " extents retired (" +
+          std::to_string(free_retired) +
           " free ones now, the others as their reads and writes end); " +
           std::to_string(files_.size() - file_health_.out_of_service()) + " of " +
           std::to_string(files_.size()) + " files stay in service");

@@ -17,6 +17,11 @@ namespace kvtier {
 
 Status NvmeStore::Worker::start(const std::vector<iovec>& fixed_buffers, bool use_fixed) {
   const std::size_t header_bytes = store_.layout_.header_bytes;
+  // One file (drive) may hold every slot; of several, none more than half, so that a drive that
+  // stops answering cannot take the slots the others need before its requests time out.
+  const auto files = static_cast<uint32_t>(store_.files_.size());
+  slots_per_file_ = files > 1 ? std::max<uint32_t>(1, max_ops_ / 2) : max_ops_;
+  active_in_file_.assign(files, 0);
   slab_ =
       aligned_bytes(std::max<std::size_t>(4096, store_.layout_.io_align), header_bytes * max_ops_);
   if (!slab_) return resource_exhausted("NVMe store: no memory for the header buffers");
@@ -100,6 +105,7 @@ void NvmeStore::Worker::run() {
     }
     // The queue took nothing and nothing is in flight: retry shortly rather than sleep forever.
     if (!ready_.empty() && in_flight_ == 0) timeout = 1;
+    timeout = ms_to_next_timeout(timeout);
     done.clear();
     Status w = queue_->wait(done, timeout);
     {
@@ -110,27 +116,110 @@ void NvmeStore::Worker::run() {
       log_once(LogLevel::kError, "nvme.wait", "NVMe I/O thread: " + w.to_string());
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    for (const IoCompletion& c : done) {
-      --in_flight_;
-      on_completion(reinterpret_cast<Segment*>(c.tag), c.result);
+    handle(done);
+    find_unanswered();
+  }
+}
+
+void NvmeStore::Worker::handle(const std::vector<IoCompletion>& done) {
+  for (const IoCompletion& c : done) {
+    --in_flight_;
+    on_completion(reinterpret_cast<Segment*>(c.tag), c.result);
+  }
+}
+
+int NvmeStore::Worker::ms_to_next_timeout(int timeout_ms) const {
+  if (io_timeout_.count() == 0 || in_flight_ == 0) return timeout_ms;
+  const auto left = next_timeout_ - std::chrono::steady_clock::now();
+  const int64_t ms =
+      std::max<int64_t>(0, std::chrono::ceil<std::chrono::milliseconds>(left).count());
+  if (timeout_ms >= 0 && timeout_ms < ms) return timeout_ms;
+  return static_cast<int>(std::min<int64_t>(ms, io_timeout_.count()));
+}
+
+void NvmeStore::Worker::find_unanswered() {
+  if (io_timeout_.count() == 0 || std::chrono::steady_clock::now() < next_timeout_) return;
+  // Answers that arrived since the wait returned (this thread may have been descheduled for a
+  // while) are answers, not timeouts.
+  std::vector<IoCompletion> arrived;
+  if (queue_->wait(arrived, 0).ok()) handle(arrived);
+  const auto now = std::chrono::steady_clock::now();
+  next_timeout_ = std::chrono::steady_clock::time_point::max();
+  for (const std::unique_ptr<Op>& op : active_) {
+    if (!op) continue;
+    for (Segment& seg : op->segments) {
+      if (!seg.in_flight || seg.unanswered) continue;
+      const auto due = seg.submitted_at + io_timeout_;
+      if (due <= now) {
+        on_unanswered(seg);
+      } else {
+        next_timeout_ = std::min(next_timeout_, due);
+      }
     }
   }
 }
 
+void NvmeStore::Worker::on_unanswered(Segment& s) {
+  Op& op = *s.op;
+  s.unanswered = true;
+  const std::string what = describe(s) + " unanswered after " +
+                           std::to_string(io_timeout_.count()) + " ms (tiers.nvme.io_timeout_ms)";
+  store_.note_unanswered(op, what);
+  if (op.abandoned) return;
+  switch (op.kind) {
+    case Op::Kind::kWrite: {
+      op.abandoned = true;
+      std::vector<std::shared_ptr<TransferState>> joined = store_.abandon_write(op);
+      Status result = store_.failed_on_a_dead_drive(
+          op, deadline_exceeded(block_context(op, "write") + ": " + what +
+                                "; abandoned, its extent stays reserved until the drive answers"));
+      std::shared_ptr<TransferState> state = std::move(op.state);
+      if (state) state->complete(result);
+      NvmeStore::complete_joined(joined, op.key, result);
+      result.ignore();
+      break;
+    }
+    case Op::Kind::kScan: {
+      op.abandoned = true;
+      ScanBatch& b = *op.scan;
+      std::lock_guard<std::mutex> lock(b.mu);
+      b.codes[op.extent] = StatusCode::kDeadlineExceeded;
+      if (--b.remaining == 0) b.cv.notify_all();
+      break;
+    }
+    case Op::Kind::kReadBlock:
+    case Op::Kind::kReadPage: break;  // the caller's memory: ends when the drive answers
+  }
+}
+
 void NvmeStore::Worker::admit() {
-  while (!backlog_.empty() && !free_slots_.empty()) {
-    std::unique_ptr<Op> op = std::move(backlog_.front());
-    backlog_.pop_front();
-    if (op->state && op->state->cancel_requested()) {
-      cancel(std::move(op));
+  // In order, except that an operation whose file holds its share of the slots waits for one of
+  // them while those behind it, for other files, go ahead.
+  for (auto it = backlog_.begin(); it != backlog_.end() && !free_slots_.empty();) {
+    if ((*it)->state && (*it)->state->cancel_requested()) {
+      cancel(std::move(*it));
+      it = backlog_.erase(it);
       continue;
     }
+    if (Status hung = store_.refuse_on_a_hung_drive(**it); !hung.ok()) {
+      cancel(std::move(*it), hung);
+      it = backlog_.erase(it);
+      continue;
+    }
+    const uint32_t file = (*it)->file;
+    if (active_in_file_[file] >= slots_per_file_) {
+      ++it;
+      continue;
+    }
+    std::unique_ptr<Op> op = std::move(*it);
+    it = backlog_.erase(it);
     const int slot = free_slots_.back();
     free_slots_.pop_back();
     op->slot = slot;
     op->header = slab_.get() + std::size_t{store_.layout_.header_bytes} * slot;
     prepare(*op);
     ++active_count_;
+    ++active_in_file_[file];
     active_[slot] = std::move(op);
   }
 }
@@ -249,7 +338,15 @@ void NvmeStore::Worker::submit_ready() {
       log_once(LogLevel::kError, "nvme.submit", "NVMe submit: " + accepted.status().to_string());
     }
     in_flight_ += static_cast<uint32_t>(n);
-    for (std::size_t i = 0; i < n; ++i) ready_.pop_front();
+    const auto now = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < n; ++i) {
+      Segment* seg = ready_.front();
+      ready_.pop_front();
+      seg->in_flight = true;
+      seg->submitted_at = now;
+    }
+    if (n > 0 && io_timeout_.count() > 0)
+      next_timeout_ = std::min(next_timeout_, now + io_timeout_);
     if (n < requests_.size()) {
       store_.stats_->sq_full_waits.fetch_add(1, std::memory_order_relaxed);
       break;  // the rest waits, in order, for completions to free slots
@@ -267,6 +364,11 @@ std::string NvmeStore::Worker::describe(const Segment& s) const {
 void NvmeStore::Worker::on_completion(Segment* s, int32_t res) {
   Op& op = *s->op;
   TransferStats& stats = *store_.stats_;
+  s->in_flight = false;
+  if (s->unanswered) {
+    s->unanswered = false;
+    store_.note_answered(op);
+  }
   bool finished = true;
   if (res < 0) {
     const int err = -res;
@@ -345,6 +447,13 @@ void NvmeStore::Worker::finish(Op& op) {
   Status result = op.error();
   std::vector<std::shared_ptr<TransferState>> joined;
   const BlockKey key = op.key;
+  if (op.abandoned) {
+    // Its caller was told when it was abandoned; only what it held is let go now.
+    if (op.kind == Op::Kind::kWrite) store_.abandoned_write_ended(op, result.ok());
+    result.ignore();
+    release(op);
+    return;
+  }
   switch (op.kind) {
     case Op::Kind::kWrite:
       joined = store_.write_finished(op, result.ok());
@@ -385,19 +494,27 @@ void NvmeStore::Worker::finish(Op& op) {
       break;
     }
   }
-  const int slot = op.slot;
   std::shared_ptr<TransferState> state = std::move(op.state);
-  free_slots_.push_back(slot);
-  --active_count_;
-  active_[slot].reset();  // `op` is gone from here on
+  release(op);  // `op` is gone from here on
   if (state) state->complete(result);
   NvmeStore::complete_joined(joined, key, result);
   result.ignore();
 }
 
+void NvmeStore::Worker::release(Op& op) {
+  const int slot = op.slot;
+  free_slots_.push_back(slot);
+  --active_count_;
+  --active_in_file_[op.file];
+  active_[slot].reset();
+}
+
 void NvmeStore::Worker::cancel(std::unique_ptr<Op> op) {
-  const Status why =
-      cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")");
+  cancel(std::move(op),
+         cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")"));
+}
+
+void NvmeStore::Worker::cancel(std::unique_ptr<Op> op, const Status& why) {
   std::vector<std::shared_ptr<TransferState>> joined;
   switch (op->kind) {
     case Op::Kind::kWrite: joined = store_.write_finished(*op, false); break;
@@ -406,14 +523,13 @@ void NvmeStore::Worker::cancel(std::unique_ptr<Op> op) {
     case Op::Kind::kScan: {
       ScanBatch& b = *op->scan;
       std::lock_guard<std::mutex> lock(b.mu);
-      b.codes[op->extent] = StatusCode::kCancelled;
+      b.codes[op->extent] = why.code();
       if (--b.remaining == 0) b.cv.notify_all();
       break;
     }
   }
   if (op->state) op->state->complete(why);
   NvmeStore::complete_joined(joined, op->key, why);
-  why.ignore();
 }
 
 }  // namespace kvtier

@@ -5,11 +5,18 @@
 // mutex; the thread alone prepares them (header slot, segments of contiguous memory and disk,
 // registered buffers where they fit), submits, handles completions and short transfers, checks
 // checksums and completes each operation's TransferState. An engine thread posting an operation
-// only takes the inbox's lock; stop() (the store's destructor) joins the thread.
+// only takes the inbox's lock; stop() (the store's destructor) joins the thread. With several
+// files none holds more than half of the thread's slots (operations for a file at its share wait
+// while later ones for other files go ahead), and an operation for a hung file (see below) fails
+// instead of taking a slot. Each request
+// submitted carries its submission time; the thread's waits are bounded by the earliest I/O
+// timeout, and a request past it is handed to the store as unanswered (see "Hung drives" in
+// nvme_store.hpp).
 #pragma once
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,6 +60,10 @@ struct Segment {
   std::size_t iov_first = 0;  // first iovec with bytes left
   uint64_t remaining = 0;
   int buffer_index = -1;
+  // With the queue from submission to completion; `unanswered` once past the I/O timeout.
+  bool in_flight = false;
+  bool unanswered = false;
+  std::chrono::steady_clock::time_point submitted_at;
 };
 
 struct NvmeStore::Op {
@@ -78,6 +89,9 @@ struct NvmeStore::Op {
   StatusCode error_code = StatusCode::kOk;
   std::string error_message;
   int io_errno = 0;  // the errno of the first failure, when a request failed with one
+  // A write or scan whose drive left a request unanswered past the I/O timeout: its caller was
+  // told then; the rest of it only frees what it holds (slot, extent) when the drive answers.
+  bool abandoned = false;
 
   void fail(const Status& s, int err = 0) {
     if (error_code == StatusCode::kOk) {
@@ -95,8 +109,14 @@ struct NvmeStore::Op {
 
 class NvmeStore::Worker {
  public:
-  Worker(NvmeStore& store, std::unique_ptr<IoQueue> queue, uint32_t max_ops)
-      : store_(store), queue_(std::move(queue)), max_ops_(max_ops), active_(max_ops) {}
+  // `io_timeout` 0: requests never time out.
+  Worker(NvmeStore& store, std::unique_ptr<IoQueue> queue, uint32_t max_ops,
+         std::chrono::milliseconds io_timeout)
+      : store_(store),
+        queue_(std::move(queue)),
+        max_ops_(max_ops),
+        io_timeout_(io_timeout),
+        active_(max_ops) {}
 
   ~Worker() { stop(); }
 
@@ -119,18 +139,32 @@ class NvmeStore::Worker {
   };
   void prepare(Op& op);
   void submit_ready();
+  // How long the next wait may block before a request in flight passes the I/O timeout (-1: no
+  // limit); then finds those past it (on_unanswered) and when the next one will be.
+  int ms_to_next_timeout(int timeout_ms) const;
+  // Hands each completion to on_completion.
+  void handle(const std::vector<IoCompletion>& done);
+  void find_unanswered();
+  // `s` passed the I/O timeout: the store counts it against its drive, and a write or scan is
+  // abandoned (its caller told now). A read is not: the drive may still fill its memory, which
+  // belongs to the caller, so it ends only when the drive answers.
+  void on_unanswered(Segment& s);
   std::string describe(const Segment& s) const;
   void on_completion(Segment* s, int32_t res);
   Status verify_block(const Op& op) const;
   Status verify_page(const Op& op) const;
   std::string block_context(const Op& op, const char* what) const;
   void finish(Op& op);
-  // Completes an operation that never reached the kernel.
+  // Frees op's header slot and destroys it.
+  void release(Op& op);
+  // Completes an operation that never reached the kernel: cancelled, or with `why`.
   void cancel(std::unique_ptr<Op> op);
+  void cancel(std::unique_ptr<Op> op, const Status& why);
 
   NvmeStore& store_;
   std::unique_ptr<IoQueue> queue_;
   const uint32_t max_ops_;
+  const std::chrono::milliseconds io_timeout_;
 
   std::mutex mu_;
   std::vector<std::unique_ptr<Op>> inbox_;  // guarded by mu_
@@ -142,9 +176,14 @@ class NvmeStore::Worker {
   std::deque<std::unique_ptr<Op>> backlog_;
   std::vector<std::unique_ptr<Op>> active_;  // by header slot
   std::size_t active_count_ = 0;
+  std::vector<uint32_t> active_in_file_;  // operations holding a slot, per file
+  uint32_t slots_per_file_ = 0;           // the most one file may hold
   std::deque<Segment*> ready_;
   std::vector<IoRequest> requests_;
   uint32_t in_flight_ = 0;
+  // No request in flight passes the I/O timeout before this.
+  std::chrono::steady_clock::time_point next_timeout_ =
+      std::chrono::steady_clock::time_point::max();
   AlignedBytes slab_;
   std::vector<int> free_slots_;
   std::vector<iovec> regions_;  // registered buffers, in registration order

@@ -104,6 +104,11 @@ struct NvmeTierConfig {
   // hints read none; the copies stay there for after the pause. 0 = never pause.
   uint32_t pause_after_failed_reads = 8;
   uint32_t pause_ms = 1000;
+  // A request the drive has not answered after this long (a hung drive) counts as that drive's
+  // failure: a write is told it failed (its memory and extent stay reserved until the drive
+  // answers), and requests to that drive fail at once until it answers every one. Reads in
+  // flight end when the drive answers (the kernel's own timeout bounds that). 0 = never.
+  uint32_t io_timeout_ms = 5000;
 
   friend bool operator==(const NvmeTierConfig&, const NvmeTierConfig&) = default;
 };

@@ -105,6 +105,10 @@ struct TransferStats {
   std::atomic<uint64_t> recovered_blocks{0};  // blocks found by the restart scan
   std::atomic<uint64_t> dropped_extents{0};   // extents dropped at recovery (torn, foreign, dup)
   std::atomic<uint64_t> files_out_of_service{0};  // gauge: files (drives) dead after media errors
+  // Requests a drive left unanswered past tiers.nvme.io_timeout_ms (a hung drive), and the gauge
+  // of those still unanswered (their memory stays reserved until the drive answers).
+  std::atomic<uint64_t> io_timeouts{0};
+  std::atomic<uint64_t> requests_unanswered{0};
 
   // Copy engines.
   std::atomic<uint64_t> copy_segments{0};  // physical copies issued after batching

@@ -158,6 +158,7 @@ tiers:
     pause_after_failed_writes: 0
     pause_after_failed_reads: 3
     pause_ms: 2500
+    io_timeout_ms: 750
     watermarks: {low: 0.3, high: 0.8}
 policies:
   eviction: s3fifo
@@ -212,6 +213,7 @@ metrics:
   EXPECT_EQ(c.tiers.nvme.pause_after_failed_writes, 0u);
   EXPECT_EQ(c.tiers.nvme.pause_after_failed_reads, 3u);
   EXPECT_EQ(c.tiers.nvme.pause_ms, 2500u);
+  EXPECT_EQ(c.tiers.nvme.io_timeout_ms, 750u);
   EXPECT_EQ(c.tiers.nvme.watermarks.low, 0.3);
   EXPECT_EQ(c.tiers.nvme.watermarks.high, 0.8);
   EXPECT_EQ(c.policies.eviction, EvictionPolicy::kS3Fifo);

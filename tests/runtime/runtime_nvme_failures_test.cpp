@@ -6,7 +6,8 @@
 // and nothing else. A disk that fails every read: reading pauses after
 // tiers.nvme.pause_after_failed_reads failures in a row, and prompts then recompute what is cached
 // on NVMe only, without a read, instead of failing on it. A dead drive among four: the store takes
-// it out of service, the scheduler forgets the blocks it held, and the engine runs on the others.
+// it out of service, the scheduler forgets the blocks it held, and the engine runs on the others;
+// so it does when the drive hangs instead (tiers.nvme.io_timeout_ms).
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -35,6 +36,8 @@ struct Scrape {
   double read_pauses = -1;
   double files_out = -1;
   double blocks_lost = -1;
+  double io_timeouts = -1;
+  double unanswered = -1;
   double writes_pending = -1;  // bytes queued or in flight host -> NVMe
 };
 
@@ -51,6 +54,8 @@ Scrape scrape(const Runtime& rt) {
   s.read_pauses = testing::sample_value(r.body, "kvtier_nvme_read_pauses_total").value_or(-1);
   s.files_out = testing::sample_value(r.body, "kvtier_nvme_files_out_of_service").value_or(-1);
   s.blocks_lost = testing::sample_value(r.body, "kvtier_nvme_blocks_lost_total").value_or(-1);
+  s.io_timeouts = testing::sample_value(r.body, "kvtier_nvme_io_timeouts_total").value_or(-1);
+  s.unanswered = testing::sample_value(r.body, "kvtier_nvme_requests_unanswered").value_or(-1);
   s.writes_pending =
       testing::sample_value(r.body, "kvtier_link_inflight_bytes{src=\"host\",dst=\"nvme\"}")
           .value_or(-1);
@@ -98,13 +103,13 @@ Status prefill_prompt(Runtime& rt, uint32_t seed, bool must_run = true) {
 class RuntimeNvmeFailures : public ::testing::Test {
  protected:
   // False where the NVMe store cannot be opened (O_DIRECT or io_uring refused): the test skips.
-  bool open(const std::function<void(Config&)>& tweak = {}) {
+  bool open(const std::function<void(Config&)>& tweak = {}, const RuntimeOptions& options = {}) {
     Config c = testing::small_config(dir_.path());
     c.metrics.listen = "127.0.0.1:0";
     if (tweak) tweak(c);
     TierStackOptions seams;
     seams.io = faults_;
-    rt_ = testing::open_or_skip(c, seams);
+    rt_ = testing::open_or_skip(c, seams, options);
     return rt_ != nullptr;
   }
   static constexpr const char* kNoStore =
@@ -275,6 +280,56 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOt
   EXPECT_EQ(s.read_pauses, 0.0) << "reading never paused";
   EXPECT_LE(nvme_capacity(*rt_), capacity * 3 / 4);
   EXPECT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], 0u);
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// As above, but the drive hangs: its requests are never answered. The store counts the first
+// requests past tiers.nvme.io_timeout_ms against the drive and refuses every later one at once,
+// so within a few prompts the drive is out of service and its blocks are forgotten. A step that
+// waits on a read the drive holds fails at wait_timeout (2 s here). From then on every new prompt
+// runs on the other drives, and no request reaches the hung one; when it answers at last, the
+// reads it held end, and the first prompts run again (a block whose read the drive held could not
+// be used, nor recomputed, until then).
+TEST_F(RuntimeNvmeFailures, AHungDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOthers) {
+  RuntimeOptions options;
+  options.wait_timeout = std::chrono::milliseconds(2000);
+  const bool opened = open(
+      [&](Config& c) {
+        c.tiers.nvme.paths.clear();
+        for (int d = 0; d < 4; ++d) {
+          c.tiers.nvme.paths.push_back(
+              (dir_.path() / ("drive" + std::to_string(d) + ".kvs")).string());
+        }
+        c.tiers.nvme.io_timeout_ms = 500;
+      },
+      options);
+  if (!opened) GTEST_SKIP() << kNoStore;
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  faults_->hang_file("drive1.kvs");
+  for (uint32_t seed = 1; seed <= 10; ++seed) {
+    const Status again = prefill_prompt(*rt_, seed, /*must_run=*/false);
+    EXPECT_TRUE(again.ok() || again.code() == StatusCode::kDeadlineExceeded ||
+                again.code() == StatusCode::kUnavailable)
+        << again.to_string();
+  }
+  Scrape s = scrape_until(
+      *rt_, [](const Scrape& now) { return now.files_out == 1.0 && now.blocks_lost > 0; });
+  ASSERT_EQ(s.files_out, 1.0);
+  EXPECT_GT(s.blocks_lost, 0.0);
+  EXPECT_GE(s.io_timeouts, 1.0);
+  EXPECT_GE(s.unanswered, 1.0);
+  const uint64_t held = faults_->injected();
+  for (uint32_t seed = 11; seed <= 40; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  EXPECT_EQ(faults_->injected(), held) << "a request reached the hung drive";
+  // Prompts 1..10 wait: a block whose read the drive holds is the drive's until it answers.
+  faults_->answer_hung();
+  s = scrape_until(*rt_, [](const Scrape& now) { return now.unanswered == 0.0; });
+  ASSERT_EQ(s.unanswered, 0.0);
+  for (uint32_t seed = 1; seed <= 10; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  s = scrape(*rt_);
+  EXPECT_EQ(s.files_out, 1.0);
+  EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());
 }

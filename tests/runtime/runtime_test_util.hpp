@@ -60,8 +60,9 @@ inline Config small_config(const std::filesystem::path& dir) {
 // The runtime of `c` (over the tier seams given, e.g. a fault-injecting I/O backend), or null:
 // when its NVMe store cannot be opened here (kUnavailable: O_DIRECT or io_uring refused) the
 // caller skips the test; any other failure fails it.
-inline std::unique_ptr<Runtime> open_or_skip(const Config& c, TierStackOptions seams = {}) {
-  auto rt = detail::RuntimeOpener::open(c, RuntimeOptions{}, std::move(seams));
+inline std::unique_ptr<Runtime> open_or_skip(const Config& c, TierStackOptions seams = {},
+                                             const RuntimeOptions& options = {}) {
+  auto rt = detail::RuntimeOpener::open(c, options, std::move(seams));
   if (!rt.ok() && rt.status().code() == StatusCode::kUnavailable) return nullptr;
   EXPECT_TRUE(rt.ok()) << rt.status().to_string();
   return rt.ok() ? std::move(rt).value() : nullptr;

@@ -77,18 +77,21 @@ TEST(NvmeHealth, OptionsFromTheConfig) {
 }
 
 // A write failure is the disk's unless the block could not be encoded or the write was cancelled;
-// a read failure is the disk's when the I/O failed or the bytes came back wrong, not when its
+// a read failure is the disk's when the I/O failed, the bytes came back wrong or the drive left
+// requests unanswered past their timeout, not when its
 // block left NVMe before the read started or the read was cancelled. Neither is the disk's when
 // the store took the request's drive out of service (kUnavailable).
 TEST(NvmeHealth, WhichFailuresAreTheDisks) {
   EXPECT_TRUE(is_disk_write_failure(io_error("EIO")));
   EXPECT_TRUE(is_disk_write_failure(resource_exhausted("ENOSPC")));
+  EXPECT_TRUE(is_disk_write_failure(deadline_exceeded("unanswered after 5000 ms")));
   EXPECT_FALSE(is_disk_write_failure(invalid_argument("NaN in an fp8 page")));
   EXPECT_FALSE(is_disk_write_failure(cancelled("shutdown")));
   EXPECT_FALSE(is_disk_write_failure(unavailable("its drive is out of service")));
   EXPECT_FALSE(is_disk_write_failure(ok_status()));
   EXPECT_TRUE(is_disk_read_failure(io_error("EIO")));
   EXPECT_TRUE(is_disk_read_failure(data_loss("checksum")));
+  EXPECT_TRUE(is_disk_read_failure(deadline_exceeded("the drive has requests unanswered")));
   EXPECT_FALSE(is_disk_read_failure(unavailable("the block left NVMe")));
   EXPECT_FALSE(is_disk_read_failure(cancelled("shutdown")));
   EXPECT_FALSE(is_disk_read_failure(ok_status()));

@@ -1,0 +1,73 @@
+// FaultTest: an NVMe store over the fault-injecting I/O backend, with helpers that write and
+// read back one block by id and check its bytes. Shared by the store's fault tests
+// (fault_injection_test.cpp, nvme_hung_drive_test.cpp). TearDown audits the store's accounting.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "tests/tiers/tier_test_support.hpp"
+#include "tiers/fault_injection.hpp"
+#include "tiers/nvme_store.hpp"
+
+namespace kvtier {
+
+using testing::AlignedPages;
+using testing::test_key;
+
+inline const Geometry kGeom = testing::small_geometry(Dtype::kF32, 4, 8, 2, 64);  // 8 KiB pages
+
+class FaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    faults_ = std::make_shared<FaultInjectingIoBackend>();
+    store_ = open();
+    ASSERT_NE(store_, nullptr);
+  }
+  void TearDown() override {
+    if (store_) {
+      Status a = store_->audit();
+      EXPECT_TRUE(a.ok()) << a.to_string();
+      EXPECT_EQ(store_->used_blocks(), store_->keys().size());
+    }
+  }
+
+  NvmeStoreOptions options() {
+    NvmeStoreOptions o;
+    o.config.paths = {dir_.file("store0.kvs")};
+    o.config.queue_depth = 4;
+    o.config.capacity_bytes = 8 * (kGeom.block_bytes() + 4096);
+    o.backend = faults_;
+    return o;
+  }
+  std::unique_ptr<NvmeStore> open() { return open_with(options()); }
+  std::unique_ptr<NvmeStore> open_with(const NvmeStoreOptions& o) {
+    auto s = NvmeStore::create(kGeom, o);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  Status write(uint64_t id, uint64_t seed) {
+    AlignedPages p(kGeom.layers, store_->page_io_bytes());
+    p.fill(seed, kGeom.page_bytes());
+    KVTIER_ASSIGN_OR_RETURN(Transfer t, store_->write_block(test_key(id), p.const_pages()));
+    return t.wait();
+  }
+  Status read(uint64_t id, uint64_t seed) {
+    AlignedPages p(kGeom.layers, store_->page_io_bytes());
+    p.scribble();
+    KVTIER_ASSIGN_OR_RETURN(Transfer t, store_->read_block(test_key(id), p.pages()));
+    KVTIER_RETURN_IF_ERROR(t.wait());
+    if (!p.matches(seed, kGeom.page_bytes())) return internal_error("served wrong data");
+    return Status();
+  }
+  const LinkStats& link(Link l) { return store_->stats().link(l); }
+
+  testing::TempDir dir_;
+  std::shared_ptr<FaultInjectingIoBackend> faults_;
+  std::unique_ptr<NvmeStore> store_;
+};
+
+}  // namespace kvtier
