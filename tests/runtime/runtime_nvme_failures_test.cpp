@@ -7,7 +7,8 @@
 // tiers.nvme.pause_after_failed_reads failures in a row, and prompts then recompute what is cached
 // on NVMe only, without a read, instead of failing on it. A dead drive among four: the store takes
 // it out of service, the scheduler forgets the blocks it held, and the engine runs on the others;
-// so it does when the drive hangs instead (tiers.nvme.io_timeout_ms).
+// so it does when the drive hangs instead (tiers.nvme.io_timeout_ms), and a lone drive that hangs
+// is paused like one that fails.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -330,6 +331,49 @@ TEST_F(RuntimeNvmeFailures, AHungDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOt
   s = scrape(*rt_);
   EXPECT_EQ(s.files_out, 1.0);
   EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// A lone drive that hangs once thirty prompts have pushed blocks to it: the first request past
+// tiers.nvme.io_timeout_ms fails, every later one fails at once, and the scheduler's pauses count
+// both. Writing pauses and the engine runs on memory; the first prompts asked again fail or
+// recompute what their reads lost until reading pauses too, and then recompute without a read.
+// No request reaches the drive while both are paused.
+TEST_F(RuntimeNvmeFailures, ALoneHungDriveIsPausedAndTheEngineRunsOnMemory) {
+  RuntimeOptions options;
+  options.wait_timeout = std::chrono::milliseconds(2000);
+  const bool opened = open(
+      [](Config& c) {
+        c.tiers.nvme.io_timeout_ms = 500;
+        c.tiers.nvme.pause_after_failed_writes = 2;
+        c.tiers.nvme.pause_after_failed_reads = 2;
+        c.tiers.nvme.pause_ms = 600'000;  // holds for the whole test
+      },
+      options);
+  if (!opened) GTEST_SKIP() << kNoStore;
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  ASSERT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], 0u);
+  faults_->hang_file("store0.kvs");
+  uint32_t seed = 31;
+  for (; seed <= 70 && scrape(*rt_).paused != 1.0; ++seed) prefill_prompt(*rt_, seed).ignore();
+  Scrape s = scrape(*rt_);
+  ASSERT_EQ(s.paused, 1.0) << "40 prompts and writing to the hung drive never paused";
+  EXPECT_GE(s.io_timeouts, 1.0);
+  for (uint32_t again = 1; again <= 5; ++again) {
+    const Status ran = prefill_prompt(*rt_, again, /*must_run=*/false);
+    EXPECT_TRUE(ran.ok() || ran.code() == StatusCode::kDeadlineExceeded) << ran.to_string();
+  }
+  s = scrape_until(*rt_, [](const Scrape& now) { return now.reads_paused == 1.0; });
+  ASSERT_EQ(s.reads_paused, 1.0);
+  const uint64_t held = faults_->injected();
+  for (uint32_t again = 6; again <= 15; ++again) ASSERT_TRUE(prefill_prompt(*rt_, again).ok());
+  for (uint32_t more = 0; more < 10; ++more) ASSERT_TRUE(prefill_prompt(*rt_, 100 + more).ok());
+  EXPECT_EQ(faults_->injected(), held) << "a request reached the paused drive";
+  faults_->answer_hung();
+  s = scrape_until(*rt_, [](const Scrape& now) { return now.unanswered == 0.0; });
+  EXPECT_EQ(s.unanswered, 0.0);
+  EXPECT_EQ(s.files_out, 0.0) << "the only drive stays in service";
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());
 }
