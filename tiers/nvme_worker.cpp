@@ -345,8 +345,9 @@ void NvmeStore::Worker::submit_ready() {
       seg->in_flight = true;
       seg->submitted_at = now;
     }
-    if (n > 0 && io_timeout_.count() > 0)
+    if (n > 0 && io_timeout_.count() > 0) {
       next_timeout_ = std::min(next_timeout_, now + io_timeout_);
+    }
     if (n < requests_.size()) {
       store_.stats_->sq_full_waits.fetch_add(1, std::memory_order_relaxed);
       break;  // the rest waits, in order, for completions to free slots
@@ -510,8 +511,10 @@ void NvmeStore::Worker::release(Op& op) {
 }
 
 void NvmeStore::Worker::cancel(std::unique_ptr<Op> op) {
-  cancel(std::move(op),
-         cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")"));
+  const Status why =
+      cancelled("transfer cancelled before its I/O started (block " + key_text(op->key) + ")");
+  cancel(std::move(op), why);
+  why.ignore();
 }
 
 void NvmeStore::Worker::cancel(std::unique_ptr<Op> op, const Status& why) {
