@@ -90,6 +90,10 @@ std::string describe_config(const Config& config) {
     line(n.io_timeout_ms == 0 ? "          requests never time out"
                               : "          a request unanswered for " +
                                     std::to_string(n.io_timeout_ms) + " ms fails its drive");
+    line(n.out_of_service_after_failures == 0
+             ? "          files never taken out of service"
+             : "          a file out of service after " +
+                   std::to_string(n.out_of_service_after_failures) + " failed in a row");
     for (std::size_t i = 0; i < n.paths.size(); ++i) {
       const uint64_t extents = i < s.nvme_extents_per_file.size() ? s.nvme_extents_per_file[i] : 0;
       line("          path " + n.paths[i] + " (" + std::to_string(extents) + " extents)");

@@ -291,6 +291,10 @@ const ConfigKey kKeys[] = {
      [](Config& c, const YAML::Node& n) { return read_u32(n, c.tiers.nvme.pause_ms); }},
     {"tiers.nvme.io_timeout_ms", "integer",
      [](Config& c, const YAML::Node& n) { return read_u32(n, c.tiers.nvme.io_timeout_ms); }},
+    {"tiers.nvme.out_of_service_after_failures", "integer",
+     [](Config& c, const YAML::Node& n) {
+       return read_u32(n, c.tiers.nvme.out_of_service_after_failures);
+     }},
 
     {"policies.eviction", "lru|lfu|s3fifo|prefix_aware|lookahead",
      [](Config& c, const YAML::Node& n) { return read_enum(n, c.policies.eviction); }},

@@ -296,7 +296,8 @@ Status NvmeStore::open_files() {
   readers_.assign(extents_->capacity(), 0);
   doomed_.assign(extents_->capacity(), 0);
   bad_.assign(extents_->capacity(), 0);
-  file_health_ = NvmeFileHealth(static_cast<uint32_t>(files_.size()));
+  file_health_ = NvmeFileHealth(static_cast<uint32_t>(files_.size()),
+                                options_.config.out_of_service_after_failures);
   unanswered_.assign(files_.size(), 0);
   return Status();
 }

@@ -54,10 +54,10 @@
 // remaps a bad sector when it is written again, so a restart gives the extent another chance.
 //
 // Dead drives: with the store over several files (one per drive), a file whose requests fail
-// with media errors NvmeFileHealth::kMediaErrorsInARow times in a row, none succeeding between,
-// is out of service (NvmeFileHealth; not the last one in service) until the store is reopened.
-// Its free extents are retired at once, so no block lands there again; its blocks are dropped
-// from the index and listed for take_lost_blocks(), so the scheduler forgets them before it
+// with media errors tiers.nvme.out_of_service_after_failures times in a row (8), none succeeding
+// between, is out of service (NvmeFileHealth; not the last one in service) until the store is
+// reopened. Its free extents are retired at once, so no block lands there again; its blocks are
+// dropped from the index and listed for take_lost_blocks(), so the scheduler forgets them before it
 // plans a read of one; every extent of it freed later is retired too. Without this, once the
 // cap above was reached the dead drive's freed extents came round again and failed write after
 // write, until the scheduler paused writing to every drive. TransferStats::files_out_of_service

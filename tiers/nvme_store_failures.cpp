@@ -61,7 +61,7 @@ void NvmeStore::take_file_out_locked(uint32_t file, const std::string& why) {
   stats_->files_out_of_service.store(file_health_.out_of_service(), std::memory_order_relaxed);
   log(LogLevel::kError,
       "NVMe store: " + files_[file].path + " failed " +
-          std::to_string(NvmeFileHealth::kMediaErrorsInARow) +
+          std::to_string(file_health_.failures_in_a_row()) +
           " requests in a row with media errors or no answer, none succeeding between (the last: " +
           why + "): it is out of service until the store is reopened; its " +
           std::to_string(dropped) + " blocks are dropped and its " +

@@ -109,6 +109,10 @@ struct NvmeTierConfig {
   // answers), and requests to that drive fail at once until it answers every one. Reads in
   // flight end when the drive answers (the kernel's own timeout bounds that). 0 = never.
   uint32_t io_timeout_ms = 5000;
+  // With several paths (one per drive): failed or unanswered requests in a row to one file, none
+  // succeeding between, that take it out of service until the store is reopened (its blocks are
+  // dropped, no block lands there again). The last file in service never leaves. 0 = never.
+  uint32_t out_of_service_after_failures = 8;
 
   friend bool operator==(const NvmeTierConfig&, const NvmeTierConfig&) = default;
 };

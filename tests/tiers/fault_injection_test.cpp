@@ -156,10 +156,10 @@ TEST_F(FaultTest, ADeviceFailingEveryWriteRetiresNoMoreThanOneExtentIn32) {
 }
 
 // A dead drive among four: every request to the third file fails. The writes that land there
-// fail, NvmeFileHealth::kMediaErrorsInARow of them in a row, and the file is out of service (the
-// last failure says kUnavailable: from then on a request to the file says nothing of the others).
-// Its free extents are retired, its blocks dropped and listed once for take_lost_blocks(), and
-// every later write lands on the other three and succeeds. Without this, all 30 of 30 writes
+// fail, NvmeFileHealth::kDefaultFailuresInARow of them in a row, and the file is out of service
+// (the last failure says kUnavailable: from then on a request to the file says nothing of the
+// others). Its free extents are retired, its blocks dropped and listed once for take_lost_blocks(),
+// and every later write lands on the other three and succeeds. Without this, all 30 of 30 writes
 // failed: past the retirement cap a failed extent went back to the free list and came round
 // again. Reopened with the drive working, the store uses all four again.
 TEST_F(FaultTest, ADeadDriveAmongSeveralIsTakenOutOfServiceAndItsBlocksListedAsLost) {
@@ -200,7 +200,7 @@ TEST_F(FaultTest, ADeadDriveAmongSeveralIsTakenOutOfServiceAndItsBlocksListedAsL
       EXPECT_FALSE(on_dead_drive(id)) << "a write succeeded on the dead drive";
     }
   }
-  EXPECT_EQ(io_errors, static_cast<int>(NvmeFileHealth::kMediaErrorsInARow) - 1);
+  EXPECT_EQ(io_errors, static_cast<int>(NvmeFileHealth::kDefaultFailuresInARow) - 1);
   EXPECT_EQ(unavailable, 1);
   EXPECT_EQ(store_->stats().files_out_of_service.load(), 1u);
   EXPECT_EQ(store_->retired_blocks(), 32u) << "every extent of the dead drive, and no other";
@@ -223,6 +223,43 @@ TEST_F(FaultTest, ADeadDriveAmongSeveralIsTakenOutOfServiceAndItsBlocksListedAsL
   ASSERT_NE(store_, nullptr);
   EXPECT_EQ(store_->capacity_blocks(), 128u);
   EXPECT_EQ(store_->stats().files_out_of_service.load(), 0u);
+}
+
+// tiers.nvme.out_of_service_after_failures sets how many failures in a row take a drive out: 3
+// here, so 2 writes fail with kIoError and the third takes it out; with 0 it is never taken out,
+// and every write that lands on it fails.
+TEST_F(FaultTest, TheFailuresThatTakeADriveOutAreConfigured) {
+  for (const uint32_t after : {3u, 0u}) {
+    SCOPED_TRACE(after);
+    store_.reset();
+    faults_->clear();
+    NvmeStoreOptions o = options();
+    const std::string run = std::to_string(after);
+    // Extents are handed out in order at first: the writes land on the dead drive.
+    o.config.paths = {dir_.file("dead" + run + ".kvs"), dir_.file("a" + run + ".kvs"),
+                      dir_.file("b" + run + ".kvs"), dir_.file("c" + run + ".kvs")};
+    o.config.capacity_bytes = 4 * 32 * (kGeom.block_bytes() + 4096);
+    o.config.out_of_service_after_failures = after;
+    store_ = open_with(o);
+    ASSERT_NE(store_, nullptr);
+    faults_->fail_file("dead" + run);
+    int io_errors = 0;
+    int unavailable = 0;
+    for (uint64_t id = 0; id < 30; ++id) {
+      const Status w = write(id, id);
+      io_errors += w.code() == StatusCode::kIoError;
+      unavailable += w.code() == StatusCode::kUnavailable;
+    }
+    if (after == 0) {
+      EXPECT_EQ(unavailable, 0);
+      EXPECT_EQ(io_errors, 30) << "every write lands on the dead drive, and fails";
+      EXPECT_EQ(store_->stats().files_out_of_service.load(), 0u);
+    } else {
+      EXPECT_EQ(io_errors, 2);
+      EXPECT_EQ(unavailable, 1);
+      EXPECT_EQ(store_->stats().files_out_of_service.load(), 1u);
+    }
+  }
 }
 
 TEST_F(FaultTest, TheKthReadFailsAndOnlyIt) {

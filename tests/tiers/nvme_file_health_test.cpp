@@ -1,5 +1,6 @@
 // NvmeFileHealth: media errors in a row on one file, none succeeding between, take it out of
-// service; a success starts the count again; the last file in service never leaves.
+// service (as many as configured; 0 never does); a success starts the count again; the last file
+// in service never leaves.
 #include "tiers/nvme_file_health.hpp"
 
 #include <gtest/gtest.h>
@@ -7,7 +8,7 @@
 namespace kvtier {
 namespace {
 
-constexpr uint32_t kInARow = NvmeFileHealth::kMediaErrorsInARow;
+constexpr uint32_t kInARow = NvmeFileHealth::kDefaultFailuresInARow;
 
 TEST(NvmeFileHealth, MediaErrorsInARowTakeAFileOutOfService) {
   NvmeFileHealth h(3);
@@ -42,6 +43,19 @@ TEST(NvmeFileHealth, TheLastFileInServiceStays) {
   for (uint32_t i = 0; i < 10 * kInARow; ++i) EXPECT_FALSE(one.on_media_error(0));
   EXPECT_TRUE(one.in_service(0));
   EXPECT_EQ(one.out_of_service(), 0u);
+}
+
+TEST(NvmeFileHealth, TheCountIsConfiguredAndZeroNeverTakesAFileOut) {
+  NvmeFileHealth three(2, 3);
+  EXPECT_EQ(three.failures_in_a_row(), 3u);
+  EXPECT_FALSE(three.on_media_error(0));
+  EXPECT_FALSE(three.on_media_error(0));
+  EXPECT_TRUE(three.on_media_error(0));
+  EXPECT_FALSE(three.in_service(0));
+  NvmeFileHealth never(2, 0);
+  for (uint32_t i = 0; i < 10 * kInARow; ++i) EXPECT_FALSE(never.on_media_error(0));
+  EXPECT_TRUE(never.in_service(0));
+  EXPECT_EQ(never.out_of_service(), 0u);
 }
 
 }  // namespace

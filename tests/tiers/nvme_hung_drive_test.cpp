@@ -123,7 +123,7 @@ TEST_F(HungDriveTest, AHungReadEndsOnlyWhenTheDriveAnswers) {
 }
 
 // Four drives, the third hung: its requests time out or are refused at once, and after
-// kMediaErrorsInARow of them, none answered, it is out of service like a dead drive: its blocks
+// kDefaultFailuresInARow of them, none answered, it is out of service like a dead drive: its blocks
 // are listed as lost, its extents retired (the one a write left reserved once the drive answers);
 // every later write lands on the other three.
 TEST_F(HungDriveTest, AHungDriveAmongSeveralIsTakenOutOfService) {
@@ -162,7 +162,7 @@ TEST_F(HungDriveTest, AHungDriveAmongSeveralIsTakenOutOfService) {
     }
   }
   EXPECT_EQ(timed_out, 1) << "one request was sent to the hung drive";
-  EXPECT_EQ(refused, static_cast<int>(NvmeFileHealth::kMediaErrorsInARow) - 2);
+  EXPECT_EQ(refused, static_cast<int>(NvmeFileHealth::kDefaultFailuresInARow) - 2);
   EXPECT_EQ(out_of_service, 1);
   EXPECT_EQ(store_->stats().files_out_of_service.load(), 1u);
   std::vector<BlockKey> lost = store_->take_lost_blocks();
