@@ -5,13 +5,13 @@
 // mutex; the thread alone prepares them (header slot, segments of contiguous memory and disk,
 // registered buffers where they fit), submits, handles completions and short transfers, checks
 // checksums and completes each operation's TransferState. An engine thread posting an operation
-// only takes the inbox's lock; stop() (the store's destructor) joins the thread. With several
-// files none holds more than half of the thread's slots (operations for a file at its share wait
-// while later ones for other files go ahead), and an operation for a hung file (see below) fails
-// instead of taking a slot. Each request
-// submitted carries its submission time; the thread's waits are bounded by the earliest I/O
-// timeout, and a request past it is handed to the store as unanswered (see "Hung drives" in
-// nvme_store.hpp).
+// only takes the inbox's lock; stop() (the store's destructor) joins the thread.
+//
+// Hung drives (see "Hung drives" in nvme_store.hpp): each request submitted carries its submission
+// time, the thread's waits are bounded by the earliest I/O timeout, and a request past it is handed
+// to the store as unanswered. An operation for a file with requests unanswered fails instead of
+// taking a slot, and with several files none holds more than half of the thread's slots
+// (operations for a file at its share wait while later ones, for other files, go ahead).
 #pragma once
 
 #include <sys/uio.h>
@@ -139,11 +139,13 @@ class NvmeStore::Worker {
   };
   void prepare(Op& op);
   void submit_ready();
-  // How long the next wait may block before a request in flight passes the I/O timeout (-1: no
-  // limit); then finds those past it (on_unanswered) and when the next one will be.
-  int ms_to_next_timeout(int timeout_ms) const;
   // Hands each completion to on_completion.
   void handle(const std::vector<IoCompletion>& done);
+  // How long the next wait may block (`timeout_ms`, -1: no limit) before a request in flight
+  // passes the I/O timeout.
+  int ms_to_next_timeout(int timeout_ms) const;
+  // Finds the requests past the I/O timeout (on_unanswered), once the answers that arrived are
+  // handled, and when the next one will be.
   void find_unanswered();
   // `s` passed the I/O timeout: the store counts it against its drive, and a write or scan is
   // abandoned (its caller told now). A read is not: the drive may still fill its memory, which
