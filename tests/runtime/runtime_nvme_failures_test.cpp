@@ -113,6 +113,13 @@ class RuntimeNvmeFailures : public ::testing::Test {
     rt_ = testing::open_or_skip(c, seams, options);
     return rt_ != nullptr;
   }
+  // The store over four files, drive0.kvs .. drive3.kvs, one per drive.
+  void four_drives(Config& c) const {
+    c.tiers.nvme.paths.clear();
+    for (int d = 0; d < 4; ++d) {
+      c.tiers.nvme.paths.push_back((dir_.path() / ("drive" + std::to_string(d) + ".kvs")).string());
+    }
+  }
   static constexpr const char* kNoStore =
       "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
 
@@ -252,12 +259,7 @@ TEST_F(RuntimeNvmeFailures, ADiskThatFailsEveryReadIsPausedAndPromptsRecompute) 
 // runs, nothing pauses, no request reaches the dead drive's file, and the tier holds a quarter
 // fewer blocks.
 TEST_F(RuntimeNvmeFailures, ADeadDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOthers) {
-  const bool opened = open([&](Config& c) {
-    c.tiers.nvme.paths.clear();
-    for (int d = 0; d < 4; ++d) {
-      c.tiers.nvme.paths.push_back((dir_.path() / ("drive" + std::to_string(d) + ".kvs")).string());
-    }
-  });
+  const bool opened = open([&](Config& c) { four_drives(c); });
   if (!opened) GTEST_SKIP() << kNoStore;
   const uint64_t capacity = nvme_capacity(*rt_);
   for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
@@ -297,11 +299,7 @@ TEST_F(RuntimeNvmeFailures, AHungDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOt
   options.wait_timeout = std::chrono::milliseconds(2000);
   const bool opened = open(
       [&](Config& c) {
-        c.tiers.nvme.paths.clear();
-        for (int d = 0; d < 4; ++d) {
-          c.tiers.nvme.paths.push_back(
-              (dir_.path() / ("drive" + std::to_string(d) + ".kvs")).string());
-        }
+        four_drives(c);
         c.tiers.nvme.io_timeout_ms = 500;
       },
       options);

@@ -165,17 +165,12 @@ TEST_F(FaultTest, ADeviceFailingEveryWriteRetiresNoMoreThanOneExtentIn32) {
 TEST_F(FaultTest, ADeadDriveAmongSeveralIsTakenOutOfServiceAndItsBlocksListedAsLost) {
   store_.reset();
   NvmeStoreOptions o = options();
-  o.config.paths = {dir_.file("d0.kvs"), dir_.file("d1.kvs"), dir_.file("d2.kvs"),
-                    dir_.file("d3.kvs")};
-  o.config.capacity_bytes = 4 * 32 * (kGeom.block_bytes() + 4096);
+  spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"}, 32);
   auto s = NvmeStore::create(kGeom, o);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   store_ = std::move(s).value();
   ASSERT_EQ(store_->capacity_blocks(), 128u);
-  const auto on_dead_drive = [&](uint64_t id) {
-    auto place = store_->locate(test_key(id));
-    return place.ok() && place->path.ends_with("d2.kvs");
-  };
+  const auto on_dead_drive = [&](uint64_t id) { return lies_on(id, "d2.kvs"); };
   // Extents are handed out in order at first: 72 blocks fill the first two files and 8 of the
   // third.
   std::vector<BlockKey> expected_lost;
@@ -236,9 +231,8 @@ TEST_F(FaultTest, TheFailuresThatTakeADriveOutAreConfigured) {
     NvmeStoreOptions o = options();
     const std::string run = std::to_string(after);
     // Extents are handed out in order at first: the writes land on the dead drive.
-    o.config.paths = {dir_.file("dead" + run + ".kvs"), dir_.file("a" + run + ".kvs"),
-                      dir_.file("b" + run + ".kvs"), dir_.file("c" + run + ".kvs")};
-    o.config.capacity_bytes = 4 * 32 * (kGeom.block_bytes() + 4096);
+    spread_over(
+        o, {"dead" + run + ".kvs", "a" + run + ".kvs", "b" + run + ".kvs", "c" + run + ".kvs"}, 32);
     o.config.out_of_service_after_failures = after;
     store_ = open_with(o);
     ASSERT_NE(store_, nullptr);

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "tests/tiers/tier_test_support.hpp"
 #include "tiers/fault_injection.hpp"
@@ -64,6 +66,18 @@ class FaultTest : public ::testing::Test {
     return Status();
   }
   const LinkStats& link(Link l) { return store_->stats().link(l); }
+
+  // `o` spread over one file per name (a drive each), `extents` extents apiece.
+  void spread_over(NvmeStoreOptions& o, const std::vector<std::string>& names, uint64_t extents) {
+    o.config.paths.clear();
+    for (const std::string& name : names) o.config.paths.push_back(dir_.file(name));
+    o.config.capacity_bytes = names.size() * extents * (kGeom.block_bytes() + 4096);
+  }
+  // Whether block `id` lies in the file whose path ends with `name`.
+  bool lies_on(uint64_t id, const std::string& name) const {
+    auto place = store_->locate(test_key(id));
+    return place.ok() && place->path.ends_with(name);
+  }
 
   testing::TempDir dir_;
   std::shared_ptr<FaultInjectingIoBackend> faults_;

@@ -129,15 +129,10 @@ TEST_F(HungDriveTest, AHungReadEndsOnlyWhenTheDriveAnswers) {
 TEST_F(HungDriveTest, AHungDriveAmongSeveralIsTakenOutOfService) {
   store_.reset();
   NvmeStoreOptions o = hung_options();
-  o.config.paths = {dir_.file("d0.kvs"), dir_.file("d1.kvs"), dir_.file("d2.kvs"),
-                    dir_.file("d3.kvs")};
-  o.config.capacity_bytes = 4 * 32 * (kGeom.block_bytes() + 4096);
+  spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"}, 32);
   store_ = open_with(o);
   ASSERT_NE(store_, nullptr);
-  const auto on_hung_drive = [&](uint64_t id) {
-    auto place = store_->locate(test_key(id));
-    return place.ok() && place->path.ends_with("d2.kvs");
-  };
+  const auto on_hung_drive = [&](uint64_t id) { return lies_on(id, "d2.kvs"); };
   std::vector<BlockKey> expected_lost;
   for (uint64_t id = 0; id < 72; ++id) {  // the first two files, and 8 blocks of the third
     ASSERT_TRUE(write(id, id).ok());
@@ -187,8 +182,7 @@ TEST_F(HungDriveTest, AHungDriveAmongSeveralIsTakenOutOfService) {
 TEST_F(HungDriveTest, AStoreOpensPastAHungDrive) {
   store_.reset();
   NvmeStoreOptions o = hung_options();
-  o.config.paths = {dir_.file("d0.kvs"), dir_.file("d1.kvs")};
-  o.config.capacity_bytes = 2 * 16 * (kGeom.block_bytes() + 4096);
+  spread_over(o, {"d0.kvs", "d1.kvs"}, 16);
   store_ = open_with(o);
   ASSERT_NE(store_, nullptr);
   for (uint64_t id = 0; id < 20; ++id) ASSERT_TRUE(write(id, id).ok());  // 16 on d0, 4 on d1
