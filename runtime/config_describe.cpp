@@ -94,6 +94,9 @@ std::string describe_config(const Config& config) {
              ? "          files never taken out of service"
              : "          a file out of service after " +
                    std::to_string(n.out_of_service_after_failures) + " failed in a row");
+    line(n.readmit_after_ms == 0 ? "          a file out of service stays out until a restart"
+                                 : "          a file out of service probed after " +
+                                       std::to_string(n.readmit_after_ms) + " ms");
     for (std::size_t i = 0; i < n.paths.size(); ++i) {
       const uint64_t extents = i < s.nvme_extents_per_file.size() ? s.nvme_extents_per_file[i] : 0;
       line("          path " + n.paths[i] + " (" + std::to_string(extents) + " extents)");

@@ -295,6 +295,8 @@ const ConfigKey kKeys[] = {
      [](Config& c, const YAML::Node& n) {
        return read_u32(n, c.tiers.nvme.out_of_service_after_failures);
      }},
+    {"tiers.nvme.readmit_after_ms", "integer",
+     [](Config& c, const YAML::Node& n) { return read_u32(n, c.tiers.nvme.readmit_after_ms); }},
 
     {"policies.eviction", "lru|lfu|s3fifo|prefix_aware|lookahead",
      [](Config& c, const YAML::Node& n) { return read_enum(n, c.policies.eviction); }},

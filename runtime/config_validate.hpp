@@ -36,6 +36,7 @@ inline constexpr uint32_t kMaxQueueDepth = 4096;
 inline constexpr uint32_t kMaxIoThreads = 64;
 inline constexpr uint32_t kMaxNvmePauseMs = 3'600'000;    // an hour
 inline constexpr uint32_t kMaxNvmeIoTimeoutMs = 600'000;  // ten minutes
+inline constexpr uint32_t kMaxNvmeReadmitAfterMs = 3'600'000;  // an hour
 inline constexpr int kMaxCudaDevice = 255;
 inline constexpr int kMaxNumaNode = 1023;
 inline constexpr std::size_t kMaxLatencyBuckets = 64;

@@ -279,9 +279,17 @@ void MetricsCollector::collect_transfer(const TransferStats& t,
              "NVMe extents dropped at recovery (torn, foreign or duplicate)", kCounter,
              read(t.dropped_extents));
   add_single(out, "kvtier_nvme_files_out_of_service",
-             "NVMe store files (drives) out of service after media errors in a row; their blocks "
-             "are dropped and their extents retired until a restart",
+             "NVMe store files (drives) out of service after failed requests in a row; their "
+             "blocks are dropped and their extents retired until a probe finds them answering "
+             "again or a restart",
              MetricType::Gauge, read(t.files_out_of_service));
+  add_single(out, "kvtier_nvme_probes_total",
+             "Superblock reads of NVMe store files out of service, to see whether they answer "
+             "again (tiers.nvme.readmit_after_ms)",
+             kCounter, read(t.nvme_probes));
+  add_single(out, "kvtier_nvme_files_readmitted_total",
+             "NVMe store files put back in service, empty, after a probe read their superblock",
+             kCounter, read(t.files_readmitted));
   add_single(out, "kvtier_nvme_io_timeouts_total",
              "NVMe requests a drive left unanswered past tiers.nvme.io_timeout_ms (a hung drive)",
              kCounter, read(t.io_timeouts));

@@ -52,7 +52,8 @@
 // every block in use as kept in memory, and steps that no longer fit fail the same way. Reads
 // that keep failing pause reading from NVMe: while paused, compute-or-load reuses no block found
 // only there and hints read none. Extents the store retires after media errors are retired in
-// the table's NVMe allocator too, so that plans count only the extents left in service.
+// the table's NVMe allocator too, so that plans count only the extents left in service, and come
+// back to it when the store readmits a drive.
 #pragma once
 
 #include <array>
@@ -522,6 +523,8 @@ class Scheduler {
   // last call (bad sectors; TransferPort::nvme_retired_extents), so plans count only the extents
   // left in service; fails the open steps that no longer fit. Returns how many it retired. When
   // every extent holds a block, the rest are retired by a later call, once extents are freed.
+  // When the store retires fewer than the table (a drive readmitted), puts as many back in
+  // service instead, and returns 0.
   uint64_t take_retired_nvme_extents();
   // Forgets the NVMe copies of the blocks the store dropped with a dead drive
   // (TransferPort::take_lost_nvme_blocks); those read or written right now wait for a later call.

@@ -121,6 +121,18 @@ uint64_t Scheduler::take_retired_nvme_extents() {
   if (parts_.nvme == nullptr) return 0;
   forget_lost_nvme_blocks();
   const uint64_t retired_by_store = parts_.port->nvme_retired_extents();
+  if (parts_.nvme->retired() > retired_by_store) {
+    // A drive readmitted: its extents hold nothing the table knows of (its blocks were forgotten
+    // when it went out), so any retired extent of the table's will do.
+    const uint32_t back = parts_.nvme->unretire_up_to(
+        static_cast<uint32_t>(parts_.nvme->retired() - retired_by_store));
+    stats_.nvme_retired_extents.store(parts_.nvme->retired(), std::memory_order_relaxed);
+    want_watermark_check();
+    log(LogLevel::kInfo, "the NVMe store put " + std::to_string(back) +
+                             " extents back in service (a drive readmitted); " +
+                             std::to_string(parts_.nvme->in_service()) + " in service");
+    return 0;
+  }
   uint64_t taken = 0;
   while (parts_.nvme->retired() < retired_by_store) {
     Result<uint32_t> extent = parts_.nvme->allocate();

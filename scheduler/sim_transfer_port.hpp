@@ -10,6 +10,7 @@
 // simulated run exports the same link metrics; those atomics may be read from any thread.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -78,6 +79,11 @@ class SimTransferPort final : public TransferPort {
       if (on_nvme_.erase(key) != 0) lost_.push_back(key);
     }
     retired_extents_ += extents;
+  }
+  // The dead drive answers again and the store readmits it: `extents` extents are back in
+  // service, as the real store does after a probe.
+  void readmit_nvme_extents(uint64_t extents) {
+    retired_extents_ -= std::min(extents, retired_extents_);
   }
   // A dead drive holding about one block in `one_in`, drawn with `rng`; no extent is retired.
   template <typename Rng>

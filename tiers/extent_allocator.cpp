@@ -49,6 +49,15 @@ uint32_t ExtentAllocator::retire_free_in_file(uint32_t file) {
   return retired;
 }
 
+uint32_t ExtentAllocator::unretire_in_file(uint32_t file) {
+  uint32_t back = 0;
+  const uint32_t first = first_extent_of(file);
+  for (uint32_t e = first; e < first + extents_per_file_[file]; ++e) {
+    if (frames_->is_retired(e) && frames_->unretire(e).ok()) ++back;
+  }
+  return back;
+}
+
 Result<ExtentLocation> ExtentAllocator::locate(uint32_t extent) const {
   if (extent >= capacity()) {
     return out_of_range("extent " + std::to_string(extent) + " is past the store's " +

@@ -49,6 +49,11 @@ class ExtentAllocator {
   // extent and gives back those of other files, O(free extents). Quiescent use only (the caller
   // serializes every allocate and free).
   uint32_t retire_free_in_file(uint32_t file);
+  // Puts every retired extent of `file` back in service, free (a drive readmitted), and returns
+  // how many. O(extents of the file).
+  uint32_t unretire_in_file(uint32_t file);
+  // Puts up to `most` retired extents back in service, whichever (see FrameAllocator).
+  uint32_t unretire_up_to(uint32_t most) { return frames_->unretire_up_to(most); }
 
   Result<ExtentLocation> locate(uint32_t extent) const;
   // Inverse of locate: the extent at (file, offset), or kNotFound when none starts there.
@@ -61,10 +66,13 @@ class ExtentAllocator {
   uint32_t used() const { return frames_->used(); }
   uint32_t free_count() const { return frames_->free_count(); }
   bool is_allocated(uint32_t extent) const { return frames_->is_allocated(extent); }
+  bool is_retired(uint32_t extent) const { return frames_->is_retired(extent); }
   uint64_t extent_bytes() const { return extent_bytes_; }
   uint64_t first_offset() const { return first_offset_; }
   uint32_t file_count() const { return static_cast<uint32_t>(extents_per_file_.size()); }
   uint32_t extents_in_file(uint32_t file) const { return extents_per_file_.at(file); }
+  // The global index of the first extent of `file`; its extents follow contiguously.
+  uint32_t first_extent_of(uint32_t file) const { return file_start_.at(file); }
   Status audit() const { return frames_->audit(); }
 
  private:

@@ -205,6 +205,30 @@ Status FrameAllocator::retire(uint32_t frame) {
   return ok_status();
 }
 
+Status FrameAllocator::unretire(uint32_t frame) {
+  if (frame >= capacity_) {
+    return out_of_range("cannot unretire frame " + std::to_string(frame) + ": capacity is " +
+                        std::to_string(capacity_));
+  }
+  // Claimed as allocated, then freed: free() is the one place that pushes onto a stack.
+  uint32_t expected = kRetiredMark;
+  if (!next_[frame].compare_exchange_strong(expected, kAllocatedMark, std::memory_order_relaxed)) {
+    return failed_precondition("cannot unretire frame " + std::to_string(frame) +
+                               ": it is not retired");
+  }
+  retired_.fetch_sub(1, std::memory_order_relaxed);
+  add_used(1);
+  return free(frame);
+}
+
+uint32_t FrameAllocator::unretire_up_to(uint32_t most) {
+  uint32_t done = 0;
+  for (uint32_t f = 0; f < capacity_ && done < most; ++f) {
+    if (is_retired(f) && unretire(f).ok()) ++done;
+  }
+  return done;
+}
+
 Status FrameAllocator::reserve_all(std::span<const uint32_t> frames) {
   std::vector<bool> wanted(capacity_, false);
   for (uint32_t f : frames) {
@@ -216,7 +240,7 @@ Status FrameAllocator::reserve_all(std::span<const uint32_t> frames) {
       return failed_precondition("cannot reserve frame " + std::to_string(f) +
                                  ": it is already allocated");
     }
-    if (next_[f].load(std::memory_order_relaxed) == kRetiredMark) {
+    if (is_retired(f)) {
       return failed_precondition("cannot reserve frame " + std::to_string(f) + ": it is retired");
     }
     wanted[f] = true;
@@ -230,6 +254,11 @@ Status FrameAllocator::reserve_all(std::span<const uint32_t> frames) {
 bool FrameAllocator::is_allocated(uint32_t frame) const {
   if (frame >= capacity_) return false;
   return next_[frame].load(std::memory_order_relaxed) == kAllocatedMark;
+}
+
+bool FrameAllocator::is_retired(uint32_t frame) const {
+  if (frame >= capacity_) return false;
+  return next_[frame].load(std::memory_order_relaxed) == kRetiredMark;
 }
 
 Status FrameAllocator::audit() const {
@@ -252,7 +281,7 @@ Status FrameAllocator::audit() const {
   for (uint32_t i = 0; i < capacity_; ++i) {
     if (is_allocated(i)) {
       ++allocated;
-    } else if (next_[i].load(std::memory_order_relaxed) == kRetiredMark) {
+    } else if (is_retired(i)) {
       if (on_stack[i]) return internal_error("retired frame " + std::to_string(i) + " is free");
       ++retired_links;
     } else if (!on_stack[i]) {

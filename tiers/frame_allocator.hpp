@@ -24,9 +24,10 @@
 // off by the operations in flight (it is clamped to [0, capacity]). Threads beyond kCounterSlots
 // share one more slot through an atomic add, and home stripe 0.
 //
-// A frame can be retired for good (an NVMe extent on a bad sector): its link word then holds
-// kRetiredMark, it is neither used nor free, and in_service() = capacity() - retired() is what the
-// tier can hold; capacity() stays the size of the index space.
+// A frame can be retired (an NVMe extent on a bad sector, or on a drive taken out of service): its
+// link word then holds kRetiredMark, it is neither used nor free, and in_service() = capacity() -
+// retired() is what the tier can hold; capacity() stays the size of the index space. unretire()
+// puts one back on a free stack (a drive readmitted).
 //
 // The allocator hands out indices only; the arena that owns the bytes (HBM, host pool, NVMe
 // extents) maps an index to an address or offset. It holds no lock, so it may be called under any
@@ -73,6 +74,12 @@ class FrameAllocator {
   // and in_service() drop by one. kOutOfRange past capacity; kFailedPrecondition for a frame that
   // is not allocated. Nothing changes on error.
   Status retire(uint32_t frame);
+  // Puts a retired frame back in service, free. kOutOfRange past capacity; kFailedPrecondition
+  // for a frame that is not retired. Nothing changes on error.
+  Status unretire(uint32_t frame);
+  // Puts up to `most` retired frames back in service, the lowest indices first, and returns how
+  // many; O(capacity). For a count of frames that mirrors another allocator's (any frame will do).
+  uint32_t unretire_up_to(uint32_t most);
 
   // Marks exactly these frames allocated (they must be free and distinct) and rebuilds the free
   // stack in O(capacity). For rebuilding state at start-up (recovering an NVMe index): not safe
@@ -80,6 +87,7 @@ class FrameAllocator {
   Status reserve_all(std::span<const uint32_t> frames);
 
   bool is_allocated(uint32_t frame) const;
+  bool is_retired(uint32_t frame) const;
   // The size of the index space, retired frames included.
   uint32_t capacity() const { return capacity_; }
   uint32_t retired() const { return retired_.load(std::memory_order_relaxed); }

@@ -297,7 +297,8 @@ Status NvmeStore::open_files() {
   doomed_.assign(extents_->capacity(), 0);
   bad_.assign(extents_->capacity(), 0);
   file_health_ = NvmeFileHealth(static_cast<uint32_t>(files_.size()),
-                                options_.config.out_of_service_after_failures);
+                                options_.config.out_of_service_after_failures,
+                                std::chrono::milliseconds(options_.config.readmit_after_ms));
   unanswered_.assign(files_.size(), 0);
   return Status();
 }
@@ -418,6 +419,7 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
   op->checksum_kind = options_.config.checksum;
   {
     std::lock_guard<std::mutex> lock(index_mu_);
+    post_due_probes_locked();
     auto it = index_.find(key);
     if (it != index_.end() && it->second.state == EntryState::kReady) {
       return already_exists(what + ": the block is already in the NVMe store");

@@ -55,13 +55,25 @@
 //
 // Dead drives: with the store over several files (one per drive), a file whose requests fail
 // with media errors tiers.nvme.out_of_service_after_failures times in a row (8), none succeeding
-// between, is out of service (NvmeFileHealth; not the last one in service) until the store is
-// reopened. Its free extents are retired at once, so no block lands there again; its blocks are
+// between, is out of service (NvmeFileHealth; not the last one in service) until a probe finds it
+// answering again (below) or the store is reopened. Its free extents are retired at once, so no block lands there again; its blocks are
 // dropped from the index and listed for take_lost_blocks(), so the scheduler forgets them before it
 // plans a read of one; every extent of it freed later is retired too. Without this, once the
 // cap above was reached the dead drive's freed extents came round again and failed write after
 // write, until the scheduler paused writing to every drive. TransferStats::files_out_of_service
 // counts them.
+//
+// Readmission (nvme_store_readmit.cpp): a drive often answers again after the kernel resets its
+// controller. tiers.nvme.readmit_after_ms after a file went out (then after twice each wait
+// before, while probes fail), the next write posted also posts a probe: an I/O thread reads the
+// file's superblock, like any request (timeout, refusal while the drive holds unanswered
+// requests). If it is this store's, for that file, the file is back in service, empty, as after a
+// restart: all its extents are handed out again (the media errors that took it out were the
+// drive's, so the extents they marked bad get another chance too), and retired_blocks() drops by
+// as many, so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler dropped them);
+// their headers only come back at a restart, verified as any other. Writes are what need the
+// extents back, so only writes trigger probes. A drive that still fails goes out again after as
+// many failed requests as the first time, and waits longer for its next probe.
 //
 // Hung drives (nvme_store_hung.cpp): a drive that stops answering fails nothing, so the rules
 // above never see it. A request in flight longer than tiers.nvme.io_timeout_ms counts against its
@@ -250,6 +262,14 @@ class NvmeStore final : public BlockStore {
   std::vector<std::shared_ptr<TransferState>> abandon_write(const Op& op);
   // The drive answered an abandoned write at last: its extent is let go.
   void abandoned_write_ended(const Op& op, bool ok);
+
+  // Readmission (nvme_store_readmit.cpp). Under index_mu_: posts a probe of each file out of
+  // service whose probe is due (NvmeFileHealth::probes_due).
+  void post_due_probes_locked();
+  // OK when the superblock a probe read is this store's, for that file.
+  Status check_probe(const Op& op) const;
+  // The probe `op` ended with `result`: the file is back in service, or waits for the next.
+  void probe_finished(const Op& op, const Status& result);
 
   const PageFormat format_;
   const Geometry geometry_;  // format_.stored_geometry()

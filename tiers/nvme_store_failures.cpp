@@ -3,6 +3,7 @@
 // row on one file take that file out of service (a dead drive among several): its free extents
 // are retired at once, the blocks on it are dropped and listed for take_lost_blocks(), and every
 // extent of it freed later is retired too.
+#include <chrono>
 #include <string>
 
 #include "kvtier/log.hpp"
@@ -63,7 +64,15 @@ void NvmeStore::take_file_out_locked(uint32_t file, const std::string& why) {
       "NVMe store: " + files_[file].path + " failed " +
           std::to_string(file_health_.failures_in_a_row()) +
           " requests in a row with media errors or no answer, none succeeding between (the last: " +
-          why + "): it is out of service until the store is reopened; its " +
+          why + "): it is out of service" +
+          (file_health_.readmit_after().count() == 0
+               ? std::string(" until the store is reopened")
+               : " until a probe finds it answering (the next in " +
+                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        file_health_.probe_at(file) - NvmeFileHealth::Clock::now())
+                                        .count()) +
+                     " ms)") +
+          "; its " +
           std::to_string(dropped) + " blocks are dropped and its " +
           std::to_string(files_[file].extent_count) + " extents retired (" +
           std::to_string(free_retired) +

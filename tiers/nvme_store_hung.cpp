@@ -49,9 +49,10 @@ Status NvmeStore::refuse_on_a_hung_drive_locked(uint32_t file, const std::string
 Status NvmeStore::refuse_on_a_hung_drive(const Op& op) {
   if (stats_->requests_unanswered.load(std::memory_order_relaxed) == 0) return Status();
   std::lock_guard<std::mutex> lock(index_mu_);
-  return refuse_on_a_hung_drive_locked(
-      op.file, op.kind == Op::Kind::kScan ? "header of extent " + std::to_string(op.extent)
-                                          : "block " + key_text(op.key));
+  std::string what = "block " + key_text(op.key);
+  if (op.kind == Op::Kind::kScan) what = "header of extent " + std::to_string(op.extent);
+  if (op.kind == Op::Kind::kProbe) what = "probe of its superblock";
+  return refuse_on_a_hung_drive_locked(op.file, what);
 }
 
 std::vector<std::shared_ptr<TransferState>> NvmeStore::abandon_write(const Op& op) {

@@ -187,6 +187,10 @@ void NvmeStore::Worker::on_unanswered(Segment& s) {
       if (--b.remaining == 0) b.cv.notify_all();
       break;
     }
+    case Op::Kind::kProbe:
+      op.abandoned = true;
+      store_.probe_finished(op, deadline_exceeded("probe: " + what));
+      break;
     case Op::Kind::kReadBlock:
     case Op::Kind::kReadPage: break;  // the caller's memory: ends when the drive answers
   }
@@ -261,6 +265,7 @@ void NvmeStore::Worker::prepare(Op& op) {
       pieces.push_back({op.pages[0], l.page_stride, op.extent_offset + l.page_offset(op.layer)});
       break;
     case Op::Kind::kScan: pieces.push_back({op.header, l.header_bytes, op.extent_offset}); break;
+    case Op::Kind::kProbe: pieces.push_back({op.probe_buffer.get(), op.probe_bytes, 0}); break;
   }
   // Coalesce neighbours that are adjacent in memory (they always are on disk).
   std::vector<Piece> runs;
@@ -494,6 +499,10 @@ void NvmeStore::Worker::finish(Op& op) {
       if (--b.remaining == 0) b.cv.notify_all();
       break;
     }
+    case Op::Kind::kProbe:
+      if (result.ok()) result = store_.check_probe(op);
+      store_.probe_finished(op, result);
+      break;
   }
   std::shared_ptr<TransferState> state = std::move(op.state);
   release(op);  // `op` is gone from here on
@@ -530,6 +539,7 @@ void NvmeStore::Worker::cancel(std::unique_ptr<Op> op, const Status& why) {
       if (--b.remaining == 0) b.cv.notify_all();
       break;
     }
+    case Op::Kind::kProbe: store_.probe_finished(*op, why); break;
   }
   if (op->state) op->state->complete(why);
   NvmeStore::complete_joined(joined, op->key, why);

@@ -1,6 +1,6 @@
 // The NVMe store's I/O side, shared by nvme_store.cpp and nvme_worker.cpp (not installed): the
-// operations the store posts (a block written or read, one page read, a scan of extent headers)
-// and the Worker that carries them out. Each Worker is one I/O thread with its own queue
+// operations the store posts (a block written or read, one page read, a scan of extent headers, a
+// probe of a file out of service) and the Worker that carries them out. Each Worker is one I/O thread with its own queue
 // (io_uring, or the synchronous fallback): engine threads post operations into its inbox under a
 // mutex; the thread alone prepares them (header slot, segments of contiguous memory and disk,
 // registered buffers where they fit), submits, handles completions and short transfers, checks
@@ -67,7 +67,7 @@ struct Segment {
 };
 
 struct NvmeStore::Op {
-  enum class Kind : uint8_t { kWrite, kReadBlock, kReadPage, kScan };
+  enum class Kind : uint8_t { kWrite, kReadBlock, kReadPage, kScan, kProbe };
   Kind kind = Kind::kReadBlock;
   std::shared_ptr<TransferState> state;  // null for scans
   BlockKey key;
@@ -80,6 +80,10 @@ struct NvmeStore::Op {
   std::vector<uint64_t> page_sums;  // write: computed; read_page: the expected one
   std::vector<std::byte*> pages;
   ScanBatch* scan = nullptr;
+  // kProbe: the file's superblock is read into this buffer, owned by the operation (a drive that
+  // answers late still writes into memory that exists).
+  AlignedBytes probe_buffer;
+  uint64_t probe_bytes = 0;
 
   // Owned by the I/O thread from here on.
   int slot = -1;
@@ -89,7 +93,7 @@ struct NvmeStore::Op {
   StatusCode error_code = StatusCode::kOk;
   std::string error_message;
   int io_errno = 0;  // the errno of the first failure, when a request failed with one
-  // A write or scan whose drive left a request unanswered past the I/O timeout: its caller was
+  // A write, scan or probe whose drive left a request unanswered past the I/O timeout: its caller was
   // told then; the rest of it only frees what it holds (slot, extent) when the drive answers.
   bool abandoned = false;
 

@@ -109,6 +109,9 @@ struct TransferStats {
   // of those still unanswered (their memory stays reserved until the drive answers).
   std::atomic<uint64_t> io_timeouts{0};
   std::atomic<uint64_t> requests_unanswered{0};
+  // Probes of files out of service (tiers.nvme.readmit_after_ms), and the files they put back.
+  std::atomic<uint64_t> nvme_probes{0};
+  std::atomic<uint64_t> files_readmitted{0};
 
   // Copy engines.
   std::atomic<uint64_t> copy_segments{0};  // physical copies issued after batching

@@ -24,6 +24,7 @@ TEST(Describe, DefaultSummaryHasGeometryTiersPoliciesAndMetrics) {
   EXPECT_THAT(d, HasSubstr("reads paused 1000 ms after 8 failed in a row\n"));
   EXPECT_THAT(d, HasSubstr("a request unanswered for 5000 ms fails its drive\n"));
   EXPECT_THAT(d, HasSubstr("a file out of service after 8 failed in a row\n"));
+  EXPECT_THAT(d, HasSubstr("a file out of service probed after 30000 ms\n"));
   EXPECT_THAT(d, HasSubstr("policies  eviction lru, write write_back"));
   EXPECT_THAT(d,
               HasSubstr("metrics   listen 127.0.0.1:9464, 12 latency buckets 0.0001 s .. 1 s\n"));
@@ -45,10 +46,13 @@ TEST(Describe, ReflectsWhatChanged) {
   never.tiers.nvme.pause_after_failed_reads = 0;
   never.tiers.nvme.io_timeout_ms = 0;
   never.tiers.nvme.out_of_service_after_failures = 0;
+  never.tiers.nvme.readmit_after_ms = 0;
   EXPECT_THAT(describe_config(never), HasSubstr("writes never paused after failures\n"));
   EXPECT_THAT(describe_config(never), HasSubstr("reads never paused after failures\n"));
   EXPECT_THAT(describe_config(never), HasSubstr("requests never time out\n"));
   EXPECT_THAT(describe_config(never), HasSubstr("files never taken out of service\n"));
+  EXPECT_THAT(describe_config(never),
+              HasSubstr("a file out of service stays out until a restart\n"));
   EXPECT_THAT(d, HasSubstr("(key namespace \"tenant-a\")"));
   EXPECT_THAT(d, HasSubstr("tier nvme disabled\n"));
   EXPECT_THAT(d, HasSubstr("write write_through_selective after 3 hits"));

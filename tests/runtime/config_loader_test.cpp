@@ -160,6 +160,7 @@ tiers:
     pause_ms: 2500
     io_timeout_ms: 750
     out_of_service_after_failures: 20
+    readmit_after_ms: 4000
     watermarks: {low: 0.3, high: 0.8}
 policies:
   eviction: s3fifo
@@ -216,6 +217,7 @@ metrics:
   EXPECT_EQ(c.tiers.nvme.pause_ms, 2500u);
   EXPECT_EQ(c.tiers.nvme.io_timeout_ms, 750u);
   EXPECT_EQ(c.tiers.nvme.out_of_service_after_failures, 20u);
+  EXPECT_EQ(c.tiers.nvme.readmit_after_ms, 4000u);
   EXPECT_EQ(c.tiers.nvme.watermarks.low, 0.3);
   EXPECT_EQ(c.tiers.nvme.watermarks.high, 0.8);
   EXPECT_EQ(c.policies.eviction, EvictionPolicy::kS3Fifo);

@@ -138,6 +138,7 @@ TEST(Validate, QueuesThreadsAndPolicies) {
   c.tiers.nvme.io_threads = 65;
   c.tiers.nvme.pause_ms = 0;
   c.tiers.nvme.io_timeout_ms = 600'001;
+  c.tiers.nvme.readmit_after_ms = 3'600'001;
   c.tiers.hbm.device = -1;
   c.tiers.host.numa_node = -2;
   c.tiers.nvme.read_gbps = -1;
@@ -152,6 +153,8 @@ TEST(Validate, QueuesThreadsAndPolicies) {
   EXPECT_THAT(m, HasSubstr("tiers.nvme.pause_ms: 0 is out of range; it must be in 1..3600000"));
   EXPECT_THAT(
       m, HasSubstr("tiers.nvme.io_timeout_ms: 600001 is out of range; it must be in 0..600000"));
+  EXPECT_THAT(m, HasSubstr("tiers.nvme.readmit_after_ms: 3600001 is out of range; it must be in "
+                           "0..3600000"));
   EXPECT_THAT(m, HasSubstr("tiers.hbm.device: -1 is out of range"));
   EXPECT_THAT(m, HasSubstr("tiers.host.numa: -2 is not a NUMA node"));
   EXPECT_THAT(m, HasSubstr("tiers.nvme.read_gbps: -1 is not a bandwidth"));
@@ -160,7 +163,7 @@ TEST(Validate, QueuesThreadsAndPolicies) {
   EXPECT_THAT(m, HasSubstr("policies.prefetch.layer_window: must be at least 1"));
   EXPECT_THAT(m, HasSubstr("policies.prefetch.deadline_ms: must be at least 1"));
   EXPECT_THAT(m, HasSubstr("policies.prefill_tokens_per_s: 0 must be a finite number"));
-  EXPECT_EQ(find_config_issues(c).size(), 12u) << m;
+  EXPECT_EQ(find_config_issues(c).size(), 13u) << m;
 }
 
 TEST(Validate, MetricsListenAndBuckets) {

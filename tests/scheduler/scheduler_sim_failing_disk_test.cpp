@@ -170,6 +170,25 @@ TEST(SchedulerSim, BlocksLostWithADeadDriveAreForgottenBeforeAPromptReusesThem) 
   expect_consistent(d.world());
 }
 
+// A drive dies with 16 of the 64 extents, and the table retires as many; once the store readmits
+// it, the next prompt opened puts them back in service, and NVMe holds more blocks than the 48
+// left while the drive was out.
+TEST(SchedulerSim, ExtentsOfAReadmittedDriveComeBackInService) {
+  FailingDisk d;
+  d.world().port().lose_nvme_blocks(d.prompt(0), 16);
+  EXPECT_TRUE(d.run(0).step.ok());
+  const auto retired = [&] { return d.world().scheduler().stats().nvme_retired_extents.load(); };
+  EXPECT_EQ(retired(), 16u);
+  d.world().port().readmit_nvme_extents(16);
+  EXPECT_TRUE(d.run(1).step.ok());
+  EXPECT_EQ(retired(), 0u);
+  std::vector<std::vector<BlockKey>> more;
+  ASSERT_TRUE(d.world().compute_prompts(24, kPromptBlocks, kNanosPerMicro, more).ok());
+  EXPECT_GT(d.world().port().nvme_blocks(), 48u);
+  d.expect_nvme_copies_on_disk();
+  expect_consistent(d.world());
+}
+
 // The first prompt's blocks are read from NVMe, and the drive dies as the first of those reads
 // starts; the scheduler hears of it at once (another prompt opens). It forgets at once the blocks
 // whose reads have not started, and the one being read as its read ends. The first prompt's step

@@ -88,6 +88,33 @@ TEST(ExtentAllocator, RetireFreeInFileTakesOnlyThatFilesFreeExtents) {
   EXPECT_TRUE(a.audit().ok());
 }
 
+// A drive readmitted: the retired extents of that file come back free; those in use stay in use,
+// and other files' retired extents stay retired.
+TEST(ExtentAllocator, UnretireInFileBringsBackOnlyThatFilesRetiredExtents) {
+  auto r = ExtentAllocator::create({4, 4, 4}, 4096, 4096);
+  ASSERT_TRUE(r.ok());
+  auto& a = **r;
+  std::vector<uint32_t> all;
+  for (int i = 0; i < 12; ++i) all.push_back(*a.allocate());
+  // File 1 is extents 4..7: 4, 5 and 6 were retired, 7 holds a block; extent 0 of file 0 is
+  // retired too.
+  for (uint32_t e : {0u, 4u, 5u, 6u}) ASSERT_TRUE(a.retire(e).ok());
+  for (uint32_t e : all) {
+    if (!a.is_retired(e) && e != 7) {
+      ASSERT_TRUE(a.free(e).ok());
+    }
+  }
+  EXPECT_EQ(a.first_extent_of(1), 4u);
+  EXPECT_EQ(a.unretire_in_file(1), 3u);
+  EXPECT_EQ(a.retired(), 1u);
+  EXPECT_TRUE(a.is_retired(0));
+  for (uint32_t e : {4u, 5u, 6u}) EXPECT_FALSE(a.is_retired(e));
+  EXPECT_TRUE(a.is_allocated(7));
+  EXPECT_EQ(a.free_count(), 10u);
+  EXPECT_EQ(a.unretire_in_file(1), 0u) << "none left";
+  EXPECT_TRUE(a.audit().ok()) << a.audit().to_string();
+}
+
 TEST(ExtentAllocator, RejectsBadGeometry) {
   EXPECT_EQ(ExtentAllocator::create({1}, 0, 0).status().code(), StatusCode::kInvalidArgument);
 }

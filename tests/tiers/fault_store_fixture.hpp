@@ -1,12 +1,15 @@
 // FaultTest: an NVMe store over the fault-injecting I/O backend, with helpers that write and
 // read back one block by id and check its bytes. Shared by the store's fault tests
-// (fault_injection_test.cpp, nvme_hung_drive_test.cpp). TearDown audits the store's accounting.
+// (fault_injection_test.cpp, nvme_hung_drive_test.cpp, nvme_readmit_test.cpp). TearDown audits the
+// store's accounting.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/tiers/tier_test_support.hpp"
@@ -19,6 +22,18 @@ using testing::AlignedPages;
 using testing::test_key;
 
 inline const Geometry kGeom = testing::small_geometry(Dtype::kF32, 4, 8, 2, 64);  // 8 KiB pages
+
+// Polls `done` every millisecond for up to 10 s (a drive's answers reach the I/O thread within a
+// few ms, timeouts and probes within their configured wait plus a wake-up).
+template <typename F>
+bool eventually(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 class FaultTest : public ::testing::Test {
  protected:

@@ -91,6 +91,39 @@ TEST(FrameAllocator, ARetiredFrameIsNeverHandedOutAgain) {
   ASSERT_TRUE(a->audit().ok()) << a->audit().to_string();
 }
 
+TEST(FrameAllocator, AnUnretiredFrameIsFreeAndHandedOutAgain) {
+  auto a = make(4);
+  std::vector<uint32_t> held;
+  for (int i = 0; i < 4; ++i) held.push_back(*a->allocate());
+  ASSERT_TRUE(a->retire(held[1]).ok());
+  ASSERT_TRUE(a->retire(held[2]).ok());
+  EXPECT_TRUE(a->is_retired(held[1]));
+  EXPECT_EQ(a->in_service(), 2u);
+  // Misuse is an error that changes nothing.
+  EXPECT_EQ(a->unretire(held[0]).code(), StatusCode::kFailedPrecondition);  // allocated
+  EXPECT_NE(a->unretire(held[0]).message().find("not retired"), std::string::npos);
+  EXPECT_EQ(a->unretire(4).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(a->retired(), 2u);
+
+  ASSERT_TRUE(a->unretire(held[1]).ok());
+  EXPECT_FALSE(a->is_retired(held[1]));
+  EXPECT_EQ(a->retired(), 1u);
+  EXPECT_EQ(a->in_service(), 3u);
+  EXPECT_EQ(a->used(), 2u);  // held[0] and held[3]
+  EXPECT_EQ(a->free_count(), 1u);
+  ASSERT_TRUE(a->audit().ok()) << a->audit().to_string();
+  auto back = a->allocate();
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, held[1]);
+  EXPECT_EQ(a->unretire(held[1]).code(), StatusCode::kFailedPrecondition);  // allocated again
+
+  // unretire_up_to takes back as many as asked, and no more than there are.
+  EXPECT_EQ(a->unretire_up_to(5), 1u);
+  EXPECT_EQ(a->retired(), 0u);
+  EXPECT_EQ(a->unretire_up_to(5), 0u);
+  ASSERT_TRUE(a->audit().ok()) << a->audit().to_string();
+}
+
 TEST(FrameAllocator, ZeroCapacityIsEmpty) {
   auto a = make(0);
   EXPECT_EQ(a->allocate().status().code(), StatusCode::kResourceExhausted);

@@ -18,18 +18,6 @@ namespace {
 
 constexpr uint32_t kTimeoutMs = 400;
 
-// Polls `done` every millisecond for up to 10 s (the drive's answers reach the I/O thread within
-// a few ms, and timeouts within kTimeoutMs plus a wake-up).
-template <typename F>
-bool eventually(F done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
 class HungDriveTest : public FaultTest {
  protected:
   NvmeStoreOptions hung_options() {
