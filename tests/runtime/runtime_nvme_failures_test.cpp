@@ -8,7 +8,8 @@
 // on NVMe only, without a read, instead of failing on it. A dead drive among four: the store takes
 // it out of service, the scheduler forgets the blocks it held, and the engine runs on the others;
 // so it does when the drive hangs instead (tiers.nvme.io_timeout_ms), and a lone drive that hangs
-// is paused like one that fails.
+// is paused like one that fails. A dead drive that answers again is readmitted
+// (tiers.nvme.readmit_after_ms) and filled again.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -40,6 +41,8 @@ struct Scrape {
   double io_timeouts = -1;
   double unanswered = -1;
   double writes_pending = -1;  // bytes queued or in flight host -> NVMe
+  double probes = -1;
+  double readmitted = -1;
 };
 
 Scrape scrape(const Runtime& rt) {
@@ -57,6 +60,8 @@ Scrape scrape(const Runtime& rt) {
   s.blocks_lost = testing::sample_value(r.body, "kvtier_nvme_blocks_lost_total").value_or(-1);
   s.io_timeouts = testing::sample_value(r.body, "kvtier_nvme_io_timeouts_total").value_or(-1);
   s.unanswered = testing::sample_value(r.body, "kvtier_nvme_requests_unanswered").value_or(-1);
+  s.probes = testing::sample_value(r.body, "kvtier_nvme_probes_total").value_or(-1);
+  s.readmitted = testing::sample_value(r.body, "kvtier_nvme_files_readmitted_total").value_or(-1);
   s.writes_pending =
       testing::sample_value(r.body, "kvtier_link_inflight_bytes{src=\"host\",dst=\"nvme\"}")
           .value_or(-1);
@@ -283,6 +288,52 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOt
   EXPECT_EQ(s.read_pauses, 0.0) << "reading never paused";
   EXPECT_LE(nvme_capacity(*rt_), capacity * 3 / 4);
   EXPECT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], 0u);
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// As above, and then the drive answers again. While it is dead, probes fail and it stays out; once
+// it answers, a probe (posted with a write, 200 ms after the last) puts it back in service, the
+// scheduler's NVMe capacity is whole again, and the tier fills past the three quarters the other
+// drives hold. Its old blocks stay forgotten: the first prompts recompute them.
+TEST_F(RuntimeNvmeFailures, ADeadDriveThatAnswersAgainIsReadmittedAndFilledAgain) {
+  const bool opened = open([&](Config& c) {
+    four_drives(c);
+    c.tiers.nvme.readmit_after_ms = 200;
+  });
+  if (!opened) GTEST_SKIP() << kNoStore;
+  const uint64_t capacity = nvme_capacity(*rt_);
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  faults_->fail_file("drive1.kvs");
+  for (uint32_t seed = 1; seed <= 10; ++seed) prefill_prompt(*rt_, seed, /*must_run=*/false).ignore();
+  Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.files_out == 1.0; });
+  ASSERT_EQ(s.files_out, 1.0);
+  uint32_t seed = 100;
+  // Dead still: prompts run on the other drives while probes fail.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (scrape(*rt_).probes < 1.0 && std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
+  }
+  s = scrape(*rt_);
+  ASSERT_GE(s.probes, 1.0);
+  EXPECT_EQ(s.files_out, 1.0);
+  EXPECT_EQ(s.readmitted, 0.0);
+  EXPECT_LE(nvme_capacity(*rt_), capacity * 3 / 4);
+  // The drive answers: the next probe due readmits it.
+  faults_->clear();
+  while (scrape(*rt_).readmitted < 1.0 && std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
+  }
+  s = scrape(*rt_);
+  ASSERT_EQ(s.readmitted, 1.0);
+  EXPECT_EQ(s.files_out, 0.0);
+  for (uint32_t more = 0; more < 60; ++more) ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
+  EXPECT_EQ(nvme_capacity(*rt_), capacity);
+  EXPECT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], capacity * 3 / 4)
+      << "the readmitted drive holds blocks again";
+  for (uint32_t first = 1; first <= 10; ++first) ASSERT_TRUE(prefill_prompt(*rt_, first).ok());
+  s = scrape(*rt_);
+  EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());
 }

@@ -362,15 +362,17 @@ inline void pause_nvme_at_every_failure(SimSetup& setup) {
 
 // For the same seeds, once per operation: one time in 24 the next NVMe write lands on a bad
 // sector (it fails and its extent is retired, up to one in 32), one time in 24 the next NVMe
-// read does (it fails, and the extent is retired when the block is erased), and one time in 480
-// a drive dies with about a quarter of the blocks on NVMe (the scheduler forgets them). `disk`
-// is a generator of its own, so that the seed's operations and its other failures are drawn as
-// they were.
+// read does (it fails, and the extent is retired when the block is erased), one time in 480
+// a drive dies with about a quarter of the blocks on NVMe (the scheduler forgets them), and one
+// time in 480 a drive is readmitted: every extent retired so far is back in service (the
+// scheduler puts them back in its table at its next step). `disk` is a generator of its own, so
+// that the seed's operations and its other failures are drawn as they were.
 inline void maybe_hit_a_failing_disk(SimWorld& w, std::mt19937& disk) {
   const uint32_t draw = disk() % 480;
   if (draw % 24 == 0) w.port().fail_next_writes_on_bad_extents(1);
   if (draw % 24 == 1) w.port().fail_next_read_on_a_bad_extent();
   if (draw == 2) w.port().lose_some_nvme_blocks(disk, 4);
+  if (draw == 3) w.port().readmit_nvme_extents(w.port().nvme_retired_extents());
 }
 
 }  // namespace kvtier::testing
