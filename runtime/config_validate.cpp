@@ -215,8 +215,7 @@ std::vector<ConfigIssue> find_config_issues(const Config& config) {
     check_watermarks(out, "nvme", n.watermarks);
     check_range(out, "tiers.nvme.pause_ms", n.pause_ms, 1, kMaxNvmePauseMs);
     check_range(out, "tiers.nvme.io_timeout_ms", n.io_timeout_ms, 0, kMaxNvmeIoTimeoutMs);
-    check_range(out, "tiers.nvme.readmit_after_ms", n.readmit_after_ms, 0,
-                kMaxNvmeReadmitAfterMs);
+    check_range(out, "tiers.nvme.readmit_after_ms", n.readmit_after_ms, 0, kMaxNvmeReadmitAfterMs);
   }
   check_bandwidth(out, "tiers.nvme.read_gbps", n.read_gbps);
   check_bandwidth(out, "tiers.nvme.write_gbps", n.write_gbps);

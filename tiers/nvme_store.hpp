@@ -50,15 +50,17 @@
 // shrink with it.
 // At most one extent in 32 (at least one) is retired: past that the device fails as a whole,
 // not at a few sectors, and retiring more would only shrink the cache (the scheduler pauses
-// writing to a disk that keeps failing). Retirement lasts until the store is reopened; a drive
-// remaps a bad sector when it is written again, so a restart gives the extent another chance.
+// writing to a disk that keeps failing). Retirement lasts until the store is reopened (or its
+// drive is readmitted, below); a drive remaps a bad sector when it is written again, so a restart
+// gives the extent another chance.
 //
 // Dead drives: with the store over several files (one per drive), a file whose requests fail
 // with media errors tiers.nvme.out_of_service_after_failures times in a row (8), none succeeding
 // between, is out of service (NvmeFileHealth; not the last one in service) until a probe finds it
-// answering again (below) or the store is reopened. Its free extents are retired at once, so no block lands there again; its blocks are
-// dropped from the index and listed for take_lost_blocks(), so the scheduler forgets them before it
-// plans a read of one; every extent of it freed later is retired too. Without this, once the
+// answering again (below) or the store is reopened. Its free extents are retired at once, so no
+// block lands there again; its blocks are dropped from the index and listed for
+// take_lost_blocks(), so the scheduler forgets them before it plans a read of one; every extent of
+// it freed later is retired too. Without this, once the
 // cap above was reached the dead drive's freed extents came round again and failed write after
 // write, until the scheduler paused writing to every drive. TransferStats::files_out_of_service
 // counts them.
@@ -70,10 +72,10 @@
 // requests). If it is this store's, for that file, the file is back in service, empty, as after a
 // restart: all its extents are handed out again (the media errors that took it out were the
 // drive's, so the extents they marked bad get another chance too), and retired_blocks() drops by
-// as many, so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler dropped them);
-// their headers only come back at a restart, verified as any other. Writes are what need the
-// extents back, so only writes trigger probes. A drive that still fails goes out again after as
-// many failed requests as the first time, and waits longer for its next probe.
+// as many, so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler
+// dropped them); their headers only come back at a restart, verified as any other. Writes are what
+// need the extents back, so only writes trigger probes. A drive that still fails goes out again
+// after as many failed requests as the first time, and waits longer for its next probe.
 //
 // Hung drives (nvme_store_hung.cpp): a drive that stops answering fails nothing, so the rules
 // above never see it. A request in flight longer than tiers.nvme.io_timeout_ms counts against its

@@ -72,8 +72,7 @@ void NvmeStore::take_file_out_locked(uint32_t file, const std::string& why) {
                                         file_health_.probe_at(file) - NvmeFileHealth::Clock::now())
                                         .count()) +
                      " ms)") +
-          "; its " +
-          std::to_string(dropped) + " blocks are dropped and its " +
+          "; its " + std::to_string(dropped) + " blocks are dropped and its " +
           std::to_string(files_[file].extent_count) + " extents retired (" +
           std::to_string(free_retired) +
           " free ones now, the others as their reads and writes end); " +

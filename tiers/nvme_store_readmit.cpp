@@ -1,8 +1,8 @@
 // NvmeStore: a drive taken out of service comes back (see the header's "Readmission"). When a
 // write is posted and a file out of service is due for a probe (NvmeFileHealth::probes_due), an
 // I/O thread reads that file's superblock. A probe that reads this store's superblock for that
-// file puts the file back in service, empty: its extents return to the allocator, but for those
-// retired for bad sectors. A probe that fails (an I/O error, no answer within
+// file puts the file back in service, empty, as a restart would: all its extents return to the
+// allocator, those marked bad included. A probe that fails (an I/O error, no answer within
 // tiers.nvme.io_timeout_ms, a refusal while the drive still holds unanswered requests, or a
 // superblock not of this file: a replaced or wiped drive) leaves it out, and the next probe waits
 // twice as long.
@@ -37,8 +37,8 @@ void NvmeStore::post_due_probes_locked() {
 
 Status NvmeStore::check_probe(const Op& op) const {
   const std::string& path = files_[op.file].path;
-  Result<Superblock> sb = decode_superblock(
-      std::span<const std::byte>(op.probe_buffer.get(), kSuperblockBytes), path);
+  Result<Superblock> sb =
+      decode_superblock(std::span<const std::byte>(op.probe_buffer.get(), kSuperblockBytes), path);
   if (!sb.ok()) return sb.status();
   if (sb->store_id != store_id_ || sb->file_index != op.file || sb->fingerprint != fingerprint_) {
     return failed_precondition(path + " now holds file " + std::to_string(sb->file_index) +
@@ -79,8 +79,8 @@ void NvmeStore::probe_finished(const Op& op, const Status& result) {
   stats_->files_readmitted.fetch_add(1, std::memory_order_relaxed);
   log(LogLevel::kInfo, "NVMe store: " + path + " answered its probe: it is back in service with " +
                            std::to_string(back) + " free extents; " +
-                           std::to_string(files_.size() - file_health_.out_of_service()) +
-                           " of " + std::to_string(files_.size()) + " files in service");
+                           std::to_string(files_.size() - file_health_.out_of_service()) + " of " +
+                           std::to_string(files_.size()) + " files in service");
 }
 
 }  // namespace kvtier

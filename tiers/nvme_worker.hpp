@@ -1,11 +1,12 @@
 // The NVMe store's I/O side, shared by nvme_store.cpp and nvme_worker.cpp (not installed): the
 // operations the store posts (a block written or read, one page read, a scan of extent headers, a
-// probe of a file out of service) and the Worker that carries them out. Each Worker is one I/O thread with its own queue
-// (io_uring, or the synchronous fallback): engine threads post operations into its inbox under a
-// mutex; the thread alone prepares them (header slot, segments of contiguous memory and disk,
-// registered buffers where they fit), submits, handles completions and short transfers, checks
-// checksums and completes each operation's TransferState. An engine thread posting an operation
-// only takes the inbox's lock; stop() (the store's destructor) joins the thread.
+// probe of a file out of service) and the Worker that carries them out. Each Worker is one I/O
+// thread with its own queue (io_uring, or the synchronous fallback): engine threads post
+// operations into its inbox under a mutex; the thread alone prepares them (header slot, segments
+// of contiguous memory and disk, registered buffers where they fit), submits, handles completions
+// and short transfers, checks checksums and completes each operation's TransferState. An engine
+// thread posting an operation only takes the inbox's lock; stop() (the store's destructor) joins
+// the thread.
 //
 // Hung drives (see "Hung drives" in nvme_store.hpp): each request submitted carries its submission
 // time, the thread's waits are bounded by the earliest I/O timeout, and a request past it is handed
@@ -69,7 +70,7 @@ struct Segment {
 struct NvmeStore::Op {
   enum class Kind : uint8_t { kWrite, kReadBlock, kReadPage, kScan, kProbe };
   Kind kind = Kind::kReadBlock;
-  std::shared_ptr<TransferState> state;  // null for scans
+  std::shared_ptr<TransferState> state;  // null for scans and probes
   BlockKey key;
   uint32_t extent = 0;
   uint32_t file = 0;
@@ -93,8 +94,8 @@ struct NvmeStore::Op {
   StatusCode error_code = StatusCode::kOk;
   std::string error_message;
   int io_errno = 0;  // the errno of the first failure, when a request failed with one
-  // A write, scan or probe whose drive left a request unanswered past the I/O timeout: its caller was
-  // told then; the rest of it only frees what it holds (slot, extent) when the drive answers.
+  // A write, scan or probe whose drive left a request unanswered past the I/O timeout: its caller
+  // was told then; the rest of it only frees what it holds (slot, extent) when the drive answers.
   bool abandoned = false;
 
   void fail(const Status& s, int err = 0) {

@@ -110,8 +110,9 @@ struct NvmeTierConfig {
   // flight end when the drive answers (the kernel's own timeout bounds that). 0 = never.
   uint32_t io_timeout_ms = 5000;
   // With several paths (one per drive): failed or unanswered requests in a row to one file, none
-  // succeeding between, that take it out of service until the store is reopened (its blocks are
-  // dropped, no block lands there again). The last file in service never leaves. 0 = never.
+  // succeeding between, that take it out of service until a probe readmits it (readmit_after_ms)
+  // or the store is reopened (its blocks are dropped, no block lands there meanwhile). The last
+  // file in service never leaves. 0 = never.
   uint32_t out_of_service_after_failures = 8;
   // A file taken out of service is tried again (its superblock read) this long after it went
   // out, then after twice each wait before while it keeps failing, up to 16 times this; a probe

@@ -305,7 +305,8 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveThatAnswersAgainIsReadmittedAndFilledAgain
   const uint64_t capacity = nvme_capacity(*rt_);
   for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
   faults_->fail_file("drive1.kvs");
-  for (uint32_t seed = 1; seed <= 10; ++seed) prefill_prompt(*rt_, seed, /*must_run=*/false).ignore();
+  for (uint32_t seed = 1; seed <= 10; ++seed)
+    prefill_prompt(*rt_, seed, /*must_run=*/false).ignore();
   Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.files_out == 1.0; });
   ASSERT_EQ(s.files_out, 1.0);
   uint32_t seed = 100;
