@@ -49,11 +49,13 @@ uint32_t ExtentAllocator::retire_free_in_file(uint32_t file) {
   return retired;
 }
 
-uint32_t ExtentAllocator::unretire_in_file(uint32_t file) {
+uint32_t ExtentAllocator::unretire_in_file(uint32_t file,
+                                           const std::vector<uint8_t>& keep_retired) {
   uint32_t back = 0;
   const uint32_t first = first_extent_of(file);
   for (uint32_t e = first; e < first + extents_per_file_[file]; ++e) {
-    if (frames_->is_retired(e) && frames_->unretire(e).ok()) ++back;
+    const bool keep = e < keep_retired.size() && keep_retired[e] != 0;
+    if (!keep && frames_->is_retired(e) && frames_->unretire(e).ok()) ++back;
   }
   return back;
 }

@@ -49,9 +49,9 @@ class ExtentAllocator {
   // extent and gives back those of other files, O(free extents). Quiescent use only (the caller
   // serializes every allocate and free).
   uint32_t retire_free_in_file(uint32_t file);
-  // Puts every retired extent of `file` back in service, free (a drive readmitted), and returns
-  // how many. O(extents of the file).
-  uint32_t unretire_in_file(uint32_t file);
+  // Puts the retired extents of `file` back in service, free (a drive readmitted), but those
+  // with `keep_retired[extent]` set (bad sectors), and returns how many. O(extents of the file).
+  uint32_t unretire_in_file(uint32_t file, const std::vector<uint8_t>& keep_retired);
   // Puts up to `most` retired extents back in service, whichever (see FrameAllocator).
   uint32_t unretire_up_to(uint32_t most) { return frames_->unretire_up_to(most); }
 

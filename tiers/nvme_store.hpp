@@ -69,10 +69,10 @@
 // controller. tiers.nvme.readmit_after_ms after a file went out (then after twice each wait
 // before, while probes fail), the next write posted also posts a probe: an I/O thread reads the
 // file's superblock, like any request (timeout, refusal while the drive holds unanswered
-// requests). If it is this store's, for that file, the file is back in service, empty, as after a
-// restart: all its extents are handed out again (the media errors that took it out were the
-// drive's, so the extents they marked bad get another chance too), and retired_blocks() drops by
-// as many, so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler
+// requests). If it is this store's, for that file, the file is back in service, empty: its
+// extents are handed out again, but those marked bad (they stay retired until a restart, so a
+// drive taken out by a bad region does not meet it again), and retired_blocks() drops by as many,
+// so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler
 // dropped them); their headers only come back at a restart, verified as any other. Writes are what
 // need the extents back, so only writes trigger probes. A drive that still fails goes out again
 // after as many failed requests as the first time, and waits longer for its next probe.

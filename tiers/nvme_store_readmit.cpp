@@ -1,8 +1,8 @@
 // NvmeStore: a drive taken out of service comes back (see the header's "Readmission"). When a
 // write is posted and a file out of service is due for a probe (NvmeFileHealth::probes_due), an
 // I/O thread reads that file's superblock. A probe that reads this store's superblock for that
-// file puts the file back in service, empty, as a restart would: all its extents return to the
-// allocator, those marked bad included. A probe that fails (an I/O error, no answer within
+// file puts the file back in service, empty: its extents return to the allocator, but those
+// marked bad, which stay retired until a restart. A probe that fails (an I/O error, no answer within
 // tiers.nvme.io_timeout_ms, a refusal while the drive still holds unanswered requests, or a
 // superblock not of this file: a replaced or wiped drive) leaves it out, and the next probe waits
 // twice as long.
@@ -64,17 +64,13 @@ void NvmeStore::probe_finished(const Op& op, const Status& result) {
     }
     return;
   }
-  // Back in service, as after a restart: the media errors that took it out were the drive's, so
-  // the extents they marked bad get another chance with the others (a drive remaps a bad sector
-  // when it is written again). Its extents are handed out again, and those still held (reads,
-  // writes and abandoned writes in flight) are freed, not retired, when let go.
-  const uint32_t first = extents_->first_extent_of(op.file);
-  for (uint32_t e = first; e < first + extents_->extents_in_file(op.file); ++e) {
-    if (bad_[e] == 0) continue;
-    bad_[e] = 0;
-    --bad_marked_;
-  }
-  const uint32_t back = extents_->unretire_in_file(op.file);
+  // Back in service: its extents are handed out again, and those still held (reads, writes and
+  // abandoned writes in flight) are freed, not retired, when let go. Those marked bad stay
+  // retired, as until a restart anywhere: a drive taken out by a bad region of adjacent extents,
+  // not by its death, would otherwise meet the same region again and go out again, dropping every
+  // block written meanwhile, at each probe interval. A dead drive's last failures cost as many
+  // extents, within the one-in-32 cap, until a restart.
+  const uint32_t back = extents_->unretire_in_file(op.file, bad_);
   stats_->files_out_of_service.store(file_health_.out_of_service(), std::memory_order_relaxed);
   stats_->files_readmitted.fetch_add(1, std::memory_order_relaxed);
   log(LogLevel::kInfo, "NVMe store: " + path + " answered its probe: it is back in service with " +

@@ -88,16 +88,16 @@ TEST(ExtentAllocator, RetireFreeInFileTakesOnlyThatFilesFreeExtents) {
   EXPECT_TRUE(a.audit().ok());
 }
 
-// A drive readmitted: the retired extents of that file come back free; those in use stay in use,
-// and other files' retired extents stay retired.
-TEST(ExtentAllocator, UnretireInFileBringsBackOnlyThatFilesRetiredExtents) {
+// A drive readmitted: the retired extents of that file come back free, but those kept (bad
+// sectors); those in use stay in use, and other files' retired extents stay retired.
+TEST(ExtentAllocator, UnretireInFileBringsBackThatFilesRetiredExtentsButTheKeptOnes) {
   auto r = ExtentAllocator::create({4, 4, 4}, 4096, 4096);
   ASSERT_TRUE(r.ok());
   auto& a = **r;
   std::vector<uint32_t> all;
   for (int i = 0; i < 12; ++i) all.push_back(*a.allocate());
-  // File 1 is extents 4..7: 4, 5 and 6 were retired, 7 holds a block; extent 0 of file 0 is
-  // retired too.
+  // File 1 is extents 4..7: 5 is a bad sector, 4 and 6 were retired with the drive, 7 holds a
+  // block; extent 0 of file 0 is retired too.
   for (uint32_t e : {0u, 4u, 5u, 6u}) ASSERT_TRUE(a.retire(e).ok());
   for (uint32_t e : all) {
     if (!a.is_retired(e) && e != 7) {
@@ -105,13 +105,17 @@ TEST(ExtentAllocator, UnretireInFileBringsBackOnlyThatFilesRetiredExtents) {
     }
   }
   EXPECT_EQ(a.first_extent_of(1), 4u);
-  EXPECT_EQ(a.unretire_in_file(1), 3u);
-  EXPECT_EQ(a.retired(), 1u);
+  std::vector<uint8_t> bad(12, 0);
+  bad[5] = 1;
+  EXPECT_EQ(a.unretire_in_file(1, bad), 2u);
+  EXPECT_EQ(a.retired(), 2u);  // extents 0 and 5
   EXPECT_TRUE(a.is_retired(0));
-  for (uint32_t e : {4u, 5u, 6u}) EXPECT_FALSE(a.is_retired(e));
+  EXPECT_TRUE(a.is_retired(5));
+  EXPECT_FALSE(a.is_retired(4));
+  EXPECT_FALSE(a.is_retired(6));
   EXPECT_TRUE(a.is_allocated(7));
-  EXPECT_EQ(a.free_count(), 10u);
-  EXPECT_EQ(a.unretire_in_file(1), 0u) << "none left";
+  EXPECT_EQ(a.free_count(), 9u);
+  EXPECT_EQ(a.unretire_in_file(1, {}), 1u) << "the bad one, when nothing is kept";
   EXPECT_TRUE(a.audit().ok()) << a.audit().to_string();
 }
 

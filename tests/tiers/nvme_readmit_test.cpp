@@ -69,13 +69,14 @@ TEST_F(ReadmitTest, ADeadDriveThatAnswersAgainIsBackInServiceEmpty) {
   EXPECT_EQ(out(), 1u);
   EXPECT_EQ(readmitted(), 0u);
   EXPECT_EQ(store_->retired_blocks(), 32u);
-  // The drive answers again: the next probe puts it back, with every extent free.
+  // The drive answers again: the next probe puts it back, with every extent free but the 4 its
+  // first failed writes marked bad (the one-in-32 cap), which stay retired until a restart.
   faults_->clear();
   ASSERT_TRUE(writing_until(501, [&] { return readmitted() == 1; }));
   EXPECT_EQ(out(), 0u);
   EXPECT_EQ(probes(), 3u);
-  EXPECT_EQ(store_->retired_blocks(), 0u);
-  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  EXPECT_EQ(store_->retired_blocks(), 4u);
+  EXPECT_EQ(store_->capacity_blocks(), 124u);
   // Its old blocks stay forgotten; new ones land on it (the readmitted extents are handed out
   // first) and read back.
   for (const BlockKey& key : lost) EXPECT_FALSE(store_->contains(key));
@@ -114,7 +115,7 @@ TEST_F(ReadmitTest, AHungDriveIsProbedOnlyOnceItHasAnsweredAndThenComesBack) {
   ASSERT_TRUE(eventually([&] { return store_->stats().requests_unanswered.load() == 0; }));
   ASSERT_TRUE(writing_until(501, [&] { return readmitted() == 1; }));
   EXPECT_EQ(out(), 0u);
-  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u) << "no request failed: no extent was marked bad";
   for (uint64_t id = 600; id < 640; ++id) ASSERT_TRUE(write(id, id).ok()) << id;
 }
 
