@@ -219,6 +219,26 @@ void FaultInjectingIoBackend::fail_file(std::string path_part, int error) {
   dead_error_ = error;
 }
 
+Status FaultInjectingIoBackend::dead_file_failure(const std::string& what,
+                                                  const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dead_error_ == 0 || path.find(dead_part_) == std::string::npos) return Status();
+  ++injected_;
+  return errno_status(io_errno_code(dead_error_), what + " " + path, dead_error_);
+}
+
+Status FaultInjectingIoBackend::read_at(int fd, const std::string& path, void* buf, std::size_t len,
+                                        uint64_t offset) {
+  KVTIER_RETURN_IF_ERROR(dead_file_failure("read", path));
+  return inner_->read_at(fd, path, buf, len, offset);
+}
+
+Status FaultInjectingIoBackend::write_at(int fd, const std::string& path, const void* buf,
+                                         std::size_t len, uint64_t offset) {
+  KVTIER_RETURN_IF_ERROR(dead_file_failure("write", path));
+  return inner_->write_at(fd, path, buf, len, offset);
+}
+
 void FaultInjectingIoBackend::fail_allocate(int error) {
   std::lock_guard<std::mutex> lock(mu_);
   allocate_error_ = error;

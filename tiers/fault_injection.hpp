@@ -88,14 +88,11 @@ class FaultInjectingIoBackend final : public IoBackend {
   Status make_dirs(const std::string& dir) override { return inner_->make_dirs(dir); }
   Result<FileInfo> stat(int fd, const std::string& path) override { return inner_->stat(fd, path); }
   Status allocate(int fd, const std::string& path, uint64_t size) override;
+  // Synchronous reads and writes (a store's superblock) fail on a dead file too.
   Status read_at(int fd, const std::string& path, void* buf, std::size_t len,
-                 uint64_t offset) override {
-    return inner_->read_at(fd, path, buf, len, offset);
-  }
+                 uint64_t offset) override;
   Status write_at(int fd, const std::string& path, const void* buf, std::size_t len,
-                  uint64_t offset) override {
-    return inner_->write_at(fd, path, buf, len, offset);
-  }
+                  uint64_t offset) override;
   Status sync(int fd, const std::string& path) override { return inner_->sync(fd, path); }
   Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& options) override;
 
@@ -107,6 +104,8 @@ class FaultInjectingIoBackend final : public IoBackend {
   Decision decide(const IoRequest& request);
   void undo(IoOpcode op);  // the request was not accepted after all: uncount it
   void fired();
+  // The failure of a synchronous `what` on `path` when it is a dead file, else OK.
+  Status dead_file_failure(const std::string& what, const std::string& path);
 
  private:
   struct Armed {

@@ -64,6 +64,17 @@ class NvmeFileHealth {
     return true;
   }
 
+  // `file` is out of service from the start (the store opened without it: its path is missing or
+  // its superblock unreadable); its probe is due as after any outage. The caller keeps another
+  // file in service.
+  void take_out(uint32_t file, Clock::time_point now) {
+    File& f = files_.at(file);
+    if (f.out_of_service) return;
+    f.out_of_service = true;
+    out_of_service_ += 1;
+    probe_later(f, now);
+  }
+
   // The files out of service whose probe is due at `now`, each now counted as being probed (one
   // probe at a time per file) until probe_ended. Cheap while every file is in service.
   std::vector<uint32_t> probes_due(Clock::time_point now) {

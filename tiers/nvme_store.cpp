@@ -105,23 +105,29 @@ Status NvmeStore::open_files() {
     ScopedFd fd;
     FileInfo info;
     std::optional<Superblock> sb;
+    // Why the store may open without this file (its path is missing, its superblock unreadable);
+    // empty when it is there.
+    std::string absent;
   };
   std::vector<Opened> opened;
   direct_io_ = c.direct_io;
-  for (std::size_t i = 0; i < c.paths.size(); ++i) {
-    const std::string& path = c.paths[i];
-    const std::string key = "tiers.nvme.paths[" + std::to_string(i) + "]";
+  // Opens `path`, created (with its directory) only when `create`: a file of an existing store
+  // is never created, so a drive that failed to mount does not get a blank member on whatever
+  // file system holds its mount point.
+  auto open_path = [&](const std::string& path, const std::string& key,
+                       bool create) -> Result<ScopedFd> {
     const std::string dir = parent_dir(path);
-    if (!dir.empty()) {
+    if (create && !dir.empty()) {
       Status d = io.make_dirs(dir);
       if (!d.ok()) return d.with_context(key + " (" + path + ")");
     }
-    const int base_flags = O_RDWR | O_CREAT;
-    auto fd = io.open(path, base_flags | (c.direct_io ? O_DIRECT : 0), 0600);
-    if (!fd.ok() && c.direct_io && fd.status().code() == StatusCode::kInvalidArgument) {
+    const int base_flags = O_RDWR | (create ? O_CREAT : 0);
+    auto fd = io.open(path, base_flags | (direct_io_ ? O_DIRECT : 0), 0600);
+    if (!fd.ok() && direct_io_ && fd.status().code() == StatusCode::kInvalidArgument) {
       // Some filesystems (tmpfs) refuse O_DIRECT; the cache still works through the page cache.
+      // The store then opens its other files buffered too (one direct_io_ for all of them).
       auto buffered = io.open(path, base_flags, 0600);
-      if (buffered.ok()) {
+      if (buffered.ok() || buffered.status().code() == StatusCode::kNotFound) {
         log_once(LogLevel::kWarn, "nvme.odirect." + path,
                  "O_DIRECT refused for " + path + " (" + fd.status().message() +
                      "); using buffered I/O");
@@ -129,26 +135,45 @@ Status NvmeStore::open_files() {
         fd = std::move(buffered);
       }
     }
-    if (!fd.ok()) return std::move(fd).status().with_context(key);
-    auto info = io.stat(fd->get(), path);
-    if (!info.ok()) return std::move(info).status().with_context(key);
-    // Checked before anything is read or formatted: the same file twice would hand out each of its
-    // offsets to two extents, and both copies would look empty and be formatted over each other.
+    return fd;
+  };
+  // Checked before anything is read or formatted: the same file twice would hand out each of its
+  // offsets to two extents, and both copies would look empty and be formatted over each other.
+  auto listed_twice = [&](std::size_t i, const std::string& path, const FileInfo& info) {
     for (std::size_t j = 0; j < opened.size(); ++j) {
-      if (same_file(opened[j].info, *info)) {
+      if (j != i && opened[j].fd.valid() && same_file(opened[j].info, info)) {
         return invalid_argument("tiers.nvme.paths[" + std::to_string(j) + "] (" + opened[j].path +
                                 ") and [" + std::to_string(i) + "] (" + path +
                                 ") are the same file; list each store file once");
       }
     }
-    Opened o{path, std::move(fd).value(), *info, std::nullopt};
+    return Status();
+  };
+  for (std::size_t i = 0; i < c.paths.size(); ++i) {
+    const std::string& path = c.paths[i];
+    const std::string key = "tiers.nvme.paths[" + std::to_string(i) + "]";
+    auto fd = open_path(path, key, /*create=*/false);
+    if (!fd.ok() && fd.status().code() == StatusCode::kNotFound) {
+      opened.push_back(Opened{path, ScopedFd(), FileInfo{}, std::nullopt, fd.status().message()});
+      continue;  // created below if the store is new
+    }
+    if (!fd.ok()) return std::move(fd).status().with_context(key);
+    auto info = io.stat(fd->get(), path);
+    if (!info.ok()) return std::move(info).status().with_context(key);
+    KVTIER_RETURN_IF_ERROR(listed_twice(i, path, *info));
+    Opened o{path, std::move(fd).value(), *info, std::nullopt, {}};
     if (o.info.size > 0 || o.info.block_device) {
       auto buf = aligned_bytes(4096, kSuperblockBytes);
       if (!buf) return resource_exhausted("no memory for a superblock buffer");
       Status r = o.info.size < kSuperblockBytes
                      ? not_found(path + " is too small for a superblock")
                      : io.read_at(o.fd.get(), path, buf.get(), kSuperblockBytes, 0);
-      if (!r.ok() && r.code() != StatusCode::kNotFound) return r.with_context(key);
+      if (!r.ok() && r.code() != StatusCode::kNotFound) {
+        // A dead drive: the store may open without it (decided below, once the others are read).
+        o.absent = r.message();
+        opened.push_back(std::move(o));
+        continue;
+      }
       auto sb =
           r.ok() ? decode_superblock(std::span<const std::byte>(buf.get(), kSuperblockBytes), path)
                  : Result<Superblock>(std::move(r));
@@ -168,8 +193,30 @@ Status NvmeStore::open_files() {
   }
 
   std::size_t existing = 0;
-  for (const Opened& o : opened) existing += o.sb.has_value() ? 1 : 0;
-  if (existing != 0 && existing != opened.size()) {
+  std::size_t absent = 0;
+  for (const Opened& o : opened) {
+    existing += o.sb.has_value() ? 1 : 0;
+    absent += o.absent.empty() ? 0 : 1;
+  }
+  if (existing == 0) {
+    // A new store: missing paths are created; a path that is there but unreadable fails it.
+    for (std::size_t i = 0; i < opened.size(); ++i) {
+      Opened& o = opened[i];
+      if (o.absent.empty()) continue;
+      const std::string key = "tiers.nvme.paths[" + std::to_string(i) + "]";
+      if (o.fd.valid()) return io_error(o.absent).with_context(key);
+      auto fd = open_path(o.path, key, /*create=*/true);
+      if (!fd.ok()) return std::move(fd).status().with_context(key);
+      auto info = io.stat(fd->get(), o.path);
+      if (!info.ok()) return std::move(info).status().with_context(key);
+      KVTIER_RETURN_IF_ERROR(listed_twice(i, o.path, *info));
+      o.fd = std::move(fd).value();
+      o.info = *info;
+      o.absent.clear();
+    }
+    absent = 0;
+  }
+  if (existing != 0 && existing + absent != opened.size()) {
     return failed_precondition(
         "tiers.nvme.paths mixes existing store files with new ones (" + std::to_string(existing) +
         " of " + std::to_string(opened.size()) +
@@ -177,6 +224,7 @@ Status NvmeStore::open_files() {
   }
 
   std::vector<uint32_t> per_file;
+  uint64_t first_offset_of_existing = 0;
   if (existing == 0) {
     // An assumed block size (logical_block_known false) matters only to O_DIRECT.
     uint32_t io_align = 512;
@@ -223,10 +271,26 @@ Status NvmeStore::open_files() {
       per_file.push_back(static_cast<uint32_t>(count));
     }
   } else {
-    const Superblock& first = *opened[0].sb;
+    const Superblock& first = *std::find_if(opened.begin(), opened.end(), [](const Opened& o) {
+                                 return o.sb.has_value();
+                               })->sb;
     store_id_ = first.store_id;
+    first_offset_of_existing = first.first_offset;
     for (std::size_t i = 0; i < opened.size(); ++i) {
       const Opened& o = opened[i];
+      if (!o.absent.empty()) {
+        // Out of service from the start, with as many extents as the store's first file (files
+        // are made equal unless a block device was smaller); a probe checks that count.
+        log(LogLevel::kError,
+            "NVMe store: tiers.nvme.paths[" + std::to_string(i) + "] (" + o.path +
+                ") is not usable (" + o.absent + "); the store opens without it, out of service" +
+                (c.readmit_after_ms == 0
+                     ? std::string(" until a restart")
+                     : ", and probes it in " + std::to_string(c.readmit_after_ms) +
+                           " ms (tiers.nvme.readmit_after_ms)"));
+        per_file.push_back(static_cast<uint32_t>(first.extent_count));
+        continue;
+      }
       const Superblock& sb = *o.sb;
       if (sb.fingerprint != fingerprint_ || !(sb.geometry == geometry_)) {
         return failed_precondition(
@@ -290,7 +354,7 @@ Status NvmeStore::open_files() {
   for (std::size_t i = 0; i < per_file.size(); ++i) files_[i].extent_count = per_file[i];
   const uint64_t first_offset = existing == 0
                                     ? std::max<uint64_t>(kSuperblockBytes, layout_.io_align)
-                                    : opened[0].sb->first_offset;
+                                    : first_offset_of_existing;
   KVTIER_ASSIGN_OR_RETURN(extents_,
                           ExtentAllocator::create(per_file, layout_.extent_bytes, first_offset));
   readers_.assign(extents_->capacity(), 0);
@@ -300,6 +364,13 @@ Status NvmeStore::open_files() {
                                 options_.config.out_of_service_after_failures,
                                 std::chrono::milliseconds(options_.config.readmit_after_ms));
   unanswered_.assign(files_.size(), 0);
+  for (std::size_t i = 0; i < opened.size(); ++i) {
+    if (opened[i].absent.empty()) continue;
+    const auto file = static_cast<uint32_t>(i);
+    file_health_.take_out(file, NvmeFileHealth::Clock::now());
+    extents_->retire_free_in_file(file);  // every one: nothing is allocated yet
+  }
+  stats_->files_out_of_service.store(file_health_.out_of_service(), std::memory_order_relaxed);
   return Status();
 }
 
@@ -330,11 +401,21 @@ Status NvmeStore::recover() {
   if (!needs_scan_) return Status();
   const uint32_t capacity = extents_->capacity();
   ScanBatch batch;
-  batch.remaining = capacity;
   batch.headers.resize(capacity);
   batch.codes.assign(capacity, StatusCode::kOk);
+  // Files the store opened without (out of service from the start) are not read.
+  std::vector<ExtentLocation> places;
+  std::vector<uint32_t> scanned;
   for (uint32_t e = 0; e < capacity; ++e) {
     KVTIER_ASSIGN_OR_RETURN(ExtentLocation loc, place(e));
+    if (!file_health_.in_service(loc.file)) continue;
+    places.push_back(loc);
+    scanned.push_back(e);
+  }
+  batch.remaining = scanned.size();
+  for (std::size_t i = 0; i < scanned.size(); ++i) {
+    const uint32_t e = scanned[i];
+    const ExtentLocation& loc = places[i];
     auto op = std::make_unique<Op>();
     op->kind = Op::Kind::kScan;
     op->extent = e;

@@ -72,10 +72,19 @@
 // requests). If it is this store's, for that file, the file is back in service, empty: its
 // extents are handed out again, but those marked bad (they stay retired until a restart, so a
 // drive taken out by a bad region does not meet it again), and retired_blocks() drops by as many,
-// so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler
-// dropped them); their headers only come back at a restart, verified as any other. Writes are what
-// need the extents back, so only writes trigger probes. A drive that still fails goes out again
-// after as many failed requests as the first time, and waits longer for its next probe.
+// so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler dropped them);
+// their headers only come back at a restart, verified as any other. Writes are what need the
+// extents back, so only writes trigger probes. A drive that still fails goes out again after as
+// many failed requests as the first time, and waits longer for its next probe.
+//
+// Opening without a file: a store of several files opens without one whose path is missing or
+// whose superblock cannot be read (a dead drive at start), as long as another file holds the
+// store's superblock. That file is out of service from the start, with as many extents as the
+// store's first file; its headers are not scanned, and it is probed like any other (the probe
+// opens a missing path, and checks the extent count). A file of an existing store is never
+// created: a path missing because its drive's file system did not mount would otherwise get a
+// blank member on whatever file system holds the mount point. A new file among existing ones is
+// still refused; with one file, a dead one still fails the open.
 //
 // Hung drives (nvme_store_hung.cpp): a drive that stops answering fails nothing, so the rules
 // above never see it. A request in flight longer than tiers.nvme.io_timeout_ms counts against its
@@ -272,6 +281,7 @@ class NvmeStore final : public BlockStore {
   Status check_probe(const Op& op) const;
   // The probe `op` ended with `result`: the file is back in service, or waits for the next.
   void probe_finished(const Op& op, const Status& result);
+  void probe_finished_locked(const Op& op, const Status& result);  // under index_mu_
 
   const PageFormat format_;
   const Geometry geometry_;  // format_.stored_geometry()

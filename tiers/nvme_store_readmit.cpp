@@ -2,10 +2,12 @@
 // write is posted and a file out of service is due for a probe (NvmeFileHealth::probes_due), an
 // I/O thread reads that file's superblock. A probe that reads this store's superblock for that
 // file puts the file back in service, empty: its extents return to the allocator, but those
-// marked bad, which stay retired until a restart. A probe that fails (an I/O error, no answer within
-// tiers.nvme.io_timeout_ms, a refusal while the drive still holds unanswered requests, or a
+// marked bad, which stay retired until a restart. A probe that fails (an I/O error, no answer
+// within tiers.nvme.io_timeout_ms, a refusal while the drive still holds unanswered requests, or a
 // superblock not of this file: a replaced or wiped drive) leaves it out, and the next probe waits
 // twice as long.
+#include <fcntl.h>
+
 #include <chrono>
 #include <string>
 
@@ -19,6 +21,18 @@ namespace kvtier {
 void NvmeStore::post_due_probes_locked() {
   if (file_health_.out_of_service() == 0) return;  // the common case: no clock read
   for (uint32_t file : file_health_.probes_due(NvmeFileHealth::Clock::now())) {
+    if (!files_[file].fd.valid()) {
+      // Its path was missing when the store opened: it is opened now, never created.
+      auto fd = options_.backend->open(files_[file].path, O_RDWR | (direct_io_ ? O_DIRECT : 0), 0);
+      if (!fd.ok()) {
+        stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
+        Op failed;
+        failed.file = file;
+        probe_finished_locked(failed, fd.status());
+        continue;
+      }
+      files_[file].fd = std::move(fd).value();
+    }
     auto op = std::make_unique<Op>();
     op->kind = Op::Kind::kProbe;
     op->file = file;
@@ -27,7 +41,7 @@ void NvmeStore::post_due_probes_locked() {
     op->probe_buffer =
         aligned_bytes(std::max<std::size_t>(4096, layout_.io_align), op->probe_bytes);
     if (!op->probe_buffer) {
-      file_health_.probe_ended(file, false, NvmeFileHealth::Clock::now());
+      probe_finished_locked(*op, resource_exhausted("no memory for a probe's superblock buffer"));
       continue;
     }
     stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
@@ -45,11 +59,23 @@ Status NvmeStore::check_probe(const Op& op) const {
                                " of store " + hex64(sb->store_id) + ", not file " +
                                std::to_string(op.file) + " of store " + hex64(store_id_));
   }
+  // A file the store opened without was given as many extents as its first file.
+  if (sb->file_count != files_.size() || sb->extent_count != files_[op.file].extent_count) {
+    return failed_precondition(path + " holds " + std::to_string(sb->extent_count) +
+                               " extents of a store of " + std::to_string(sb->file_count) +
+                               " files; this store counts " +
+                               std::to_string(files_[op.file].extent_count) + " extents of " +
+                               std::to_string(files_.size()) + " for it (a restart uses it)");
+  }
   return Status();
 }
 
 void NvmeStore::probe_finished(const Op& op, const Status& result) {
   std::lock_guard<std::mutex> lock(index_mu_);
+  probe_finished_locked(op, result);
+}
+
+void NvmeStore::probe_finished_locked(const Op& op, const Status& result) {
   const auto now = NvmeFileHealth::Clock::now();
   const std::string& path = files_[op.file].path;
   if (!file_health_.probe_ended(op.file, result.ok(), now)) {

@@ -36,9 +36,11 @@ inline StatusCode io_errno_code(int err) {
 inline bool is_media_error(int err) { return err == EIO || err == ENODATA || err == EILSEQ; }
 
 // open(2): EINVAL is how a filesystem refuses O_DIRECT, so it is kInvalidArgument (callers may
-// retry without it); a full medium is kResourceExhausted; the rest are I/O errors.
+// retry without it); ENOENT is kNotFound (a path that is not there); a full medium is
+// kResourceExhausted; the rest are I/O errors.
 inline StatusCode open_errno_code(int err) {
   if (err == EINVAL) return StatusCode::kInvalidArgument;
+  if (err == ENOENT) return StatusCode::kNotFound;
   return io_errno_code(err);
 }
 

@@ -114,9 +114,10 @@ struct NvmeTierConfig {
   // or the store is reopened (its blocks are dropped, no block lands there meanwhile). The last
   // file in service never leaves. 0 = never.
   uint32_t out_of_service_after_failures = 8;
-  // A file taken out of service is tried again (its superblock read) this long after it went
-  // out, then after twice each wait before while it keeps failing, up to 16 times this; a probe
-  // that succeeds puts it back in service, empty. 0 = out until the store is reopened.
+  // A file taken out of service (or missing or unreadable when the store opened) is tried again
+  // (its superblock read) this long after it went out, then after twice each wait before while
+  // it keeps failing, up to 16 times this; a probe that succeeds puts it back in service, empty.
+  // 0 = out until the store is reopened.
   uint32_t readmit_after_ms = 30'000;
 
   friend bool operator==(const NvmeTierConfig&, const NvmeTierConfig&) = default;

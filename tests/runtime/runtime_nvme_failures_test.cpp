@@ -9,7 +9,8 @@
 // it out of service, the scheduler forgets the blocks it held, and the engine runs on the others;
 // so it does when the drive hangs instead (tiers.nvme.io_timeout_ms), and a lone drive that hangs
 // is paused like one that fails. A dead drive that answers again is readmitted
-// (tiers.nvme.readmit_after_ms) and filled again.
+// (tiers.nvme.readmit_after_ms) and filled again; a runtime restarted with a drive dead opens
+// without it and readmits it once it answers.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -336,6 +337,42 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveThatAnswersAgainIsReadmittedAndFilledAgain
       << "the readmitted drive holds blocks again";
   for (uint32_t first = 1; first <= 10; ++first) ASSERT_TRUE(prefill_prompt(*rt_, first).ok());
   s = scrape(*rt_);
+  EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// Thirty prompts push blocks onto four drives; the runtime is restarted with the third one dead.
+// It opens (the store without that drive, out of service from the start), every prompt runs,
+// those whose blocks were on the dead drive recomputing them, and the scheduler plans with three
+// quarters of the capacity. Once the drive answers, a probe readmits it.
+TEST_F(RuntimeNvmeFailures, ARuntimeRestartedWithADriveDeadOpensWithoutItAndReadmitsIt) {
+  const auto config = [&](Config& c) {
+    four_drives(c);
+    c.tiers.nvme.readmit_after_ms = 200;
+  };
+  if (!open(config)) GTEST_SKIP() << kNoStore;
+  const uint64_t capacity = nvme_capacity(*rt_);
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  ASSERT_TRUE(rt_->shutdown().ok());
+  rt_.reset();
+  faults_->fail_file("drive2.kvs");
+  ASSERT_TRUE(open(config));
+  Scrape s = scrape(*rt_);
+  EXPECT_EQ(s.files_out, 1.0);
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  EXPECT_LE(nvme_capacity(*rt_), capacity * 3 / 4);
+  faults_->clear();
+  uint32_t seed = 100;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (scrape(*rt_).readmitted < 1.0 && std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
+  }
+  s = scrape(*rt_);
+  EXPECT_EQ(s.readmitted, 1.0);
+  EXPECT_EQ(s.files_out, 0.0);
+  ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  EXPECT_EQ(nvme_capacity(*rt_), capacity) << "no request failed: no extent was marked bad";
   EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());

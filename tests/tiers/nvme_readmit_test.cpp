@@ -3,9 +3,12 @@
 // answers with this store's superblock is back in service, empty (its old blocks stay lost, its
 // extents are handed out again); one that still fails, holds requests unanswered, or now holds
 // another superblock (replaced, wiped) stays out, and each probe waits twice as long as the last.
+// A store of several files opens without one that is dead or missing at start: out of service
+// from the start, probed the same way, and never created.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <vector>
 
 #include "tests/tiers/fault_store_fixture.hpp"
@@ -17,16 +20,20 @@ constexpr uint32_t kReadmitAfterMs = 50;
 
 class ReadmitTest : public FaultTest {
  protected:
+  // Four drives of 32 extents, d0.kvs .. d3.kvs, probed 50 ms after one goes out.
+  NvmeStoreOptions four_drives() {
+    NvmeStoreOptions o = options();
+    spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"}, 32);
+    o.config.readmit_after_ms = kReadmitAfterMs;
+    o.config.io_timeout_ms = 200;
+    return o;
+  }
   // Four drives of 32 extents; 72 blocks fill d0 and d1 and 8 extents of d2, which then dies
   // (`hang`: stops answering) and is taken out by the writes that follow. Returns the blocks it
   // held.
   std::vector<BlockKey> take_out_d2(bool hang) {
     store_.reset();
-    NvmeStoreOptions o = options();
-    spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"}, 32);
-    o.config.readmit_after_ms = kReadmitAfterMs;
-    o.config.io_timeout_ms = 200;
-    store_ = open_with(o);
+    store_ = open_with(four_drives());
     std::vector<BlockKey> lost;
     if (store_ == nullptr) return lost;
     for (uint64_t id = 0; id < 72; ++id) {
@@ -117,6 +124,76 @@ TEST_F(ReadmitTest, AHungDriveIsProbedOnlyOnceItHasAnsweredAndThenComesBack) {
   EXPECT_EQ(out(), 0u);
   EXPECT_EQ(store_->capacity_blocks(), 128u) << "no request failed: no extent was marked bad";
   for (uint64_t id = 600; id < 640; ++id) ASSERT_TRUE(write(id, id).ok()) << id;
+}
+
+// 72 blocks fill d0 and d1 and 8 extents of d2; the store is reopened with d2 dead. It opens
+// with the other three (64 blocks, every one read back), d2 out of service and unread; once d2
+// answers, a probe readmits it, empty (its 8 blocks were never indexed), with all its extents.
+TEST_F(ReadmitTest, AStoreOpensWithoutADriveDeadAtStartAndReadmitsItOnceItAnswers) {
+  store_.reset();
+  const NvmeStoreOptions o = four_drives();
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  std::vector<uint64_t> on_d2;
+  for (uint64_t id = 0; id < 72; ++id) {
+    ASSERT_TRUE(write(id, id).ok());
+    if (lies_on(id, "d2.kvs")) on_d2.push_back(id);
+  }
+  ASSERT_EQ(on_d2.size(), 8u);
+  store_.reset();
+  faults_->fail_file("d2.kvs");
+  const uint64_t reads_before = faults_->requests(IoOpcode::kRead);
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(faults_->requests(IoOpcode::kRead), reads_before + 96) << "d2's headers were read";
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u);
+  EXPECT_EQ(store_->keys().size(), 64u);
+  for (uint64_t id = 0; id < 72; ++id) {
+    const bool lost = std::find(on_d2.begin(), on_d2.end(), id) != on_d2.end();
+    EXPECT_EQ(store_->contains(test_key(id)), !lost) << id;
+    if (!lost) {
+      EXPECT_TRUE(read(id, id).ok()) << id;
+    }
+  }
+  faults_->clear();
+  ASSERT_TRUE(writing_until(500, [&] { return readmitted() == 1; }));
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  for (uint64_t id : on_d2) EXPECT_FALSE(store_->contains(test_key(id)));
+  for (uint64_t id = 600; id < 640; ++id) ASSERT_TRUE(write(id, id).ok()) << id;
+}
+
+// A file of the store deleted (or a drive whose file system did not mount): the store opens
+// without it, out of service, and neither opening nor probing creates it.
+TEST_F(ReadmitTest, AStoreOpensWithoutAMissingFileAndNeverCreatesIt) {
+  store_.reset();
+  const NvmeStoreOptions o = four_drives();
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  for (uint64_t id = 0; id < 40; ++id) ASSERT_TRUE(write(id, id).ok());  // on d0 and d1
+  store_.reset();
+  const std::filesystem::path d3 = dir_.file("d3.kvs");
+  ASSERT_TRUE(std::filesystem::remove(d3));
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u);
+  EXPECT_EQ(store_->keys().size(), 40u);
+  ASSERT_TRUE(writing_until(500, [&] { return probes() == 2; }));
+  EXPECT_EQ(out(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(d3)) << "a missing file of the store was created";
+}
+
+// With one file, there is nothing to open without: a dead file fails the open, naming it.
+TEST_F(ReadmitTest, ALoneDeadFileStillFailsTheOpen) {
+  ASSERT_TRUE(write(1, 1).ok());
+  store_.reset();
+  faults_->fail_file("store0.kvs");
+  auto s = NvmeStore::create(kGeom, options());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kIoError) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("store0.kvs"), std::string::npos) << s.status().to_string();
 }
 
 }  // namespace
