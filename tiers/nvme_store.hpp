@@ -281,7 +281,7 @@ class NvmeStore final : public BlockStore {
   Status check_probe(const Op& op) const;
   // The probe `op` ended with `result`: the file is back in service, or waits for the next.
   void probe_finished(const Op& op, const Status& result);
-  void probe_finished_locked(const Op& op, const Status& result);  // under index_mu_
+  void probe_finished_locked(uint32_t file, const Status& result);  // under index_mu_
 
   const PageFormat format_;
   const Geometry geometry_;  // format_.stored_geometry()

@@ -26,9 +26,7 @@ void NvmeStore::post_due_probes_locked() {
       auto fd = options_.backend->open(files_[file].path, O_RDWR | (direct_io_ ? O_DIRECT : 0), 0);
       if (!fd.ok()) {
         stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
-        Op failed;
-        failed.file = file;
-        probe_finished_locked(failed, fd.status());
+        probe_finished_locked(file, fd.status());
         continue;
       }
       files_[file].fd = std::move(fd).value();
@@ -41,7 +39,7 @@ void NvmeStore::post_due_probes_locked() {
     op->probe_buffer =
         aligned_bytes(std::max<std::size_t>(4096, layout_.io_align), op->probe_bytes);
     if (!op->probe_buffer) {
-      probe_finished_locked(*op, resource_exhausted("no memory for a probe's superblock buffer"));
+      probe_finished_locked(file, resource_exhausted("no memory for a probe's superblock buffer"));
       continue;
     }
     stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
@@ -72,18 +70,17 @@ Status NvmeStore::check_probe(const Op& op) const {
 
 void NvmeStore::probe_finished(const Op& op, const Status& result) {
   std::lock_guard<std::mutex> lock(index_mu_);
-  probe_finished_locked(op, result);
+  probe_finished_locked(op.file, result);
 }
 
-void NvmeStore::probe_finished_locked(const Op& op, const Status& result) {
+void NvmeStore::probe_finished_locked(uint32_t file, const Status& result) {
   const auto now = NvmeFileHealth::Clock::now();
-  const std::string& path = files_[op.file].path;
-  if (!file_health_.probe_ended(op.file, result.ok(), now)) {
+  const std::string& path = files_[file].path;
+  if (!file_health_.probe_ended(file, result.ok(), now)) {
     // A probe cancelled as the store closes says nothing of the drive.
-    if (!result.ok() && result.code() != StatusCode::kCancelled &&
-        !file_health_.in_service(op.file)) {
-      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
-          file_health_.probe_at(op.file) - now);
+    if (!result.ok() && result.code() != StatusCode::kCancelled && !file_health_.in_service(file)) {
+      const auto wait =
+          std::chrono::duration_cast<std::chrono::milliseconds>(file_health_.probe_at(file) - now);
       log(LogLevel::kWarn, "NVMe store: " + path + " stays out of service: its probe failed (" +
                                result.to_string() + "); the next in " +
                                std::to_string(wait.count()) + " ms");
@@ -96,7 +93,7 @@ void NvmeStore::probe_finished_locked(const Op& op, const Status& result) {
   // not by its death, would otherwise meet the same region again and go out again, dropping every
   // block written meanwhile, at each probe interval. A dead drive's last failures cost as many
   // extents, within the one-in-32 cap, until a restart.
-  const uint32_t back = extents_->unretire_in_file(op.file, bad_);
+  const uint32_t back = extents_->unretire_in_file(file, bad_);
   stats_->files_out_of_service.store(file_health_.out_of_service(), std::memory_order_relaxed);
   stats_->files_readmitted.fetch_add(1, std::memory_order_relaxed);
   log(LogLevel::kInfo, "NVMe store: " + path + " answered its probe: it is back in service with " +

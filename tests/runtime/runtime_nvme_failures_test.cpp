@@ -105,6 +105,18 @@ Status prefill_prompt(Runtime& rt, uint32_t seed, bool must_run = true) {
   return ran;
 }
 
+// Prefills new prompts, `seed` and on, until a scrape says `done`, for up to 10 s: the store
+// posts a probe only with a write. Returns the last scrape; `seed` is the next prompt's.
+Scrape prefill_until(Runtime& rt, uint32_t& seed, const std::function<bool(const Scrape&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Scrape s = scrape(rt);
+  while (!done(s) && std::chrono::steady_clock::now() < deadline) {
+    if (!prefill_prompt(rt, seed++).ok()) break;  // prefill_prompt has failed the test
+    s = scrape(rt);
+  }
+  return s;
+}
+
 // A runtime over the small test tiers in a scratch directory, its NVMe store's I/O through
 // faults_, /metrics on an ephemeral port.
 class RuntimeNvmeFailures : public ::testing::Test {
@@ -312,21 +324,14 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveThatAnswersAgainIsReadmittedAndFilledAgain
   ASSERT_EQ(s.files_out, 1.0);
   uint32_t seed = 100;
   // Dead still: prompts run on the other drives while probes fail.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (scrape(*rt_).probes < 1.0 && std::chrono::steady_clock::now() < until) {
-    ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
-  }
-  s = scrape(*rt_);
+  s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.probes >= 1.0; });
   ASSERT_GE(s.probes, 1.0);
   EXPECT_EQ(s.files_out, 1.0);
   EXPECT_EQ(s.readmitted, 0.0);
   EXPECT_LE(nvme_capacity(*rt_), capacity * 3 / 4);
   // The drive answers: the next probe due readmits it.
   faults_->clear();
-  while (scrape(*rt_).readmitted < 1.0 && std::chrono::steady_clock::now() < until) {
-    ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
-  }
-  s = scrape(*rt_);
+  s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.readmitted >= 1.0; });
   ASSERT_EQ(s.readmitted, 1.0);
   EXPECT_EQ(s.files_out, 0.0);
   for (uint32_t more = 0; more < 60; ++more) ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
@@ -364,11 +369,7 @@ TEST_F(RuntimeNvmeFailures, ARuntimeRestartedWithADriveDeadOpensWithoutItAndRead
   EXPECT_LE(nvme_capacity(*rt_), capacity * 3 / 4);
   faults_->clear();
   uint32_t seed = 100;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (scrape(*rt_).readmitted < 1.0 && std::chrono::steady_clock::now() < until) {
-    ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
-  }
-  s = scrape(*rt_);
+  s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.readmitted >= 1.0; });
   EXPECT_EQ(s.readmitted, 1.0);
   EXPECT_EQ(s.files_out, 0.0);
   ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());

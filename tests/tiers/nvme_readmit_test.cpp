@@ -32,8 +32,7 @@ class ReadmitTest : public FaultTest {
   // (`hang`: stops answering) and is taken out by the writes that follow. Returns the blocks it
   // held.
   std::vector<BlockKey> take_out_d2(bool hang) {
-    store_.reset();
-    store_ = open_with(four_drives());
+    reopen(four_drives());
     std::vector<BlockKey> lost;
     if (store_ == nullptr) return lost;
     for (uint64_t id = 0; id < 72; ++id) {
@@ -51,6 +50,11 @@ class ReadmitTest : public FaultTest {
     EXPECT_EQ(store_->stats().files_out_of_service.load(), 1u);
     EXPECT_EQ(store_->capacity_blocks(), 96u + (hang ? 1u : 0u));  // hung: one extent still held
     return lost;
+  }
+  // Closes the store and opens it again with `o`.
+  void reopen(const NvmeStoreOptions& o) {
+    store_.reset();
+    store_ = open_with(o);
   }
   // Writes and erases block `id` until `done` (a probe is posted only when a write is), or 10 s.
   template <typename F>
@@ -130,9 +134,8 @@ TEST_F(ReadmitTest, AHungDriveIsProbedOnlyOnceItHasAnsweredAndThenComesBack) {
 // with the other three (64 blocks, every one read back), d2 out of service and unread; once d2
 // answers, a probe readmits it, empty (its 8 blocks were never indexed), with all its extents.
 TEST_F(ReadmitTest, AStoreOpensWithoutADriveDeadAtStartAndReadmitsItOnceItAnswers) {
-  store_.reset();
   const NvmeStoreOptions o = four_drives();
-  store_ = open_with(o);
+  reopen(o);
   ASSERT_NE(store_, nullptr);
   std::vector<uint64_t> on_d2;
   for (uint64_t id = 0; id < 72; ++id) {
@@ -167,9 +170,8 @@ TEST_F(ReadmitTest, AStoreOpensWithoutADriveDeadAtStartAndReadmitsItOnceItAnswer
 // A file of the store deleted (or a drive whose file system did not mount): the store opens
 // without it, out of service, and neither opening nor probing creates it.
 TEST_F(ReadmitTest, AStoreOpensWithoutAMissingFileAndNeverCreatesIt) {
-  store_.reset();
   const NvmeStoreOptions o = four_drives();
-  store_ = open_with(o);
+  reopen(o);
   ASSERT_NE(store_, nullptr);
   for (uint64_t id = 0; id < 40; ++id) ASSERT_TRUE(write(id, id).ok());  // on d0 and d1
   store_.reset();
