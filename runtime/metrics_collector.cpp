@@ -290,6 +290,10 @@ void MetricsCollector::collect_transfer(const TransferStats& t,
   add_single(out, "kvtier_nvme_files_readmitted_total",
              "NVMe store files put back in service, empty, after a probe read their superblock",
              kCounter, read(t.files_readmitted));
+  add_single(out, "kvtier_nvme_files_replaced_total",
+             "Blank NVMe store files or devices formatted in place of a lost one (a replaced "
+             "drive), at open or when a probe finds one",
+             kCounter, read(t.files_replaced));
   add_single(out, "kvtier_nvme_io_timeouts_total",
              "NVMe requests a drive left unanswered past tiers.nvme.io_timeout_ms (a hung drive)",
              kCounter, read(t.io_timeouts));

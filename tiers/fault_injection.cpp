@@ -366,6 +366,35 @@ Result<ScopedFd> FaultInjectingIoBackend::open(const std::string& path, int flag
   return fd;
 }
 
+void FaultInjectingIoBackend::treat_as_mount_point(std::string dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  mount_points_.push_back(std::move(dir));
+}
+
+Result<bool> FaultInjectingIoBackend::is_mount_point(const std::string& dir) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::find(mount_points_.begin(), mount_points_.end(), dir) != mount_points_.end()) {
+      return true;
+    }
+  }
+  return inner_->is_mount_point(dir);
+}
+
+void FaultInjectingIoBackend::treat_as_block_device(std::string path_part) {
+  std::lock_guard<std::mutex> lock(mu_);
+  device_part_ = std::move(path_part);
+}
+
+Result<FileInfo> FaultInjectingIoBackend::stat(int fd, const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(FileInfo info, inner_->stat(fd, path));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!device_part_.empty() && path.find(device_part_) != std::string::npos) {
+    info.block_device = true;
+  }
+  return info;
+}
+
 Status FaultInjectingIoBackend::allocate(int fd, const std::string& path, uint64_t size) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -74,6 +74,11 @@ class FaultInjectingIoBackend final : public IoBackend {
   void fail_open(std::string path_part, int error);
   // The next allocate() (fallocate) fails with `error` (e.g. ENOSPC).
   void fail_allocate(int error);
+  // is_mount_point(dir) says true for `dir` from now on, as if a drive were mounted there.
+  void treat_as_mount_point(std::string dir);
+  // stat() reports files whose path contains `path_part` as block devices of their current size
+  // from now on (the store neither allocates nor grows them).
+  void treat_as_block_device(std::string path_part);
   void clear();
 
   uint64_t injected() const;             // faults that fired
@@ -86,7 +91,8 @@ class FaultInjectingIoBackend final : public IoBackend {
   // IoBackend
   Result<ScopedFd> open(const std::string& path, int flags, mode_t mode) override;
   Status make_dirs(const std::string& dir) override { return inner_->make_dirs(dir); }
-  Result<FileInfo> stat(int fd, const std::string& path) override { return inner_->stat(fd, path); }
+  Result<bool> is_mount_point(const std::string& dir) override;
+  Result<FileInfo> stat(int fd, const std::string& path) override;
   Status allocate(int fd, const std::string& path, uint64_t size) override;
   // Synchronous reads and writes (a store's superblock) fail on a dead file too.
   Status read_at(int fd, const std::string& path, void* buf, std::size_t len,
@@ -136,6 +142,8 @@ class FaultInjectingIoBackend final : public IoBackend {
   int dead_error_ = 0;                           // guarded by mu_
   int open_error_ = 0;                           // guarded by mu_
   int allocate_error_ = 0;                       // guarded by mu_
+  std::vector<std::string> mount_points_;        // guarded by mu_
+  std::string device_part_;                      // guarded by mu_
 };
 
 }  // namespace kvtier

@@ -92,6 +92,12 @@ struct FileInfo {
   uint64_t inode = 0;
 };
 
+// Both describe one file or one block device (reached through two paths, or opened twice).
+inline bool same_file(const FileInfo& a, const FileInfo& b) {
+  return a.identified && b.identified && a.block_device == b.block_device && a.device == b.device &&
+         a.inode == b.inode;
+}
+
 // How an io_uring queue arms the poll on its wake-up eventfd (see uring_queue.cpp).
 enum class WakePoll : uint8_t {
   kAuto = 0,     // multishot (Linux >= 5.13); one-shot polls, re-armed per wake, where refused
@@ -116,6 +122,10 @@ class IoBackend {
   virtual Result<ScopedFd> open(const std::string& path, int flags, mode_t mode) = 0;
   // mkdir -p with mode 0700 for missing components.
   virtual Status make_dirs(const std::string& dir) = 0;
+  // Whether directory `dir` is the root of a mounted file system: "/", or its device differs from
+  // its parent's. kNotFound when it does not exist. (A lost drive's file is created again only at
+  // its drive's mount point: nvme_store.hpp.)
+  virtual Result<bool> is_mount_point(const std::string& dir) = 0;
   virtual Result<FileInfo> stat(int fd, const std::string& path) = 0;
   // Reserves `size` bytes (fallocate, or ftruncate where unsupported).
   virtual Status allocate(int fd, const std::string& path, uint64_t size) = 0;

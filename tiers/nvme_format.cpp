@@ -119,6 +119,10 @@ void encode_superblock(const Superblock& sb, std::span<std::byte> out) {
   put<uint64_t>(out, kSuperChecksumAt, xxh3_64(out.data(), kSuperChecksumAt));
 }
 
+bool blank_superblock(std::span<const std::byte> in) {
+  return std::all_of(in.begin(), in.end(), [](std::byte b) { return b == std::byte{0}; });
+}
+
 Result<Superblock> decode_superblock(std::span<const std::byte> in, const std::string& path) {
   if (in.size() < kSuperblockBytes) return invalid_argument("superblock buffer too small");
   if (std::memcmp(in.data(), kSuperMagic, 8) != 0) {

@@ -82,6 +82,9 @@ void encode_superblock(const Superblock& sb, std::span<std::byte> out);
 // kNotFound: no magic (a fresh or foreign file). kDataLoss: magic but a bad checksum.
 // kFailedPrecondition: an unknown format version.
 Result<Superblock> decode_superblock(std::span<const std::byte> in, const std::string& path);
+// A superblock region that holds nothing: every byte zero (a new or discarded drive, a file just
+// preallocated). Such a file may be formatted in place of a store's lost one.
+bool blank_superblock(std::span<const std::byte> in);
 
 struct ExtentHeader {
   BlockKey key;

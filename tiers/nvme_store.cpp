@@ -22,16 +22,19 @@
 namespace kvtier {
 namespace {
 
-std::string parent_dir(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos || slash == 0) return {};
-  return path.substr(0, slash);
-}
-
-// Both describe one file or one block device (reached through two paths).
-bool same_file(const FileInfo& a, const FileInfo& b) {
-  return a.identified && b.identified && a.block_device == b.block_device && a.device == b.device &&
-         a.inode == b.inode;
+// Checked before anything is read or formatted: the same file twice would hand out each of its
+// offsets to two extents, and both copies would look empty and be formatted over each other.
+template <typename Files>
+Status check_listed_once(const Files& opened, std::size_t index, const std::string& path,
+                         const FileInfo& info) {
+  for (std::size_t j = 0; j < opened.size(); ++j) {
+    if (j != index && opened[j].fd.valid() && same_file(opened[j].info, info)) {
+      return invalid_argument(NvmeStore::path_key(j) + " (" + opened[j].path + ") and " +
+                              NvmeStore::path_key(index) + " (" + path +
+                              ") are the same file; list each store file once");
+    }
+  }
+  return Status();
 }
 
 uint64_t random_store_id() {
@@ -97,264 +100,143 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const PageFormat& format,
   return store;
 }
 
+std::string NvmeStore::directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string NvmeStore::path_key(std::size_t index) {
+  return "tiers.nvme.paths[" + std::to_string(index) + "]";
+}
+
+Result<ScopedFd> NvmeStore::open_store_path(const std::string& path, const std::string& key,
+                                            bool create) {
+  IoBackend& io = *options_.backend;
+  if (create) {
+    Status d = io.make_dirs(directory_of(path));
+    if (!d.ok()) return d.with_context(key + " (" + path + ")");
+  }
+  const int base_flags = O_RDWR | (create ? O_CREAT : 0);
+  auto fd = io.open(path, base_flags | (direct_io_ ? O_DIRECT : 0), 0600);
+  if (!fd.ok() && direct_io_ && fd.status().code() == StatusCode::kInvalidArgument) {
+    // Some filesystems (tmpfs) refuse O_DIRECT; the cache still works through the page cache.
+    // The store then opens its other files buffered too (one direct_io_ for all of them).
+    auto buffered = io.open(path, base_flags, 0600);
+    if (buffered.ok() || buffered.status().code() == StatusCode::kNotFound) {
+      log_once(
+          LogLevel::kWarn, "nvme.odirect." + path,
+          "O_DIRECT refused for " + path + " (" + fd.status().message() + "); using buffered I/O");
+      direct_io_ = false;
+      fd = std::move(buffered);
+    }
+  }
+  return fd;
+}
+
+Result<NvmeStore::OpenedFile> NvmeStore::open_store_file(uint32_t index,
+                                                         const std::vector<OpenedFile>& before) {
+  IoBackend& io = *options_.backend;
+  OpenedFile o;
+  o.path = options_.config.paths[index];
+  const std::string key = path_key(index);
+  // Never created here: a file of an existing store is created only where its drive is mounted
+  // (replace_lost_files), and those of a new store once none is found to exist.
+  auto fd = open_store_path(o.path, key, /*create=*/false);
+  if (!fd.ok() && fd.status().code() == StatusCode::kNotFound) {
+    o.missing = true;
+    o.absent = fd.status().message();
+    return o;
+  }
+  if (!fd.ok()) return std::move(fd).status().with_context(key);
+  o.fd = std::move(fd).value();
+  auto info = io.stat(o.fd.get(), o.path);
+  if (!info.ok()) return std::move(info).status().with_context(key);
+  o.info = *info;
+  KVTIER_RETURN_IF_ERROR(check_listed_once(before, index, o.path, o.info));
+  if (o.info.size == 0 && !o.info.block_device) {
+    o.blank = true;
+    return o;
+  }
+  auto buf = aligned_bytes(4096, kSuperblockBytes);
+  if (!buf) return resource_exhausted("no memory for a superblock buffer");
+  const std::span<const std::byte> region(buf.get(), kSuperblockBytes);
+  Status r = o.info.size < kSuperblockBytes
+                 ? not_found(o.path + " is too small for a superblock")
+                 : io.read_at(o.fd.get(), o.path, buf.get(), kSuperblockBytes, 0);
+  if (!r.ok() && r.code() != StatusCode::kNotFound) {
+    o.absent = r.message();  // a dead drive: the store may open without it (open_files decides)
+    return o;
+  }
+  if (r.ok() && blank_superblock(region)) {
+    o.blank = true;
+    return o;
+  }
+  auto sb = r.ok() ? decode_superblock(region, o.path) : Result<Superblock>(std::move(r));
+  if (sb.ok()) {
+    o.sb = *sb;
+    return o;
+  }
+  // A block device with something else on it: formatted only as a new store's (check_store).
+  if (sb.status().code() == StatusCode::kNotFound && o.info.block_device) return o;
+  if (sb.status().code() == StatusCode::kNotFound) {
+    return failed_precondition(key + ": " + o.path + " is not empty (" +
+                               std::to_string(o.info.size) +
+                               " bytes) and is not a kvtier store; refusing to overwrite it");
+  }
+  return std::move(sb).status().with_context(key);
+}
+
+Superblock NvmeStore::superblock_of(uint32_t index, uint64_t extent_count,
+                                    uint64_t first_offset) const {
+  Superblock sb;
+  sb.file_index = index;
+  sb.file_count = static_cast<uint32_t>(options_.config.paths.size());
+  sb.layout = layout_;
+  sb.extent_count = extent_count;
+  sb.first_offset = first_offset;
+  sb.store_id = store_id_;
+  sb.fingerprint = fingerprint_;
+  sb.geometry = geometry_;
+  return sb;
+}
+
+Status NvmeStore::write_superblock(int fd, const std::string& path, const Superblock& sb) {
+  IoBackend& io = *options_.backend;
+  auto buf = aligned_bytes(4096, kSuperblockBytes);
+  if (!buf) return resource_exhausted("no memory for a superblock buffer");
+  encode_superblock(sb, std::span<std::byte>(buf.get(), kSuperblockBytes));
+  KVTIER_RETURN_IF_ERROR(io.write_at(fd, path, buf.get(), kSuperblockBytes, 0));
+  return io.sync(fd, path);
+}
+
 Status NvmeStore::open_files() {
   const NvmeTierConfig& c = options_.config;
-  IoBackend& io = *options_.backend;
-  struct Opened {
-    std::string path;
-    ScopedFd fd;
-    FileInfo info;
-    std::optional<Superblock> sb;
-    // Why the store may open without this file (its path is missing, its superblock unreadable);
-    // empty when it is there.
-    std::string absent;
-  };
-  std::vector<Opened> opened;
   direct_io_ = c.direct_io;
-  // Opens `path`, created (with its directory) only when `create`: a file of an existing store
-  // is never created, so a drive that failed to mount does not get a blank member on whatever
-  // file system holds its mount point.
-  auto open_path = [&](const std::string& path, const std::string& key,
-                       bool create) -> Result<ScopedFd> {
-    const std::string dir = parent_dir(path);
-    if (create && !dir.empty()) {
-      Status d = io.make_dirs(dir);
-      if (!d.ok()) return d.with_context(key + " (" + path + ")");
-    }
-    const int base_flags = O_RDWR | (create ? O_CREAT : 0);
-    auto fd = io.open(path, base_flags | (direct_io_ ? O_DIRECT : 0), 0600);
-    if (!fd.ok() && direct_io_ && fd.status().code() == StatusCode::kInvalidArgument) {
-      // Some filesystems (tmpfs) refuse O_DIRECT; the cache still works through the page cache.
-      // The store then opens its other files buffered too (one direct_io_ for all of them).
-      auto buffered = io.open(path, base_flags, 0600);
-      if (buffered.ok() || buffered.status().code() == StatusCode::kNotFound) {
-        log_once(LogLevel::kWarn, "nvme.odirect." + path,
-                 "O_DIRECT refused for " + path + " (" + fd.status().message() +
-                     "); using buffered I/O");
-        direct_io_ = false;
-        fd = std::move(buffered);
-      }
-    }
-    return fd;
-  };
-  // Checked before anything is read or formatted: the same file twice would hand out each of its
-  // offsets to two extents, and both copies would look empty and be formatted over each other.
-  auto listed_twice = [&](std::size_t i, const std::string& path, const FileInfo& info) {
-    for (std::size_t j = 0; j < opened.size(); ++j) {
-      if (j != i && opened[j].fd.valid() && same_file(opened[j].info, info)) {
-        return invalid_argument("tiers.nvme.paths[" + std::to_string(j) + "] (" + opened[j].path +
-                                ") and [" + std::to_string(i) + "] (" + path +
-                                ") are the same file; list each store file once");
-      }
-    }
-    return Status();
-  };
-  for (std::size_t i = 0; i < c.paths.size(); ++i) {
-    const std::string& path = c.paths[i];
-    const std::string key = "tiers.nvme.paths[" + std::to_string(i) + "]";
-    auto fd = open_path(path, key, /*create=*/false);
-    if (!fd.ok() && fd.status().code() == StatusCode::kNotFound) {
-      opened.push_back(Opened{path, ScopedFd(), FileInfo{}, std::nullopt, fd.status().message()});
-      continue;  // created below if the store is new
-    }
-    if (!fd.ok()) return std::move(fd).status().with_context(key);
-    auto info = io.stat(fd->get(), path);
-    if (!info.ok()) return std::move(info).status().with_context(key);
-    KVTIER_RETURN_IF_ERROR(listed_twice(i, path, *info));
-    Opened o{path, std::move(fd).value(), *info, std::nullopt, {}};
-    if (o.info.size > 0 || o.info.block_device) {
-      auto buf = aligned_bytes(4096, kSuperblockBytes);
-      if (!buf) return resource_exhausted("no memory for a superblock buffer");
-      Status r = o.info.size < kSuperblockBytes
-                     ? not_found(path + " is too small for a superblock")
-                     : io.read_at(o.fd.get(), path, buf.get(), kSuperblockBytes, 0);
-      if (!r.ok() && r.code() != StatusCode::kNotFound) {
-        // A dead drive: the store may open without it (decided below, once the others are read).
-        o.absent = r.message();
-        opened.push_back(std::move(o));
-        continue;
-      }
-      auto sb =
-          r.ok() ? decode_superblock(std::span<const std::byte>(buf.get(), kSuperblockBytes), path)
-                 : Result<Superblock>(std::move(r));
-      if (sb.ok()) {
-        o.sb = *sb;
-      } else if (sb.status().code() == StatusCode::kNotFound && o.info.block_device) {
-        log(LogLevel::kInfo, "formatting block device " + path + " as a kvtier store");
-      } else if (sb.status().code() == StatusCode::kNotFound) {
-        return failed_precondition(key + ": " + path + " is not empty (" +
-                                   std::to_string(o.info.size) +
-                                   " bytes) and is not a kvtier store; refusing to overwrite it");
-      } else {
-        return std::move(sb).status().with_context(key);
-      }
-    }
+  std::vector<OpenedFile> opened;
+  for (uint32_t i = 0; i < c.paths.size(); ++i) {
+    KVTIER_ASSIGN_OR_RETURN(OpenedFile o, open_store_file(i, opened));
     opened.push_back(std::move(o));
   }
-
-  std::size_t existing = 0;
-  std::size_t absent = 0;
-  for (const Opened& o : opened) {
-    existing += o.sb.has_value() ? 1 : 0;
-    absent += o.absent.empty() ? 0 : 1;
-  }
-  if (existing == 0) {
-    // A new store: missing paths are created; a path that is there but unreadable fails it.
-    for (std::size_t i = 0; i < opened.size(); ++i) {
-      Opened& o = opened[i];
-      if (o.absent.empty()) continue;
-      const std::string key = "tiers.nvme.paths[" + std::to_string(i) + "]";
-      if (o.fd.valid()) return io_error(o.absent).with_context(key);
-      auto fd = open_path(o.path, key, /*create=*/true);
-      if (!fd.ok()) return std::move(fd).status().with_context(key);
-      auto info = io.stat(fd->get(), o.path);
-      if (!info.ok()) return std::move(info).status().with_context(key);
-      KVTIER_RETURN_IF_ERROR(listed_twice(i, o.path, *info));
-      o.fd = std::move(fd).value();
-      o.info = *info;
-      o.absent.clear();
-    }
-    absent = 0;
-  }
-  if (existing != 0 && existing + absent != opened.size()) {
-    return failed_precondition(
-        "tiers.nvme.paths mixes existing store files with new ones (" + std::to_string(existing) +
-        " of " + std::to_string(opened.size()) +
-        " exist); remove them all or list the store's files exactly as before");
-  }
-
+  const bool exists =
+      std::any_of(opened.begin(), opened.end(), [](const OpenedFile& o) { return o.sb; });
   std::vector<uint32_t> per_file;
-  uint64_t first_offset_of_existing = 0;
-  if (existing == 0) {
-    // An assumed block size (logical_block_known false) matters only to O_DIRECT.
-    uint32_t io_align = 512;
-    for (const Opened& o : opened) {
-      if (direct_io_ || o.info.logical_block_known) {
-        io_align = std::max(io_align, o.info.logical_block);
-      }
-    }
-    KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, io_align));
-    const uint64_t first = std::max<uint64_t>(kSuperblockBytes, io_align);
-    store_id_ = random_store_id();
-    auto sb_buf = aligned_bytes(4096, kSuperblockBytes);
-    if (!sb_buf) return resource_exhausted("no memory for a superblock buffer");
-    for (std::size_t i = 0; i < opened.size(); ++i) {
-      Opened& o = opened[i];
-      uint64_t count = c.capacity_bytes / opened.size() / layout_.extent_bytes;
-      if (o.info.block_device) {
-        count =
-            std::min(count, o.info.size > first ? (o.info.size - first) / layout_.extent_bytes : 0);
-      }
-      count = std::min<uint64_t>(count, FrameAllocator::kMaxFrames / opened.size());
-      if (count == 0) {
-        return invalid_argument("tiers.nvme.capacity_bytes " + std::to_string(c.capacity_bytes) +
-                                " leaves less than one extent (" +
-                                std::to_string(layout_.extent_bytes) + " bytes) for " + o.path);
-      }
-      if (!o.info.block_device) {
-        Status a =
-            options_.backend->allocate(o.fd.get(), o.path, first + count * layout_.extent_bytes);
-        if (!a.ok()) return a.with_context("tiers.nvme.paths[" + std::to_string(i) + "]");
-      }
-      Superblock sb;
-      sb.file_index = static_cast<uint32_t>(i);
-      sb.file_count = static_cast<uint32_t>(opened.size());
-      sb.layout = layout_;
-      sb.extent_count = count;
-      sb.first_offset = first;
-      sb.store_id = store_id_;
-      sb.fingerprint = fingerprint_;
-      sb.geometry = geometry_;
-      encode_superblock(sb, std::span<std::byte>(sb_buf.get(), kSuperblockBytes));
-      KVTIER_RETURN_IF_ERROR(io.write_at(o.fd.get(), o.path, sb_buf.get(), kSuperblockBytes, 0));
-      KVTIER_RETURN_IF_ERROR(io.sync(o.fd.get(), o.path));
-      per_file.push_back(static_cast<uint32_t>(count));
-    }
+  uint64_t first_offset = 0;
+  if (exists) {
+    KVTIER_ASSIGN_OR_RETURN(per_file, adopt_existing_store(opened, first_offset));
   } else {
-    const Superblock& first = *std::find_if(opened.begin(), opened.end(), [](const Opened& o) {
-                                 return o.sb.has_value();
-                               })->sb;
-    store_id_ = first.store_id;
-    first_offset_of_existing = first.first_offset;
-    for (std::size_t i = 0; i < opened.size(); ++i) {
-      const Opened& o = opened[i];
-      if (!o.absent.empty()) {
-        // Out of service from the start, with as many extents as the store's first file (files
-        // are made equal unless a block device was smaller); a probe checks that count.
-        log(LogLevel::kError,
-            "NVMe store: tiers.nvme.paths[" + std::to_string(i) + "] (" + o.path +
-                ") is not usable (" + o.absent + "); the store opens without it, out of service" +
-                (c.readmit_after_ms == 0
-                     ? std::string(" until a restart")
-                     : ", and probes it in " + std::to_string(c.readmit_after_ms) +
-                           " ms (tiers.nvme.readmit_after_ms)"));
-        per_file.push_back(static_cast<uint32_t>(first.extent_count));
-        continue;
-      }
-      const Superblock& sb = *o.sb;
-      if (sb.fingerprint != fingerprint_ || !(sb.geometry == geometry_)) {
-        return failed_precondition(
-            o.path + " holds a kvtier store for geometry " + describe_geometry(sb.geometry) +
-            (sb.fingerprint != fingerprint_ && sb.geometry == geometry_
-                 ? std::string(format_.encodes() ? " without" : " with") + " per-page fp8 scales"
-                 : std::string()) +
-            " but the configured geometry is " + describe_page_format(format_) +
-            "; point tiers.nvme.paths elsewhere or remove the file");
-      }
-      if (sb.store_id != store_id_ || sb.file_count != opened.size() || sb.file_index != i) {
-        return failed_precondition(o.path + " is file " + std::to_string(sb.file_index) + " of " +
-                                   std::to_string(sb.file_count) + " of store " +
-                                   hex64(sb.store_id) + ", but is listed as tiers.nvme.paths[" +
-                                   std::to_string(i) + "] of " + std::to_string(opened.size()) +
-                                   " (store " + hex64(store_id_) + ")");
-      }
-      KVTIER_ASSIGN_OR_RETURN(ExtentLayout expect, ExtentLayout::make(format_, sb.layout.io_align));
-      if (expect.header_bytes != sb.layout.header_bytes ||
-          expect.page_stride != sb.layout.page_stride ||
-          expect.extent_bytes != sb.layout.extent_bytes || sb.first_offset != first.first_offset ||
-          sb.layout.io_align != first.layout.io_align) {
-        return data_loss("superblock of " + o.path + " describes an inconsistent extent layout");
-      }
-      // Only a reported block size refuses a store: with an assumed one, a store written at a
-      // finer alignment is used as it is (its I/O would fail, each one reported, were it wrong).
-      if (direct_io_ && o.info.logical_block_known &&
-          sb.layout.io_align % o.info.logical_block != 0) {
-        return failed_precondition(
-            o.path + " was written with " + std::to_string(sb.layout.io_align) +
-            "-byte alignment; its device needs " + std::to_string(o.info.logical_block));
-      }
-      const uint64_t needed = sb.first_offset + sb.extent_count * sb.layout.extent_bytes;
-      if (o.info.size < needed) {
-        return data_loss(o.path + " is truncated: " + std::to_string(o.info.size) +
-                         " bytes, its superblock describes " + std::to_string(needed));
-      }
-      per_file.push_back(static_cast<uint32_t>(sb.extent_count));
-    }
-    KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, first.layout.io_align));
-    needs_scan_ = true;
-    uint64_t total = 0;
-    bool differs = false;
-    for (uint32_t n : per_file) {
-      total += n * layout_.extent_bytes;
-      differs |= n != c.capacity_bytes / opened.size() / layout_.extent_bytes;
-    }
-    if (differs) {
-      log_once(LogLevel::kInfo, "nvme.capacity." + opened[0].path,
-               "NVMe store " + opened[0].path + " keeps its existing size (" +
-                   std::to_string(total) + " bytes of extents); tiers.nvme.capacity_bytes " +
-                   std::to_string(c.capacity_bytes) + " applies to new stores");
-    }
+    KVTIER_ASSIGN_OR_RETURN(per_file, format_new_store(opened, first_offset));
   }
-  for (Opened& o : opened) {
+  scan_at_open_.assign(opened.size(), 0);
+  for (std::size_t i = 0; i < opened.size(); ++i) {
+    OpenedFile& o = opened[i];
+    scan_at_open_[i] = exists && o.sb && !o.formatted_now ? 1 : 0;
     File f;
     f.path = o.path;
     f.fd = std::move(o.fd);
+    f.extent_count = per_file[i];
     files_.push_back(std::move(f));
   }
-  for (std::size_t i = 0; i < per_file.size(); ++i) files_[i].extent_count = per_file[i];
-  const uint64_t first_offset = existing == 0
-                                    ? std::max<uint64_t>(kSuperblockBytes, layout_.io_align)
-                                    : first_offset_of_existing;
   KVTIER_ASSIGN_OR_RETURN(extents_,
                           ExtentAllocator::create(per_file, layout_.extent_bytes, first_offset));
   readers_.assign(extents_->capacity(), 0);
@@ -371,6 +253,158 @@ Status NvmeStore::open_files() {
     extents_->retire_free_in_file(file);  // every one: nothing is allocated yet
   }
   stats_->files_out_of_service.store(file_health_.out_of_service(), std::memory_order_relaxed);
+  return Status();
+}
+
+Result<std::vector<uint32_t>> NvmeStore::format_new_store(std::vector<OpenedFile>& opened,
+                                                          uint64_t& first_offset) {
+  const NvmeTierConfig& c = options_.config;
+  IoBackend& io = *options_.backend;
+  // Missing paths are created; a path that is there but unreadable fails the store.
+  for (uint32_t i = 0; i < opened.size(); ++i) {
+    OpenedFile& o = opened[i];
+    if (o.absent.empty()) continue;
+    const std::string key = path_key(i);
+    if (!o.missing) return io_error(o.absent).with_context(key);
+    auto fd = open_store_path(o.path, key, /*create=*/true);
+    if (!fd.ok()) return std::move(fd).status().with_context(key);
+    auto info = io.stat(fd->get(), o.path);
+    if (!info.ok()) return std::move(info).status().with_context(key);
+    KVTIER_RETURN_IF_ERROR(check_listed_once(opened, i, o.path, *info));
+    o.fd = std::move(fd).value();
+    o.info = *info;
+    o.missing = false;
+    o.absent.clear();
+  }
+  // An assumed block size (logical_block_known false) matters only to O_DIRECT.
+  uint32_t io_align = 512;
+  for (const OpenedFile& o : opened) {
+    if (direct_io_ || o.info.logical_block_known) {
+      io_align = std::max(io_align, o.info.logical_block);
+    }
+  }
+  KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, io_align));
+  first_offset = std::max<uint64_t>(kSuperblockBytes, io_align);
+  store_id_ = random_store_id();
+  std::vector<uint32_t> per_file;
+  for (uint32_t i = 0; i < opened.size(); ++i) {
+    OpenedFile& o = opened[i];
+    uint64_t count = c.capacity_bytes / opened.size() / layout_.extent_bytes;
+    if (o.info.block_device) {
+      log(LogLevel::kInfo, "formatting block device " + o.path + " as a kvtier store");
+      count = std::min(count, o.info.size > first_offset
+                                  ? (o.info.size - first_offset) / layout_.extent_bytes
+                                  : 0);
+    }
+    count = std::min<uint64_t>(count, FrameAllocator::kMaxFrames / opened.size());
+    if (count == 0) {
+      return invalid_argument("tiers.nvme.capacity_bytes " + std::to_string(c.capacity_bytes) +
+                              " leaves less than one extent (" +
+                              std::to_string(layout_.extent_bytes) + " bytes) for " + o.path);
+    }
+    if (!o.info.block_device) {
+      Status a = io.allocate(o.fd.get(), o.path, first_offset + count * layout_.extent_bytes);
+      if (!a.ok()) return a.with_context(path_key(i));
+    }
+    KVTIER_RETURN_IF_ERROR(
+        write_superblock(o.fd.get(), o.path, superblock_of(i, count, first_offset)));
+    per_file.push_back(static_cast<uint32_t>(count));
+  }
+  return per_file;
+}
+
+Result<std::vector<uint32_t>> NvmeStore::adopt_existing_store(std::vector<OpenedFile>& opened,
+                                                              uint64_t& first_offset) {
+  const NvmeTierConfig& c = options_.config;
+  const Superblock first =
+      *std::find_if(opened.begin(), opened.end(), [](const OpenedFile& o) { return o.sb; })->sb;
+  store_id_ = first.store_id;
+  first_offset = first.first_offset;
+  KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, first.layout.io_align));
+  for (uint32_t i = 0; i < opened.size(); ++i) {
+    const OpenedFile& o = opened[i];
+    if (!o.sb) {
+      // A device name may now name another drive: only a blank one is formatted into the store.
+      if (o.absent.empty() && !o.blank) {
+        return failed_precondition(
+            path_key(i) + ": " + o.path + " holds neither a kvtier store nor zeros in its first " +
+            std::to_string(kSuperblockBytes) + " bytes; refusing to format it as file " +
+            std::to_string(i) + " of store " + hex64(store_id_) +
+            ": if it is the drive that replaced that file, discard it first (blkdiscard)");
+      }
+      continue;
+    }
+    KVTIER_RETURN_IF_ERROR(check_store_file(o, i, first));
+  }
+  KVTIER_RETURN_IF_ERROR(replace_lost_files(opened, first));
+  std::vector<uint32_t> per_file;
+  uint64_t total = 0;
+  bool differs = false;
+  for (uint32_t i = 0; i < opened.size(); ++i) {
+    const OpenedFile& o = opened[i];
+    if (!o.absent.empty()) {
+      // Out of service from the start, with as many extents as the store's first file (files
+      // are made equal unless a block device was smaller); a probe checks that count.
+      log(LogLevel::kError, "NVMe store: " + path_key(i) + " (" + o.path + ") is not usable (" +
+                                o.absent + "); the store opens without it, out of service" +
+                                (c.readmit_after_ms == 0
+                                     ? std::string(" until a restart")
+                                     : ", and probes it in " + std::to_string(c.readmit_after_ms) +
+                                           " ms (tiers.nvme.readmit_after_ms)"));
+      per_file.push_back(static_cast<uint32_t>(first.extent_count));
+      continue;
+    }
+    per_file.push_back(static_cast<uint32_t>(o.sb->extent_count));
+    total += o.sb->extent_count * layout_.extent_bytes;
+    differs |= o.sb->extent_count != c.capacity_bytes / opened.size() / layout_.extent_bytes;
+  }
+  if (differs) {
+    log_once(LogLevel::kInfo, "nvme.capacity." + opened[0].path,
+             "NVMe store " + opened[0].path + " keeps its existing size (" + std::to_string(total) +
+                 " bytes of extents); tiers.nvme.capacity_bytes " +
+                 std::to_string(c.capacity_bytes) + " applies to new stores");
+  }
+  return per_file;
+}
+
+Status NvmeStore::check_store_file(const OpenedFile& o, uint32_t index,
+                                   const Superblock& first) const {
+  const Superblock& sb = *o.sb;
+  const std::size_t count = options_.config.paths.size();
+  if (sb.fingerprint != fingerprint_ || !(sb.geometry == geometry_)) {
+    return failed_precondition(
+        o.path + " holds a kvtier store for geometry " + describe_geometry(sb.geometry) +
+        (sb.fingerprint != fingerprint_ && sb.geometry == geometry_
+             ? std::string(format_.encodes() ? " without" : " with") + " per-page fp8 scales"
+             : std::string()) +
+        " but the configured geometry is " + describe_page_format(format_) +
+        "; point tiers.nvme.paths elsewhere or remove the file");
+  }
+  if (sb.store_id != store_id_ || sb.file_count != count || sb.file_index != index) {
+    return failed_precondition(o.path + " is file " + std::to_string(sb.file_index) + " of " +
+                               std::to_string(sb.file_count) + " of store " + hex64(sb.store_id) +
+                               ", but is listed as " + path_key(index) + " of " +
+                               std::to_string(count) + " (store " + hex64(store_id_) + ")");
+  }
+  KVTIER_ASSIGN_OR_RETURN(ExtentLayout expect, ExtentLayout::make(format_, sb.layout.io_align));
+  if (expect.header_bytes != sb.layout.header_bytes ||
+      expect.page_stride != sb.layout.page_stride ||
+      expect.extent_bytes != sb.layout.extent_bytes || sb.first_offset != first.first_offset ||
+      sb.layout.io_align != first.layout.io_align) {
+    return data_loss("superblock of " + o.path + " describes an inconsistent extent layout");
+  }
+  // Only a reported block size refuses a store: with an assumed one, a store written at a
+  // finer alignment is used as it is (its I/O would fail, each one reported, were it wrong).
+  if (direct_io_ && o.info.logical_block_known && sb.layout.io_align % o.info.logical_block != 0) {
+    return failed_precondition(o.path + " was written with " + std::to_string(sb.layout.io_align) +
+                               "-byte alignment; its device needs " +
+                               std::to_string(o.info.logical_block));
+  }
+  const uint64_t needed = sb.first_offset + sb.extent_count * sb.layout.extent_bytes;
+  if (o.info.size < needed) {
+    return data_loss(o.path + " is truncated: " + std::to_string(o.info.size) +
+                     " bytes, its superblock describes " + std::to_string(needed));
+  }
   return Status();
 }
 
@@ -397,18 +431,21 @@ void NvmeStore::post(std::unique_ptr<Op> op) {
 Result<ExtentLocation> NvmeStore::place(uint32_t extent) const { return extents_->locate(extent); }
 
 Status NvmeStore::recover() {
-  // A fresh store was just formatted: every extent is free, nothing to scan.
-  if (!needs_scan_) return Status();
+  // Files just formatted have every extent free: nothing to scan there.
+  if (std::none_of(scan_at_open_.begin(), scan_at_open_.end(), [](uint8_t s) { return s; })) {
+    return Status();
+  }
   const uint32_t capacity = extents_->capacity();
   ScanBatch batch;
   batch.headers.resize(capacity);
   batch.codes.assign(capacity, StatusCode::kOk);
-  // Files the store opened without (out of service from the start) are not read.
+  // Only files that held this store's superblock are read (not those opened without, out of
+  // service from the start, nor those formatted now).
   std::vector<ExtentLocation> places;
   std::vector<uint32_t> scanned;
   for (uint32_t e = 0; e < capacity; ++e) {
     KVTIER_ASSIGN_OR_RETURN(ExtentLocation loc, place(e));
-    if (!file_health_.in_service(loc.file)) continue;
+    if (scan_at_open_[loc.file] == 0) continue;
     places.push_back(loc);
     scanned.push_back(e);
   }
@@ -420,6 +457,7 @@ Status NvmeStore::recover() {
     op->kind = Op::Kind::kScan;
     op->extent = e;
     op->file = loc.file;
+    op->fd = files_[loc.file].fd.get();
     op->extent_offset = loc.offset;
     op->scan = &batch;
     post(std::move(op));
@@ -531,6 +569,7 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
     }
     op->extent = *extent;
     op->file = loc->file;
+    op->fd = files_[loc->file].fd.get();
     op->extent_offset = loc->offset;
     op->generation = next_generation_++;
     Entry e;
@@ -583,6 +622,7 @@ Result<const NvmeStore::Entry*> NvmeStore::claim_for_read(const BlockKey& key,
   KVTIER_RETURN_IF_ERROR(refuse_on_a_hung_drive_locked(loc.file, what));
   op.extent = it->second.extent;
   op.file = loc.file;
+  op.fd = files_[loc.file].fd.get();
   op.extent_offset = loc.offset;
   op.generation = it->second.generation;
   ++readers_[op.extent];

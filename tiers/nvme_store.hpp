@@ -81,10 +81,19 @@
 // whose superblock cannot be read (a dead drive at start), as long as another file holds the
 // store's superblock. That file is out of service from the start, with as many extents as the
 // store's first file; its headers are not scanned, and it is probed like any other (the probe
-// opens a missing path, and checks the extent count). A file of an existing store is never
-// created: a path missing because its drive's file system did not mount would otherwise get a
-// blank member on whatever file system holds the mount point. A new file among existing ones is
-// still refused; with one file, a dead one still fails the open.
+// opens its path afresh, and checks the extent count). With one file, a dead one still fails the
+// open.
+//
+// Replacing a drive (nvme_store_replace.cpp): a file that is blank (empty, or zeros where the
+// superblock goes: a new or discarded drive, a file created by hand) in place of one of an
+// existing store is formatted as that file, empty, and used: at open, or by its probe while the
+// store runs (the probe opens the path afresh, so a new file system mounted there is seen; the
+// old descriptor stays open, unused, until the store closes). A missing file is created only
+// where its directory is a mount point: a path missing because its drive's file system did not
+// mount would otherwise get a member on whatever file system lies beneath. A file or device that
+// holds anything else is never formatted over (a device name may now name another drive). The
+// old drive's blocks are gone, and its bad-sector marks with it. TransferStats::files_replaced
+// counts them.
 //
 // Hung drives (nvme_store_hung.cpp): a drive that stops answering fails nothing, so the rules
 // above never see it. A request in flight longer than tiers.nvme.io_timeout_ms counts against its
@@ -116,6 +125,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -202,6 +212,10 @@ class NvmeStore final : public BlockStore {
     ScopedFd fd;
     uint64_t extent_count = 0;
   };
+  // "tiers.nvme.paths[index]", as errors name a file's config entry.
+  static std::string path_key(std::size_t index);
+  // The directory `path` lies in: "." for a bare name, "/" for one at the root.
+  static std::string directory_of(const std::string& path);
 
  private:
   enum class EntryState : uint8_t { kWriting, kReady };
@@ -216,9 +230,62 @@ class NvmeStore final : public BlockStore {
     std::vector<std::shared_ptr<TransferState>> joined;
   };
 
+  // A store file as open_files found it.
+  struct OpenedFile {
+    std::string path;
+    ScopedFd fd;
+    FileInfo info;
+    std::optional<Superblock> sb;
+    // Why the store may open without this file (its path is missing, its superblock unreadable);
+    // empty when it is there.
+    std::string absent;
+    bool missing = false;  // its path does not exist
+    // Holds no superblock and nothing else: empty, or its first 4 KiB read as zeros (a new drive,
+    // a discarded one, a file just created or preallocated).
+    bool blank = false;
+    bool formatted_now = false;  // formatted by this open: it has no headers to scan
+  };
+
   NvmeStore(const PageFormat& format, NvmeStoreOptions options);
 
   Status open_files();
+  // Opens `path` read-write, O_DIRECT unless the file system refuses it (then every file is
+  // opened buffered: direct_io_ becomes false). Created, with its directory, only when `create`.
+  // `key` names the config entry in errors.
+  Result<ScopedFd> open_store_path(const std::string& path, const std::string& key, bool create);
+  // Reads and classifies file `index` of tiers.nvme.paths (missing, unreadable, blank, a store
+  // file); refuses a file that holds something else, or one of `before` again.
+  Result<OpenedFile> open_store_file(uint32_t index, const std::vector<OpenedFile>& before);
+  // No file holds a superblock: creates the missing ones and formats them all (store_id_,
+  // layout_); returns each file's extent count and sets the first extent's offset.
+  Result<std::vector<uint32_t>> format_new_store(std::vector<OpenedFile>& opened,
+                                                 uint64_t& first_offset);
+  // Some file holds one: checks each that does against the store (check_store_file), replaces
+  // the lost ones that may be (replace_lost_files); returns each file's extent count (the first
+  // store file's for one left absent) and sets the first extent's offset.
+  Result<std::vector<uint32_t>> adopt_existing_store(std::vector<OpenedFile>& opened,
+                                                     uint64_t& first_offset);
+  // `o`, listed as file `index`, is a file of this store like `first`: same geometry, store,
+  // place in the list, layout and alignment, and as long as its superblock says.
+  Status check_store_file(const OpenedFile& o, uint32_t index, const Superblock& first) const;
+  // The superblock of file `index` of this store (store_id_, layout_, fingerprint_, geometry_).
+  Superblock superblock_of(uint32_t index, uint64_t extent_count, uint64_t first_offset) const;
+  // Writes `sb` at the start of the file and syncs it.
+  Status write_superblock(int fd, const std::string& path, const Superblock& sb);
+
+  // Replacing a drive (nvme_store_replace.cpp). At open of an existing store, each file without a
+  // superblock that may be formatted (blank, or missing where a drive is mounted) is formatted as
+  // that file of the store, like `first`, the first file that has one; one that cannot be is
+  // left absent (opened without, out of service), with the reason.
+  Status replace_lost_files(std::vector<OpenedFile>& opened, const Superblock& first);
+  // Whether a missing file of an existing store may be created at `path`: its directory is a
+  // mount point (its drive's file system is there). `why_not` says why not.
+  bool may_create_lost_file(const std::string& path, std::string& why_not);
+  // The extents a replacement for file `index` gets: `count` (the slot's), fewer when a block
+  // device holds fewer; 0 (with `why_not`) when it cannot hold one, or its sectors do not fit
+  // the store's alignment.
+  uint64_t replacement_extents(const FileInfo& info, const std::string& path, uint64_t count,
+                               uint64_t first_offset, std::string& why_not) const;
   Status start_workers();
   Status recover();
   void post(std::unique_ptr<Op> op);
@@ -279,9 +346,28 @@ class NvmeStore final : public BlockStore {
   void post_due_probes_locked();
   // OK when the superblock a probe read is this store's, for that file.
   Status check_probe(const Op& op) const;
+  // The I/O of probe `op` ended with `result`: a read that found the file blank goes on as a
+  // format (post_format); otherwise the probe ends (probe_finished).
+  void probe_answered(const Op& op, const Status& result);
   // The probe `op` ended with `result`: the file is back in service, or waits for the next.
   void probe_finished(const Op& op, const Status& result);
-  void probe_finished_locked(uint32_t file, const Status& result);  // under index_mu_
+  // Under index_mu_; `formatted`: the probe wrote the superblock of a blank file (a replaced
+  // drive), whose extents then come back with the old drive's bad-sector marks forgotten.
+  void probe_finished_locked(uint32_t file, const Status& result, bool formatted);
+  // Under index_mu_: the extents of `file` marked bad are no longer (they count toward the cap no
+  // more).
+  void forget_bad_marks_locked(uint32_t file);
+  // Replacing a drive while the store runs (nvme_store_replace.cpp). Under index_mu_: opens the
+  // path of `file` afresh, for its probe. One that names another file than the store holds (a
+  // replaced drive's file system mounted there) takes its place; a missing one is created only
+  // where may_create_lost_file allows.
+  Status reopen_for_probe_locked(uint32_t file);
+  // The probe read `probe` ended with `read`: whether it found the file blank (its superblock
+  // region all zeros, or a regular file of no bytes).
+  bool found_blank(const Op& probe, const Status& read) const;
+  // Posts the write of the superblock of the file `probe` found blank, as that file of the store
+  // (after allocating a regular one to size); an error when it cannot hold the file's extents.
+  Status post_format(const Op& probe);
 
   const PageFormat format_;
   const Geometry geometry_;  // format_.stored_geometry()
@@ -291,8 +377,13 @@ class NvmeStore final : public BlockStore {
   uint64_t fingerprint_ = 0;
   uint64_t store_id_ = 0;
   bool direct_io_ = true;
-  bool needs_scan_ = false;  // the files existed: rebuild the index from their extent headers
+  // Per file: it held this store's superblock at open, so the index is rebuilt from its extent
+  // headers (a new store's files, and those formatted or left out at open, are not read).
+  std::vector<uint8_t> scan_at_open_;
   std::vector<File> files_;
+  // Descriptors of files a probe found replaced, kept open for the operations that hold them;
+  // guarded by index_mu_.
+  std::vector<ScopedFd> replaced_fds_;
   std::unique_ptr<ExtentAllocator> extents_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_worker_{0};

@@ -21,25 +21,25 @@ namespace kvtier {
 void NvmeStore::post_due_probes_locked() {
   if (file_health_.out_of_service() == 0) return;  // the common case: no clock read
   for (uint32_t file : file_health_.probes_due(NvmeFileHealth::Clock::now())) {
-    if (!files_[file].fd.valid()) {
-      // Its path was missing when the store opened: it is opened now, never created.
-      auto fd = options_.backend->open(files_[file].path, O_RDWR | (direct_io_ ? O_DIRECT : 0), 0);
-      if (!fd.ok()) {
-        stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
-        probe_finished_locked(file, fd.status());
-        continue;
-      }
-      files_[file].fd = std::move(fd).value();
+    // Its path is opened afresh: a replaced drive's file system may be mounted there now
+    // (nvme_store_replace.cpp).
+    Status opened = reopen_for_probe_locked(file);
+    if (!opened.ok()) {
+      stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
+      probe_finished_locked(file, opened, /*formatted=*/false);
+      continue;
     }
     auto op = std::make_unique<Op>();
     op->kind = Op::Kind::kProbe;
     op->file = file;
+    op->fd = files_[file].fd.get();
     // The superblock, read as O_DIRECT wants it: whole aligned blocks into an aligned buffer.
     op->probe_bytes = std::max<uint64_t>(kSuperblockBytes, layout_.io_align);
     op->probe_buffer =
         aligned_bytes(std::max<std::size_t>(4096, layout_.io_align), op->probe_bytes);
     if (!op->probe_buffer) {
-      probe_finished_locked(file, resource_exhausted("no memory for a probe's superblock buffer"));
+      probe_finished_locked(file, resource_exhausted("no memory for a probe's superblock buffer"),
+                            /*formatted=*/false);
       continue;
     }
     stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
@@ -68,12 +68,35 @@ Status NvmeStore::check_probe(const Op& op) const {
   return Status();
 }
 
-void NvmeStore::probe_finished(const Op& op, const Status& result) {
-  std::lock_guard<std::mutex> lock(index_mu_);
-  probe_finished_locked(op.file, result);
+void NvmeStore::probe_answered(const Op& op, const Status& result) {
+  if (op.probe_formats) {
+    probe_finished(op, result);
+    return;
+  }
+  if (found_blank(op, result)) {
+    // A replaced drive: the probe goes on as the write of its superblock.
+    Status posted = post_format(op);
+    if (!posted.ok()) probe_finished(op, posted);
+    return;
+  }
+  probe_finished(op, result.ok() ? check_probe(op) : result);
 }
 
-void NvmeStore::probe_finished_locked(uint32_t file, const Status& result) {
+void NvmeStore::probe_finished(const Op& op, const Status& result) {
+  std::lock_guard<std::mutex> lock(index_mu_);
+  probe_finished_locked(op.file, result, op.probe_formats);
+}
+
+void NvmeStore::forget_bad_marks_locked(uint32_t file) {
+  const uint32_t first = extents_->first_extent_of(file);
+  for (uint32_t e = first; e < first + files_[file].extent_count; ++e) {
+    if (bad_[e] == 0) continue;
+    bad_[e] = 0;
+    --bad_marked_;
+  }
+}
+
+void NvmeStore::probe_finished_locked(uint32_t file, const Status& result, bool formatted) {
   const auto now = NvmeFileHealth::Clock::now();
   const std::string& path = files_[file].path;
   if (!file_health_.probe_ended(file, result.ok(), now)) {
@@ -93,13 +116,18 @@ void NvmeStore::probe_finished_locked(uint32_t file, const Status& result) {
   // not by its death, would otherwise meet the same region again and go out again, dropping every
   // block written meanwhile, at each probe interval. A dead drive's last failures cost as many
   // extents, within the one-in-32 cap, until a restart.
+  // A drive formatted in place of the lost one has none of its bad sectors.
+  if (formatted) forget_bad_marks_locked(file);
   const uint32_t back = extents_->unretire_in_file(file, bad_);
   stats_->files_out_of_service.store(file_health_.out_of_service(), std::memory_order_relaxed);
   stats_->files_readmitted.fetch_add(1, std::memory_order_relaxed);
-  log(LogLevel::kInfo, "NVMe store: " + path + " answered its probe: it is back in service with " +
-                           std::to_string(back) + " free extents; " +
-                           std::to_string(files_.size() - file_health_.out_of_service()) + " of " +
-                           std::to_string(files_.size()) + " files in service");
+  if (formatted) stats_->files_replaced.fetch_add(1, std::memory_order_relaxed);
+  log(LogLevel::kInfo,
+      "NVMe store: " + path +
+          (formatted ? " was formatted in place of the lost file" : " answered its probe") +
+          ": it is back in service with " + std::to_string(back) + " free extents; " +
+          std::to_string(files_.size() - file_health_.out_of_service()) + " of " +
+          std::to_string(files_.size()) + " files in service");
 }
 
 }  // namespace kvtier

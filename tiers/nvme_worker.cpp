@@ -265,7 +265,10 @@ void NvmeStore::Worker::prepare(Op& op) {
       pieces.push_back({op.pages[0], l.page_stride, op.extent_offset + l.page_offset(op.layer)});
       break;
     case Op::Kind::kScan: pieces.push_back({op.header, l.header_bytes, op.extent_offset}); break;
-    case Op::Kind::kProbe: pieces.push_back({op.probe_buffer.get(), op.probe_bytes, 0}); break;
+    case Op::Kind::kProbe:
+      if (op.probe_formats) opcode = IoOpcode::kWrite;
+      pieces.push_back({op.probe_buffer.get(), op.probe_bytes, 0});
+      break;
   }
   // Coalesce neighbours that are adjacent in memory (they always are on disk).
   std::vector<Piece> runs;
@@ -330,7 +333,7 @@ void NvmeStore::Worker::submit_ready() {
       IoRequest r;
       r.tag = reinterpret_cast<uint64_t>(s);
       r.opcode = s->opcode;
-      r.fd = store_.files_[op.file].fd.get();
+      r.fd = op.fd;
       r.offset = s->offset;
       r.iov = s->iov.data() + s->iov_first;
       r.iovcnt = static_cast<uint32_t>(s->iov.size() - s->iov_first);
@@ -499,10 +502,7 @@ void NvmeStore::Worker::finish(Op& op) {
       if (--b.remaining == 0) b.cv.notify_all();
       break;
     }
-    case Op::Kind::kProbe:
-      if (result.ok()) result = store_.check_probe(op);
-      store_.probe_finished(op, result);
-      break;
+    case Op::Kind::kProbe: store_.probe_answered(op, result); break;
   }
   std::shared_ptr<TransferState> state = std::move(op.state);
   release(op);  // `op` is gone from here on

@@ -74,6 +74,9 @@ struct NvmeStore::Op {
   BlockKey key;
   uint32_t extent = 0;
   uint32_t file = 0;
+  // The file's descriptor when the operation was made: a probe may give the file a new one (a
+  // replaced drive), and the old one stays open until the store closes.
+  int fd = -1;
   uint64_t extent_offset = 0;
   uint64_t generation = 0;
   uint32_t layer = 0;
@@ -82,9 +85,11 @@ struct NvmeStore::Op {
   std::vector<std::byte*> pages;
   ScanBatch* scan = nullptr;
   // kProbe: the file's superblock is read into this buffer, owned by the operation (a drive that
-  // answers late still writes into memory that exists).
+  // answers late still writes into memory that exists); or, when `probe_formats`, the superblock
+  // of a blank file found in place of the lost one is written from it.
   AlignedBytes probe_buffer;
   uint64_t probe_bytes = 0;
+  bool probe_formats = false;
 
   // Owned by the I/O thread from here on.
   int slot = -1;

@@ -90,6 +90,22 @@ class PosixIoBackend final : public IoBackend {
     return Status();
   }
 
+  Result<bool> is_mount_point(const std::string& dir) override {
+    struct stat self = {};
+    struct stat parent = {};
+    if (::stat(dir.c_str(), &self) != 0) {
+      const int err = errno;
+      return errno_status(open_errno_code(err), "stat " + dir, err);
+    }
+    if (!S_ISDIR(self.st_mode)) return invalid_argument(dir + " is not a directory");
+    const std::string up = dir + "/..";
+    if (::stat(up.c_str(), &parent) != 0) {
+      return errno_status(StatusCode::kIoError, "stat " + up, errno);
+    }
+    // The root is its own parent; any other mount point sits on another device than its parent.
+    return self.st_dev != parent.st_dev || self.st_ino == parent.st_ino;
+  }
+
   Result<FileInfo> stat(int fd, const std::string& path) override {
     struct stat st = {};
     if (::fstat(fd, &st) != 0) return errno_status(StatusCode::kIoError, "fstat " + path, errno);

@@ -112,6 +112,8 @@ struct TransferStats {
   // Probes of files out of service (tiers.nvme.readmit_after_ms), and the files they put back.
   std::atomic<uint64_t> nvme_probes{0};
   std::atomic<uint64_t> files_readmitted{0};
+  // Blank files or devices formatted in place of a lost one (a replaced drive), at open or probe.
+  std::atomic<uint64_t> files_replaced{0};
 
   // Copy engines.
   std::atomic<uint64_t> copy_segments{0};  // physical copies issued after batching

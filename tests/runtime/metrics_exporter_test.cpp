@@ -151,6 +151,7 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_nvme_files_out_of_service",
                            "kvtier_nvme_probes_total",
                            "kvtier_nvme_files_readmitted_total",
+                           "kvtier_nvme_files_replaced_total",
                            "kvtier_nvme_io_timeouts_total",
                            "kvtier_nvme_requests_unanswered",
                            "kvtier_link_queued_bytes",

@@ -15,6 +15,8 @@
 
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,6 +46,7 @@ struct Scrape {
   double writes_pending = -1;  // bytes queued or in flight host -> NVMe
   double probes = -1;
   double readmitted = -1;
+  double replaced = -1;
 };
 
 Scrape scrape(const Runtime& rt) {
@@ -63,6 +66,7 @@ Scrape scrape(const Runtime& rt) {
   s.unanswered = testing::sample_value(r.body, "kvtier_nvme_requests_unanswered").value_or(-1);
   s.probes = testing::sample_value(r.body, "kvtier_nvme_probes_total").value_or(-1);
   s.readmitted = testing::sample_value(r.body, "kvtier_nvme_files_readmitted_total").value_or(-1);
+  s.replaced = testing::sample_value(r.body, "kvtier_nvme_files_replaced_total").value_or(-1);
   s.writes_pending =
       testing::sample_value(r.body, "kvtier_link_inflight_bytes{src=\"host\",dst=\"nvme\"}")
           .value_or(-1);
@@ -343,6 +347,50 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveThatAnswersAgainIsReadmittedAndFilledAgain
   for (uint32_t first = 1; first <= 10; ++first) ASSERT_TRUE(prefill_prompt(*rt_, first).ok());
   s = scrape(*rt_);
   EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// The second of four drives dies while the runtime runs, and is replaced: a new, empty file where
+// its file was (a new drive's file system mounted there; the store still holds the old file
+// open). Its next probe formats the new file, and the scheduler plans with the whole capacity
+// again: the new drive has none of the old one's bad-sector marks. Prompts fill it, and after a
+// restart it is a drive like the others.
+TEST_F(RuntimeNvmeFailures, ADriveReplacedWhileTheRuntimeRunsIsFormattedAndFilled) {
+  const auto config = [&](Config& c) {
+    four_drives(c);
+    c.tiers.nvme.readmit_after_ms = 200;
+  };
+  if (!open(config)) GTEST_SKIP() << kNoStore;
+  const uint64_t capacity = nvme_capacity(*rt_);
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  faults_->fail_file("drive1.kvs");
+  for (uint32_t seed = 1; seed <= 10; ++seed)
+    prefill_prompt(*rt_, seed, /*must_run=*/false).ignore();
+  Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.files_out == 1.0; });
+  ASSERT_EQ(s.files_out, 1.0);
+  const std::filesystem::path drive1 = dir_.path() / "drive1.kvs";
+  ASSERT_TRUE(std::filesystem::remove(drive1));
+  { std::ofstream created(drive1); }
+  faults_->clear();
+  uint32_t seed = 100;
+  s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.replaced >= 1.0; });
+  ASSERT_EQ(s.replaced, 1.0);
+  EXPECT_EQ(s.readmitted, 1.0);
+  EXPECT_EQ(s.files_out, 0.0);
+  for (uint32_t more = 0; more < 60; ++more) ASSERT_TRUE(prefill_prompt(*rt_, seed++).ok());
+  EXPECT_EQ(nvme_capacity(*rt_), capacity) << "the new drive carries no bad-sector marks";
+  EXPECT_GT(rt_->stats().used_bytes[tier_index(Tier::kNvme)], capacity * 3 / 4)
+      << "the new drive holds blocks";
+  EXPECT_TRUE(rt_->audit().ok());
+  ASSERT_TRUE(rt_->shutdown().ok());
+  rt_.reset();
+  ASSERT_TRUE(open(config));
+  s = scrape(*rt_);
+  EXPECT_EQ(s.files_out, 0.0);
+  EXPECT_EQ(s.replaced, 0.0) << "after the restart it is a drive of the store like the others";
+  EXPECT_EQ(nvme_capacity(*rt_), capacity);
+  for (uint32_t first = 1; first <= 10; ++first) ASSERT_TRUE(prefill_prompt(*rt_, first).ok());
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());
 }

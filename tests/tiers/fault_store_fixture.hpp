@@ -1,7 +1,8 @@
 // FaultTest: an NVMe store over the fault-injecting I/O backend, with helpers that write and
 // read back one block by id and check its bytes. Shared by the store's fault tests
-// (fault_injection_test.cpp, nvme_hung_drive_test.cpp, nvme_readmit_test.cpp). TearDown audits the
-// store's accounting.
+// (fault_injection_test.cpp, nvme_hung_drive_test.cpp, nvme_readmit_test.cpp,
+// nvme_replace_test.cpp). TearDown audits the store's accounting. FourDrivesTest spreads the store
+// over four drives and takes one out.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -97,6 +98,60 @@ class FaultTest : public ::testing::Test {
   testing::TempDir dir_;
   std::shared_ptr<FaultInjectingIoBackend> faults_;
   std::unique_ptr<NvmeStore> store_;
+};
+
+inline constexpr uint32_t kReadmitAfterMs = 50;
+
+// Four drives, one of which goes out: the readmission and replacement tests.
+class FourDrivesTest : public FaultTest {
+ protected:
+  // Four drives of 32 extents, d0.kvs .. d3.kvs, probed 50 ms after one goes out.
+  NvmeStoreOptions four_drives() {
+    NvmeStoreOptions o = options();
+    spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"}, 32);
+    o.config.readmit_after_ms = kReadmitAfterMs;
+    o.config.io_timeout_ms = 200;
+    return o;
+  }
+  // Four drives of 32 extents; 72 blocks fill d0 and d1 and 8 extents of d2, which then dies
+  // (`hang`: stops answering) and is taken out by the writes that follow. Returns the blocks it
+  // held.
+  std::vector<BlockKey> take_out_d2(bool hang) {
+    reopen(four_drives());
+    std::vector<BlockKey> lost;
+    if (store_ == nullptr) return lost;
+    for (uint64_t id = 0; id < 72; ++id) {
+      EXPECT_TRUE(write(id, id).ok());
+      if (lies_on(id, "d2.kvs")) lost.push_back(test_key(id));
+    }
+    if (hang) {
+      faults_->hang_file("d2.kvs");
+    } else {
+      faults_->fail_file("d2.kvs");
+    }
+    for (uint64_t id = 100; id < 130 && store_->stats().files_out_of_service.load() == 0; ++id) {
+      write(id, id).ignore();
+    }
+    EXPECT_EQ(store_->stats().files_out_of_service.load(), 1u);
+    EXPECT_EQ(store_->capacity_blocks(), 96u + (hang ? 1u : 0u));  // hung: one extent still held
+    return lost;
+  }
+  // Closes the store and opens it again with `o`.
+  void reopen(const NvmeStoreOptions& o) {
+    store_.reset();
+    store_ = open_with(o);
+  }
+  // Writes and erases block `id` until `done` (a probe is posted only when a write is), or 10 s.
+  template <typename F>
+  bool writing_until(uint64_t id, F done) {
+    return eventually([&] {
+      if (write(id, id).ok()) store_->erase(test_key(id)).ignore();
+      return done();
+    });
+  }
+  uint64_t probes() const { return store_->stats().nvme_probes.load(); }
+  uint64_t readmitted() const { return store_->stats().files_readmitted.load(); }
+  uint64_t out() const { return store_->stats().files_out_of_service.load(); }
 };
 
 }  // namespace kvtier

@@ -121,6 +121,21 @@ TEST(NvmeFormat, SuperblockRoundTripAndCorruption) {
   EXPECT_EQ(decode_superblock(zero, "f").status().code(), StatusCode::kNotFound);
 }
 
+// Only zeros are blank (a store's lost file may be formatted over them): not a superblock, and
+// not one byte of anything else, anywhere in the region.
+TEST(NvmeFormat, OnlyAllZerosIsABlankSuperblockRegion) {
+  std::vector<std::byte> region(kSuperblockBytes);
+  EXPECT_TRUE(blank_superblock(region));
+  region.back() = std::byte{1};
+  EXPECT_FALSE(blank_superblock(region));
+  Superblock sb;
+  sb.layout = *ExtentLayout::make(PageFormat::as_computed(geom()), 512);
+  sb.geometry = geom();
+  std::vector<std::byte> encoded(kSuperblockBytes);
+  encode_superblock(sb, encoded);
+  EXPECT_FALSE(blank_superblock(encoded));
+}
+
 TEST(NvmeFormat, ExtentHeaderRoundTripAndEveryByteProtected) {
   ExtentHeader h;
   h.key = BlockKey{0x1111, 0x2222};

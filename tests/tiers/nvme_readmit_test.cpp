@@ -2,9 +2,10 @@
 // its wait is over, the next write posts a probe that reads the drive's superblock. A drive that
 // answers with this store's superblock is back in service, empty (its old blocks stay lost, its
 // extents are handed out again); one that still fails, holds requests unanswered, or now holds
-// another superblock (replaced, wiped) stays out, and each probe waits twice as long as the last.
-// A store of several files opens without one that is dead or missing at start: out of service
-// from the start, probed the same way, and never created.
+// another superblock (a foreign or damaged one) stays out, and each probe waits twice as long as
+// the last. A store of several files opens without one that is dead or missing at start: out of
+// service from the start, probed the same way, and not created where no drive is mounted. (A
+// blank drive in place of a lost one: nvme_replace_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,58 +17,7 @@
 namespace kvtier {
 namespace {
 
-constexpr uint32_t kReadmitAfterMs = 50;
-
-class ReadmitTest : public FaultTest {
- protected:
-  // Four drives of 32 extents, d0.kvs .. d3.kvs, probed 50 ms after one goes out.
-  NvmeStoreOptions four_drives() {
-    NvmeStoreOptions o = options();
-    spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"}, 32);
-    o.config.readmit_after_ms = kReadmitAfterMs;
-    o.config.io_timeout_ms = 200;
-    return o;
-  }
-  // Four drives of 32 extents; 72 blocks fill d0 and d1 and 8 extents of d2, which then dies
-  // (`hang`: stops answering) and is taken out by the writes that follow. Returns the blocks it
-  // held.
-  std::vector<BlockKey> take_out_d2(bool hang) {
-    reopen(four_drives());
-    std::vector<BlockKey> lost;
-    if (store_ == nullptr) return lost;
-    for (uint64_t id = 0; id < 72; ++id) {
-      EXPECT_TRUE(write(id, id).ok());
-      if (lies_on(id, "d2.kvs")) lost.push_back(test_key(id));
-    }
-    if (hang) {
-      faults_->hang_file("d2.kvs");
-    } else {
-      faults_->fail_file("d2.kvs");
-    }
-    for (uint64_t id = 100; id < 130 && store_->stats().files_out_of_service.load() == 0; ++id) {
-      write(id, id).ignore();
-    }
-    EXPECT_EQ(store_->stats().files_out_of_service.load(), 1u);
-    EXPECT_EQ(store_->capacity_blocks(), 96u + (hang ? 1u : 0u));  // hung: one extent still held
-    return lost;
-  }
-  // Closes the store and opens it again with `o`.
-  void reopen(const NvmeStoreOptions& o) {
-    store_.reset();
-    store_ = open_with(o);
-  }
-  // Writes and erases block `id` until `done` (a probe is posted only when a write is), or 10 s.
-  template <typename F>
-  bool writing_until(uint64_t id, F done) {
-    return eventually([&] {
-      if (write(id, id).ok()) store_->erase(test_key(id)).ignore();
-      return done();
-    });
-  }
-  uint64_t probes() const { return store_->stats().nvme_probes.load(); }
-  uint64_t readmitted() const { return store_->stats().files_readmitted.load(); }
-  uint64_t out() const { return store_->stats().files_out_of_service.load(); }
-};
+class ReadmitTest : public FourDrivesTest {};
 
 TEST_F(ReadmitTest, ADeadDriveThatAnswersAgainIsBackInServiceEmpty) {
   std::vector<BlockKey> lost = take_out_d2(/*hang=*/false);
@@ -101,7 +51,7 @@ TEST_F(ReadmitTest, ADeadDriveThatAnswersAgainIsBackInServiceEmpty) {
   EXPECT_TRUE(store_->take_lost_blocks().empty());
 }
 
-TEST_F(ReadmitTest, AReplacedOrWipedDriveStaysOut) {
+TEST_F(ReadmitTest, ADriveWhoseSuperblockIsNoLongerThisStoresStaysOut) {
   take_out_d2(/*hang=*/false);
   ASSERT_NE(store_, nullptr);
   // The drive answers, but its superblock is no longer this store's (a byte of it flipped: its
@@ -168,7 +118,8 @@ TEST_F(ReadmitTest, AStoreOpensWithoutADriveDeadAtStartAndReadmitsItOnceItAnswer
 }
 
 // A file of the store deleted (or a drive whose file system did not mount): the store opens
-// without it, out of service, and neither opening nor probing creates it.
+// without it, out of service, and neither opening nor probing creates it, since its directory is
+// not a mount point.
 TEST_F(ReadmitTest, AStoreOpensWithoutAMissingFileAndNeverCreatesIt) {
   const NvmeStoreOptions o = four_drives();
   reopen(o);

@@ -517,20 +517,14 @@ TEST_F(NvmeStoreTest, Crc32cChecksumsWork) {
   EXPECT_EQ(read_matches(*s, 1, 1).code(), StatusCode::kDataLoss);
 }
 
-// A backend whose first submit blocks until released, so operations pile up in the queue.
-class GatedBackend final : public IoBackend {
+// An IoBackend that hands every call to `inner_`; the doubles below change only their queues.
+class ForwardingBackend : public IoBackend {
  public:
-  explicit GatedBackend(std::shared_ptr<IoBackend> inner = posix_io_backend())
-      : inner_(std::move(inner)) {}
-
-  std::promise<void> gate;
-  std::shared_future<void> opened = gate.get_future().share();
-  std::promise<void> reached;
-
   Result<ScopedFd> open(const std::string& p, int f, mode_t m) override {
     return inner_->open(p, f, m);
   }
   Status make_dirs(const std::string& d) override { return inner_->make_dirs(d); }
+  Result<bool> is_mount_point(const std::string& d) override { return inner_->is_mount_point(d); }
   Result<FileInfo> stat(int fd, const std::string& p) override { return inner_->stat(fd, p); }
   Status allocate(int fd, const std::string& p, uint64_t n) override {
     return inner_->allocate(fd, p, n);
@@ -542,6 +536,22 @@ class GatedBackend final : public IoBackend {
     return inner_->write_at(fd, p, b, n, o);
   }
   Status sync(int fd, const std::string& p) override { return inner_->sync(fd, p); }
+
+ protected:
+  std::shared_ptr<IoBackend> inner_ = posix_io_backend();
+};
+
+// A backend whose first submit blocks until released, so operations pile up in the queue.
+class GatedBackend final : public ForwardingBackend {
+ public:
+  explicit GatedBackend(std::shared_ptr<IoBackend> inner = posix_io_backend()) {
+    inner_ = std::move(inner);
+  }
+
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  std::promise<void> reached;
+
   Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& o) override {
     KVTIER_ASSIGN_OR_RETURN(auto q, inner_->make_queue(o));
     return std::unique_ptr<IoQueue>(std::make_unique<Queue>(*this, std::move(q)));
@@ -570,7 +580,6 @@ class GatedBackend final : public IoBackend {
     std::unique_ptr<IoQueue> q_;
     bool first_ = true;
   };
-  std::shared_ptr<IoBackend> inner_;
 };
 
 // A write of block `id` (pattern `seed`) that the gated backend holds inside its first submit, and
@@ -780,29 +789,11 @@ TEST_F(NvmeStoreTest, ARewriteJoinedToACancelledWriteIsCancelledToo) {
 }
 
 // The synchronous queue stands in when io_uring is refused; everything else is the same.
-class NoUringBackend final : public IoBackend {
+class NoUringBackend final : public ForwardingBackend {
  public:
-  Result<ScopedFd> open(const std::string& p, int f, mode_t m) override {
-    return inner_->open(p, f, m);
-  }
-  Status make_dirs(const std::string& d) override { return inner_->make_dirs(d); }
-  Result<FileInfo> stat(int fd, const std::string& p) override { return inner_->stat(fd, p); }
-  Status allocate(int fd, const std::string& p, uint64_t n) override {
-    return inner_->allocate(fd, p, n);
-  }
-  Status read_at(int fd, const std::string& p, void* b, std::size_t n, uint64_t o) override {
-    return inner_->read_at(fd, p, b, n, o);
-  }
-  Status write_at(int fd, const std::string& p, const void* b, std::size_t n, uint64_t o) override {
-    return inner_->write_at(fd, p, b, n, o);
-  }
-  Status sync(int fd, const std::string& p) override { return inner_->sync(fd, p); }
   Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& o) override {
     return make_sync_queue(o);
   }
-
- private:
-  std::shared_ptr<IoBackend> inner_ = posix_io_backend();
 };
 
 TEST_F(NvmeStoreTest, SynchronousFallbackQueueBehavesTheSame) {
@@ -825,23 +816,8 @@ TEST_F(NvmeStoreTest, SynchronousFallbackQueueBehavesTheSame) {
 
 // A queue that takes one request per submit call: the store must hold the rest back, in order,
 // and lose none of them.
-class OneAtATimeBackend final : public IoBackend {
+class OneAtATimeBackend final : public ForwardingBackend {
  public:
-  Result<ScopedFd> open(const std::string& p, int f, mode_t m) override {
-    return inner_->open(p, f, m);
-  }
-  Status make_dirs(const std::string& d) override { return inner_->make_dirs(d); }
-  Result<FileInfo> stat(int fd, const std::string& p) override { return inner_->stat(fd, p); }
-  Status allocate(int fd, const std::string& p, uint64_t n) override {
-    return inner_->allocate(fd, p, n);
-  }
-  Status read_at(int fd, const std::string& p, void* b, std::size_t n, uint64_t o) override {
-    return inner_->read_at(fd, p, b, n, o);
-  }
-  Status write_at(int fd, const std::string& p, const void* b, std::size_t n, uint64_t o) override {
-    return inner_->write_at(fd, p, b, n, o);
-  }
-  Status sync(int fd, const std::string& p) override { return inner_->sync(fd, p); }
   Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& o) override {
     KVTIER_ASSIGN_OR_RETURN(auto q, inner_->make_queue(o));
     return std::unique_ptr<IoQueue>(std::make_unique<Queue>(std::move(q)));
@@ -863,7 +839,6 @@ class OneAtATimeBackend final : public IoBackend {
    private:
     std::unique_ptr<IoQueue> q_;
   };
-  std::shared_ptr<IoBackend> inner_ = posix_io_backend();
 };
 
 TEST_F(NvmeStoreTest, AFullSubmissionQueueDelaysButNeverDropsRequests) {

@@ -60,6 +60,24 @@ class PosixIoBackendTest : public ::testing::Test {
   testing::TempDir dir_;
 };
 
+// A lost store file is created again only at a mount point: the root and /proc are; a directory
+// made on the file system beneath is not; a missing one or a file is an error that says so.
+TEST_F(PosixIoBackendTest, TellsAMountPointFromAPlainDirectory) {
+  auto io = posix_io_backend();
+  EXPECT_TRUE(io->is_mount_point("/").value_or(false));
+  if (fs::exists("/proc/self")) EXPECT_TRUE(io->is_mount_point("/proc").value_or(false));
+  const std::string plain = dir_.file("drive2");
+  fs::create_directory(plain);
+  auto p = io->is_mount_point(plain);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_FALSE(*p);
+  auto missing = io->is_mount_point(dir_.file("nowhere"));
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("nowhere"), std::string::npos);
+  std::ofstream(dir_.file("a-file")) << "x";
+  EXPECT_EQ(io->is_mount_point(dir_.file("a-file")).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(PosixIoBackendTest, ReadsTheLogicalBlockSizeOfADiskAndOfAPartitionsDisk) {
   FakeSysfs sys(dir_.file("sys"));
   sys.disk("sda", 8, 0, "4096\n");

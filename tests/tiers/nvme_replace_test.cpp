@@ -1,0 +1,210 @@
+// A blank file or drive in place of a store's lost one is formatted as that file of the store,
+// empty, and used: at open (the drive was replaced while the server was down), or by the probe of
+// a file out of service (replaced while the store runs). Blank means empty, or zeros where the
+// superblock goes; a missing file is created only where a drive is mounted (its directory is a
+// mount point); a file that holds something else is never formatted over.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "tests/tiers/fault_store_fixture.hpp"
+
+namespace kvtier {
+namespace {
+
+class ReplaceTest : public FourDrivesTest {
+ protected:
+  // Writes blocks [from, to) and returns those that landed on `name`.
+  std::vector<uint64_t> write_blocks(uint64_t from, uint64_t to, const std::string& name) {
+    std::vector<uint64_t> on;
+    for (uint64_t id = from; id < to; ++id) {
+      EXPECT_TRUE(write(id, id).ok()) << id;
+      if (lies_on(id, name)) on.push_back(id);
+    }
+    return on;
+  }
+  // Overwrites the first 4 KiB of `name` with `byte` (0: as a discarded drive reads).
+  void overwrite_start(const std::string& name, char byte) {
+    std::fstream f(dir_.file(name), std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.is_open());
+    const std::string bytes(kSuperblockBytes, byte);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    ASSERT_TRUE(f.good());
+  }
+  uint64_t replaced() const { return store_->stats().files_replaced.load(); }
+  // Every block of `ids` is in the store and reads back its own bytes.
+  void expect_readable(const std::vector<uint64_t>& ids) {
+    for (uint64_t id : ids) {
+      EXPECT_TRUE(store_->contains(test_key(id))) << id;
+      EXPECT_TRUE(read(id, id).ok()) << id;
+    }
+  }
+};
+
+std::vector<uint64_t> ids(uint64_t from, uint64_t to) {
+  std::vector<uint64_t> v;
+  for (uint64_t id = from; id < to; ++id) v.push_back(id);
+  return v;
+}
+
+// The server was down while d2's drive was replaced, and its file was created anew (empty). The
+// store opens with all four drives in service: d2 formatted, unread, empty; the others' blocks
+// all there. New blocks land on d2, and after a restart d2 is a member like the others.
+TEST_F(ReplaceTest, AnEmptyFileInPlaceOfALostOneIsFormattedAtOpenAndFilled) {
+  const NvmeStoreOptions o = four_drives();
+  reopen(o);
+  ASSERT_NE(store_, nullptr);
+  const std::vector<uint64_t> on_d2 = write_blocks(0, 72, "d2.kvs");
+  ASSERT_EQ(on_d2.size(), 8u);
+  store_.reset();
+  std::filesystem::resize_file(dir_.file("d2.kvs"), 0);
+  const uint64_t reads_before = faults_->requests(IoOpcode::kRead);
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(replaced(), 1u);
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  EXPECT_EQ(faults_->requests(IoOpcode::kRead), reads_before + 96) << "d2's headers were read";
+  EXPECT_EQ(store_->keys().size(), 64u);
+  for (uint64_t id : on_d2) EXPECT_FALSE(store_->contains(test_key(id))) << id;
+  expect_readable(ids(0, 64));
+  const std::vector<uint64_t> new_on_d2 = write_blocks(200, 264, "d2.kvs");
+  EXPECT_EQ(new_on_d2.size(), 32u) << "d2's extents are all free";
+  expect_readable(ids(200, 264));
+  reopen(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(replaced(), 0u);
+  EXPECT_EQ(store_->keys().size(), 128u);
+  expect_readable(new_on_d2);
+}
+
+// Zeros where the superblock goes (a discarded drive, a file preallocated by hand) are blank too;
+// any other bytes there are something else, and the store refuses to open over them.
+TEST_F(ReplaceTest, ZerosAreFormattedOverButOtherBytesAreRefused) {
+  const NvmeStoreOptions o = four_drives();
+  reopen(o);
+  ASSERT_NE(store_, nullptr);
+  write_blocks(0, 72, "d3.kvs");
+  store_.reset();
+  overwrite_start("d3.kvs", 0);
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(replaced(), 1u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  expect_readable(ids(0, 72));
+  store_.reset();
+  overwrite_start("d3.kvs", 'x');
+  auto s = NvmeStore::create(kGeom, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("d3.kvs"), std::string::npos) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("refusing to overwrite"), std::string::npos)
+      << s.status().to_string();
+}
+
+// A missing file is created where a drive is mounted: its directory is a mount point, so the
+// drive's file system is there, not the one beneath
+// (AStoreOpensWithoutAMissingFileAndNeverCreatesIt is the other side).
+TEST_F(ReplaceTest, AMissingFileIsCreatedAndFormattedWhereADriveIsMounted) {
+  const NvmeStoreOptions o = four_drives();
+  reopen(o);
+  ASSERT_NE(store_, nullptr);
+  write_blocks(0, 40, "d3.kvs");
+  store_.reset();
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d3.kvs")));
+  faults_->treat_as_mount_point(dir_.path());
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_TRUE(std::filesystem::exists(dir_.file("d3.kvs")));
+  EXPECT_EQ(replaced(), 1u);
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  expect_readable(ids(0, 40));
+}
+
+// Formatting at open fails (no room to allocate the file): the store opens without it, out of
+// service. Its probe finds it still blank, formats it, and it is back in service.
+TEST_F(ReplaceTest, AFileThatCouldNotBeFormattedAtOpenIsFormattedByItsProbe) {
+  const NvmeStoreOptions o = four_drives();
+  reopen(o);
+  ASSERT_NE(store_, nullptr);
+  write_blocks(0, 40, "d3.kvs");
+  store_.reset();
+  std::filesystem::resize_file(dir_.file("d3.kvs"), 0);
+  faults_->fail_allocate(ENOSPC);
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(replaced(), 0u);
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u);
+  ASSERT_TRUE(writing_until(500, [&] { return readmitted() == 1; }));
+  EXPECT_EQ(replaced(), 1u);
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  EXPECT_EQ(std::filesystem::file_size(dir_.file("d3.kvs")),
+            store_->layout().extent_bytes * 32 + kSuperblockBytes);
+  expect_readable(ids(0, 40));
+}
+
+// d2's drive dies and is taken out; while the store runs it is replaced: a new file system is
+// mounted where the old one was, with a new, empty file at the same path (the store still holds
+// the old one open). The next probe opens the path afresh, finds the new file blank, formats it,
+// and readmits it with every extent: the old drive's bad-sector marks are forgotten. Blocks
+// written to it then survive a restart.
+TEST_F(ReplaceTest, ADriveReplacedWhileTheStoreRunsIsFormattedByItsProbe) {
+  take_out_d2(/*hang=*/false);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->take_lost_blocks().size(), 8u);
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d2.kvs")));
+  { std::ofstream created(dir_.file("d2.kvs")); }
+  faults_->clear();
+  ASSERT_TRUE(writing_until(500, [&] { return readmitted() == 1; }));
+  EXPECT_EQ(replaced(), 1u);
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->retired_blocks(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  std::vector<uint64_t> on_d2 = write_blocks(600, 650, "d2.kvs");
+  EXPECT_FALSE(on_d2.empty());
+  expect_readable(ids(600, 650));
+  const std::size_t kept = store_->keys().size();
+  reopen(four_drives());
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(replaced(), 0u);
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->keys().size(), kept);
+  expect_readable(on_d2);
+}
+
+// A block device is formatted into the store only when blank: after a replacement its name may
+// name another drive, so one holding anything refuses the open, saying how to clear it. A blank
+// one smaller than the lost one is formatted with the extents it holds.
+TEST_F(ReplaceTest, ABlockDeviceIsFormattedInPlaceOfALostFileOnlyWhenBlank) {
+  const NvmeStoreOptions o = four_drives();
+  reopen(o);
+  ASSERT_NE(store_, nullptr);
+  write_blocks(0, 72, "d3.kvs");
+  const uint64_t extent_bytes = store_->layout().extent_bytes;
+  store_.reset();
+  faults_->treat_as_block_device("d3.kvs");
+  overwrite_start("d3.kvs", 'x');
+  auto s = NvmeStore::create(kGeom, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("d3.kvs"), std::string::npos) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("blkdiscard"), std::string::npos) << s.status().to_string();
+  overwrite_start("d3.kvs", 0);
+  std::filesystem::resize_file(dir_.file("d3.kvs"), kSuperblockBytes + 20 * extent_bytes);
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(replaced(), 1u);
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u + 20u);
+  expect_readable(ids(0, 72));
+}
+
+}  // namespace
+}  // namespace kvtier
