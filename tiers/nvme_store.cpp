@@ -22,21 +22,6 @@
 namespace kvtier {
 namespace {
 
-// Checked before anything is read or formatted: the same file twice would hand out each of its
-// offsets to two extents, and both copies would look empty and be formatted over each other.
-template <typename Files>
-Status check_listed_once(const Files& opened, std::size_t index, const std::string& path,
-                         const FileInfo& info) {
-  for (std::size_t j = 0; j < opened.size(); ++j) {
-    if (j != index && opened[j].fd.valid() && same_file(opened[j].info, info)) {
-      return invalid_argument(NvmeStore::path_key(j) + " (" + opened[j].path + ") and " +
-                              NvmeStore::path_key(index) + " (" + path +
-                              ") are the same file; list each store file once");
-    }
-  }
-  return Status();
-}
-
 uint64_t random_store_id() {
   std::random_device rd;
   uint64_t id = 0;
@@ -98,6 +83,17 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const PageFormat& format,
   KVTIER_RETURN_IF_ERROR(store->start_workers());
   KVTIER_RETURN_IF_ERROR(store->recover());
   return store;
+}
+
+Status NvmeStore::check_listed_once(const std::vector<OpenedFile>& opened, std::size_t index,
+                                    const std::string& path, const FileInfo& info) {
+  for (std::size_t j = 0; j < opened.size(); ++j) {
+    if (j != index && opened[j].fd.valid() && same_file(opened[j].info, info)) {
+      return invalid_argument(path_key(j) + " (" + opened[j].path + ") and " + path_key(index) +
+                              " (" + path + ") are the same file; list each store file once");
+    }
+  }
+  return Status();
 }
 
 std::string NvmeStore::directory_of(const std::string& path) {

@@ -253,8 +253,14 @@ class NvmeStore final : public BlockStore {
   // opened buffered: direct_io_ becomes false). Created, with its directory, only when `create`.
   // `key` names the config entry in errors.
   Result<ScopedFd> open_store_path(const std::string& path, const std::string& key, bool create);
+  // Checked before anything is read or formatted: the same file twice would hand out each of its
+  // offsets to two extents, and both copies would look empty and be formatted over each other.
+  // kInvalidArgument when `info` is the same file as one of `opened` other than `index`.
+  static Status check_listed_once(const std::vector<OpenedFile>& opened, std::size_t index,
+                                  const std::string& path, const FileInfo& info);
   // Reads and classifies file `index` of tiers.nvme.paths (missing, unreadable, blank, a store
-  // file); refuses a file that holds something else, or one of `before` again.
+  // file, a block device holding something else); refuses a regular file that holds something
+  // else, or one of `before` again.
   Result<OpenedFile> open_store_file(uint32_t index, const std::vector<OpenedFile>& before);
   // No file holds a superblock: creates the missing ones and formats them all (store_id_,
   // layout_); returns each file's extent count and sets the first extent's offset.

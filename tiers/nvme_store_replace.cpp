@@ -77,6 +77,8 @@ Status NvmeStore::replace_lost_files(std::vector<OpenedFile>& opened, const Supe
         o.absent = info.status().message();
         continue;
       }
+      // Two paths naming one missing file (a/b and a//b) would both create it.
+      KVTIER_RETURN_IF_ERROR(check_listed_once(opened, i, o.path, *info));
       o.fd = std::move(fd).value();
       o.info = *info;
       o.missing = false;

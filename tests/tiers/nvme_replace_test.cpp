@@ -126,6 +126,28 @@ TEST_F(ReplaceTest, AMissingFileIsCreatedAndFormattedWhereADriveIsMounted) {
   expect_readable(ids(0, 40));
 }
 
+// Two paths naming one missing file (through a symlinked directory) would both create it and
+// format it as two files of the store: the second is refused, naming both, before it is
+// formatted.
+TEST_F(ReplaceTest, TwoPathsNamingOneMissingFileAreRefused) {
+  NvmeStoreOptions o = four_drives();
+  spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs", "d4.kvs"}, 32);
+  reopen(o);
+  ASSERT_NE(store_, nullptr);
+  store_.reset();
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d3.kvs")));
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d4.kvs")));
+  std::filesystem::create_directory_symlink(dir_.path(), dir_.file("alias"));
+  o.config.paths[4] = dir_.file("alias") + "/d3.kvs";
+  faults_->treat_as_mount_point(dir_.path());
+  faults_->treat_as_mount_point(dir_.file("alias"));
+  auto s = NvmeStore::create(kGeom, o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("are the same file"), std::string::npos)
+      << s.status().to_string();
+}
+
 // Formatting at open fails (no room to allocate the file): the store opens without it, out of
 // service. Its probe finds it still blank, formats it, and it is back in service.
 TEST_F(ReplaceTest, AFileThatCouldNotBeFormattedAtOpenIsFormattedByItsProbe) {
