@@ -195,6 +195,30 @@ void FaultInjectingIoBackend::answer_hung(int error) {
   hung_part_.clear();
   answer_error_ = error;
   ++answers_;
+  answered_.notify_all();
+}
+
+void FaultInjectingIoBackend::hang_in_system_calls() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hang_in_calls_ = true;
+}
+
+int32_t FaultInjectingIoBackend::system_call(const IoRequest& request) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto hung = [&] {
+      const auto file = opened_.find(request.fd);
+      return !hung_part_.empty() && file != opened_.end() &&
+             file->second.find(hung_part_) != std::string::npos;
+    };
+    if (hung()) {
+      const uint64_t answers = answers_;
+      ++injected_;
+      answered_.wait(lock, [&] { return answers_ != answers; });
+      if (answer_error_ != 0) return -answer_error_;
+    }
+  }
+  return run_io_request(request);
 }
 
 uint64_t FaultInjectingIoBackend::answers() const {
@@ -286,7 +310,7 @@ FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(const IoReques
   if (const int error = std::exchange(next_bad_[static_cast<int>(op)], 0); error != 0) {
     bad_.push_back(BadRange{op, request.offset, bytes, error});
   }
-  if (!hung_part_.empty()) {
+  if (!hung_part_.empty() && !hang_in_calls_) {
     const auto file = opened_.find(request.fd);
     if (file != opened_.end() && file->second.find(hung_part_) != std::string::npos) {
       FaultRule rule;
@@ -409,7 +433,15 @@ Status FaultInjectingIoBackend::allocate(int fd, const std::string& path, uint64
 }
 
 Result<std::unique_ptr<IoQueue>> FaultInjectingIoBackend::make_queue(const QueueOptions& options) {
-  KVTIER_ASSIGN_OR_RETURN(auto inner, inner_->make_queue(options));
+  QueueOptions o = options;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hang_in_calls_) {
+      o.allow_io_uring = false;
+      o.sync_call = [this](const IoRequest& r) { return system_call(r); };
+    }
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto inner, inner_->make_queue(o));
   return std::unique_ptr<IoQueue>(std::make_unique<FaultQueue>(*this, std::move(inner)));
 }
 

@@ -17,6 +17,7 @@
 // (errors, -EAGAIN) never reach the kernel and complete on the next wait().
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -67,6 +68,10 @@ class FaultInjectingIoBackend final : public IoBackend {
   // The hung drive answers: every request held so far is done (error 0) or completes with
   // -error, and later requests to that file go through.
   void answer_hung(int error = 0);
+  // From the next make_queue on: queues are the synchronous fallback (io_uring refused), and a hung
+  // file's requests block the queue's threads inside their system call, as a drive that stops
+  // answering holds a thread in preadv, instead of being held by the wrapper.
+  void hang_in_system_calls();
   uint64_t answers() const;  // answer_hung() calls so far
   int answer_error() const;  // the error of the last one
 
@@ -110,6 +115,9 @@ class FaultInjectingIoBackend final : public IoBackend {
   Decision decide(const IoRequest& request);
   void undo(IoOpcode op);  // the request was not accepted after all: uncount it
   void fired();
+  // The synchronous queue's system call (hang_in_system_calls): blocks while `request`'s file is
+  // hung, then fails with the answer's error or runs.
+  int32_t system_call(const IoRequest& request);
   // The failure of a synchronous `what` on `path` when it is a dead file, else OK.
   Status dead_file_failure(const std::string& what, const std::string& path);
 
@@ -136,6 +144,8 @@ class FaultInjectingIoBackend final : public IoBackend {
   std::string open_part_;      // guarded by mu_
   std::unordered_map<int, std::string> opened_;  // fd -> path, of every open; guarded by mu_
   std::string hung_part_;                        // guarded by mu_
+  bool hang_in_calls_ = false;                   // guarded by mu_
+  std::condition_variable answered_;             // hung_part_ cleared (hang_in_calls_)
   uint64_t answers_ = 0;                         // guarded by mu_
   int answer_error_ = 0;                         // guarded by mu_
   std::string dead_part_;                        // guarded by mu_

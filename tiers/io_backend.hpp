@@ -14,15 +14,16 @@
 //
 // Implementations: io_uring (one ring per queue, optional SQPOLL, fixed buffers when registration
 // is allowed, wake() through a multishot poll on an eventfd, or one-shot polls re-armed per wake on
-// kernels before 5.13: uring_queue.cpp) and a synchronous fallback (preadv/pwritev on the I/O
-// thread) used when io_uring is refused (seccomp, io_uring_disabled), chosen by make_queue with one
-// log line.
+// kernels before 5.13: uring_queue.cpp) and a synchronous fallback (preadv/pwritev on a pool of
+// the queue's own threads, at most half of them held by one file: sync_queue.cpp) used when
+// io_uring is refused (seccomp, io_uring_disabled), chosen by make_queue with one log line.
 #pragma once
 
 #include <sys/types.h>
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -112,6 +113,9 @@ struct QueueOptions {
   bool sqpoll = false;
   bool allow_io_uring = true;  // false: the synchronous queue (tests, fallback)
   WakePoll wake_poll = WakePoll::kAuto;
+  // The synchronous queue's system call for one request, returning bytes or -errno; empty:
+  // preadv/pwritev. Tests put a drive that hangs in a system call here.
+  std::function<int32_t(const IoRequest&)> sync_call;
 };
 
 class IoBackend {
@@ -146,6 +150,7 @@ std::shared_ptr<IoBackend> posix_io_backend();
 struct PosixIoOptions {
   std::string sysfs_root = "/sys";
   bool use_statx_dioalign = true;  // false: as on a kernel or filesystem without STATX_DIOALIGN
+  bool io_uring = true;            // false: always the synchronous queue, as where it is refused
 };
 std::shared_ptr<IoBackend> posix_io_backend(const PosixIoOptions& options);
 
@@ -154,6 +159,10 @@ std::shared_ptr<IoBackend> posix_io_backend(const PosixIoOptions& options);
 // its disk's dev/block/M:m/../queue/logical_block_size. 0 when the file is missing or does not
 // hold a power of two from 512 to 65536.
 uint32_t sysfs_logical_block_size(const std::string& sysfs_root, uint32_t major, uint32_t minor);
+
+// The synchronous queue's system call for `request`: preadv or pwritev (retried on EINTR), the
+// bytes moved or -errno.
+int32_t run_io_request(const IoRequest& request);
 
 // Direct constructors, for tests and for the fault-injection wrapper.
 Result<std::unique_ptr<IoQueue>> make_uring_queue(const QueueOptions& options);

@@ -210,7 +210,7 @@ class PosixIoBackend final : public IoBackend {
   }
 
   Result<std::unique_ptr<IoQueue>> make_queue(const QueueOptions& options) override {
-    if (options.allow_io_uring) {
+    if (options.allow_io_uring && options_.io_uring) {
       auto q = make_uring_queue(options);
       if (q.ok()) return q;
       if (q.status().code() != StatusCode::kUnavailable) return q;

@@ -58,6 +58,7 @@ struct IoOptions {
   bool json = false;
   bool gpu = false;
   bool skip_fio = false;
+  bool sync_queue = false;
   std::string dir;                    // empty: beside the configured store
   uint64_t size = uint64_t{1} << 30;  // bytes of blocks per NVMe pass
   uint64_t copy_size = uint64_t{256} << 20;
@@ -276,6 +277,10 @@ class IoCommand final : public Command {
     p.add_flag("json", "print one JSON object instead of a table", &o_.json);
     p.add_flag("gpu", "measure pinned host <-> GPU copies against cudaMemcpyAsync", &o_.gpu);
     p.add_flag("skip-fio", "do not run fio (its figures are null)", &o_.skip_fio);
+    p.add_flag("sync-queue",
+               "the store's I/O through its synchronous fallback (preadv/pwritev on a pool of "
+               "threads), as where io_uring is refused",
+               &o_.sync_queue);
     p.add_string("dir", "DIR", "where the benchmark files go", &o_.dir);
     p.add_size("size", "BYTES",
                "bytes per NVMe pass (default 1GiB; at least 2 x queue depth blocks)", &o_.size);
@@ -396,6 +401,11 @@ class IoCommand final : public Command {
     so.config.paths = {store_file};
     so.config.capacity_bytes = (blocks + 1) * (block + 64 * 1024);
     so.fixed_buffers = {iovec{(*pool)->base(), (*pool)->region_bytes()}};
+    if (o_.sync_queue) {
+      PosixIoOptions po;
+      po.io_uring = false;
+      so.backend = posix_io_backend(po);
+    }
     auto store = NvmeStore::create(g, std::move(so));
     if (!store.ok()) return fail(ctx, "NVMe store", store.status());
     NvmeStore& s = **store;

@@ -3,6 +3,9 @@
 // only when the drive answers (its memory is the caller's, and the drive may still fill it), and
 // every new request to that drive fails at once until it has answered them all. Among several
 // drives a hung one is taken out of service like a dead one; a store opens past a hung drive.
+// Each test runs twice: over io_uring's shape of queue, the hung requests held unanswered by the
+// queue, and over the synchronous fallback (io_uring refused), the hung requests holding the
+// queue's threads inside their system calls.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,7 +21,10 @@ namespace {
 
 constexpr uint32_t kTimeoutMs = 400;
 
-class HungDriveTest : public FaultTest {
+// Whether the hung drive holds the queue's threads in their system calls (the synchronous queue).
+enum class HangsIn { kQueue, kSystemCall };
+
+class HungDriveTest : public FaultTest, public ::testing::WithParamInterface<HangsIn> {
  protected:
   NvmeStoreOptions hung_options() {
     NvmeStoreOptions o = options();
@@ -27,8 +33,10 @@ class HungDriveTest : public FaultTest {
   }
   void SetUp() override {
     FaultTest::SetUp();
+    if (GetParam() == HangsIn::kSystemCall) faults_->hang_in_system_calls();
     store_ = open_with(hung_options());
     ASSERT_NE(store_, nullptr);
+    if (GetParam() == HangsIn::kSystemCall) ASSERT_EQ(store_->io_kind(), "sync");
   }
   // The store cannot close while the drive holds requests (their memory is in use): the drive
   // answers before the base fixture audits the store.
@@ -43,7 +51,7 @@ class HungDriveTest : public FaultTest {
   uint64_t timeouts() const { return store_->stats().io_timeouts.load(); }
 };
 
-TEST_F(HungDriveTest, AHungWriteFailsAtItsTimeoutAndKeepsItsExtentUntilTheDriveAnswers) {
+TEST_P(HungDriveTest, AHungWriteFailsAtItsTimeoutAndKeepsItsExtentUntilTheDriveAnswers) {
   ASSERT_TRUE(write(1, 1).ok());
   faults_->hang_file("store0.kvs");
   const Status w = write(2, 2);
@@ -82,7 +90,7 @@ TEST_F(HungDriveTest, AHungWriteFailsAtItsTimeoutAndKeepsItsExtentUntilTheDriveA
   EXPECT_TRUE(read(2, 2).ok());
 }
 
-TEST_F(HungDriveTest, AHungReadEndsOnlyWhenTheDriveAnswers) {
+TEST_P(HungDriveTest, AHungReadEndsOnlyWhenTheDriveAnswers) {
   for (int error : {0, EIO}) {
     SCOPED_TRACE(error);
     const uint64_t id = error == 0 ? 1 : 2;
@@ -114,7 +122,7 @@ TEST_F(HungDriveTest, AHungReadEndsOnlyWhenTheDriveAnswers) {
 // kDefaultFailuresInARow of them, none answered, it is out of service like a dead drive: its blocks
 // are listed as lost, its extents retired (the one a write left reserved once the drive answers);
 // every later write lands on the other three.
-TEST_F(HungDriveTest, AHungDriveAmongSeveralIsTakenOutOfService) {
+TEST_P(HungDriveTest, AHungDriveAmongSeveralIsTakenOutOfService) {
   store_.reset();
   NvmeStoreOptions o = hung_options();
   spread_over(o, {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"}, 32);
@@ -167,7 +175,7 @@ TEST_F(HungDriveTest, AHungDriveAmongSeveralIsTakenOutOfService) {
 // The restart scan reads every extent header: a hung drive's first header reads time out (it may
 // hold no more than half the I/O slots), the rest are refused, its extents count as unreadable and
 // the drive goes out of service; the store opens with the others' blocks.
-TEST_F(HungDriveTest, AStoreOpensPastAHungDrive) {
+TEST_P(HungDriveTest, AStoreOpensPastAHungDrive) {
   store_.reset();
   NvmeStoreOptions o = hung_options();
   spread_over(o, {"d0.kvs", "d1.kvs"}, 16);
@@ -184,6 +192,13 @@ TEST_F(HungDriveTest, AStoreOpensPastAHungDrive) {
   // Half the slots (queue_depth 4) went to the hung drive; its other headers were refused.
   EXPECT_EQ(timeouts(), 2u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Queues, HungDriveTest,
+                         ::testing::Values(HangsIn::kQueue, HangsIn::kSystemCall),
+                         [](const ::testing::TestParamInfo<HangsIn>& info) {
+                           return std::string(info.param == HangsIn::kQueue ? "InTheQueue"
+                                                                            : "InASystemCall");
+                         });
 
 }  // namespace
 }  // namespace kvtier
