@@ -241,25 +241,34 @@ void FaultInjectingIoBackend::fail_file(std::string path_part, int error) {
   std::lock_guard<std::mutex> lock(mu_);
   dead_part_ = std::move(path_part);
   dead_error_ = error;
+  dead_writes_only_ = false;
 }
 
-Status FaultInjectingIoBackend::dead_file_failure(const std::string& what,
-                                                  const std::string& path) {
+void FaultInjectingIoBackend::fail_file_writes(std::string path_part, int error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dead_part_ = std::move(path_part);
+  dead_error_ = error;
+  dead_writes_only_ = true;
+}
+
+Status FaultInjectingIoBackend::dead_file_failure(IoOpcode op, const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
   if (dead_error_ == 0 || path.find(dead_part_) == std::string::npos) return Status();
+  if (dead_writes_only_ && op != IoOpcode::kWrite) return Status();
   ++injected_;
-  return errno_status(io_errno_code(dead_error_), what + " " + path, dead_error_);
+  return errno_status(io_errno_code(dead_error_),
+                      std::string(op == IoOpcode::kRead ? "read " : "write ") + path, dead_error_);
 }
 
 Status FaultInjectingIoBackend::read_at(int fd, const std::string& path, void* buf, std::size_t len,
                                         uint64_t offset) {
-  KVTIER_RETURN_IF_ERROR(dead_file_failure("read", path));
+  KVTIER_RETURN_IF_ERROR(dead_file_failure(IoOpcode::kRead, path));
   return inner_->read_at(fd, path, buf, len, offset);
 }
 
 Status FaultInjectingIoBackend::write_at(int fd, const std::string& path, const void* buf,
                                          std::size_t len, uint64_t offset) {
-  KVTIER_RETURN_IF_ERROR(dead_file_failure("write", path));
+  KVTIER_RETURN_IF_ERROR(dead_file_failure(IoOpcode::kWrite, path));
   return inner_->write_at(fd, path, buf, len, offset);
 }
 
@@ -277,6 +286,7 @@ void FaultInjectingIoBackend::clear() {
   open_error_ = 0;
   dead_part_.clear();
   dead_error_ = 0;
+  dead_writes_only_ = false;
   allocate_error_ = 0;
 }
 
@@ -319,7 +329,7 @@ FaultInjectingIoBackend::Decision FaultInjectingIoBackend::decide(const IoReques
       return Decision{true, rule};
     }
   }
-  if (dead_error_ != 0) {
+  if (dead_error_ != 0 && (!dead_writes_only_ || op == IoOpcode::kWrite)) {
     const auto file = opened_.find(request.fd);
     if (file != opened_.end() && file->second.find(dead_part_) != std::string::npos) {
       FaultRule rule;

@@ -61,6 +61,8 @@ class FaultInjectingIoBackend final : public IoBackend {
   // Every request to a file whose path contains `path_part` (opened through this backend, before
   // or after) fails with -error, until clear(): a dead drive.
   void fail_file(std::string path_part, int error = 5);
+  // The same for writes only: a drive that went read-only (its reads still succeed).
+  void fail_file_writes(std::string path_part, int error = 5);
   // Every request to a file whose path contains `path_part` is held, unanswered, until
   // answer_hung(): a hung drive (clear() does not end it). The queue then polls: it sleeps at
   // most 5 ms at a time while it holds a request.
@@ -118,8 +120,8 @@ class FaultInjectingIoBackend final : public IoBackend {
   // The synchronous queue's system call (hang_in_system_calls): blocks while `request`'s file is
   // hung, then fails with the answer's error or runs.
   int32_t system_call(const IoRequest& request);
-  // The failure of a synchronous `what` on `path` when it is a dead file, else OK.
-  Status dead_file_failure(const std::string& what, const std::string& path);
+  // The failure of a synchronous `op` on `path` when it is a dead file, else OK.
+  Status dead_file_failure(IoOpcode op, const std::string& path);
 
  private:
   struct Armed {
@@ -150,6 +152,7 @@ class FaultInjectingIoBackend final : public IoBackend {
   int answer_error_ = 0;                         // guarded by mu_
   std::string dead_part_;                        // guarded by mu_
   int dead_error_ = 0;                           // guarded by mu_
+  bool dead_writes_only_ = false;                // guarded by mu_
   int open_error_ = 0;                           // guarded by mu_
   int allocate_error_ = 0;                       // guarded by mu_
   std::vector<std::string> mount_points_;        // guarded by mu_

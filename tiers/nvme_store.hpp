@@ -69,13 +69,15 @@
 // controller. tiers.nvme.readmit_after_ms after a file went out (then after twice each wait
 // before, while probes fail), the next write posted also posts a probe: an I/O thread reads the
 // file's superblock, like any request (timeout, refusal while the drive holds unanswered
-// requests). If it is this store's, for that file, the file is back in service, empty: its
-// extents are handed out again, but those marked bad (they stay retired until a restart, so a
-// drive taken out by a bad region does not meet it again), and retired_blocks() drops by as many,
-// so the scheduler's count grows back. Its old blocks stay forgotten (the scheduler dropped them);
-// their headers only come back at a restart, verified as any other. Writes are what need the
-// extents back, so only writes trigger probes. A drive that still fails goes out again after as
-// many failed requests as the first time, and waits longer for its next probe.
+// requests), and writes the same bytes back (a drive gone read-only reads well, and would fail
+// every write once readmitted). If it is this store's, for that file, and the write lands, the
+// file is back in service, empty: its extents are handed out again, but those marked bad (they
+// stay retired until a restart, so a drive taken out by a bad region does not meet it again), and
+// retired_blocks() drops by as many, so the scheduler's count grows back. Its old blocks stay
+// forgotten (the scheduler dropped them); their headers only come back at a restart, verified as
+// any other. Writes are what need the extents back, so only writes trigger probes. A drive that
+// still fails goes out again after as many failed requests as the first time, and waits longer for
+// its next probe.
 //
 // Opening without a file: a store of several files opens without one whose path is missing or
 // whose superblock cannot be read (a dead drive at start), as long as another file holds the
@@ -132,6 +134,7 @@
 
 #include "kvtier/config.hpp"
 #include "kvtier/transfer_stats.hpp"
+#include "tiers/aligned_bytes.hpp"
 #include "tiers/block_store.hpp"
 #include "tiers/extent_allocator.hpp"
 #include "tiers/io_backend.hpp"
@@ -352,9 +355,20 @@ class NvmeStore final : public BlockStore {
   void post_due_probes_locked();
   // OK when the superblock a probe read is this store's, for that file.
   Status check_probe(const Op& op) const;
-  // The I/O of probe `op` ended with `result`: a read that found the file blank goes on as a
-  // format (post_format); otherwise the probe ends (probe_finished).
+  // The I/O of probe `op` ended with `result`. A read that found this store's superblock goes on
+  // as its write-back (post_write_back), one that found the file blank as a format
+  // (post_format); a write, a failure or another superblock ends the probe (probe_finished).
   void probe_answered(const Op& op, const Status& result);
+  // Posts the write of the superblock `probe` read, back in place: a drive must take writes to
+  // be readmitted.
+  Status post_write_back(const Op& probe);
+  // Posts the write of `superblock` (probe_bytes()) at the start of `probe`'s file, as the
+  // probe's last step; `formats`: it is a new one, for a blank file.
+  void post_probe_write(const Op& probe, AlignedBytes superblock, bool formats);
+  // A buffer for a probe's superblock, as O_DIRECT wants it (null when out of memory), and its
+  // size: whole aligned blocks.
+  AlignedBytes new_probe_buffer() const;
+  uint64_t probe_bytes() const;
   // The probe `op` ended with `result`: the file is back in service, or waits for the next.
   void probe_finished(const Op& op, const Status& result);
   // Under index_mu_; `formatted`: the probe wrote the superblock of a blank file (a replaced

@@ -1,11 +1,12 @@
 // NvmeStore: a drive taken out of service comes back (see the header's "Readmission"). When a
 // write is posted and a file out of service is due for a probe (NvmeFileHealth::probes_due), an
 // I/O thread reads that file's superblock. A probe that reads this store's superblock for that
-// file puts the file back in service, empty: its extents return to the allocator, but those
-// marked bad, which stay retired until a restart. A probe that fails (an I/O error, no answer
-// within tiers.nvme.io_timeout_ms, a refusal while the drive still holds unanswered requests, or a
-// superblock not of this file: a replaced or wiped drive) leaves it out, and the next probe waits
-// twice as long.
+// file writes it back, the same bytes, and once that write lands puts the file back in service,
+// empty: its extents return to the allocator, but those marked bad, which stay retired until a
+// restart. A probe that fails (an I/O error, no answer within tiers.nvme.io_timeout_ms, a refusal
+// while the drive still holds unanswered requests, a write refused, or a superblock not of this
+// file: a foreign or damaged one) leaves it out, and the next probe waits twice as long. A probe
+// that finds the file blank formats it instead (a replaced drive: nvme_store_replace.cpp).
 #include <fcntl.h>
 
 #include <chrono>
@@ -33,10 +34,8 @@ void NvmeStore::post_due_probes_locked() {
     op->kind = Op::Kind::kProbe;
     op->file = file;
     op->fd = files_[file].fd.get();
-    // The superblock, read as O_DIRECT wants it: whole aligned blocks into an aligned buffer.
-    op->probe_bytes = std::max<uint64_t>(kSuperblockBytes, layout_.io_align);
-    op->probe_buffer =
-        aligned_bytes(std::max<std::size_t>(4096, layout_.io_align), op->probe_bytes);
+    op->probe_bytes = probe_bytes();
+    op->probe_buffer = new_probe_buffer();
     if (!op->probe_buffer) {
       probe_finished_locked(file, resource_exhausted("no memory for a probe's superblock buffer"),
                             /*formatted=*/false);
@@ -69,17 +68,49 @@ Status NvmeStore::check_probe(const Op& op) const {
 }
 
 void NvmeStore::probe_answered(const Op& op, const Status& result) {
-  if (op.probe_formats) {
+  if (op.probe_writes) {  // the superblock written back, or a new one: the probe's last step
     probe_finished(op, result);
     return;
   }
+  Status next;
   if (found_blank(op, result)) {
-    // A replaced drive: the probe goes on as the write of its superblock.
-    Status posted = post_format(op);
-    if (!posted.ok()) probe_finished(op, posted);
-    return;
+    next = post_format(op);  // a replaced drive: the probe goes on as the write of a new superblock
+  } else {
+    next = result.ok() ? check_probe(op) : result;
+    if (next.ok()) next = post_write_back(op);
   }
-  probe_finished(op, result.ok() ? check_probe(op) : result);
+  if (!next.ok()) probe_finished(op, next);
+}
+
+Status NvmeStore::post_write_back(const Op& probe) {
+  // The same bytes (a torn write leaves them as they were): a drive gone read-only reads well,
+  // and once readmitted would fail every write.
+  AlignedBytes back = new_probe_buffer();
+  if (!back) return resource_exhausted("no memory for a probe's superblock buffer");
+  std::copy_n(probe.probe_buffer.get(), probe.probe_bytes, back.get());
+  post_probe_write(probe, std::move(back), /*formats=*/false);
+  return Status();
+}
+
+AlignedBytes NvmeStore::new_probe_buffer() const {
+  // The superblock, as O_DIRECT wants it: whole aligned blocks, in an aligned buffer.
+  return aligned_bytes(std::max<std::size_t>(4096, layout_.io_align), probe_bytes());
+}
+
+uint64_t NvmeStore::probe_bytes() const {
+  return std::max<uint64_t>(kSuperblockBytes, layout_.io_align);
+}
+
+void NvmeStore::post_probe_write(const Op& probe, AlignedBytes superblock, bool formats) {
+  auto op = std::make_unique<Op>();
+  op->kind = Op::Kind::kProbe;
+  op->file = probe.file;
+  op->fd = probe.fd;
+  op->probe_writes = true;
+  op->probe_formats = formats;
+  op->probe_bytes = probe_bytes();
+  op->probe_buffer = std::move(superblock);
+  post(std::move(op));
 }
 
 void NvmeStore::probe_finished(const Op& op, const Status& result) {

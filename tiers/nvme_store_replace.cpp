@@ -160,22 +160,16 @@ Status NvmeStore::post_format(const Op& probe) {
   if (!info.block_device && info.size < size) {
     KVTIER_RETURN_IF_ERROR(options_.backend->allocate(probe.fd, f.path, size));
   }
-  auto op = std::make_unique<Op>();
-  op->kind = Op::Kind::kProbe;
-  op->file = file;
-  op->fd = probe.fd;
-  op->probe_formats = true;
-  op->probe_bytes = std::max<uint64_t>(kSuperblockBytes, layout_.io_align);
-  op->probe_buffer = aligned_bytes(std::max<std::size_t>(4096, layout_.io_align), op->probe_bytes);
-  if (!op->probe_buffer) return resource_exhausted("no memory for a superblock buffer");
-  std::fill_n(op->probe_buffer.get(), op->probe_bytes, std::byte{0});
+  AlignedBytes superblock = new_probe_buffer();
+  if (!superblock) return resource_exhausted("no memory for a superblock buffer");
+  std::fill_n(superblock.get(), probe_bytes(), std::byte{0});
   encode_superblock(superblock_of(file, f.extent_count, first.offset),
-                    std::span<std::byte>(op->probe_buffer.get(), kSuperblockBytes));
+                    std::span<std::byte>(superblock.get(), kSuperblockBytes));
   log(LogLevel::kWarn, "NVMe store: " + f.path +
                            " is blank (a replaced drive?): formatting it as file " +
                            std::to_string(file) + " of store " + hex64(store_id_) + " with " +
                            std::to_string(f.extent_count) + " extents");
-  post(std::move(op));
+  post_probe_write(probe, std::move(superblock), /*formats=*/true);
   return Status();
 }
 

@@ -266,7 +266,7 @@ void NvmeStore::Worker::prepare(Op& op) {
       break;
     case Op::Kind::kScan: pieces.push_back({op.header, l.header_bytes, op.extent_offset}); break;
     case Op::Kind::kProbe:
-      if (op.probe_formats) opcode = IoOpcode::kWrite;
+      if (op.probe_writes) opcode = IoOpcode::kWrite;
       pieces.push_back({op.probe_buffer.get(), op.probe_bytes, 0});
       break;
   }

@@ -85,10 +85,12 @@ struct NvmeStore::Op {
   std::vector<std::byte*> pages;
   ScanBatch* scan = nullptr;
   // kProbe: the file's superblock is read into this buffer, owned by the operation (a drive that
-  // answers late still writes into memory that exists); or, when `probe_formats`, the superblock
-  // of a blank file found in place of the lost one is written from it.
+  // answers late still writes into memory that exists); or, when `probe_writes`, written from it:
+  // the superblock just read, back (a drive must take writes to be readmitted), or, when
+  // `probe_formats`, a new one for a blank file found in place of the lost one.
   AlignedBytes probe_buffer;
   uint64_t probe_bytes = 0;
+  bool probe_writes = false;
   bool probe_formats = false;
 
   // Owned by the I/O thread from here on.

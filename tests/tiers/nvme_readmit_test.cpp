@@ -1,11 +1,12 @@
 // A drive taken out of service comes back without a restart (tiers.nvme.readmit_after_ms): once
-// its wait is over, the next write posts a probe that reads the drive's superblock. A drive that
-// answers with this store's superblock is back in service, empty (its old blocks stay lost, its
-// extents are handed out again); one that still fails, holds requests unanswered, or now holds
-// another superblock (a foreign or damaged one) stays out, and each probe waits twice as long as
-// the last. A store of several files opens without one that is dead or missing at start: out of
-// service from the start, probed the same way, and not created where no drive is mounted. (A
-// blank drive in place of a lost one: nvme_replace_test.cpp.)
+// its wait is over, the next write posts a probe that reads the drive's superblock and writes it
+// back. A drive that answers with this store's superblock, and takes it back, is back in service,
+// empty (its old blocks stay lost, its extents are handed out again); one that still fails, holds
+// requests unanswered, no longer takes writes, or now holds another superblock (a foreign or
+// damaged one) stays out, and each probe waits twice as long as the last. A store of several
+// files opens without one that is dead or missing at start: out of service from the start, probed
+// the same way, and not created where no drive is mounted. (A blank drive in place of a lost one:
+// nvme_replace_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,6 +63,23 @@ TEST_F(ReadmitTest, ADriveWhoseSuperblockIsNoLongerThisStoresStaysOut) {
   EXPECT_EQ(out(), 1u);
   EXPECT_EQ(readmitted(), 0u);
   EXPECT_EQ(store_->capacity_blocks(), 96u);
+}
+
+// A drive gone read-only (as an NVMe drive does on a critical warning) reads its superblock well,
+// but a probe also writes it back: the write fails, and the drive stays out rather than being
+// readmitted to fail every write. Once it takes writes again, the next probe readmits it.
+TEST_F(ReadmitTest, ADriveThatNoLongerTakesWritesStaysOut) {
+  take_out_d2(/*hang=*/false);
+  ASSERT_NE(store_, nullptr);
+  faults_->fail_file_writes("d2.kvs");
+  ASSERT_TRUE(writing_until(500, [&] { return probes() == 2; }));
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(readmitted(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u);
+  faults_->clear();
+  ASSERT_TRUE(writing_until(501, [&] { return readmitted() == 1; }));
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 124u) << "the 4 extents marked bad stay retired";
 }
 
 TEST_F(ReadmitTest, AHungDriveIsProbedOnlyOnceItHasAnsweredAndThenComesBack) {
