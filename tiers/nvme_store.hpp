@@ -104,7 +104,11 @@
 // several is taken out of service after as many requests as a dead one, and a lone one is left to
 // the scheduler's pauses. No request can be taken back from a drive: a write past its timeout is
 // told it failed, and its extent (and header slot) stay reserved, as draining, until the drive
-// answers (the answer is then dropped: the writer already knows the block is not there); a read
+// answers (the answer is then dropped: the writer already knows the block is not there). Unlike
+// any other transfer, it completes while the drive may still read its pages, so they must stay
+// mapped (the host pool's always are) though the caller may reuse them: what the drive then
+// writes is never served (the extent is freed unindexed, and at a restart its header's page
+// checksums fail on the bytes written). A read
 // past its timeout goes on, because its memory is the caller's and the drive may still fill it,
 // and ends when the drive answers (the kernel's own timeout bounds that). At open, a header read
 // past its timeout counts as unreadable, so a store opens past a hung drive. Closing the store
