@@ -145,6 +145,46 @@ class RuntimeNvmeFailures : public ::testing::Test {
   static constexpr const char* kNoStore =
       "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
 
+  // The body of the hung-drive tests below.
+  void hung_drive_among_four() {
+    RuntimeOptions options;
+    options.wait_timeout = std::chrono::milliseconds(2000);
+    const bool opened = open(
+        [&](Config& c) {
+          four_drives(c);
+          c.tiers.nvme.io_timeout_ms = 500;
+        },
+        options);
+    if (!opened) GTEST_SKIP() << kNoStore;
+    for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+    faults_->hang_file("drive1.kvs");
+    for (uint32_t seed = 1; seed <= 10; ++seed) {
+      const Status again = prefill_prompt(*rt_, seed, /*must_run=*/false);
+      EXPECT_TRUE(again.ok() || again.code() == StatusCode::kDeadlineExceeded ||
+                  again.code() == StatusCode::kUnavailable)
+          << again.to_string();
+    }
+    Scrape s = scrape_until(
+        *rt_, [](const Scrape& now) { return now.files_out == 1.0 && now.blocks_lost > 0; });
+    ASSERT_EQ(s.files_out, 1.0);
+    EXPECT_GT(s.blocks_lost, 0.0);
+    EXPECT_GE(s.io_timeouts, 1.0);
+    EXPECT_GE(s.unanswered, 1.0);
+    const uint64_t held = faults_->injected();
+    for (uint32_t seed = 11; seed <= 40; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+    EXPECT_EQ(faults_->injected(), held) << "a request reached the hung drive";
+    // Prompts 1..10 wait: a block whose read the drive holds is the drive's until it answers.
+    faults_->answer_hung();
+    s = scrape_until(*rt_, [](const Scrape& now) { return now.unanswered == 0.0; });
+    ASSERT_EQ(s.unanswered, 0.0);
+    for (uint32_t seed = 1; seed <= 10; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+    s = scrape(*rt_);
+    EXPECT_EQ(s.files_out, 1.0);
+    EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
+    EXPECT_TRUE(rt_->audit().ok());
+    EXPECT_TRUE(rt_->shutdown().ok());
+  }
+
   testing::ScratchDir dir_{"runtime-nvme-failures"};
   std::shared_ptr<FaultInjectingIoBackend> faults_ = std::make_shared<FaultInjectingIoBackend>();
   std::unique_ptr<Runtime> rt_;
@@ -435,42 +475,14 @@ TEST_F(RuntimeNvmeFailures, ARuntimeRestartedWithADriveDeadOpensWithoutItAndRead
 // reads it held end, and the first prompts run again (a block whose read the drive held could not
 // be used, nor recomputed, until then).
 TEST_F(RuntimeNvmeFailures, AHungDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOthers) {
-  RuntimeOptions options;
-  options.wait_timeout = std::chrono::milliseconds(2000);
-  const bool opened = open(
-      [&](Config& c) {
-        four_drives(c);
-        c.tiers.nvme.io_timeout_ms = 500;
-      },
-      options);
-  if (!opened) GTEST_SKIP() << kNoStore;
-  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
-  faults_->hang_file("drive1.kvs");
-  for (uint32_t seed = 1; seed <= 10; ++seed) {
-    const Status again = prefill_prompt(*rt_, seed, /*must_run=*/false);
-    EXPECT_TRUE(again.ok() || again.code() == StatusCode::kDeadlineExceeded ||
-                again.code() == StatusCode::kUnavailable)
-        << again.to_string();
-  }
-  Scrape s = scrape_until(
-      *rt_, [](const Scrape& now) { return now.files_out == 1.0 && now.blocks_lost > 0; });
-  ASSERT_EQ(s.files_out, 1.0);
-  EXPECT_GT(s.blocks_lost, 0.0);
-  EXPECT_GE(s.io_timeouts, 1.0);
-  EXPECT_GE(s.unanswered, 1.0);
-  const uint64_t held = faults_->injected();
-  for (uint32_t seed = 11; seed <= 40; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
-  EXPECT_EQ(faults_->injected(), held) << "a request reached the hung drive";
-  // Prompts 1..10 wait: a block whose read the drive holds is the drive's until it answers.
-  faults_->answer_hung();
-  s = scrape_until(*rt_, [](const Scrape& now) { return now.unanswered == 0.0; });
-  ASSERT_EQ(s.unanswered, 0.0);
-  for (uint32_t seed = 1; seed <= 10; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
-  s = scrape(*rt_);
-  EXPECT_EQ(s.files_out, 1.0);
-  EXPECT_EQ(s.pauses, 0.0) << "writing never paused";
-  EXPECT_TRUE(rt_->audit().ok());
-  EXPECT_TRUE(rt_->shutdown().ok());
+  hung_drive_among_four();
+}
+
+// The same over the synchronous I/O queue (io_uring refused, as in containers whose seccomp
+// profile refuses it), the hung drive holding the queue's threads inside their system calls.
+TEST_F(RuntimeNvmeFailures, AHungDriveAmongFourOverTheSynchronousQueueIsTakenOutToo) {
+  faults_->hang_in_system_calls();
+  hung_drive_among_four();
 }
 
 // A lone drive that hangs once thirty prompts have pushed blocks to it: the first request past
