@@ -83,8 +83,9 @@
 // whose superblock cannot be read (a dead drive at start), as long as another file holds the
 // store's superblock. That file is out of service from the start, with as many extents as the
 // store's first file; its headers are not scanned, and it is probed like any other (the probe
-// opens its path afresh, and checks the extent count). With one file, a dead one still fails the
-// open.
+// opens its path afresh; a file that holds fewer extents, a smaller block device, comes back with
+// those, the rest of its place retired until a restart). With one file, a dead one still fails
+// the open.
 //
 // Replacing a drive (nvme_store_replace.cpp): a file that is blank (empty, or zeros where the
 // superblock goes: a new or discarded drive, a file created by hand) in place of one of an
@@ -357,18 +358,22 @@ class NvmeStore final : public BlockStore {
   // Readmission (nvme_store_readmit.cpp). Under index_mu_: posts a probe of each file out of
   // service whose probe is due (NvmeFileHealth::probes_due).
   void post_due_probes_locked();
-  // OK when the superblock a probe read is this store's, for that file.
-  Status check_probe(const Op& op) const;
+  // The extents the file comes back with when the superblock probe `op` read is this store's, for
+  // that file: its own count, or the store's count for it when that is smaller (a file opened
+  // without at start was given the first file's count).
+  Result<uint64_t> check_probe(const Op& op) const;
   // The I/O of probe `op` ended with `result`. A read that found this store's superblock goes on
   // as its write-back (post_write_back), one that found the file blank as a format
   // (post_format); a write, a failure or another superblock ends the probe (probe_finished).
   void probe_answered(const Op& op, const Status& result);
   // Posts the write of the superblock `probe` read, back in place: a drive must take writes to
   // be readmitted.
-  Status post_write_back(const Op& probe);
+  // `extents`: what the file comes back with (check_probe).
+  Status post_write_back(const Op& probe, uint64_t extents);
   // Posts the write of `superblock` (probe_bytes()) at the start of `probe`'s file, as the
-  // probe's last step; `formats`: it is a new one, for a blank file.
-  void post_probe_write(const Op& probe, AlignedBytes superblock, bool formats);
+  // probe's last step; `formats`: it is a new one, for a blank file; `extents`: what the file
+  // comes back with once it lands.
+  void post_probe_write(const Op& probe, AlignedBytes superblock, bool formats, uint64_t extents);
   // A buffer for a probe's superblock, as O_DIRECT wants it (null when out of memory), and its
   // size: whole aligned blocks.
   AlignedBytes new_probe_buffer() const;
@@ -376,8 +381,9 @@ class NvmeStore final : public BlockStore {
   // The probe `op` ended with `result`: the file is back in service, or waits for the next.
   void probe_finished(const Op& op, const Status& result);
   // Under index_mu_; `formatted`: the probe wrote the superblock of a blank file (a replaced
-  // drive), whose extents then come back with the old drive's bad-sector marks forgotten.
-  void probe_finished_locked(uint32_t file, const Status& result, bool formatted);
+  // drive), whose extents then come back with the old drive's bad-sector marks forgotten; on
+  // success the first `extents` of the file's extents come back (those past them stay retired).
+  void probe_finished_locked(uint32_t file, const Status& result, bool formatted, uint64_t extents);
   // Under index_mu_: the extents of `file` marked bad are no longer (they count toward the cap no
   // more).
   void forget_bad_marks_locked(uint32_t file);
@@ -390,7 +396,8 @@ class NvmeStore final : public BlockStore {
   // region all zeros, or a regular file of no bytes).
   bool found_blank(const Op& probe, const Status& read) const;
   // Posts the write of the superblock of the file `probe` found blank, as that file of the store
-  // (after allocating a regular one to size); an error when it cannot hold the file's extents.
+  // (after allocating a regular one to size), with the extents its place has, or those a smaller
+  // block device holds; an error when it cannot hold one.
   Status post_format(const Op& probe);
 
   const PageFormat format_;

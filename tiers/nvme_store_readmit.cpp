@@ -27,7 +27,7 @@ void NvmeStore::post_due_probes_locked() {
     Status opened = reopen_for_probe_locked(file);
     if (!opened.ok()) {
       stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
-      probe_finished_locked(file, opened, /*formatted=*/false);
+      probe_finished_locked(file, opened, /*formatted=*/false, /*extents=*/0);
       continue;
     }
     auto op = std::make_unique<Op>();
@@ -38,7 +38,7 @@ void NvmeStore::post_due_probes_locked() {
     op->probe_buffer = new_probe_buffer();
     if (!op->probe_buffer) {
       probe_finished_locked(file, resource_exhausted("no memory for a probe's superblock buffer"),
-                            /*formatted=*/false);
+                            /*formatted=*/false, /*extents=*/0);
       continue;
     }
     stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
@@ -46,7 +46,7 @@ void NvmeStore::post_due_probes_locked() {
   }
 }
 
-Status NvmeStore::check_probe(const Op& op) const {
+Result<uint64_t> NvmeStore::check_probe(const Op& op) const {
   const std::string& path = files_[op.file].path;
   Result<Superblock> sb =
       decode_superblock(std::span<const std::byte>(op.probe_buffer.get(), kSuperblockBytes), path);
@@ -56,15 +56,20 @@ Status NvmeStore::check_probe(const Op& op) const {
                                " of store " + hex64(sb->store_id) + ", not file " +
                                std::to_string(op.file) + " of store " + hex64(store_id_));
   }
-  // A file the store opened without was given as many extents as its first file.
-  if (sb->file_count != files_.size() || sb->extent_count != files_[op.file].extent_count) {
-    return failed_precondition(path + " holds " + std::to_string(sb->extent_count) +
-                               " extents of a store of " + std::to_string(sb->file_count) +
-                               " files; this store counts " +
-                               std::to_string(files_[op.file].extent_count) + " extents of " +
-                               std::to_string(files_.size()) + " for it (a restart uses it)");
+  if (sb->file_count != files_.size()) {
+    return failed_precondition(path + " is a file of a store of " + std::to_string(sb->file_count) +
+                               " files; this one has " + std::to_string(files_.size()));
   }
-  return Status();
+  KVTIER_ASSIGN_OR_RETURN(FileInfo info, options_.backend->stat(op.fd, path));
+  const uint64_t needed = sb->first_offset + sb->extent_count * layout_.extent_bytes;
+  if (info.size < needed) {
+    return data_loss(path + " is truncated: " + std::to_string(info.size) +
+                     " bytes, its superblock describes " + std::to_string(needed));
+  }
+  // A file the store opened without was given as many extents as its first file: one that holds
+  // fewer (a smaller block device) uses those, one that holds more the store's count, until a
+  // restart sizes it by its own superblock.
+  return std::min<uint64_t>(sb->extent_count, files_[op.file].extent_count);
 }
 
 void NvmeStore::probe_answered(const Op& op, const Status& result) {
@@ -75,20 +80,22 @@ void NvmeStore::probe_answered(const Op& op, const Status& result) {
   Status next;
   if (found_blank(op, result)) {
     next = post_format(op);  // a replaced drive: the probe goes on as the write of a new superblock
+  } else if (!result.ok()) {
+    next = result;
   } else {
-    next = result.ok() ? check_probe(op) : result;
-    if (next.ok()) next = post_write_back(op);
+    Result<uint64_t> extents = check_probe(op);
+    next = extents.ok() ? post_write_back(op, *extents) : extents.status();
   }
   if (!next.ok()) probe_finished(op, next);
 }
 
-Status NvmeStore::post_write_back(const Op& probe) {
+Status NvmeStore::post_write_back(const Op& probe, uint64_t extents) {
   // The same bytes (a torn write leaves them as they were): a drive gone read-only reads well,
   // and once readmitted would fail every write.
   AlignedBytes back = new_probe_buffer();
   if (!back) return resource_exhausted("no memory for a probe's superblock buffer");
   std::copy_n(probe.probe_buffer.get(), probe.probe_bytes, back.get());
-  post_probe_write(probe, std::move(back), /*formats=*/false);
+  post_probe_write(probe, std::move(back), /*formats=*/false, extents);
   return Status();
 }
 
@@ -101,13 +108,15 @@ uint64_t NvmeStore::probe_bytes() const {
   return std::max<uint64_t>(kSuperblockBytes, layout_.io_align);
 }
 
-void NvmeStore::post_probe_write(const Op& probe, AlignedBytes superblock, bool formats) {
+void NvmeStore::post_probe_write(const Op& probe, AlignedBytes superblock, bool formats,
+                                 uint64_t extents) {
   auto op = std::make_unique<Op>();
   op->kind = Op::Kind::kProbe;
   op->file = probe.file;
   op->fd = probe.fd;
   op->probe_writes = true;
   op->probe_formats = formats;
+  op->probe_extents = extents;
   op->probe_bytes = probe_bytes();
   op->probe_buffer = std::move(superblock);
   post(std::move(op));
@@ -115,7 +124,7 @@ void NvmeStore::post_probe_write(const Op& probe, AlignedBytes superblock, bool 
 
 void NvmeStore::probe_finished(const Op& op, const Status& result) {
   std::lock_guard<std::mutex> lock(index_mu_);
-  probe_finished_locked(op.file, result, op.probe_formats);
+  probe_finished_locked(op.file, result, op.probe_formats, op.probe_extents);
 }
 
 void NvmeStore::forget_bad_marks_locked(uint32_t file) {
@@ -127,7 +136,8 @@ void NvmeStore::forget_bad_marks_locked(uint32_t file) {
   }
 }
 
-void NvmeStore::probe_finished_locked(uint32_t file, const Status& result, bool formatted) {
+void NvmeStore::probe_finished_locked(uint32_t file, const Status& result, bool formatted,
+                                      uint64_t extents) {
   const auto now = NvmeFileHealth::Clock::now();
   const std::string& path = files_[file].path;
   if (!file_health_.probe_ended(file, result.ok(), now)) {
@@ -149,7 +159,17 @@ void NvmeStore::probe_finished_locked(uint32_t file, const Status& result, bool 
   // extents, within the one-in-32 cap, until a restart.
   // A drive formatted in place of the lost one has none of its bad sectors.
   if (formatted) forget_bad_marks_locked(file);
-  const uint32_t back = extents_->unretire_in_file(file, bad_);
+  const uint32_t first = extents_->first_extent_of(file);
+  const uint32_t end = first + static_cast<uint32_t>(files_[file].extent_count);
+  uint32_t back = 0;
+  if (extents < files_[file].extent_count) {
+    // A drive that holds fewer extents than its place in the store: the rest stay retired.
+    std::vector<uint8_t> keep = bad_;
+    std::fill(keep.begin() + first + extents, keep.begin() + end, uint8_t{1});
+    back = extents_->unretire_in_file(file, keep);
+  } else {
+    back = extents_->unretire_in_file(file, bad_);
+  }
   stats_->files_out_of_service.store(file_health_.out_of_service(), std::memory_order_relaxed);
   stats_->files_readmitted.fetch_add(1, std::memory_order_relaxed);
   if (formatted) stats_->files_replaced.fetch_add(1, std::memory_order_relaxed);

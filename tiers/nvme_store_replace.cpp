@@ -147,29 +147,23 @@ Status NvmeStore::post_format(const Op& probe) {
   KVTIER_ASSIGN_OR_RETURN(FileInfo info, options_.backend->stat(probe.fd, f.path));
   KVTIER_ASSIGN_OR_RETURN(ExtentLocation first, place(extents_->first_extent_of(file)));
   std::string why_not;
+  // A block device smaller than the lost one holds fewer extents: it is formatted with those.
   const uint64_t fits = replacement_extents(info, f.path, f.extent_count, first.offset, why_not);
-  if (fits < f.extent_count) {
-    return failed_precondition(f.path + " is blank but " +
-                               (fits == 0 ? why_not
-                                          : "holds " + std::to_string(fits) + " extents of the " +
-                                                std::to_string(f.extent_count) +
-                                                " its place in the store has") +
-                               "; a restart formats it with what it holds");
-  }
-  const uint64_t size = first.offset + f.extent_count * layout_.extent_bytes;
+  if (fits == 0) return failed_precondition(f.path + " is blank but " + why_not);
+  const uint64_t size = first.offset + fits * layout_.extent_bytes;
   if (!info.block_device && info.size < size) {
     KVTIER_RETURN_IF_ERROR(options_.backend->allocate(probe.fd, f.path, size));
   }
   AlignedBytes superblock = new_probe_buffer();
   if (!superblock) return resource_exhausted("no memory for a superblock buffer");
   std::fill_n(superblock.get(), probe_bytes(), std::byte{0});
-  encode_superblock(superblock_of(file, f.extent_count, first.offset),
+  encode_superblock(superblock_of(file, fits, first.offset),
                     std::span<std::byte>(superblock.get(), kSuperblockBytes));
   log(LogLevel::kWarn, "NVMe store: " + f.path +
                            " is blank (a replaced drive?): formatting it as file " +
                            std::to_string(file) + " of store " + hex64(store_id_) + " with " +
-                           std::to_string(f.extent_count) + " extents");
-  post_probe_write(probe, std::move(superblock), /*formats=*/true);
+                           std::to_string(fits) + " extents");
+  post_probe_write(probe, std::move(superblock), /*formats=*/true, fits);
   return Status();
 }
 

@@ -92,6 +92,7 @@ struct NvmeStore::Op {
   uint64_t probe_bytes = 0;
   bool probe_writes = false;
   bool probe_formats = false;
+  uint64_t probe_extents = 0;  // probe_writes: the file's extents in service once it lands
 
   // Owned by the I/O thread from here on.
   int slot = -1;

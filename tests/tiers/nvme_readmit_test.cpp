@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "tests/tiers/fault_store_fixture.hpp"
@@ -154,6 +155,33 @@ TEST_F(ReadmitTest, AStoreOpensWithoutAMissingFileAndNeverCreatesIt) {
   ASSERT_TRUE(writing_until(500, [&] { return probes() == 2; }));
   EXPECT_EQ(out(), 1u);
   EXPECT_FALSE(std::filesystem::exists(d3)) << "a missing file of the store was created";
+}
+
+// d3 is a block device smaller than the others (10 extents where they have 32). The store
+// reopened with it dead gives it the first file's 32 until its probe reads its own superblock:
+// then it comes back with its 10, and the other 22 of its place stay retired.
+TEST_F(ReadmitTest, AFileOpenedWithoutComesBackWithTheExtentsItsSuperblockGives) {
+  const NvmeStoreOptions o = four_drives();
+  store_.reset();
+  const uint64_t extent_bytes = kGeom.block_bytes() + 4096;
+  { std::ofstream created(dir_.file("d3.kvs")); }
+  std::filesystem::resize_file(dir_.file("d3.kvs"), kSuperblockBytes + 10 * extent_bytes);
+  faults_->treat_as_block_device("d3.kvs");
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  ASSERT_EQ(store_->layout().extent_bytes, extent_bytes);
+  EXPECT_EQ(store_->capacity_blocks(), 96u + 10u);
+  store_.reset();
+  faults_->fail_file("d3.kvs");
+  store_ = open_with(o);
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u);
+  faults_->clear();
+  ASSERT_TRUE(writing_until(500, [&] { return readmitted() == 1; }));
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u + 10u);
+  EXPECT_EQ(store_->retired_blocks(), 22u);
 }
 
 // With one file, there is nothing to open without: a dead file fails the open, naming it.

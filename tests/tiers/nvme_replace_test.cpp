@@ -228,5 +228,31 @@ TEST_F(ReplaceTest, ABlockDeviceIsFormattedInPlaceOfALostFileOnlyWhenBlank) {
   expect_readable(ids(0, 72));
 }
 
+// While the store runs, d2's drive dies and is replaced by a blank block device smaller than the
+// old one: its probe formats it with the 20 extents it holds, and the other 12 of its place stay
+// retired. After a restart it is a file of 20 extents like any other.
+TEST_F(ReplaceTest, ASmallerBlankDeviceIsFormattedByItsProbeWithTheExtentsItHolds) {
+  take_out_d2(/*hang=*/false);
+  ASSERT_NE(store_, nullptr);
+  const uint64_t extent_bytes = store_->layout().extent_bytes;
+  faults_->treat_as_block_device("d2.kvs");
+  std::filesystem::resize_file(dir_.file("d2.kvs"), 0);
+  std::filesystem::resize_file(dir_.file("d2.kvs"), kSuperblockBytes + 20 * extent_bytes);
+  faults_->clear();
+  ASSERT_TRUE(writing_until(500, [&] { return readmitted() == 1; }));
+  EXPECT_EQ(replaced(), 1u);
+  EXPECT_EQ(out(), 0u);
+  EXPECT_EQ(store_->capacity_blocks(), 96u + 20u);
+  EXPECT_EQ(store_->retired_blocks(), 12u);
+  const std::vector<uint64_t> on_d2 = write_blocks(600, 650, "d2.kvs");
+  EXPECT_EQ(on_d2.size(), 20u) << "d2 took as many blocks as it holds extents";
+  expect_readable(on_d2);
+  reopen(four_drives());
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->capacity_blocks(), 96u + 20u);
+  EXPECT_EQ(store_->retired_blocks(), 0u);
+  expect_readable(on_d2);
+}
+
 }  // namespace
 }  // namespace kvtier
