@@ -116,11 +116,15 @@ Status NvmeStore::reopen_for_probe_locked(uint32_t file) {
   const int flags = O_RDWR | (direct_io_ ? O_DIRECT : 0);
   auto fd = io.open(f.path, flags, 0);
   if (!fd.ok() && fd.status().code() == StatusCode::kNotFound) {
+    // Never the old descriptor: its file is gone from the path, and what it writes is lost.
     std::string why_not;
     if (!may_create_lost_file(f.path, why_not)) return fd.status().with_context(why_not);
     fd = io.open(f.path, flags | O_CREAT, 0600);
+    if (!fd.ok()) return fd.status();
+  } else if (!fd.ok()) {
+    // The path cannot be opened now (EACCES, EIO): the probe tries the file the store holds.
+    return f.fd.valid() ? Status() : fd.status();
   }
-  if (!fd.ok()) return fd.status();
   if (f.fd.valid()) {
     Result<FileInfo> before = io.stat(f.fd.get(), f.path);
     Result<FileInfo> now = io.stat(fd->get(), f.path);

@@ -148,6 +148,21 @@ TEST_F(ReplaceTest, TwoPathsNamingOneMissingFileAreRefused) {
       << s.status().to_string();
 }
 
+// d2 dies, and its file is deleted (its drive's file system unmounted, say) where no drive is
+// mounted now. The store still holds the old file open and could read this store's superblock
+// there, but readmitting it would write blocks into a deleted file: it stays out, and nothing is
+// created at the path.
+TEST_F(ReplaceTest, AFileDeletedWhileOutIsNotReadmittedThroughItsOldDescriptor) {
+  take_out_d2(/*hang=*/false);
+  ASSERT_NE(store_, nullptr);
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d2.kvs")));
+  faults_->clear();
+  ASSERT_TRUE(writing_until(500, [&] { return probes() == 2; }));
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(readmitted(), 0u);
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("d2.kvs")));
+}
+
 // Formatting at open fails (no room to allocate the file): the store opens without it, out of
 // service. Its probe finds it still blank, formats it, and it is back in service.
 TEST_F(ReplaceTest, AFileThatCouldNotBeFormattedAtOpenIsFormattedByItsProbe) {
