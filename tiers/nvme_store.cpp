@@ -173,7 +173,8 @@ Result<NvmeStore::OpenedFile> NvmeStore::open_store_file(uint32_t index,
     o.sb = *sb;
     return o;
   }
-  // A block device with something else on it: formatted only as a new store's (check_store).
+  // A block device with something else on it: formatted only as a new store's file
+  // (adopt_existing_store refuses it in place of a lost one).
   if (sb.status().code() == StatusCode::kNotFound && o.info.block_device) return o;
   if (sb.status().code() == StatusCode::kNotFound) {
     return failed_precondition(key + ": " + o.path + " is not empty (" +
