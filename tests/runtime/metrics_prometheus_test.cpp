@@ -15,6 +15,8 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -63,6 +65,11 @@ class Workload {
   ~Workload() { stop(); }
 
   uint64_t steps() const { return steps_.load(); }
+  // Gauges of NVMe trouble: drives out of service, requests a hung drive holds.
+  void drive_trouble(uint64_t out_of_service, uint64_t unanswered) {
+    transfer_.files_out_of_service.store(out_of_service);
+    transfer_.requests_unanswered.store(unanswered);
+  }
 
  private:
   void step() {
@@ -136,7 +143,8 @@ bool eventually(std::chrono::milliseconds limit, F done) {
   return done();
 }
 
-// configs/prometheus.yml, aimed at `target_port` and scraping every kScrapeInterval.
+// configs/prometheus.yml, aimed at `target_port`, scraping and evaluating its rules every
+// kScrapeInterval.
 std::string test_prometheus_config(uint16_t target_port) {
   const std::string original = testing::read_text(testing::source_dir() / "configs/prometheus.yml");
   const std::string target = "\"" + MetricsConfig{}.listen + "\"";
@@ -145,8 +153,10 @@ std::string test_prometheus_config(uint16_t target_port) {
   std::istringstream in(original);
   std::string out;
   for (std::string line; std::getline(in, line);) {
-    if (const std::size_t at = line.find("scrape_interval:"); at != std::string::npos) {
-      line = line.substr(0, at) + "scrape_interval: " + kScrapeInterval;
+    for (const std::string key : {"scrape_interval:", "evaluation_interval:"}) {
+      if (const std::size_t at = line.find(key); at != std::string::npos) {
+        line = line.substr(0, at) + key + " " + kScrapeInterval;
+      }
     }
     if (const std::size_t at = line.find(target); at != std::string::npos) {
       line.replace(at, target.size(), "\"127.0.0.1:" + std::to_string(target_port) + "\"");
@@ -195,6 +205,9 @@ struct PrometheusServer {
 void start_prometheus(const std::string& prometheus, const testing::TempDir& dir,
                       uint16_t target_port, PrometheusServer& out) {
   const std::string config_path = dir.write("prometheus.yml", test_prometheus_config(target_port));
+  // The rules file the configuration names, beside it as in configs/.
+  dir.write("prometheus-alerts.yml",
+            testing::read_text(testing::source_dir() / "configs/prometheus-alerts.yml"));
   out.log_path = (dir.path() / "prometheus.log").string();
   // The API port is picked free just before the server binds it; should another process take it
   // in between, the server exits and the next attempt picks another.
@@ -301,6 +314,83 @@ TEST(MetricsPrometheus, RealServerScrapesAndComputesPerTierHitRates) {
 
   server.process->stop();
   EXPECT_FALSE(server.process->running());
+}
+
+// The `data` member of a successful answer of the HTTP API at `path`, or nothing.
+std::optional<Json> api_data(uint16_t port, const std::string& path) {
+  const testing::HttpResponse r = testing::http_get(port, path);
+  std::string error;
+  std::optional<Json> j = testing::JsonReader::parse(r.body, &error);
+  if (r.status != 200 || !j || j->str("status") != "success" || j->get("data") == nullptr) {
+    return std::nullopt;
+  }
+  return *j->get("data");
+}
+
+// configs/prometheus-alerts.yml on a real server: every rule loads and evaluates without error,
+// and with one drive out of service and two requests unanswered exactly those two alerts are
+// active (pending, since their `for` has not passed), no other.
+TEST(MetricsPrometheus, AlertRulesEvaluateAndTheDriveAlertsFire) {
+  const std::string prometheus = testing::find_executable("prometheus");
+  if (prometheus.empty()) GTEST_SKIP() << "prometheus not found (Debian package prometheus)";
+  Workload work;
+  work.drive_trouble(1, 2);
+  MetricsConfig config;
+  config.listen = "127.0.0.1:0";
+  auto exporter = MetricsExporter::create(config, work.sources());
+  ASSERT_TRUE(exporter.ok()) << exporter.status().to_string();
+  testing::TempDir dir;
+  PrometheusServer server;
+  ASSERT_NO_FATAL_FAILURE(start_prometheus(prometheus, dir, (*exporter)->port(), server));
+  ASSERT_TRUE(target_up(server, std::chrono::seconds(10))) << server.log();
+
+  const std::set<std::string> rules = {"KvtierDown",
+                                       "KvtierNvmeDriveOutOfService",
+                                       "KvtierNvmeRequestsUnanswered",
+                                       "KvtierNvmeWritesPaused",
+                                       "KvtierNvmeReadsPaused",
+                                       "KvtierNvmeChecksumFailures"};
+  std::set<std::string> healthy;
+  std::string last;
+  ASSERT_TRUE(eventually(std::chrono::seconds(10),
+                         [&] {
+                           healthy.clear();
+                           const std::optional<Json> data =
+                               api_data(server.api_port, "/api/v1/rules");
+                           if (!data || data->get("groups") == nullptr) return false;
+                           last.clear();
+                           for (const Json& group : data->get("groups")->array) {
+                             if (group.get("rules") == nullptr) continue;
+                             for (const Json& rule : group.get("rules")->array) {
+                               last += rule.str("name") + ": " + rule.str("health") + " " +
+                                       rule.str("lastError") + "\n";
+                               if (rule.str("health") == "ok") healthy.insert(rule.str("name"));
+                             }
+                           }
+                           return healthy == rules;
+                         }))
+      << last << server.log();
+
+  const std::set<std::string> expected = {"KvtierNvmeDriveOutOfService",
+                                          "KvtierNvmeRequestsUnanswered"};
+  std::set<std::string> active;
+  ASSERT_TRUE(eventually(std::chrono::seconds(10),
+                         [&] {
+                           active.clear();
+                           const std::optional<Json> data =
+                               api_data(server.api_port, "/api/v1/alerts");
+                           if (!data || data->get("alerts") == nullptr) return false;
+                           for (const Json& alert : data->get("alerts")->array) {
+                             const Json* labels = alert.get("labels");
+                             if (labels == nullptr) continue;
+                             active.insert(labels->str("alertname"));
+                             EXPECT_EQ(alert.str("state"), "pending") << labels->str("alertname");
+                           }
+                           return active == expected;
+                         }))
+      << ::testing::PrintToString(active) << "\n"
+      << server.log();
+  server.process->stop();
 }
 
 #ifdef KVTIER_BENCH_PATH
