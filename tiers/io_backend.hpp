@@ -93,6 +93,9 @@ struct FileInfo {
   uint64_t inode = 0;
 };
 
+// The directory `path` lies in: "." for a bare name, "/" for one at the root.
+std::string directory_of(const std::string& path);
+
 // Both describe one file or one block device (reached through two paths, or opened twice).
 inline bool same_file(const FileInfo& a, const FileInfo& b) {
   return a.identified && b.identified && a.block_device == b.block_device && a.device == b.device &&

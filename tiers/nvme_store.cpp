@@ -96,12 +96,6 @@ Status NvmeStore::check_listed_once(const std::vector<OpenedFile>& opened, std::
   return Status();
 }
 
-std::string NvmeStore::directory_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 std::string NvmeStore::path_key(std::size_t index) {
   return "tiers.nvme.paths[" + std::to_string(index) + "]";
 }

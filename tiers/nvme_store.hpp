@@ -222,8 +222,6 @@ class NvmeStore final : public BlockStore {
   };
   // "tiers.nvme.paths[index]", as errors name a file's config entry.
   static std::string path_key(std::size_t index);
-  // The directory `path` lies in: "." for a bare name, "/" for one at the root.
-  static std::string directory_of(const std::string& path);
 
  private:
   enum class EntryState : uint8_t { kWriting, kReady };

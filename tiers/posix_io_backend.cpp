@@ -47,6 +47,12 @@ bool exists(const std::string& path) {
 
 }  // namespace
 
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 uint32_t sysfs_logical_block_size(const std::string& sysfs_root, uint32_t major, uint32_t minor) {
   // dev/block/M:m is a link to the device's directory; a partition's sits inside its disk's, and
   // only the disk has a queue/.

@@ -1,6 +1,8 @@
 // `kvtier-bench check`: load and validate the configuration, open each tier's frame or extent
 // allocator at the size the configuration gives it, audit them, and print the summary. This is the
-// self-check `make run` performs; it touches no device and creates no file.
+// self-check `make run` performs; it touches no device and creates no file. With --store it also
+// reads what each NVMe store path holds (nothing is written) and says what opening the store does
+// with it: the operator's view around a drive replacement.
 #include <memory>
 #include <ostream>
 #include <vector>
@@ -10,6 +12,8 @@
 #include "runtime/config_sizing.hpp"
 #include "tiers/extent_allocator.hpp"
 #include "tiers/frame_allocator.hpp"
+#include "tiers/io_backend.hpp"
+#include "tiers/nvme_store_inspect.hpp"
 
 namespace kvtier::bench {
 namespace {
@@ -25,7 +29,13 @@ class CheckCommand final : public Command {
            "names a file; KVTIER_<SECTION>__<KEY> variables and --set override keys), validates\n"
            "it, opens the frame allocators of the HBM and host tiers and the extent allocator of\n"
            "the NVMe store at the sizes it gives, audits them, and prints what it found. Opens no\n"
-           "device and creates no file.";
+           "device and creates no file. With --store it also reads the first 4 KiB of each\n"
+           "tiers.nvme.paths entry (read-only) and says what it holds and what opening the store\n"
+           "does with it: used, formatted (blank), created (missing at a mount point), opened\n"
+           "without (missing elsewhere, unreadable), or refused.";
+  }
+  void add_options(OptionParser& p) override {
+    p.add_flag("store", "also say what each NVMe store path holds (read-only)", &store_);
   }
 
   int run(const CommandContext& ctx) override {
@@ -48,6 +58,11 @@ class CheckCommand final : public Command {
       ctx.out << "allocator nvme: " << (*nvme)->capacity() << " extents in "
               << (*nvme)->file_count() << ((*nvme)->file_count() == 1 ? " file" : " files") << ", "
               << (*nvme)->free_count() << " free, audit ok\n";
+      if (store_) {
+        ctx.out << "nvme store files:\n"
+                << describe_store_files(
+                       inspect_store_files(*posix_io_backend(), ctx.config.tiers.nvme.paths));
+      }
     } else {
       ctx.out << "allocator nvme: disabled\n";
     }
@@ -72,6 +87,8 @@ class CheckCommand final : public Command {
             << (*allocator)->free_count() << " free, audit ok\n";
     return std::move(allocator).value();
   }
+
+  bool store_ = false;
 
   static int fail(std::string_view tier, const Status& status, const CommandContext& ctx) {
     ctx.err << "kvtier-bench check: tier " << tier << ": " << status.to_string() << "\n";

@@ -1,6 +1,6 @@
-// `kvtier-bench run` and `kvtier-bench io` as a user meets them: the built binary run as a child
-// process with bad input, which must end in an error naming what was wrong and exit code 2 (or 1
-// when the machine cannot do it), never an abort, a hang or output mixed into the JSON. Fake
+// `kvtier-bench run`, `io` and `check --store` as a user meets them: the built binary run as a
+// child process with bad input, which must end in an error naming what was wrong and exit code 2
+// (or 1 when the machine cannot do it), never an abort, a hang or output mixed into the JSON. Fake
 // gnuplot and fio programs on $PATH make the helper-program cases hermetic; the real ones run where
 // installed. Every run is tiny (a couple of requests, a 1 MiB NVMe pass).
 #include <gmock/gmock.h>
@@ -283,6 +283,22 @@ std::vector<std::string> files_in(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) out.push_back(e.path().filename());
   return out;
+}
+
+// `check --store` says what each NVMe path holds and what opening the store does with it, and
+// creates or writes nothing.
+TEST(CliCheck, StoreSaysWhatEachPathHoldsAndWritesNothing) {
+  ScratchDir dir;
+  std::ofstream(dir / "b.kvs") << "hello";
+  const std::string paths =
+      "tiers.nvme.paths=[\"" + (dir / "a.kvs") + "\", \"" + (dir / "b.kvs") + "\"]";
+  const ChildRun check = run_bench({"check", "--store", "--set", paths});
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  EXPECT_THAT(check.out, HasSubstr("a.kvs: missing; created when the store is made"));
+  EXPECT_THAT(check.out, HasSubstr("b.kvs: holds something else (5 bytes, too few for a "
+                                   "superblock); the store does not open"));
+  EXPECT_FALSE(fs::exists(dir / "a.kvs"));
+  EXPECT_EQ(read_text(dir / "b.kvs"), "hello");
 }
 
 TEST(CliIo, OutOfRangeOptionsAreErrorsBeforeAnyIo) {

@@ -1,0 +1,118 @@
+// inspect_store_files and describe_store_files: what each path of a store holds, read without
+// writing anything, and what opening the store does with it, checked against what opening the
+// store then does.
+#include "tiers/nvme_store_inspect.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/tiers/fault_store_fixture.hpp"
+
+namespace kvtier {
+namespace {
+
+using ::testing::HasSubstr;
+using Holds = StoreFileReport::Holds;
+
+class InspectTest : public FourDrivesTest {
+ protected:
+  std::vector<StoreFileReport> inspect() {
+    return inspect_store_files(*faults_, four_drives().config.paths);
+  }
+  // The lines of describe_store_files, one per file.
+  std::vector<std::string> lines(const std::vector<StoreFileReport>& reports) {
+    std::vector<std::string> out;
+    std::istringstream in(describe_store_files(reports));
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  }
+  void overwrite_start(const std::string& name, char byte) {
+    std::fstream f(dir_.file(name), std::ios::in | std::ios::out | std::ios::binary);
+    const std::string bytes(kSuperblockBytes, byte);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+};
+
+TEST_F(InspectTest, BeforeAStoreIsMadeEveryFileIsMissingAndNothingIsCreated) {
+  const std::vector<StoreFileReport> r = inspect();
+  ASSERT_EQ(r.size(), 4u);
+  for (const StoreFileReport& f : r) EXPECT_EQ(f.holds, Holds::kMissing) << f.path;
+  const std::vector<std::string> l = lines(r);
+  ASSERT_EQ(l.size(), 4u);
+  EXPECT_THAT(l[0], HasSubstr("d0.kvs: missing; created when the store is made"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("d0.kvs")));
+}
+
+// A store of four: d1 emptied, d2 deleted where a drive is mounted, d3 overwritten with other
+// bytes. The report says d0 is used, d1 and d2 formatted and created, and that d3 keeps the store
+// from opening; opening it does just that. With d3's bytes zeroed, the report says it is formatted
+// too, and the store opens with three files replaced, having written nothing before.
+TEST_F(InspectTest, EachFileIsDescribedAsOpeningTheStoreThenTreatsIt) {
+  reopen(four_drives());
+  ASSERT_NE(store_, nullptr);
+  store_.reset();
+  std::filesystem::resize_file(dir_.file("d1.kvs"), 0);
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d2.kvs")));
+  overwrite_start("d3.kvs", 'x');
+  faults_->treat_as_mount_point(dir_.path());
+  const uint64_t writes = faults_->requests(IoOpcode::kWrite);
+
+  std::vector<StoreFileReport> r = inspect();
+  EXPECT_EQ(r[0].holds, Holds::kStoreFile);
+  ASSERT_TRUE(r[0].superblock);
+  EXPECT_EQ(r[0].superblock->file_index, 0u);
+  EXPECT_EQ(r[1].holds, Holds::kBlank);
+  EXPECT_EQ(r[2].holds, Holds::kMissing);
+  EXPECT_TRUE(r[2].mount_point);
+  EXPECT_EQ(r[3].holds, Holds::kOther);
+  std::vector<std::string> l = lines(r);
+  EXPECT_THAT(l[0], HasSubstr("file 0 of 4 of store"));
+  EXPECT_THAT(l[0], HasSubstr("32 extents; used"));
+  EXPECT_THAT(l[1], HasSubstr("blank file; formatted as file 1 of store"));
+  EXPECT_THAT(l[2], HasSubstr("created and formatted as file 2"));
+  EXPECT_THAT(l[3], HasSubstr("holds something else (no kvtier superblock); the store does not "
+                              "open"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("d2.kvs"))) << "inspecting created a file";
+  EXPECT_EQ(std::filesystem::file_size(dir_.file("d1.kvs")), 0u);
+  EXPECT_EQ(faults_->requests(IoOpcode::kWrite), writes);
+
+  EXPECT_FALSE(NvmeStore::create(kGeom, four_drives()).ok());
+  overwrite_start("d3.kvs", 0);
+  r = inspect();
+  EXPECT_EQ(r[3].holds, Holds::kBlank);
+  EXPECT_THAT(lines(r)[3], HasSubstr("blank file; formatted as file 3"));
+  store_ = open_with(four_drives());
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(store_->stats().files_replaced.load(), 3u);
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+}
+
+// Missing where no drive is mounted, or unreadable (a dead drive): the store opens without it.
+TEST_F(InspectTest, AFileTheStoreOpensWithoutIsSaidSo) {
+  reopen(four_drives());
+  ASSERT_NE(store_, nullptr);
+  store_.reset();
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d2.kvs")));
+  faults_->fail_file("d3.kvs", EIO);
+  const std::vector<StoreFileReport> r = inspect();
+  EXPECT_EQ(r[2].holds, Holds::kMissing);
+  EXPECT_FALSE(r[2].mount_point);
+  EXPECT_EQ(r[3].holds, Holds::kUnreadable);
+  const std::vector<std::string> l = lines(r);
+  EXPECT_THAT(l[2], HasSubstr("its directory not a mount point; the store opens without it"));
+  EXPECT_THAT(l[3], HasSubstr("unreadable ("));
+  EXPECT_THAT(l[3], HasSubstr("the store opens without it"));
+  store_ = open_with(four_drives());
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(out(), 2u);
+}
+
+}  // namespace
+}  // namespace kvtier
