@@ -74,7 +74,8 @@ std::vector<StoreFileReport> inspect_store_files(IoBackend& io,
   return out;
 }
 
-std::string describe_store_files(const std::vector<StoreFileReport>& reports) {
+std::string describe_store_files(const std::vector<StoreFileReport>& reports,
+                                 uint64_t fingerprint) {
   using Holds = StoreFileReport::Holds;
   const auto first = std::find_if(reports.begin(), reports.end(),
                                   [](const StoreFileReport& r) { return r.superblock; });
@@ -89,7 +90,10 @@ std::string describe_store_files(const std::vector<StoreFileReport>& reports) {
         const Superblock& sb = *r.superblock;
         out << "file " << sb.file_index << " of " << sb.file_count << " of store "
             << hex64(sb.store_id) << ", " << sb.extent_count << " extents";
-        if (sb.store_id != first->superblock->store_id) {
+        if (sb.fingerprint != fingerprint) {
+          out << " for " << describe_geometry(sb.geometry)
+              << ", another geometry or page format than configured: the store does not open";
+        } else if (sb.store_id != first->superblock->store_id) {
           out << "; not of " << store << ": the store does not open";
         } else if (sb.file_index != i || sb.file_count != reports.size()) {
           out << "; listed as file " << i << " of " << reports.size()

@@ -33,6 +33,8 @@ std::vector<StoreFileReport> inspect_store_files(IoBackend& io,
                                                  const std::vector<std::string>& paths);
 
 // One line per file, "tiers.nvme.paths[i] <path>: <what it holds>; <what opening does>".
-std::string describe_store_files(const std::vector<StoreFileReport>& reports);
+// `fingerprint`: store_fingerprint of the configured page format; a store file of another is
+// refused.
+std::string describe_store_files(const std::vector<StoreFileReport>& reports, uint64_t fingerprint);
 
 }  // namespace kvtier

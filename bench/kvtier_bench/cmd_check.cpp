@@ -13,6 +13,7 @@
 #include "tiers/extent_allocator.hpp"
 #include "tiers/frame_allocator.hpp"
 #include "tiers/io_backend.hpp"
+#include "tiers/nvme_format.hpp"
 #include "tiers/nvme_store_inspect.hpp"
 
 namespace kvtier::bench {
@@ -61,7 +62,9 @@ class CheckCommand final : public Command {
       if (store_) {
         ctx.out << "nvme store files:\n"
                 << describe_store_files(
-                       inspect_store_files(*posix_io_backend(), ctx.config.tiers.nvme.paths));
+                       inspect_store_files(*posix_io_backend(), ctx.config.tiers.nvme.paths),
+                       store_fingerprint(
+                           ctx.config.tiers.nvme_page_format(ctx.config.model.geometry)));
       }
     } else {
       ctx.out << "allocator nvme: disabled\n";

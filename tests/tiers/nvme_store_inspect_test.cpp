@@ -29,7 +29,8 @@ class InspectTest : public FourDrivesTest {
   // The lines of describe_store_files, one per file.
   std::vector<std::string> lines(const std::vector<StoreFileReport>& reports) {
     std::vector<std::string> out;
-    std::istringstream in(describe_store_files(reports));
+    std::istringstream in(
+        describe_store_files(reports, store_fingerprint(PageFormat::as_computed(kGeom))));
     for (std::string line; std::getline(in, line);) out.push_back(line);
     return out;
   }
@@ -75,6 +76,12 @@ TEST_F(InspectTest, EachFileIsDescribedAsOpeningTheStoreThenTreatsIt) {
   std::vector<std::string> l = lines(r);
   EXPECT_THAT(l[0], HasSubstr("file 0 of 4 of store"));
   EXPECT_THAT(l[0], HasSubstr("32 extents; used"));
+  // Configured for another geometry, the same file would refuse the open.
+  Geometry other = kGeom;
+  other.layers += 1;
+  EXPECT_THAT(describe_store_files(r, store_fingerprint(PageFormat::as_computed(other))),
+              HasSubstr("another geometry or page format than configured: the store does not "
+                        "open"));
   EXPECT_THAT(l[1], HasSubstr("blank file; formatted as file 1 of store"));
   EXPECT_THAT(l[2], HasSubstr("created and formatted as file 2"));
   EXPECT_THAT(l[3], HasSubstr("holds something else (no kvtier superblock); the store does not "
