@@ -142,6 +142,22 @@ class RuntimeNvmeFailures : public ::testing::Test {
       c.tiers.nvme.paths.push_back((dir_.path() / ("drive" + std::to_string(d) + ".kvs")).string());
     }
   }
+  // Four drives, probed 200 ms after one goes out.
+  void readmitting_four_drives(Config& c) const {
+    four_drives(c);
+    c.tiers.nvme.readmit_after_ms = 200;
+  }
+  // Thirty prompts push blocks onto the drives; the second dies, and the first ten prompts asked
+  // again (failing or recomputing) take it out of service.
+  void prefill_then_kill_drive1() {
+    for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+    faults_->fail_file("drive1.kvs");
+    for (uint32_t seed = 1; seed <= 10; ++seed) {
+      prefill_prompt(*rt_, seed, /*must_run=*/false).ignore();
+    }
+    const Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.files_out == 1.0; });
+    ASSERT_EQ(s.files_out, 1.0);
+  }
   static constexpr const char* kNoStore =
       "the NVMe store cannot be opened here (O_DIRECT or io_uring refused)";
 
@@ -359,21 +375,12 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveAmongFourIsTakenOutAndTheEngineRunsOnTheOt
 // scheduler's NVMe capacity is whole again, and the tier fills past the three quarters the other
 // drives hold. Its old blocks stay forgotten: the first prompts recompute them.
 TEST_F(RuntimeNvmeFailures, ADeadDriveThatAnswersAgainIsReadmittedAndFilledAgain) {
-  const bool opened = open([&](Config& c) {
-    four_drives(c);
-    c.tiers.nvme.readmit_after_ms = 200;
-  });
-  if (!opened) GTEST_SKIP() << kNoStore;
+  if (!open([&](Config& c) { readmitting_four_drives(c); })) GTEST_SKIP() << kNoStore;
   const uint64_t capacity = nvme_capacity(*rt_);
-  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
-  faults_->fail_file("drive1.kvs");
-  for (uint32_t seed = 1; seed <= 10; ++seed)
-    prefill_prompt(*rt_, seed, /*must_run=*/false).ignore();
-  Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.files_out == 1.0; });
-  ASSERT_EQ(s.files_out, 1.0);
+  ASSERT_NO_FATAL_FAILURE(prefill_then_kill_drive1());
   uint32_t seed = 100;
   // Dead still: prompts run on the other drives while probes fail.
-  s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.probes >= 1.0; });
+  Scrape s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.probes >= 1.0; });
   ASSERT_GE(s.probes, 1.0);
   EXPECT_EQ(s.files_out, 1.0);
   EXPECT_EQ(s.readmitted, 0.0);
@@ -402,24 +409,16 @@ TEST_F(RuntimeNvmeFailures, ADeadDriveThatAnswersAgainIsReadmittedAndFilledAgain
 // again: the new drive has none of the old one's bad-sector marks. Prompts fill it, and after a
 // restart it is a drive like the others.
 TEST_F(RuntimeNvmeFailures, ADriveReplacedWhileTheRuntimeRunsIsFormattedAndFilled) {
-  const auto config = [&](Config& c) {
-    four_drives(c);
-    c.tiers.nvme.readmit_after_ms = 200;
-  };
+  const auto config = [&](Config& c) { readmitting_four_drives(c); };
   if (!open(config)) GTEST_SKIP() << kNoStore;
   const uint64_t capacity = nvme_capacity(*rt_);
-  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
-  faults_->fail_file("drive1.kvs");
-  for (uint32_t seed = 1; seed <= 10; ++seed)
-    prefill_prompt(*rt_, seed, /*must_run=*/false).ignore();
-  Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.files_out == 1.0; });
-  ASSERT_EQ(s.files_out, 1.0);
+  ASSERT_NO_FATAL_FAILURE(prefill_then_kill_drive1());
   const std::filesystem::path drive1 = dir_.path() / "drive1.kvs";
   ASSERT_TRUE(std::filesystem::remove(drive1));
   { std::ofstream created(drive1); }
   faults_->clear();
   uint32_t seed = 100;
-  s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.replaced >= 1.0; });
+  Scrape s = prefill_until(*rt_, seed, [](const Scrape& now) { return now.replaced >= 1.0; });
   ASSERT_EQ(s.replaced, 1.0);
   EXPECT_EQ(s.readmitted, 1.0);
   EXPECT_EQ(s.files_out, 0.0);
@@ -445,10 +444,7 @@ TEST_F(RuntimeNvmeFailures, ADriveReplacedWhileTheRuntimeRunsIsFormattedAndFille
 // those whose blocks were on the dead drive recomputing them, and the scheduler plans with three
 // quarters of the capacity. Once the drive answers, a probe readmits it.
 TEST_F(RuntimeNvmeFailures, ARuntimeRestartedWithADriveDeadOpensWithoutItAndReadmitsIt) {
-  const auto config = [&](Config& c) {
-    four_drives(c);
-    c.tiers.nvme.readmit_after_ms = 200;
-  };
+  const auto config = [&](Config& c) { readmitting_four_drives(c); };
   if (!open(config)) GTEST_SKIP() << kNoStore;
   const uint64_t capacity = nvme_capacity(*rt_);
   for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());

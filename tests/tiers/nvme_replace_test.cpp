@@ -35,6 +35,17 @@ class ReplaceTest : public FourDrivesTest {
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     ASSERT_TRUE(f.good());
   }
+  // A store of four drives with blocks [0, blocks) written, closed; returns those on `name`.
+  std::vector<uint64_t> written_and_closed(uint64_t blocks, const std::string& name) {
+    reopen(four_drives());
+    if (store_ == nullptr) {
+      ADD_FAILURE() << "the store of four drives did not open";
+      return {};
+    }
+    std::vector<uint64_t> on = write_blocks(0, blocks, name);
+    store_.reset();
+    return on;
+  }
   uint64_t replaced() const { return store_->stats().files_replaced.load(); }
   // Every block of `ids` is in the store and reads back its own bytes.
   void expect_readable(const std::vector<uint64_t>& ids) {
@@ -56,11 +67,8 @@ std::vector<uint64_t> ids(uint64_t from, uint64_t to) {
 // all there. New blocks land on d2, and after a restart d2 is a member like the others.
 TEST_F(ReplaceTest, AnEmptyFileInPlaceOfALostOneIsFormattedAtOpenAndFilled) {
   const NvmeStoreOptions o = four_drives();
-  reopen(o);
-  ASSERT_NE(store_, nullptr);
-  const std::vector<uint64_t> on_d2 = write_blocks(0, 72, "d2.kvs");
+  const std::vector<uint64_t> on_d2 = written_and_closed(72, "d2.kvs");
   ASSERT_EQ(on_d2.size(), 8u);
-  store_.reset();
   std::filesystem::resize_file(dir_.file("d2.kvs"), 0);
   const uint64_t reads_before = faults_->requests(IoOpcode::kRead);
   store_ = open_with(o);
@@ -86,10 +94,7 @@ TEST_F(ReplaceTest, AnEmptyFileInPlaceOfALostOneIsFormattedAtOpenAndFilled) {
 // any other bytes there are something else, and the store refuses to open over them.
 TEST_F(ReplaceTest, ZerosAreFormattedOverButOtherBytesAreRefused) {
   const NvmeStoreOptions o = four_drives();
-  reopen(o);
-  ASSERT_NE(store_, nullptr);
-  write_blocks(0, 72, "d3.kvs");
-  store_.reset();
+  ASSERT_NO_FATAL_FAILURE(written_and_closed(72, "d3.kvs"));
   overwrite_start("d3.kvs", 0);
   store_ = open_with(o);
   ASSERT_NE(store_, nullptr);
@@ -111,10 +116,7 @@ TEST_F(ReplaceTest, ZerosAreFormattedOverButOtherBytesAreRefused) {
 // (AStoreOpensWithoutAMissingFileAndNeverCreatesIt is the other side).
 TEST_F(ReplaceTest, AMissingFileIsCreatedAndFormattedWhereADriveIsMounted) {
   const NvmeStoreOptions o = four_drives();
-  reopen(o);
-  ASSERT_NE(store_, nullptr);
-  write_blocks(0, 40, "d3.kvs");
-  store_.reset();
+  ASSERT_NO_FATAL_FAILURE(written_and_closed(40, "d3.kvs"));
   ASSERT_TRUE(std::filesystem::remove(dir_.file("d3.kvs")));
   faults_->treat_as_mount_point(dir_.path());
   store_ = open_with(o);
@@ -167,10 +169,7 @@ TEST_F(ReplaceTest, AFileDeletedWhileOutIsNotReadmittedThroughItsOldDescriptor) 
 // service. Its probe finds it still blank, formats it, and it is back in service.
 TEST_F(ReplaceTest, AFileThatCouldNotBeFormattedAtOpenIsFormattedByItsProbe) {
   const NvmeStoreOptions o = four_drives();
-  reopen(o);
-  ASSERT_NE(store_, nullptr);
-  write_blocks(0, 40, "d3.kvs");
-  store_.reset();
+  ASSERT_NO_FATAL_FAILURE(written_and_closed(40, "d3.kvs"));
   std::filesystem::resize_file(dir_.file("d3.kvs"), 0);
   faults_->fail_allocate(ENOSPC);
   store_ = open_with(o);
