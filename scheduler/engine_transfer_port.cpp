@@ -65,6 +65,15 @@ TransferOptions EngineTransferPort::options_for(Link link, uint64_t bytes, Trans
   return options;
 }
 
+TransferOptions EngineTransferPort::read_options(uint64_t bytes, TransferDone done,
+                                                 FramesReleased released) {
+  TransferOptions options = options_for(Link::kNvmeToHost, bytes, std::move(done));
+  options.on_buffers_released = [this, released = std::move(released)] {
+    if (released) loop_.post(released);  // after the completion's post: the loop runs in order
+  };
+  return options;
+}
+
 Status EngineTransferPort::copy_pages(Link link, std::span<const FrameMove> moves,
                                       TransferDone done) {
   CopyDirection direction;
@@ -98,21 +107,21 @@ Status EngineTransferPort::write_block(const BlockKey& key, std::span<const uint
 }
 
 Status EngineTransferPort::read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
-                                      TransferDone done) {
+                                      TransferDone done, FramesReleased released) {
   KVTIER_ASSIGN_OR_RETURN(
-      Transfer t, engine_.read_block(
-                      key, host_frames,
-                      options_for(Link::kNvmeToHost, nvme_format_.block_bytes(), std::move(done))));
+      Transfer t, engine_.read_block(key, host_frames,
+                                     read_options(nvme_format_.block_bytes(), std::move(done),
+                                                  std::move(released))));
   t.detach();
   return ok_status();
 }
 
 Status EngineTransferPort::read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
-                                     TransferDone done) {
+                                     TransferDone done, FramesReleased released) {
   KVTIER_ASSIGN_OR_RETURN(
       Transfer t,
       engine_.read_page(key, layer, host_frame,
-                        options_for(Link::kNvmeToHost, nvme_page_bytes(), std::move(done))));
+                        read_options(nvme_page_bytes(), std::move(done), std::move(released))));
   t.detach();
   return ok_status();
 }

@@ -34,10 +34,10 @@ class EngineTransferPort final : public TransferPort {
   Status copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) override;
   Status write_block(const BlockKey& key, std::span<const uint32_t> host_frames,
                      TransferDone done) override;
-  Status read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
-                    TransferDone done) override;
-  Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
-                   TransferDone done) override;
+  Status read_block(const BlockKey& key, std::span<const uint32_t> host_frames, TransferDone done,
+                    FramesReleased released) override;
+  Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame, TransferDone done,
+                   FramesReleased released) override;
   Status erase_block(const BlockKey& key) override;
   uint64_t nvme_retired_extents() const override {
     return store_ != nullptr ? store_->retired_blocks() : 0;
@@ -51,6 +51,9 @@ class EngineTransferPort final : public TransferPort {
 
  private:
   TransferOptions options_for(Link link, uint64_t bytes, TransferDone done);
+  // A read's options: options_for's, and `released` posted to the loop when the store lets the
+  // frames go (so a read the drive holds past its I/O timeout completes then, kDeadlineExceeded).
+  TransferOptions read_options(uint64_t bytes, TransferDone done, FramesReleased released);
   void record(Link link, uint64_t bytes, Nanos submitted, Nanos completed);
 
   TransferEngine& engine_;

@@ -274,6 +274,14 @@ Status EntryView::abort_fill(const CopyId& copy) {
   return ok_status();
 }
 
+Result<uint32_t> EntryView::abandon_fill(const CopyId& copy) {
+  KVTIER_RETURN_IF_ERROR(expect_state(copy, "abandon_fill", CopyState::kFilling));
+  KVTIER_RETURN_IF_ERROR(check_unpinned(copy, "abandon_fill"));
+  const uint32_t kept = frame(copy);
+  set_state(copy, CopyState::kAbsent, FrameAllocator::kNoFrame);
+  return kept;
+}
+
 Status EntryView::begin_drain(const CopyId& copy) {
   KVTIER_RETURN_IF_ERROR(expect_state(copy, "begin_drain", CopyState::kReady));
   KVTIER_RETURN_IF_ERROR(check_unpinned(copy, "begin_drain"));

@@ -104,8 +104,11 @@ class EntryView {
   // absent -> filling. Allocates a frame (an extent for NVMe) and returns it; for NVMe also stamps
   // a new generation (read it with nvme_generation()).
   Result<uint32_t> begin_fill(const CopyId& copy);
-  Status complete_fill(const CopyId& copy);   // filling -> ready
-  Status abort_fill(const CopyId& copy);      // filling -> absent, frees; not while pinned
+  Status complete_fill(const CopyId& copy);  // filling -> ready
+  Status abort_fill(const CopyId& copy);     // filling -> absent, frees; not while pinned
+  // filling -> absent, the frame kept allocated and returned: a transfer may still write it
+  // (PageTable::abandon_fill holds it); not while pinned.
+  Result<uint32_t> abandon_fill(const CopyId& copy);
   Status begin_drain(const CopyId& copy);     // ready -> draining; not while pinned
   Status complete_drain(const CopyId& copy);  // draining -> absent, frees
   Status cancel_drain(const CopyId& copy);    // draining -> ready

@@ -3,6 +3,7 @@
 // page_table.hpp.
 #include "scheduler/page_table.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -100,6 +101,10 @@ PageTable::~PageTable() {
         free_tier_frame(allocators_, Tier::kNvme, e.header().nvme_extent).ignore();
       }
     }
+  }
+  MutexLock lock(held_mu_);
+  for (Tier t : kAllTiers) {
+    for (uint32_t frame : held_[tier_index(t)]) free_tier_frame(allocators_, t, frame).ignore();
   }
 }
 
@@ -463,6 +468,35 @@ Status PageTable::complete_fill(const BlockKey& key, const CopyId& copy) {
 Status PageTable::abort_fill(const BlockKey& key, const CopyId& copy) {
   return with_entry(key, [&](EntryView& v) { return v.abort_fill(copy); });
 }
+Result<uint32_t> PageTable::abandon_fill(const BlockKey& key, const CopyId& copy) {
+  return with_entry(key, [&](EntryView& v) -> Result<uint32_t> {
+    KVTIER_ASSIGN_OR_RETURN(const uint32_t frame, v.abandon_fill(copy));
+    MutexLock lock(held_mu_);
+    held_[tier_index(copy.tier)].push_back(frame);
+    return frame;
+  });
+}
+
+Status PageTable::release_held_frame(Tier tier, uint32_t frame) {
+  {
+    MutexLock lock(held_mu_);
+    std::vector<uint32_t>& held = held_[tier_index(tier)];
+    auto it = std::find(held.begin(), held.end(), frame);
+    if (it == held.end()) {
+      return failed_precondition("release_held_frame: " + std::string(tier_name(tier)) + " frame " +
+                                 std::to_string(frame) + " is not held for an abandoned fill");
+    }
+    *it = held.back();
+    held.pop_back();
+  }
+  return free_tier_frame(allocators_, tier, frame);
+}
+
+std::size_t PageTable::held_frames(Tier tier) const {
+  MutexLock lock(held_mu_);
+  return held_[tier_index(tier)].size();
+}
+
 Status PageTable::begin_drain(const BlockKey& key, const CopyId& copy) {
   return with_entry(key, [&](EntryView& v) { return v.begin_drain(copy); });
 }

@@ -27,7 +27,10 @@
 // What invalidates what. Nothing the table returns points into it: lookups, snapshots and scans
 // return copies. A frame index stays owned by its copy until the transition that frees it
 // (abort_fill, complete_drain, drop, drop_all, erase); the caller must have finished every transfer
-// into or out of the frame before that transition. A pinned HBM page cannot be freed, drained or
+// into or out of the frame before that transition. A fill whose transfer cannot be taken back (an
+// NVMe read the drive holds past its I/O timeout) is abandoned instead: the copy becomes absent at
+// once and the table holds its frame, allocated and counted by audit(), until the caller says the
+// transfer let it go (release_held_frame). A pinned HBM page cannot be freed, drained or
 // erased. A block with references, pins, copies in flight (filling or draining) or cached children
 // cannot be erased; evict leaves first (a child is useless without its parent, and keeping parents
 // while children exist is what keeps cached_children exact).
@@ -201,6 +204,13 @@ class PageTable {
   Result<uint32_t> begin_fill(const BlockKey& key, const CopyId& copy);  // returns the frame
   Status complete_fill(const BlockKey& key, const CopyId& copy);
   Status abort_fill(const BlockKey& key, const CopyId& copy);
+  // filling -> absent, the frame held by the table (not free) until release_held_frame; returns
+  // it. For a transfer into the frame that may still write it after its copy is given up.
+  Result<uint32_t> abandon_fill(const BlockKey& key, const CopyId& copy);
+  // Frees a frame abandon_fill held. kFailedPrecondition, changing nothing, for one it does not.
+  Status release_held_frame(Tier tier, uint32_t frame);
+  // Frames of `tier` held by abandon_fill now.
+  std::size_t held_frames(Tier tier) const;
   Status begin_drain(const BlockKey& key, const CopyId& copy);
   Status complete_drain(const BlockKey& key, const CopyId& copy);
   Status cancel_drain(const BlockKey& key, const CopyId& copy);
@@ -296,11 +306,11 @@ class PageTable {
   // Every block, read under all shard locks at once (a consistent cut).
   std::map<BlockKey, BlockInfo> snapshot() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
   // Checks every invariant; call at a quiescent point (no transfers in flight that the caller has
-  // not recorded). Allocators' own audits; used == frames owned by copies, per tier; each frame
-  // owned once and allocated; frames present exactly when a copy is not absent; no pinned page that
-  // is absent or draining; per-block counters and the private- and referenced-block counts equal
-  // to a recount; cached_children equal to the linked children present, and every linked child's
-  // parent present; index and slabs agree.
+  // not recorded). Allocators' own audits; used == frames owned by copies or held for abandoned
+  // fills, per tier; each frame owned once and allocated; frames present exactly when a copy is not
+  // absent; no pinned page that is absent or draining; per-block counters and the private- and
+  // referenced-block counts equal to a recount; cached_children equal to the linked children
+  // present, and every linked child's parent present; index and slabs agree.
   Status audit() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
   // Heap bytes held by the table's metadata (indexes, slabs, shard array, the table itself).
   std::size_t memory_bytes() const;
@@ -381,6 +391,10 @@ class PageTable {
   mutable std::atomic<uint64_t> nvme_generations_{0};
   std::atomic<uint64_t> private_blocks_{0};
   std::atomic<uint64_t> referenced_blocks_{0};
+  // Frames of abandoned fills, per tier (a handful: reads a hung drive holds). Taken after a
+  // shard lock, never before one.
+  mutable Mutex held_mu_;
+  std::array<std::vector<uint32_t>, kNumTiers> held_ KVTIER_GUARDED_BY(held_mu_);
 };
 
 }  // namespace kvtier

@@ -2,7 +2,7 @@
 // invariants, all shards locked: each block indexed in its own shard, each copy's frame allocated
 // and owned by that copy alone, pins only on HBM copies being filled or ready, the page counters
 // equal to the pages, children counted in their parents, and each allocator's frames in use equal
-// to the copies that own them. See page_table.hpp.
+// to the copies that own them and the frames held for abandoned fills. See page_table.hpp.
 #include <array>
 #include <string>
 #include <unordered_map>
@@ -223,7 +223,24 @@ Status PageTable::audit() const {
     }
   }
 
-  // Exact accounting: every allocated frame belongs to exactly one copy.
+  // Frames held for abandoned fills belong to no copy, and count as owned.
+  {
+    MutexLock lock(held_mu_);
+    for (Tier t : kAllTiers) {
+      Ownership& o = own[tier_index(t)];
+      for (uint32_t f : held_[tier_index(t)]) {
+        const std::string what = std::string(tier_name(t)) + " frame " + std::to_string(f) +
+                                 " held for an abandoned fill";
+        if (f >= o.owned.size()) return internal_error(what + " is past the tier's capacity");
+        if (!allocated(t, f)) return internal_error(what + " is not allocated");
+        if (o.owned[f]) return internal_error(what + " is owned by a copy too");
+        o.owned[f] = true;
+        ++o.count;
+      }
+    }
+  }
+
+  // Exact accounting: every allocated frame belongs to exactly one copy (or is held).
   for (Tier t : kAllTiers) {
     const uint64_t used = [&]() -> uint64_t {
       switch (t) {

@@ -234,6 +234,7 @@ std::string Scheduler::pending_summary() const {
            std::to_string(referenced_whole) + " in use (whole), " +
            std::to_string(referenced_split) + " in use (split with hbm), " +
            std::to_string(cached) + " cached, " + std::to_string(in_flight) + " in flight, " +
+           std::to_string(parts_.table->held_frames(Tier::kHost)) + " held by abandoned reads, " +
            std::to_string(parts_.host->free_count()) + " free; ";
     // And who holds HBM: pages pinned by steps, other pages of blocks in use, cached pages.
     uint64_t pinned = 0, hbm_priv = 0, hbm_used = 0, hbm_cached = 0, hbm_moving = 0;

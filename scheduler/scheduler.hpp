@@ -489,6 +489,14 @@ class Scheduler {
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted = false);
   // What a read from NVMe that the store would not start fails with (see the definition).
   Status nvme_read_not_started(const BlockKey& key, const Status& why);
+  // The host frames of a read from NVMe that failed. Its copies are given up at once, and the
+  // table holds their frames until the port says the read no longer writes them (FramesReleased:
+  // a read a hung drive holds fails at the I/O timeout and lets them go when the drive answers).
+  struct FailedRead {
+    std::vector<uint32_t> frames;  // held by the table; empty when the read succeeded
+    void hold(PageTable& table, const BlockKey& key, uint32_t first_layer, uint32_t count);
+  };
+  void release_read_frames(FailedRead& read);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);
   // After `tier` could not store `key` (`why`): remembers it, says so once, and drops the copies

@@ -354,7 +354,8 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
         const JobId job = links_.enqueue(
             Link::kNvmeToHost, prio, parts_.port->nvme_page_bytes(),
             [this, key, layer, pk, host_frame](std::function<void()> finished) {
-              auto on_done = [this, key, layer, pk, finished](const Status& s) {
+              auto read = std::make_shared<FailedRead>();
+              auto on_done = [this, key, layer, pk, finished, read](const Status& s) {
                 finished();
                 if (--reading_[key] == 0) reading_.erase(key);
                 note_nvme_read(s);
@@ -366,7 +367,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
                   finish_op(pk, c);
                 } else {
                   stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
-                  parts_.table->abort_fill(key, CopyId::host(layer)).ignore();
+                  read->hold(*parts_.table, key, layer, 1);
                   // A block whose read failed (I/O error, checksum) is never served again;
                   // erased after a media error, its extent is retired in the store.
                   drop_nvme_copy(key);
@@ -380,12 +381,33 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
                 if (!lost_nvme_later_.empty()) forget_lost_nvme_blocks();
                 serve_memory_waiters();  // the block read is a victim again
               };
-              Status submitted = parts_.port->read_page(key, layer, host_frame, on_done);
-              if (!submitted.ok()) on_done(nvme_read_not_started(key, submitted));
+              auto released = [this, read] { release_read_frames(*read); };
+              Status submitted = parts_.port->read_page(key, layer, host_frame, on_done, released);
+              if (!submitted.ok()) {
+                on_done(nvme_read_not_started(key, submitted));
+                released();
+              }
             });
         if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
       },
       FrameUse::kNvmeRead);
+}
+
+void Scheduler::FailedRead::hold(PageTable& table, const BlockKey& key, uint32_t first_layer,
+                                 uint32_t count) {
+  for (uint32_t l = first_layer; l < first_layer + count; ++l) {
+    Result<uint32_t> frame = table.abandon_fill(key, CopyId::host(l));
+    if (frame.ok()) frames.push_back(*frame);
+  }
+}
+
+void Scheduler::release_read_frames(FailedRead& read) {
+  if (read.frames.empty()) return;  // the read succeeded: its frames hold its pages
+  for (uint32_t frame : read.frames) {
+    parts_.table->release_held_frame(Tier::kHost, frame).ignore();
+  }
+  read.frames.clear();
+  serve_memory_waiters();
 }
 
 Status Scheduler::nvme_read_not_started(const BlockKey& key, const Status& why) {
@@ -505,16 +527,17 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
           const JobId job = links_.enqueue(
               Link::kNvmeToHost, queue_at, nvme_block_bytes(),
               [this, key, layers, g, fail_all](std::function<void()> finished) {
-                auto on_done = [this, key, layers, g, fail_all, finished](const Status& s) {
+                auto read = std::make_shared<FailedRead>();
+                auto on_done = [this, key, layers, fail_all, finished, read](const Status& s) {
                   finished();
                   if (--reading_[key] == 0) reading_.erase(key);
                   note_nvme_read(s);
-                  for (uint32_t j = 0; j < layers; ++j) {
-                    if (s.ok()) {
+                  if (s.ok()) {
+                    for (uint32_t j = 0; j < layers; ++j) {
                       parts_.table->complete_fill(key, CopyId::host(j)).ignore();
-                    } else {
-                      parts_.table->abort_fill(key, CopyId::host(j)).ignore();
                     }
+                  } else {
+                    read->hold(*parts_.table, key, 0, layers);
                   }
                   if (s.ok()) {
                     stats_.promotions[tier_index(Tier::kHost)].fetch_add(layers,
@@ -533,8 +556,12 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
                   if (!lost_nvme_later_.empty()) forget_lost_nvme_blocks();
                   serve_memory_waiters();  // the block read is a victim again
                 };
-                Status submitted = parts_.port->read_block(key, g->frames, on_done);
-                if (!submitted.ok()) on_done(nvme_read_not_started(key, submitted));
+                auto released = [this, read] { release_read_frames(*read); };
+                Status submitted = parts_.port->read_block(key, g->frames, on_done, released);
+                if (!submitted.ok()) {
+                  on_done(nvme_read_not_started(key, submitted));
+                  released();
+                }
               });
           for (uint32_t j = 0; j < layers; ++j) {
             if (auto it = ops_.find(PageKey{key, j, Tier::kHost}); it != ops_.end()) {

@@ -84,33 +84,58 @@ Status SimTransferPort::write_block(const BlockKey& key, std::span<const uint32_
 }
 
 Status SimTransferPort::read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
-                                   TransferDone done) {
+                                   TransferDone done, FramesReleased released) {
   if (!on_nvme_.contains(key)) return not_found("block " + to_string(key) + " is not on nvme");
   if (host_frames.size() != geometry_.layers) {
     return invalid_argument("read_block with " + std::to_string(host_frames.size()) +
                             " pages, geometry has " + std::to_string(geometry_.layers) + " layers");
   }
-  schedule_read(key, nvme_page_bytes() * geometry_.layers, std::move(done));
+  schedule_read(key, nvme_page_bytes() * geometry_.layers, std::move(done), std::move(released));
   return ok_status();
 }
 
 Status SimTransferPort::read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
-                                  TransferDone done) {
+                                  TransferDone done, FramesReleased released) {
   if (!on_nvme_.contains(key)) return not_found("block " + to_string(key) + " is not on nvme");
   if (layer >= geometry_.layers) {
     return out_of_range("layer " + std::to_string(layer) + " of " + to_string(key));
   }
-  schedule_read(key, nvme_page_bytes(), std::move(done));
+  schedule_read(key, nvme_page_bytes(), std::move(done), std::move(released));
   return ok_status();
 }
 
-void SimTransferPort::schedule_read(const BlockKey& key, uint64_t bytes, TransferDone done) {
+void SimTransferPort::schedule_read(const BlockKey& key, uint64_t bytes, TransferDone done,
+                                    FramesReleased released) {
+  if (hang_reads_ > 0) {
+    --hang_reads_;
+    auto abandoned = [this, key, done = std::move(done),
+                      released = std::move(released)](const Status&) mutable {
+      hung_releases_.push_back(std::move(released));
+      done(deadline_exceeded("read of block " + to_string(key) +
+                             " unanswered past the I/O timeout; abandoned, its frames stay the "
+                             "drive's until it answers"));
+    };
+    schedule(Link::kNvmeToHost, bytes, std::move(abandoned), nullptr, /*fail=*/true);
+    return;
+  }
   const bool bad_extent = bad_extent_reads_ > 0;
   if (bad_extent) {
     --bad_extent_reads_;
     on_bad_extents_.insert(key);
   }
-  schedule(Link::kNvmeToHost, bytes, std::move(done), nullptr, bad_extent);
+  auto then_release = [done = std::move(done), released = std::move(released)](const Status& s) {
+    done(s);
+    if (released) released();
+  };
+  schedule(Link::kNvmeToHost, bytes, std::move(then_release), nullptr, bad_extent);
+}
+
+void SimTransferPort::answer_hung_reads() {
+  std::vector<FramesReleased> answered;
+  answered.swap(hung_releases_);
+  for (FramesReleased& released : answered) {
+    if (released) loop_.post(std::move(released));
+  }
 }
 
 void SimTransferPort::retire_an_extent() {

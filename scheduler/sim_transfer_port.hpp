@@ -44,10 +44,10 @@ class SimTransferPort final : public TransferPort {
   Status copy_pages(Link link, std::span<const FrameMove> moves, TransferDone done) override;
   Status write_block(const BlockKey& key, std::span<const uint32_t> host_frames,
                      TransferDone done) override;
-  Status read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
-                    TransferDone done) override;
-  Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
-                   TransferDone done) override;
+  Status read_block(const BlockKey& key, std::span<const uint32_t> host_frames, TransferDone done,
+                    FramesReleased released) override;
+  Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame, TransferDone done,
+                   FramesReleased released) override;
   Status erase_block(const BlockKey& key) override;
   uint64_t nvme_retired_extents() const override { return retired_extents_; }
   std::vector<BlockKey> take_lost_nvme_blocks() override {
@@ -72,6 +72,13 @@ class SimTransferPort final : public TransferPort {
   // The next NVMe read (of a block or a page) lands on a bad sector: it fails with kIoError, and
   // the block's extent is retired when the block is erased (within the same cap).
   void fail_next_read_on_a_bad_extent() { bad_extent_reads_ += 1; }
+  // The next `count` NVMe reads hang: each takes its modeled time (the I/O timeout, as far as the
+  // scheduler can tell), then fails with kDeadlineExceeded, abandoned, and its frames are released
+  // only at answer_hung_reads(), as the real store does with reads a hung drive holds.
+  void hang_next_reads(uint32_t count) { hang_reads_ += count; }
+  // The hung drive answers: the frames of every read it held are released (posted to the loop).
+  void answer_hung_reads();
+  std::size_t hung_reads() const { return hung_releases_.size(); }
   // A dead drive: these blocks leave the store (take_lost_nvme_blocks lists them) and `extents`
   // extents are retired with it, as the real store does when it takes a file out of service.
   void lose_nvme_blocks(std::span<const BlockKey> keys, uint64_t extents) {
@@ -109,8 +116,10 @@ class SimTransferPort final : public TransferPort {
   // `fail`: this transfer fails whatever fail_next says (it does not consume fail_next).
   void schedule(Link link, uint64_t bytes, TransferDone done, std::function<void()> on_success,
                 bool fail = false);
-  // A read of `key`, failing on a bad sector when one is armed.
-  void schedule_read(const BlockKey& key, uint64_t bytes, TransferDone done);
+  // A read of `key`, failing on a bad sector or hanging when one is armed; `released` runs after
+  // `done`, or at answer_hung_reads for a read that hangs.
+  void schedule_read(const BlockKey& key, uint64_t bytes, TransferDone done,
+                     FramesReleased released);
   // One more extent retired, unless max_retired_extents are already.
   void retire_an_extent();
 
@@ -118,6 +127,8 @@ class SimTransferPort final : public TransferPort {
   const Geometry geometry_;
   const SimLinkSpec spec_;
   std::array<Nanos, kNumLinks> busy_until_{};
+  uint32_t hang_reads_ = 0;
+  std::vector<FramesReleased> hung_releases_;  // of reads abandoned, until the drive answers
   std::array<uint32_t, kNumLinks> fail_next_{};
   uint32_t bad_extent_writes_ = 0;
   uint32_t bad_extent_reads_ = 0;

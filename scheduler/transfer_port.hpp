@@ -32,6 +32,11 @@ struct FrameMove {
 
 // Runs on the scheduler's loop with the transfer's final Status.
 using TransferDone = std::function<void(const Status&)>;
+// Runs on the scheduler's loop, after the read's TransferDone, once the read no longer writes its
+// host frames: at once, except for a read abandoned while its drive holds it (an NVMe read past
+// tiers.nvme.io_timeout_ms: its TransferDone had kDeadlineExceeded), when the drive answers. The
+// frames may be reused only then. Never runs when the submit call fails.
+using FramesReleased = std::function<void()>;
 
 struct LinkModel {
   double bytes_per_second = 0.0;  // sustained bandwidth; 0 = unknown (treated as infinite)
@@ -54,9 +59,9 @@ class TransferPort {
                              TransferDone done) = 0;
   // NVMe->host: the whole block, or one layer's page.
   virtual Status read_block(const BlockKey& key, std::span<const uint32_t> host_frames,
-                            TransferDone done) = 0;
+                            TransferDone done, FramesReleased released) = 0;
   virtual Status read_page(const BlockKey& key, uint32_t layer, uint32_t host_frame,
-                           TransferDone done) = 0;
+                           TransferDone done, FramesReleased released) = 0;
   // Forgets a block on NVMe (frees its extent). Synchronous; the store does no I/O for it.
   virtual Status erase_block(const BlockKey& key) = 0;
 

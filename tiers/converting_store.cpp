@@ -1,6 +1,7 @@
 #include "tiers/converting_store.hpp"
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -50,20 +51,36 @@ class ConvertingStore::StagingPool : public std::enable_shared_from_this<Staging
 namespace {
 
 // The callback of a read into staging: on OK, dequantizes staged page i (`stride` bytes apart) into
-// pages[i]; then runs `then`. Captures values only, so it may run after the store is gone (a
-// queued read cancelled while the stack shuts down).
+// pages[i]; then runs `then`, and `released`: the drive only ever fills the staging, so the
+// caller's pages are free once the read completed, even one abandoned while the drive holds it.
+// Captures values only, so it may run after the store is gone (a queued read cancelled while the
+// stack shuts down).
 TransferCallback decode_then(const PageFormat& format, std::size_t stride,
                              std::vector<std::byte*> pages, std::shared_ptr<std::byte> staging,
-                             TransferCallback then) {
+                             TransferCallback then, std::function<void()> released) {
   return [format, stride, pages = std::move(pages), staging = std::move(staging),
-          then = std::move(then)](const Status& s) {
+          then = std::move(then), released = std::move(released)](const Status& s) {
     if (s.ok()) {
       for (std::size_t i = 0; i < pages.size(); ++i) {
         decode_page(format, staging.get() + i * stride, pages[i]);
       }
     }
     if (then) then(s);
+    if (released) released();
   };
+}
+
+// The options of the inner read: the caller's, the callback decoding into its pages. The inner
+// store may abandon the read at its I/O timeout (on_buffers_released is set); the staging then
+// stays with the inner transfer, whose store keeps it until the drive answers.
+TransferOptions staged_read_options(TransferOptions options, const PageFormat& format,
+                                    std::size_t stride, std::vector<std::byte*> pages,
+                                    std::shared_ptr<std::byte> staging) {
+  options.on_complete =
+      decode_then(format, stride, std::move(pages), std::move(staging),
+                  std::move(options.on_complete), std::move(options.on_buffers_released));
+  options.on_buffers_released = [] {};
+  return options;
 }
 
 }  // namespace
@@ -144,9 +161,9 @@ Result<Transfer> ConvertingStore::read_block(const BlockKey& key, std::span<std:
   KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<std::byte> staging, block_staging_->take());
   std::vector<std::byte*> staged(layers);
   for (uint32_t i = 0; i < layers; ++i) staged[i] = staged_page(staging.get(), i);
-  options.on_complete = decode_then(format_, stride_, {pages.begin(), pages.end()}, staging,
-                                    std::move(options.on_complete));
-  return inner_.read_block(key, staged, std::move(options));
+  return inner_.read_block(key, staged,
+                           staged_read_options(std::move(options), format_, stride_,
+                                               {pages.begin(), pages.end()}, std::move(staging)));
 }
 
 Result<Transfer> ConvertingStore::read_page(const BlockKey& key, uint32_t layer, std::byte* page,
@@ -156,9 +173,9 @@ Result<Transfer> ConvertingStore::read_page(const BlockKey& key, uint32_t layer,
   }
   KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<std::byte> staging, page_staging_->take());
   std::byte* staged = staging.get();
-  options.on_complete =
-      decode_then(format_, stride_, {page}, staging, std::move(options.on_complete));
-  return inner_.read_page(key, layer, staged, std::move(options));
+  return inner_.read_page(
+      key, layer, staged,
+      staged_read_options(std::move(options), format_, stride_, {page}, std::move(staging)));
 }
 
 }  // namespace kvtier

@@ -13,7 +13,10 @@
 //     the I/O thread that completed it, then runs the caller's callback. TransferState runs the
 //     callback before it wakes waiters and signals the eventfd, so when a read is seen complete
 //     and OK the caller's pages hold the block in their own dtype. Failed or cancelled reads leave
-//     the caller's pages untouched.
+//     the caller's pages untouched. The drive only ever fills staging, so a caller's
+//     on_buffers_released runs right after its callback, and a read the drive holds past the I/O
+//     timeout is always abandoned then (transfer.hpp): its staging stays with the inner transfer
+//     until the drive answers.
 // The Transfer returned is the inner store's, so cancel and wait behave exactly as the store's.
 // Staging buffers (a block of encoded pages, aligned for O_DIRECT) come from a free list and go
 // back when the transfer's state is released; the list keeps at most `max_idle_staging` of them.

@@ -109,9 +109,13 @@
 // any other transfer, it completes while the drive may still read its pages, so they must stay
 // mapped (the host pool's always are) though the caller may reuse them: what the drive then
 // writes is never served (the extent is freed unindexed, and at a restart its header's page
-// checksums fail on the bytes written). A read
-// past its timeout goes on, because its memory is the caller's and the drive may still fill it,
-// and ends when the drive answers (the kernel's own timeout bounds that). At open, a header read
+// checksums fail on the bytes written); on_buffers_released (transfer.hpp) runs when the drive
+// answers. A read past its timeout fills the caller's memory if the drive ever answers, so it
+// goes on until then (the kernel's own timeout bounds that), unless its caller set
+// on_buffers_released: it then fails at its timeout like a write (kDeadlineExceeded), its extent
+// stays counted as read, and its buffers are released when the drive answers, whatever it read
+// dropped unverified. The scheduler does so, and holds the host frames until then: one hung
+// read no longer stalls a step until its wait_timeout. At open, a header read
 // past its timeout counts as unreadable, so a store opens past a hung drive. Closing the store
 // waits for every answer. TransferStats counts io_timeouts and requests_unanswered.
 //

@@ -173,8 +173,10 @@ void NvmeStore::Worker::on_unanswered(Segment& s) {
       Status result = store_.failed_on_a_dead_drive(
           op, deadline_exceeded(block_context(op, "write") + ": " + what +
                                 "; abandoned, its extent stays reserved until the drive answers"));
-      std::shared_ptr<TransferState> state = std::move(op.state);
-      if (state) state->complete(result);
+      if (op.state) {
+        op.state->hold_buffers();  // the drive may still read them: released in finish()
+        op.state->complete(result);
+      }
       NvmeStore::complete_joined(joined, op.key, result);
       result.ignore();
       break;
@@ -192,7 +194,19 @@ void NvmeStore::Worker::on_unanswered(Segment& s) {
       store_.probe_finished(op, deadline_exceeded("probe: " + what));
       break;
     case Op::Kind::kReadBlock:
-    case Op::Kind::kReadPage: break;  // the caller's memory: ends when the drive answers
+    case Op::Kind::kReadPage: {
+      // The caller's memory: the read ends when the drive answers, unless the caller takes its
+      // buffers back then (on_buffers_released) and so need not wait for a hung drive.
+      if (!op.state || !op.state->may_hold_buffers()) break;
+      op.abandoned = true;
+      Status result = store_.failed_on_a_dead_drive(
+          op, deadline_exceeded(block_context(op, "read") + ": " + what +
+                                "; abandoned, its buffers stay the drive's until it answers"));
+      op.state->hold_buffers();
+      op.state->complete(result);
+      result.ignore();
+      break;
+    }
   }
 }
 
@@ -459,8 +473,13 @@ void NvmeStore::Worker::finish(Op& op) {
   if (op.abandoned) {
     // Its caller was told when it was abandoned; only what it held is let go now.
     if (op.kind == Op::Kind::kWrite) store_.abandoned_write_ended(op, result.ok());
+    if (op.kind == Op::Kind::kReadBlock || op.kind == Op::Kind::kReadPage) {
+      store_.read_finished(op, result.ok());  // what it read is dropped unverified
+    }
+    std::shared_ptr<TransferState> state = std::move(op.state);
     result.ignore();
-    release(op);
+    release(op);  // `op` is gone from here on
+    if (state) state->release_buffers();
     return;
   }
   switch (op.kind) {

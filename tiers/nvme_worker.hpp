@@ -102,8 +102,9 @@ struct NvmeStore::Op {
   StatusCode error_code = StatusCode::kOk;
   std::string error_message;
   int io_errno = 0;  // the errno of the first failure, when a request failed with one
-  // A write, scan or probe whose drive left a request unanswered past the I/O timeout: its caller
-  // was told then; the rest of it only frees what it holds (slot, extent) when the drive answers.
+  // A write, scan or probe (or a read whose caller takes buffers back later: on_buffers_released)
+  // whose drive left a request unanswered past the I/O timeout: its caller was told then; the rest
+  // of it only frees what it holds (slot, extent, the caller's buffers) when the drive answers.
   bool abandoned = false;
 
   void fail(const Status& s, int err = 0) {
@@ -161,8 +162,9 @@ class NvmeStore::Worker {
   // handled, and when the next one will be.
   void find_unanswered();
   // `s` passed the I/O timeout: the store counts it against its drive, and a write or scan is
-  // abandoned (its caller told now). A read is not: the drive may still fill its memory, which
-  // belongs to the caller, so it ends only when the drive answers.
+  // abandoned (its caller told now). A read is abandoned only when its caller set
+  // on_buffers_released: the drive may still fill the caller's memory, so otherwise it ends only
+  // when the drive answers. An abandoned transfer's buffers are released when the drive answers.
   void on_unanswered(Segment& s);
   std::string describe(const Segment& s) const;
   void on_completion(Segment* s, int32_t res);

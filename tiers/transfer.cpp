@@ -97,12 +97,22 @@ void TransferState::complete(const Status& status) noexcept {
     options_.on_complete(copy);
     copy.ignore();
   }
+  if (!buffers_held_.load(std::memory_order_relaxed)) release_buffers();
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
   if (notifier_) notifier_->notify();
+}
+
+void TransferState::release_buffers() noexcept {
+  if (buffers_released_.exchange(true, std::memory_order_acq_rel)) {
+    log(LogLevel::kError,
+        "transfer " + std::to_string(id_) + " released its buffers twice; ignored");
+    return;
+  }
+  if (options_.on_buffers_released) options_.on_buffers_released();
 }
 
 void TransferState::set_device_event(void* event, std::shared_ptr<void> keepalive) {

@@ -18,6 +18,15 @@
 // are in use by the kernel or the GPU. Either way it completes exactly once, and the final Status
 // says which.
 //
+// Buffers held past completion: a transfer normally completes once its engine is done with its
+// buffers. An NVMe request the drive leaves unanswered past tiers.nvme.io_timeout_ms cannot be
+// taken back, yet its caller must not wait for a hung drive. A caller that sets
+// on_buffers_released accepts that: such a request then completes at its timeout (an error), and
+// on_buffers_released runs once the drive has answered, when the buffers are the caller's again.
+// For every other transfer that sets it, it runs right after on_complete. Either way it runs
+// exactly once, on the engine thread, after on_complete. A transfer without it completes only
+// when its buffers are free (a read past its timeout waits for the drive).
+//
 // A Transfer is move-only. Its destructor waits for the transfer (the buffers it names must stay
 // valid until then); `detach()` gives that up for fire-and-forget use with a callback — the engine
 // keeps the state alive until completion. Thread-safety: a handle is used by one thread at a time;
@@ -47,6 +56,9 @@ struct TransferOptions {
   // CUDA copies only: an event (cudaEvent_t) the copy waits on before it starts, e.g. the compute
   // stream's "K/V written" event. Ignored by emulated copies and NVMe I/O.
   void* wait_device_event = nullptr;
+  // Runs once the engine no longer touches the transfer's buffers (see "Buffers held past
+  // completion" above). Setting it lets the engine complete a hung request before then.
+  std::function<void()> on_buffers_released;
 };
 
 // An eventfd that becomes readable when any transfer of an engine completes. The scheduler's loop
@@ -85,6 +97,13 @@ class TransferState {
   // Exactly once. A second call is a bug in the engine; it is logged and ignored.
   void complete(const Status& status) noexcept;
 
+  // Engine side of "Buffers held past completion": before complete(), hold_buffers() says the
+  // buffers stay in use after it (only when options().on_buffers_released is set); the engine
+  // calls release_buffers() once they are free. Otherwise complete() releases them itself.
+  bool may_hold_buffers() const { return static_cast<bool>(options_.on_buffers_released); }
+  void hold_buffers() { buffers_held_.store(true, std::memory_order_relaxed); }
+  void release_buffers() noexcept;
+
   bool done() const { return done_.load(std::memory_order_acquire); }
   Status result() const;  // precondition: done()
   Status wait() const;
@@ -115,6 +134,8 @@ class TransferState {
   std::atomic<bool> completing_{false};
   std::atomic<bool> done_{false};
   std::atomic<bool> expects_event_{false};
+  std::atomic<bool> buffers_held_{false};
+  std::atomic<bool> buffers_released_{false};
   void* device_event_ = nullptr;           // guarded by mu_
   std::shared_ptr<void> event_keepalive_;  // guarded by mu_
   std::atomic<uint32_t> parts_{1};

@@ -164,7 +164,9 @@ class RuntimeNvmeFailures : public ::testing::Test {
   // The body of the hung-drive tests below.
   void hung_drive_among_four() {
     RuntimeOptions options;
-    options.wait_timeout = std::chrono::milliseconds(2000);
+    // Far past the I/O timeout: a step reading from the hung drive fails at the I/O timeout, its
+    // read abandoned, and never waits for this.
+    options.wait_timeout = std::chrono::milliseconds(60'000);
     const bool opened = open(
         [&](Config& c) {
           four_drives(c);
@@ -184,6 +186,8 @@ class RuntimeNvmeFailures : public ::testing::Test {
                   (again.code() == StatusCode::kIoError &&
                    again.message().find("was lost") != std::string::npos))
           << again.to_string();
+      EXPECT_EQ(again.message().find("layer not ready after"), std::string::npos)
+          << "a step waited for the hung drive: " << again.to_string();
     }
     Scrape s = scrape_until(
         *rt_, [](const Scrape& now) { return now.files_out == 1.0 && now.blocks_lost > 0; });
@@ -296,6 +300,36 @@ TEST_F(RuntimeNvmeFailures, ABadSectorUnderAReadRetiresItsExtentOnceTheBlockIsDr
   // Prompts go on as before, the first one included (recomputed where its block was lost).
   for (uint32_t seed = 1; seed <= 5; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
   EXPECT_EQ(scrape(*rt_).retired, 1.0);
+  EXPECT_TRUE(rt_->audit().ok());
+  EXPECT_TRUE(rt_->shutdown().ok());
+}
+
+// One read the drive holds, the drive otherwise well: the step reading it fails at
+// tiers.nvme.io_timeout_ms, the read abandoned (or, after it, refused while the drive holds it),
+// and never waits for the step's wait_timeout, a minute here. The host frames the read would fill
+// stay out of use until the drive answers, and the runtime audits clean meanwhile; then prompts
+// run as before, the first one recomputing what the read lost.
+TEST_F(RuntimeNvmeFailures, AReadTheDriveHoldsFailsItsStepAtTheIoTimeout) {
+  RuntimeOptions options;
+  options.wait_timeout = std::chrono::milliseconds(60'000);
+  const bool opened = open([](Config& c) { c.tiers.nvme.io_timeout_ms = 300; }, options);
+  if (!opened) GTEST_SKIP() << kNoStore;
+  for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
+  faults_->add_rule({IoOpcode::kRead, FaultKind::kHang, 1, 1});
+  const Status again = prefill_prompt(*rt_, 1, /*must_run=*/false);
+  EXPECT_EQ(again.code(), StatusCode::kDeadlineExceeded) << again.to_string();
+  EXPECT_NE(again.message().find("unanswered"), std::string::npos) << again.to_string();
+  EXPECT_EQ(again.message().find("layer not ready after"), std::string::npos)
+      << "the step waited for the hung drive: " << again.to_string();
+  Scrape s = scrape(*rt_);
+  EXPECT_EQ(s.unanswered, 1.0);
+  EXPECT_GE(s.io_timeouts, 1.0);
+  const Status held = rt_->audit();
+  EXPECT_TRUE(held.ok()) << "with the read's frames held: " << held.to_string();
+  faults_->answer_hung();
+  s = scrape_until(*rt_, [](const Scrape& now) { return now.unanswered == 0.0; });
+  ASSERT_EQ(s.unanswered, 0.0);
+  for (uint32_t seed = 1; seed <= 5; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());
 }

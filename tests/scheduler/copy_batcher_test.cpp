@@ -36,10 +36,11 @@ class RecordingPort final : public TransferPort {
   Status write_block(const BlockKey&, std::span<const uint32_t>, TransferDone) override {
     return failed_precondition("not used");
   }
-  Status read_block(const BlockKey&, std::span<const uint32_t>, TransferDone) override {
+  Status read_block(const BlockKey&, std::span<const uint32_t>, TransferDone,
+                    FramesReleased) override {
     return failed_precondition("not used");
   }
-  Status read_page(const BlockKey&, uint32_t, uint32_t, TransferDone) override {
+  Status read_page(const BlockKey&, uint32_t, uint32_t, TransferDone, FramesReleased) override {
     return failed_precondition("not used");
   }
   Status erase_block(const BlockKey&) override { return failed_precondition("not used"); }

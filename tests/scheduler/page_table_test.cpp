@@ -601,6 +601,41 @@ TEST_F(PageTableTest, DestroyingTheTableReturnsItsFrames) {
   ok(rig_.hbm->audit());
 }
 
+// A fill whose transfer may still write its frame (a read a hung drive holds) is abandoned: the
+// copy is absent at once, and its frame stays allocated, held by the table and counted by the
+// audit, until released; destroying the table returns it too.
+TEST_F(PageTableTest, AnAbandonedFillHoldsItsFrameUntilReleased) {
+  const BlockKey k = content_key(1);
+  create(k);
+  drive(k, CopyId::host(0), CopyState::kFilling);
+  drive(k, CopyId::host(1), CopyState::kFilling);
+  const uint32_t frame0 = info(k).pages[0].host_frame;
+  auto held = pt().abandon_fill(k, CopyId::host(0));
+  ASSERT_TRUE(held.ok()) << held.status().to_string();
+  EXPECT_EQ(*held, frame0);
+  EXPECT_EQ(info(k).pages[0].host, CopyState::kAbsent);
+  EXPECT_EQ(pt().held_frames(Tier::kHost), 1u);
+  EXPECT_EQ(rig_.used(Tier::kHost), 2u);
+  ok(pt().audit());
+  // Only a copy being filled is abandoned, and only a held frame released.
+  EXPECT_EQ(pt().abandon_fill(k, CopyId::host(0)).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pt().release_held_frame(Tier::kHost, info(k).pages[1].host_frame).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pt().release_held_frame(Tier::kHbm, frame0).code(), StatusCode::kFailedPrecondition);
+  // The copy may be filled again meanwhile, into another frame.
+  ASSERT_TRUE(pt().begin_fill(k, CopyId::host(0)).ok());
+  EXPECT_NE(info(k).pages[0].host_frame, frame0);
+  ok(pt().audit());
+  ok(pt().release_held_frame(Tier::kHost, frame0));
+  EXPECT_EQ(pt().held_frames(Tier::kHost), 0u);
+  EXPECT_EQ(rig_.used(Tier::kHost), 2u);
+  ok(pt().audit());
+
+  ASSERT_TRUE(pt().abandon_fill(k, CopyId::host(1)).ok());
+  rig_.table.reset();
+  EXPECT_EQ(rig_.used(Tier::kHost), 0u);
+}
+
 TEST_F(PageTableTest, DropAllDropsReadyUnpinnedCopiesOnly) {
   const BlockKey k = content_key(1);
   create(k);

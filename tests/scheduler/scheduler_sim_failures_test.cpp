@@ -51,6 +51,50 @@ TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
   expect_consistent(w);
 }
 
+// A read a hung drive holds fails at the I/O timeout (the port abandons it), so the step fails
+// then rather than waiting for the drive; the read's host frames stay held, out of every plan,
+// until the drive answers, and only then are they free again.
+TEST(SchedulerSim, AReadAHungDriveHoldsFailsTheStepAndHoldsItsFramesUntilTheDriveAnswers) {
+  SimSetup setup;
+  setup.hbm_frames = 16;
+  setup.host_frames = 16;
+  setup.nvme_extents = 64;
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
+  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
+  w.port().hang_next_reads(1);
+  auto s = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(s.ok());
+  const StepItem decode{s->id, 1};
+  auto r = w.run_step(std::span(&decode, 1), kNanosPerMicro);
+  EXPECT_EQ(r.status.code(), StatusCode::kDeadlineExceeded) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("abandoned"), std::string::npos) << r.status.to_string();
+  ASSERT_EQ(w.port().hung_reads(), 1u);
+  // A whole block's read: a frame per layer, held by the table, counted by the audit.
+  EXPECT_EQ(w.table().held_frames(Tier::kHost), setup.geometry.layers);
+  ASSERT_TRUE(w.scheduler().close_sequence(s->id).ok());
+  w.settle();
+  EXPECT_EQ(w.table().held_frames(Tier::kHost), setup.geometry.layers)
+      << "held until the drive answers";
+  expect_consistent(w);
+
+  w.port().answer_hung_reads();
+  w.settle();
+  EXPECT_EQ(w.table().held_frames(Tier::kHost), 0u);
+  expect_consistent(w);
+  // The block whose read was abandoned is a miss from now on; the others are read as before.
+  auto again = w.scheduler().open_sequence(prompts[0]);
+  ASSERT_TRUE(again.ok());
+  EXPECT_LT(again->reused_blocks, 4u);
+  const StepItem next{again->id, 1};
+  auto r2 = w.run_step(std::span(&next, 1), kNanosPerMicro);
+  EXPECT_TRUE(r2.status.ok()) << r2.status.to_string();
+  ASSERT_TRUE(w.scheduler().close_sequence(again->id).ok());
+  w.settle();
+  expect_consistent(w);
+}
+
 // A host -> HBM copy that fails while the step has the page pinned leaves the page filling (it
 // cannot be aborted while pinned). After the engine aborts the step, a retry must load the page
 // again, not take the half-written frame for a page another engine is writing.

@@ -1,6 +1,7 @@
 // A hung drive: requests it leaves unanswered past tiers.nvme.io_timeout_ms count against it; a
 // write is told it failed then (its extent stays reserved until the drive answers), a read ends
-// only when the drive answers (its memory is the caller's, and the drive may still fill it), and
+// only when the drive answers (its memory is the caller's, and the drive may still fill it) unless
+// its caller takes that memory back later (on_buffers_released: it then fails at its timeout), and
 // every new request to that drive fails at once until it has answered them all. Among several
 // drives a hung one is taken out of service like a dead one; a store opens past a hung drive.
 // Each test runs twice: over io_uring's shape of queue, the hung requests held unanswered by the
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <thread>
@@ -116,6 +118,69 @@ TEST_P(HungDriveTest, AHungReadEndsOnlyWhenTheDriveAnswers) {
     }
     EXPECT_TRUE(eventually([&] { return unanswered() == 0; }));
   }
+}
+
+// A caller that takes its buffers back later (on_buffers_released) need not wait for a hung
+// drive: its read fails at the timeout, abandoned, and the buffers are released only when the
+// drive answers, whatever it then wrote into them. The block stays readable: a timeout is no
+// proof of bad data.
+TEST_P(HungDriveTest, AHungReadWhoseCallerTakesItsBuffersBackLaterFailsAtItsTimeout) {
+  for (int error : {0, EIO}) {
+    SCOPED_TRACE(error);
+    const uint64_t id = error == 0 ? 1 : 2;
+    ASSERT_TRUE(write(id, id).ok());
+    faults_->hang_file("store0.kvs");
+    AlignedPages p(kGeom.layers, store_->page_io_bytes());
+    std::atomic<int> events{0};
+    std::atomic<int> completed_at{0};
+    std::atomic<int> released_at{0};
+    TransferOptions options;
+    options.on_complete = [&](const Status&) { completed_at = ++events; };
+    options.on_buffers_released = [&] { released_at = ++events; };
+    auto t = store_->read_block(test_key(id), p.pages(), std::move(options));
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE(eventually([&] { return completed_at.load() != 0; }))
+        << "the read waits for the hung drive";
+    const Status r = t->wait();
+    EXPECT_EQ(r.code(), StatusCode::kDeadlineExceeded) << r.to_string();
+    EXPECT_NE(r.message().find("abandoned, its buffers stay the drive's until it answers"),
+              std::string::npos)
+        << r.message();
+    EXPECT_EQ(completed_at.load(), 1);
+    EXPECT_EQ(unanswered(), 1u);
+    // The drive may still fill the pages: they are not released.
+    std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs / 4));
+    EXPECT_EQ(released_at.load(), 0);
+    EXPECT_TRUE(store_->contains(test_key(id)));
+    // Until the drive answers, the block's next read is refused at once.
+    EXPECT_EQ(read(id, id).code(), StatusCode::kDeadlineExceeded);
+
+    faults_->answer_hung(error);
+    ASSERT_TRUE(eventually([&] { return released_at.load() != 0; }));
+    EXPECT_EQ(released_at.load(), 2) << "released after the completion, once";
+    EXPECT_EQ(unanswered(), 0u);
+    EXPECT_TRUE(read(id, id).ok()) << "a timed-out read drops nothing";
+    EXPECT_TRUE(store_->audit().ok());
+  }
+}
+
+// A write past its timeout fails then, as always; the pages it was given are released only when
+// the drive answers, for the drive may read them until then.
+TEST_P(HungDriveTest, AHungWriteReleasesItsPagesOnlyWhenTheDriveAnswers) {
+  faults_->hang_file("store0.kvs");
+  AlignedPages p(kGeom.layers, store_->page_io_bytes());
+  p.fill(1, kGeom.page_bytes());
+  std::atomic<bool> released{false};
+  TransferOptions options;
+  options.on_buffers_released = [&] { released = true; };
+  auto t = store_->write_block(test_key(1), p.const_pages(), std::move(options));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->wait().code(), StatusCode::kDeadlineExceeded);
+  std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs / 4));
+  EXPECT_FALSE(released.load()) << "the drive may still read the pages";
+  faults_->answer_hung();
+  EXPECT_TRUE(eventually([&] { return released.load(); }));
+  EXPECT_TRUE(eventually([&] { return unanswered() == 0; }));
 }
 
 // Four drives, the third hung: its requests time out or are refused at once, and after

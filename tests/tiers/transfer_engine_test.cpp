@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "tests/tiers/tier_test_support.hpp"
 #include "tiers/tier_stack.hpp"
@@ -161,6 +163,37 @@ TEST(TransferEngine, CallbackRunsAndEventfdFires) {
   ASSERT_EQ(::poll(&p, 1, 5000), 1);
   EXPECT_GE(s->engine->notifier()->drain(), 1u);
   EXPECT_EQ(s->engine->notifier()->drain(), 0u);
+}
+
+// on_buffers_released runs once, after the callback: at completion, or, when the engine held the
+// buffers past it (a request a hung drive holds), when the engine lets them go.
+TEST(TransferEngine, BuffersAreReleasedAfterTheCallbackOrWhenTheEngineLetsThemGo) {
+  std::vector<std::string> events;
+  const auto options = [&] {
+    TransferOptions o;
+    o.on_complete = [&](const Status& st) { events.push_back("complete " + st.to_string()); };
+    o.on_buffers_released = [&] { events.push_back("released"); };
+    return o;
+  };
+  TransferState at_once(Link::kNvmeToHost, 0, options(), nullptr, nullptr);
+  EXPECT_TRUE(at_once.may_hold_buffers());
+  at_once.complete(Status());
+  EXPECT_EQ(events, (std::vector<std::string>{"complete ok", "released"}));
+
+  events.clear();
+  TransferState held(Link::kNvmeToHost, 0, options(), nullptr, nullptr);
+  held.hold_buffers();
+  held.complete(deadline_exceeded("unanswered"));
+  EXPECT_TRUE(held.done());
+  EXPECT_EQ(events.size(), 1u);
+  held.release_buffers();
+  held.release_buffers();  // a second release is a bug of the engine: ignored
+  EXPECT_EQ(events,
+            (std::vector<std::string>{"complete deadline_exceeded: unanswered", "released"}));
+
+  TransferState without(Link::kNvmeToHost, 0, TransferOptions{}, nullptr, nullptr);
+  EXPECT_FALSE(without.may_hold_buffers());
+  without.complete(Status());
 }
 
 TEST(TransferEngine, CancelBeforeStartCopiesNothing) {
