@@ -363,16 +363,21 @@ inline void pause_nvme_at_every_failure(SimSetup& setup) {
 // For the same seeds, once per operation: one time in 24 the next NVMe write lands on a bad
 // sector (it fails and its extent is retired, up to one in 32), one time in 24 the next NVMe
 // read does (it fails, and the extent is retired when the block is erased), one time in 480
-// a drive dies with about a quarter of the blocks on NVMe (the scheduler forgets them), and one
+// a drive dies with about a quarter of the blocks on NVMe (the scheduler forgets them), one
 // time in 480 a drive is readmitted: every extent retired so far is back in service (the
-// scheduler puts them back in its table at its next step). `disk` is a generator of its own, so
-// that the seed's operations and its other failures are drawn as they were.
+// scheduler puts them back in its table at its next step), one time in 48 the next NVMe read
+// hangs (it fails, abandoned, and its host frames stay held) and one time in 48 the reads hung
+// so far are answered (their frames are free again). `disk` is a generator of its own, so that
+// the seed's operations and its other failures are drawn as they were. answer_hung_reads at the
+// end frees what is still held.
 inline void maybe_hit_a_failing_disk(SimWorld& w, std::mt19937& disk) {
   const uint32_t draw = disk() % 480;
   if (draw % 24 == 0) w.port().fail_next_writes_on_bad_extents(1);
   if (draw % 24 == 1) w.port().fail_next_read_on_a_bad_extent();
   if (draw == 2) w.port().lose_some_nvme_blocks(disk, 4);
   if (draw == 3) w.port().readmit_nvme_extents(w.port().nvme_retired_extents());
+  if (draw % 48 == 4) w.port().hang_next_reads(1);
+  if (draw % 48 == 5) w.port().answer_hung_reads();
 }
 
 }  // namespace kvtier::testing

@@ -5,6 +5,8 @@
 // other form.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -12,6 +14,7 @@
 #include "kernels/numeric_formats.hpp"
 #include "tests/tiers/fp8_test_support.hpp"
 #include "tests/tiers/tier_test_support.hpp"
+#include "tiers/fault_injection.hpp"
 #include "tiers/tier_stack.hpp"
 
 namespace kvtier {
@@ -120,6 +123,70 @@ TEST(Fp8OffloadStore, APageWithNanOrInfIsRefusedAndNothingIsWritten) {
   EXPECT_NE(w.status().message().find("NaN or inf"), std::string::npos);
   EXPECT_FALSE(s.nvme->contains(testing::test_key(3)));
   EXPECT_EQ(s.nvme->used_blocks(), 0u);
+  EXPECT_TRUE(s.nvme->audit().ok());
+}
+
+// A read the drive holds past tiers.nvme.io_timeout_ms: the drive only ever fills the staging, so
+// the read is abandoned at its timeout whether or not its caller set on_buffers_released, and the
+// caller's pages are released with its completion, untouched. The staging stays with the store
+// until the drive answers; then the block reads back within the fp8 bound.
+TEST(Fp8OffloadStore, AReadTheDriveHoldsCompletesAtItsTimeoutWithTheCallersPagesFree) {
+  const Geometry g = testing::small_geometry(Dtype::kBF16, 3, 16, 2, 64);
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  TiersConfig c = fp8_config(dir, g, TierKvDtype::kFp8E4M3);
+  c.nvme.io_timeout_ms = 300;
+  auto faults = std::make_shared<FaultInjectingIoBackend>();
+  TierStackOptions seams;
+  seams.io = faults;
+  auto opened = open_tiers(c, g, seams);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  TierStack& s = **opened;
+  std::vector<std::vector<std::byte>> orig(g.layers, std::vector<std::byte>(g.page_bytes()));
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    testing::fill_values(orig[l].data(), g, 40 + l);
+    std::memcpy(s.host->frame_address(l), orig[l].data(), g.page_bytes());
+  }
+  const BlockKey key = testing::test_key(5);
+  std::vector<uint32_t> frames = {0, 1, 2};
+  ASSERT_TRUE(s.engine->write_block(key, frames)->wait().ok());
+  const std::vector<uint32_t> into = {4, 5, 6};
+  const auto untouched = [&] {
+    for (uint32_t f : into) {
+      const auto* p = reinterpret_cast<const unsigned char*>(s.host->frame_address(f));
+      if (std::any_of(p, p + g.page_bytes(), [](unsigned char b) { return b != 0x5a; })) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (uint32_t f : into) std::memset(s.host->frame_address(f), 0x5a, g.page_bytes());
+  const auto unanswered = [&] { return s.stats->requests_unanswered.load(); };
+
+  for (const bool caller_releases : {true, false}) {
+    SCOPED_TRACE(caller_releases);
+    faults->add_rule({IoOpcode::kRead, FaultKind::kHang, 1, 1});
+    std::atomic<int> events{0};
+    std::atomic<int> released_at{0};
+    TransferOptions o;
+    o.on_complete = [&](const Status&) { ++events; };
+    if (caller_releases) o.on_buffers_released = [&] { released_at = ++events; };
+    auto t = s.engine->read_block(key, into, std::move(o));
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE(testing::eventually([&] { return t->done(); })) << "the read waits for the drive";
+    EXPECT_EQ(t->wait().code(), StatusCode::kDeadlineExceeded) << t->wait().to_string();
+    EXPECT_EQ(released_at.load(), caller_releases ? 2 : 0) << "released right after completing";
+    EXPECT_EQ(unanswered(), 1u);
+    EXPECT_TRUE(untouched());
+    faults->answer_hung();
+    ASSERT_TRUE(testing::eventually([&] { return unanswered() == 0; }));
+    EXPECT_TRUE(untouched()) << "the drive's late answer reached the caller's pages";
+  }
+  ASSERT_TRUE(s.engine->read_block(key, into)->wait().ok());
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    EXPECT_TRUE(testing::within_fp8_bound(orig[l].data(), s.host->frame_address(into[l]), g))
+        << "layer " << l;
+  }
   EXPECT_TRUE(s.nvme->audit().ok());
 }
 

@@ -20,21 +20,10 @@
 namespace kvtier {
 
 using testing::AlignedPages;
+using testing::eventually;
 using testing::test_key;
 
 inline const Geometry kGeom = testing::small_geometry(Dtype::kF32, 4, 8, 2, 64);  // 8 KiB pages
-
-// Polls `done` every millisecond for up to 10 s (a drive's answers reach the I/O thread within a
-// few ms, timeouts and probes within their configured wait plus a wake-up).
-template <typename F>
-bool eventually(F done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 
 class FaultTest : public ::testing::Test {
  protected:

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -448,6 +449,18 @@ inline Status read_block_into_hbm(TierStack& s, const BlockKey& key,
   for (uint32_t l = 0; l < host_frames.size(); ++l) up.push_back({host_frames[l], first_hbm + l});
   KVTIER_ASSIGN_OR_RETURN(Transfer copy, s.engine->copy(CopyDirection::kHostToHbm, up));
   return copy.wait();
+}
+
+// Polls `done` every millisecond for up to 10 s (a drive's answers reach the I/O thread within a
+// few ms, timeouts and probes within their configured wait plus a wake-up).
+template <typename F>
+bool eventually(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 }  // namespace kvtier::testing
