@@ -36,7 +36,10 @@
 // request waits in that tier's queue and the Placement plans room (its victims are demoted or
 // dropped, asynchronously). Pages being copied out of HBM are pinned (write-through) or draining
 // (eviction), so nothing reuses a frame under a transfer. A failed load makes the page a miss: the
-// waiting layer fails, the engine recomputes; the bytes are never served. Blocks of open
+// waiting layer fails, the engine recomputes; the bytes are never served. A read from NVMe the
+// drive holds past its I/O timeout fails then (the port abandons it), so a hung drive fails a
+// step at that timeout, not at wait_timeout; its host frames stay held by the table, out of every
+// plan, until the port says the drive answered (FailedRead, FramesReleased). Blocks of open
 // sequences (references > 0) and private blocks never lose their last copy: they are demoted
 // whatever admission says, or stay. A plan counts in the tiers below only frames a demotion may
 // take (room_for_plans); a demotion waiting for a host frame that nothing in flight will free is

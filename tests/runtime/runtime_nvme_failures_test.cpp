@@ -306,13 +306,20 @@ TEST_F(RuntimeNvmeFailures, ABadSectorUnderAReadRetiresItsExtentOnceTheBlockIsDr
 
 // One read the drive holds, the drive otherwise well: the step reading it fails at
 // tiers.nvme.io_timeout_ms, the read abandoned (or, after it, refused while the drive holds it),
-// and never waits for the step's wait_timeout, a minute here. The host frames the read would fill
-// stay out of use until the drive answers, and the runtime audits clean meanwhile; then prompts
-// run as before, the first one recomputing what the read lost.
+// and never waits for the step's wait_timeout, a minute here. Reading pauses after that failure,
+// and the prompt asked once more recomputes what it read from NVMe while the drive still holds
+// the read: the block is no longer tied to it. The host frames the read would fill stay out of
+// use until the drive answers, and the runtime audits clean meanwhile; then prompts run as before.
 TEST_F(RuntimeNvmeFailures, AReadTheDriveHoldsFailsItsStepAtTheIoTimeout) {
   RuntimeOptions options;
   options.wait_timeout = std::chrono::milliseconds(60'000);
-  const bool opened = open([](Config& c) { c.tiers.nvme.io_timeout_ms = 300; }, options);
+  const bool opened = open(
+      [](Config& c) {
+        c.tiers.nvme.io_timeout_ms = 300;
+        c.tiers.nvme.pause_after_failed_reads = 1;
+        c.tiers.nvme.pause_ms = 600'000;  // holds for the whole test
+      },
+      options);
   if (!opened) GTEST_SKIP() << kNoStore;
   for (uint32_t seed = 1; seed <= 30; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
   faults_->add_rule({IoOpcode::kRead, FaultKind::kHang, 1, 1});
@@ -326,6 +333,8 @@ TEST_F(RuntimeNvmeFailures, AReadTheDriveHoldsFailsItsStepAtTheIoTimeout) {
   EXPECT_GE(s.io_timeouts, 1.0);
   const Status held = rt_->audit();
   EXPECT_TRUE(held.ok()) << "with the read's frames held: " << held.to_string();
+  ASSERT_TRUE(prefill_prompt(*rt_, 1).ok());
+  EXPECT_EQ(scrape(*rt_).unanswered, 1.0) << "the drive still holds the read";
   faults_->answer_hung();
   s = scrape_until(*rt_, [](const Scrape& now) { return now.unanswered == 0.0; });
   ASSERT_EQ(s.unanswered, 0.0);
