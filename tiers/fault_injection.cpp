@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <functional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -425,6 +427,8 @@ Result<FileInfo> FaultInjectingIoBackend::stat(int fd, const std::string& path) 
   std::lock_guard<std::mutex> lock(mu_);
   if (!device_part_.empty() && path.find(device_part_) != std::string::npos) {
     info.block_device = true;
+    info.device = std::hash<std::string>{}(path);
+    info.inode = 0;
   }
   return info;
 }

@@ -84,7 +84,9 @@ class FaultInjectingIoBackend final : public IoBackend {
   // is_mount_point(dir) says true for `dir` from now on, as if a drive were mounted there.
   void treat_as_mount_point(std::string dir);
   // stat() reports files whose path contains `path_part` as block devices of their current size
-  // from now on (the store neither allocates nor grows them).
+  // from now on (the store neither allocates nor grows them), identified as a device node is: by
+  // a device number that comes from the path alone, so a file replaced at that path keeps it, as
+  // a drive replaced under its name often keeps the old one's number.
   void treat_as_block_device(std::string path_part);
   void clear();
 

@@ -91,7 +91,10 @@
 // superblock goes: a new or discarded drive, a file created by hand) in place of one of an
 // existing store is formatted as that file, empty, and used: at open, or by its probe while the
 // store runs (the probe opens the path afresh, so a new file system mounted there is seen; the
-// old descriptor stays open, unused, until the store closes). A missing file is created only
+// old descriptor stays open, unused, until the store closes). A block device is always probed
+// through its name opened afresh, kept only if the probe readmits it: a drive hot-swapped under
+// the same name often gets the old one's device number, so nothing else tells them apart, and
+// the old descriptor would reach the removed drive for ever. A missing file is created only
 // where its directory is a mount point: a path missing because its drive's file system did not
 // mount would otherwise get a member on whatever file system lies beneath. A file or device that
 // holds anything else is never formatted over (a device name may now name another drive). The
@@ -392,8 +395,11 @@ class NvmeStore final : public BlockStore {
   // Replacing a drive while the store runs (nvme_store_replace.cpp). Under index_mu_: opens the
   // path of `file` afresh, for its probe. One that names another file than the store holds (a
   // replaced drive's file system mounted there) takes its place; a missing one is created only
-  // where may_create_lost_file allows.
-  Status reopen_for_probe_locked(uint32_t file);
+  // where may_create_lost_file allows. A block device is the probe's own (Op::probe_fd), returned,
+  // and the file's only once the probe readmits it; null when the probe uses the file's.
+  Result<std::shared_ptr<ScopedFd>> reopen_for_probe_locked(uint32_t file);
+  // Under index_mu_: `fd` becomes the descriptor of `file` for every operation made from now on.
+  void adopt_locked(uint32_t file, ScopedFd fd);
   // The probe read `probe` ended with `read`: whether it found the file blank (its superblock
   // region all zeros, or a regular file of no bytes).
   bool found_blank(const Op& probe, const Status& read) const;

@@ -24,16 +24,17 @@ void NvmeStore::post_due_probes_locked() {
   for (uint32_t file : file_health_.probes_due(NvmeFileHealth::Clock::now())) {
     // Its path is opened afresh: a replaced drive's file system may be mounted there now
     // (nvme_store_replace.cpp).
-    Status opened = reopen_for_probe_locked(file);
+    Result<std::shared_ptr<ScopedFd>> opened = reopen_for_probe_locked(file);
     if (!opened.ok()) {
       stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
-      probe_finished_locked(file, opened, /*formatted=*/false, /*extents=*/0);
+      probe_finished_locked(file, opened.status(), /*formatted=*/false, /*extents=*/0);
       continue;
     }
     auto op = std::make_unique<Op>();
     op->kind = Op::Kind::kProbe;
     op->file = file;
-    op->fd = files_[file].fd.get();
+    op->probe_fd = std::move(opened).value();
+    op->fd = op->probe_fd ? op->probe_fd->get() : files_[file].fd.get();
     op->probe_bytes = probe_bytes();
     op->probe_buffer = new_probe_buffer();
     if (!op->probe_buffer) {
@@ -114,6 +115,7 @@ void NvmeStore::post_probe_write(const Op& probe, AlignedBytes superblock, bool 
   op->kind = Op::Kind::kProbe;
   op->file = probe.file;
   op->fd = probe.fd;
+  op->probe_fd = probe.probe_fd;
   op->probe_writes = true;
   op->probe_formats = formats;
   op->probe_extents = extents;
@@ -124,6 +126,11 @@ void NvmeStore::post_probe_write(const Op& probe, AlignedBytes superblock, bool 
 
 void NvmeStore::probe_finished(const Op& op, const Status& result) {
   std::lock_guard<std::mutex> lock(index_mu_);
+  // A block device the probe opened afresh is the file's from now on (before the extents it
+  // readmits are handed out): the old descriptor may reach a drive removed under the same name.
+  if (result.ok() && op.probe_fd && op.probe_fd->valid()) {
+    adopt_locked(op.file, ScopedFd(op.probe_fd->release()));
+  }
   probe_finished_locked(op.file, result, op.probe_formats, op.probe_extents);
 }
 

@@ -13,7 +13,9 @@
 // a regular file emptied or just created where its drive is mounted) writes the store's superblock
 // for that file in the probe's place, like any request (timeout, refusal while the drive holds
 // requests unanswered), and a success readmits the file with every extent, the old drive's
-// bad-sector marks forgotten.
+// bad-sector marks forgotten. A block device's probe goes through a descriptor of its own, the
+// name opened afresh, which the file adopts when the probe readmits it (Op::probe_fd): its device
+// number cannot tell a replaced drive from the removed one.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -110,7 +112,7 @@ Status NvmeStore::replace_lost_files(std::vector<OpenedFile>& opened, const Supe
   return Status();
 }
 
-Status NvmeStore::reopen_for_probe_locked(uint32_t file) {
+Result<std::shared_ptr<ScopedFd>> NvmeStore::reopen_for_probe_locked(uint32_t file) {
   File& f = files_[file];
   IoBackend& io = *options_.backend;
   const int flags = O_RDWR | (direct_io_ ? O_DIRECT : 0);
@@ -123,17 +125,28 @@ Status NvmeStore::reopen_for_probe_locked(uint32_t file) {
     if (!fd.ok()) return fd.status();
   } else if (!fd.ok()) {
     // The path cannot be opened now (EACCES, EIO): the probe tries the file the store holds.
-    return f.fd.valid() ? Status() : fd.status();
+    if (!f.fd.valid()) return fd.status();
+    return std::shared_ptr<ScopedFd>();
   }
   if (f.fd.valid()) {
-    Result<FileInfo> before = io.stat(f.fd.get(), f.path);
     Result<FileInfo> now = io.stat(fd->get(), f.path);
-    if (before.ok() && now.ok() && same_file(*before, *now)) return Status();  // the same file
-    // Operations made before hold the old descriptor: it stays open until the store closes.
-    replaced_fds_.push_back(std::move(f.fd));
+    if (now.ok() && now->block_device) {
+      return std::make_shared<ScopedFd>(std::move(fd).value());  // adopted if it readmits
+    }
+    Result<FileInfo> before = io.stat(f.fd.get(), f.path);
+    if (before.ok() && now.ok() && same_file(*before, *now)) {
+      return std::shared_ptr<ScopedFd>();  // the same file
+    }
   }
-  f.fd = std::move(fd).value();
-  return Status();
+  adopt_locked(file, std::move(fd).value());
+  return std::shared_ptr<ScopedFd>();
+}
+
+void NvmeStore::adopt_locked(uint32_t file, ScopedFd fd) {
+  File& f = files_[file];
+  // Operations made before hold the old descriptor: it stays open until the store closes.
+  if (f.fd.valid()) replaced_fds_.push_back(std::move(f.fd));
+  f.fd = std::move(fd);
 }
 
 bool NvmeStore::found_blank(const Op& probe, const Status& read) const {

@@ -93,6 +93,11 @@ struct NvmeStore::Op {
   bool probe_writes = false;
   bool probe_formats = false;
   uint64_t probe_extents = 0;  // probe_writes: the file's extents in service once it lands
+  // kProbe of a block device: the path opened afresh, `fd` here, and the file's own descriptor
+  // once the probe readmits it. A device replaced under its name has the old one's number as
+  // often as not (the kernel reuses freed minors), so no identity check can tell it apart; the
+  // old descriptor would reach the removed drive for ever. A probe that fails closes it.
+  std::shared_ptr<ScopedFd> probe_fd;
 
   // Owned by the I/O thread from here on.
   int slot = -1;

@@ -215,6 +215,50 @@ TEST_F(ReplaceTest, ADriveReplacedWhileTheStoreRunsIsFormattedByItsProbe) {
   expect_readable(on_d2);
 }
 
+// d2 is a block device whose drive dies, is taken out, and is replaced under the same name while
+// the store runs, the new drive blank. The kernel gives a new drive the old one's device number as
+// often as not (the fault backend models that: a device's identity comes from its path), so no
+// identity check tells the two apart. The probe reads through the name opened afresh, finds the
+// new drive blank, formats it, and the file keeps that descriptor: blocks written to it survive a
+// restart. Mutation check: with the old descriptor kept (the two taken for the same file), the
+// probe read the removed drive, readmitted it unformatted, and its blocks were lost at restart.
+TEST_F(ReplaceTest, ABlockDeviceReplacedUnderTheSameNumberIsReadThroughItsNameAfresh) {
+  take_out_d2(/*hang=*/false);
+  ASSERT_NE(store_, nullptr);
+  faults_->treat_as_block_device("d2.kvs");
+  const auto size = std::filesystem::file_size(dir_.file("d2.kvs"));
+  ASSERT_TRUE(std::filesystem::remove(dir_.file("d2.kvs")));
+  { std::ofstream created(dir_.file("d2.kvs")); }
+  std::filesystem::resize_file(dir_.file("d2.kvs"), size);  // a blank drive of the same size
+  faults_->clear();
+  ASSERT_TRUE(writing_until(500, [&] { return readmitted() == 1; }));
+  EXPECT_EQ(replaced(), 1u) << "the new drive was formatted";
+  EXPECT_EQ(store_->capacity_blocks(), 128u);
+  const std::vector<uint64_t> on_d2 = write_blocks(600, 650, "d2.kvs");
+  EXPECT_FALSE(on_d2.empty());
+  reopen(four_drives());
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(out(), 0u);
+  expect_readable(on_d2);
+}
+
+// The descriptor a probe of a block device opens is the file's only if the probe readmits it: the
+// probes of a dead one each close theirs, so a drive dead for days holds no more open than one.
+TEST_F(ReplaceTest, TheProbesOfADeadBlockDeviceLeaveNoDescriptorOpen) {
+  take_out_d2(/*hang=*/false);
+  ASSERT_NE(store_, nullptr);
+  faults_->treat_as_block_device("d2.kvs");
+  const auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator{});
+  };
+  ASSERT_TRUE(writing_until(500, [&] { return probes() == 1; }));
+  const auto after_one = open_fds();
+  ASSERT_TRUE(writing_until(500, [&] { return probes() == 4; }));
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(open_fds(), after_one) << "a failed probe left its descriptor open";
+}
+
 // A block device is formatted into the store only when blank: after a replacement its name may
 // name another drive, so one holding anything refuses the open, saying how to clear it. A blank
 // one smaller than the lost one is formatted with the extents it holds.
