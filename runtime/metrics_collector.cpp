@@ -184,6 +184,10 @@ void MetricsCollector::collect_scheduler(const SchedulerStats& s,
              "NVMe extents retired after a read or write failed with a media error (bad "
              "sectors); the tier holds that many blocks fewer until a restart",
              MetricType::Gauge, read(s.nvme_retired_extents));
+  add_single(out, "kvtier_host_frames_held",
+             "Host frames failed NVMe reads still hold: a hung drive's reads, abandoned at "
+             "tiers.nvme.io_timeout_ms, keep theirs out of use until it answers",
+             MetricType::Gauge, read(s.host_frames_held));
   add_single(out, "kvtier_nvme_blocks_lost_total",
              "Blocks the NVMe tier lost with a drive taken out of service (misses from then on)",
              kCounter, read(s.nvme_blocks_lost));

@@ -497,8 +497,11 @@ class Scheduler {
   // a read a hung drive holds fails at the I/O timeout and lets them go when the drive answers).
   struct FailedRead {
     std::vector<uint32_t> frames;  // held by the table; empty when the read succeeded
-    void hold(PageTable& table, const BlockKey& key, uint32_t first_layer, uint32_t count);
   };
+  // Gives up the read's host copies of layers [first_layer, first_layer + count) of `key`, their
+  // frames held (SchedulerStats::host_frames_held counts them); release_read_frames frees them.
+  void hold_read_frames(FailedRead& read, const BlockKey& key, uint32_t first_layer,
+                        uint32_t count);
   void release_read_frames(FailedRead& read);
   PageSnapshot page_snapshot(const BlockKey& key, uint32_t layer) const;
   void drop_nvme_copy(const BlockKey& key);

@@ -367,7 +367,7 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
                   finish_op(pk, c);
                 } else {
                   stats_.failed_loads.fetch_add(1, std::memory_order_relaxed);
-                  read->hold(*parts_.table, key, layer, 1);
+                  hold_read_frames(*read, key, layer, 1);
                   // A block whose read failed (I/O error, checksum) is never served again;
                   // erased after a media error, its extent is retired in the store.
                   drop_nvme_copy(key);
@@ -393,12 +393,13 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
       FrameUse::kNvmeRead);
 }
 
-void Scheduler::FailedRead::hold(PageTable& table, const BlockKey& key, uint32_t first_layer,
+void Scheduler::hold_read_frames(FailedRead& read, const BlockKey& key, uint32_t first_layer,
                                  uint32_t count) {
   for (uint32_t l = first_layer; l < first_layer + count; ++l) {
-    Result<uint32_t> frame = table.abandon_fill(key, CopyId::host(l));
-    if (frame.ok()) frames.push_back(*frame);
+    Result<uint32_t> frame = parts_.table->abandon_fill(key, CopyId::host(l));
+    if (frame.ok()) read.frames.push_back(*frame);
   }
+  stats_.host_frames_held.fetch_add(read.frames.size(), std::memory_order_relaxed);
 }
 
 void Scheduler::release_read_frames(FailedRead& read) {
@@ -406,6 +407,7 @@ void Scheduler::release_read_frames(FailedRead& read) {
   for (uint32_t frame : read.frames) {
     parts_.table->release_held_frame(Tier::kHost, frame).ignore();
   }
+  stats_.host_frames_held.fetch_sub(read.frames.size(), std::memory_order_relaxed);
   read.frames.clear();
   serve_memory_waiters();
 }
@@ -537,7 +539,7 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
                       parts_.table->complete_fill(key, CopyId::host(j)).ignore();
                     }
                   } else {
-                    read->hold(*parts_.table, key, 0, layers);
+                    hold_read_frames(*read, key, 0, layers);
                   }
                   if (s.ok()) {
                     stats_.promotions[tier_index(Tier::kHost)].fetch_add(layers,

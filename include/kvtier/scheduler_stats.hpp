@@ -78,6 +78,9 @@ struct SchedulerStats {
   Gauge nvme_retired_extents{0};
   // Blocks the NVMe tier lost with a drive taken out of service (NvmeFileHealth).
   Counter nvme_blocks_lost{0};
+  // Host frames held by failed NVMe reads until the drive lets them go: those a hung drive holds
+  // (abandoned at tiers.nvme.io_timeout_ms) stay out of use until it answers.
+  Gauge host_frames_held{0};
 
   Counter steps{0};
   Counter windowed_steps{0};  // steps that did not fit in HBM at once and ran layer by layer

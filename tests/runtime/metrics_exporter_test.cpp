@@ -147,6 +147,7 @@ TEST(MetricsExporter, ExportsTheDesignedFamilies) {
                            "kvtier_nvme_writes_paused",
                            "kvtier_nvme_read_pauses_total",
                            "kvtier_nvme_reads_paused",
+                           "kvtier_host_frames_held",
                            "kvtier_nvme_blocks_lost_total",
                            "kvtier_nvme_files_out_of_service",
                            "kvtier_nvme_probes_total",

@@ -47,6 +47,7 @@ struct Scrape {
   double probes = -1;
   double readmitted = -1;
   double replaced = -1;
+  double frames_held = -1;  // host frames failed NVMe reads hold
 };
 
 Scrape scrape(const Runtime& rt) {
@@ -59,6 +60,7 @@ Scrape scrape(const Runtime& rt) {
   s.retired = testing::sample_value(r.body, "kvtier_nvme_retired_extents").value_or(-1);
   s.failed_loads = testing::sample_value(r.body, "kvtier_failed_loads_total").value_or(-1);
   s.reads_paused = testing::sample_value(r.body, "kvtier_nvme_reads_paused").value_or(-1);
+  s.frames_held = testing::sample_value(r.body, "kvtier_host_frames_held").value_or(-1);
   s.read_pauses = testing::sample_value(r.body, "kvtier_nvme_read_pauses_total").value_or(-1);
   s.files_out = testing::sample_value(r.body, "kvtier_nvme_files_out_of_service").value_or(-1);
   s.blocks_lost = testing::sample_value(r.body, "kvtier_nvme_blocks_lost_total").value_or(-1);
@@ -331,13 +333,16 @@ TEST_F(RuntimeNvmeFailures, AReadTheDriveHoldsFailsItsStepAtTheIoTimeout) {
   Scrape s = scrape(*rt_);
   EXPECT_EQ(s.unanswered, 1.0);
   EXPECT_GE(s.io_timeouts, 1.0);
+  EXPECT_GE(s.frames_held, 1.0) << "the host frames the drive may still fill";
   const Status held = rt_->audit();
   EXPECT_TRUE(held.ok()) << "with the read's frames held: " << held.to_string();
   ASSERT_TRUE(prefill_prompt(*rt_, 1).ok());
   EXPECT_EQ(scrape(*rt_).unanswered, 1.0) << "the drive still holds the read";
   faults_->answer_hung();
-  s = scrape_until(*rt_, [](const Scrape& now) { return now.unanswered == 0.0; });
+  s = scrape_until(
+      *rt_, [](const Scrape& now) { return now.unanswered == 0.0 && now.frames_held == 0.0; });
   ASSERT_EQ(s.unanswered, 0.0);
+  EXPECT_EQ(s.frames_held, 0.0) << "released when the drive answered";
   for (uint32_t seed = 1; seed <= 5; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
   EXPECT_TRUE(rt_->audit().ok());
   EXPECT_TRUE(rt_->shutdown().ok());

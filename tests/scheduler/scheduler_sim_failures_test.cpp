@@ -77,11 +77,13 @@ TEST(SchedulerSim, AReadAHungDriveHoldsFailsTheStepAndHoldsItsFramesUntilTheDriv
   w.settle();
   EXPECT_EQ(w.table().held_frames(Tier::kHost), setup.geometry.layers)
       << "held until the drive answers";
+  EXPECT_EQ(w.scheduler().stats().host_frames_held.load(), setup.geometry.layers);
   expect_consistent(w);
 
   w.port().answer_hung_reads();
   w.settle();
   EXPECT_EQ(w.table().held_frames(Tier::kHost), 0u);
+  EXPECT_EQ(w.scheduler().stats().host_frames_held.load(), 0u);
   expect_consistent(w);
   // The block whose read was abandoned is a miss from now on; the others are read as before.
   auto again = w.scheduler().open_sequence(prompts[0]);
