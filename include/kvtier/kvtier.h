@@ -393,8 +393,10 @@ KVT_API kvt_status kvt_step_get_item(const kvt_step* step, size_t index, kvt_ste
  * free, or a block it reuses left NVMe before its read started (another read of it failed, or its
  * drive was taken out of service) (abort it and begin it again: it then fits or is refused at
  * once, and recomputes what it lost),
- * KVT_DEADLINE_EXCEEDED after params.wait_timeout_ms, or KVT_CANCELLED when the step is aborted or
- * the runtime shuts down meanwhile (a shutdown wakes every such wait at once). */
+ * KVT_DEADLINE_EXCEEDED after params.wait_timeout_ms, or sooner when a read it needs from NVMe
+ * went unanswered past tiers.nvme.io_timeout_ms (a hung drive; the message says "unanswered":
+ * abort the step and begin it again, it then recomputes the block), or KVT_CANCELLED when the step
+ * is aborted or the runtime shuts down meanwhile (a shutdown wakes every such wait at once). */
 KVT_API kvt_status kvt_step_wait_layer(kvt_step* step, uint32_t layer);
 /* The layer's block table: KVT_FAILED_PRECONDITION until wait_layer returned KVT_OK, and once the
  * step has ended or been aborted (after end_layer it is still given, as the Steps note above

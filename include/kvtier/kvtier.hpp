@@ -149,8 +149,9 @@ class Runtime {
   // a read it needs from NVMe finds host memory full of pages only the engine can free, or a
   // block it reuses left NVMe before its read started (another read of it failed, or its drive
   // was taken out of service): abort and begin it again (it then recomputes what it lost);
-  // kDeadlineExceeded after wait_timeout; kCancelled when the step is aborted or the runtime
-  // shuts down.
+  // kDeadlineExceeded after wait_timeout, or sooner when a read it needs from NVMe went
+  // unanswered past tiers.nvme.io_timeout_ms (a hung drive: abort and begin it again, it then
+  // recomputes the block); kCancelled when the step is aborted or the runtime shuts down.
   Status wait_layer(StepId step, uint32_t layer);
   // The layer's block table; kFailedPrecondition until the layer is ready (wait_layer first).
   Result<LayerTable> layer_table(StepId step, uint32_t layer) const;

@@ -256,8 +256,10 @@ void register_step(py::module_& m) {
           "wait_layer", [](PyStep& s, uint32_t layer) { wait_layer(s, layer); }, release,
           py::arg("layer"),
           "Blocks (without the GIL) until the layer's pages are in HBM; DeadlineExceededError "
-          "after wait_timeout_ms, the load's error when a page failed (recompute the layer), "
-          "CancelledError when the step is aborted or the runtime shuts down meanwhile.")
+          "after wait_timeout_ms, or sooner when a read from NVMe went unanswered past "
+          "tiers.nvme.io_timeout_ms (a hung drive: abort the step and begin it again), the "
+          "load's error when a page failed (recompute the layer), CancelledError when the step "
+          "is aborted or the runtime shuts down meanwhile.")
       .def(
           "layer_table",
           [](PyStep& s, uint32_t layer) {
