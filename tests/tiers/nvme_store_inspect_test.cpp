@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -119,6 +120,70 @@ TEST_F(InspectTest, AFileTheStoreOpensWithoutIsSaidSo) {
   store_ = open_with(four_drives());
   ASSERT_NE(store_, nullptr);
   EXPECT_EQ(out(), 2u);
+}
+
+// Mixes of what four files may hold, drawn at random (untouched, emptied, deleted, zeroed where
+// the superblock goes, overwritten with other bytes; one of them a block device or none; the
+// directory a mount point or not): the
+// report is checked against what opening the store then does. It opens exactly when no line says
+// it does not, formats or creates in place of lost files exactly those said to be, and opens
+// without exactly those said to be left out. The report restates the open's rules in words, so
+// this is what keeps the two from drifting apart.
+TEST_F(InspectTest, WhatTheReportSaysOfRandomMixesIsWhatOpeningDoes) {
+  std::mt19937 rng(20261207);
+  const std::vector<std::string> names = {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"};
+  int opened = 0;
+  int refused = 0;
+  for (int round = 0; round < 100; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    store_.reset();
+    for (const std::string& name : names) std::filesystem::remove(dir_.file(name));
+    faults_ = std::make_shared<FaultInjectingIoBackend>();  // no mount point from before
+    reopen(four_drives());                                  // a new store of four
+    ASSERT_NE(store_, nullptr);
+    store_.reset();
+    // At most one block device, whose file keeps its size (a device is never empty or missing).
+    const uint32_t device = rng() % 6;
+    if (device < names.size()) faults_->treat_as_block_device(names[device]);
+    std::string mix = device < names.size() ? "d" + std::to_string(device) + " a device, " : "";
+    for (uint32_t i = 0; i < names.size(); ++i) {
+      const std::string& name = names[i];
+      const uint32_t drawn = rng() % 5;
+      const uint32_t state = i == device && (drawn == 1 || drawn == 2) ? 0 : drawn;
+      mix += std::to_string(state);
+      if (state == 1) std::filesystem::resize_file(dir_.file(name), 0);
+      if (state == 2) std::filesystem::remove(dir_.file(name));
+      if (state == 3) overwrite_start(name, '\0');
+      if (state == 4) overwrite_start(name, 'x');
+    }
+    const bool mount_point = rng() % 2 == 0;
+    if (mount_point) faults_->treat_as_mount_point(dir_.path());
+    SCOPED_TRACE("states " + mix + (mount_point ? ", a mount point" : ""));
+
+    const std::vector<std::string> said = lines(inspect());
+    ASSERT_EQ(said.size(), names.size());
+    bool refuses = false;
+    uint64_t replaces = 0;
+    uint64_t without = 0;
+    for (const std::string& line : said) {
+      refuses = refuses || line.find("the store does not open") != std::string::npos;
+      replaces += line.find("formatted as file") != std::string::npos ||
+                  line.find("created and formatted as file") != std::string::npos;
+      without += line.find("the store opens without it") != std::string::npos;
+    }
+    auto s = NvmeStore::create(kGeom, four_drives());
+    const std::string report = ::testing::PrintToString(said);
+    ASSERT_EQ(s.ok(), !refuses) << report << (s.ok() ? "" : s.status().to_string());
+    if (!s.ok()) {
+      ++refused;
+      continue;
+    }
+    ++opened;
+    EXPECT_EQ((*s)->stats().files_replaced.load(), replaces) << report;
+    EXPECT_EQ((*s)->stats().files_out_of_service.load(), without) << report;
+  }
+  EXPECT_GT(opened, 0);
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace
