@@ -123,8 +123,8 @@ TEST_F(InspectTest, AFileTheStoreOpensWithoutIsSaidSo) {
 }
 
 // Mixes of what four files may hold, drawn at random (untouched, emptied, deleted, zeroed where
-// the superblock goes, overwritten with other bytes; one of them a block device or none; the
-// directory a mount point or not): the
+// the superblock goes, overwritten with other bytes; one of them a block device or none, one a
+// dead drive or none; the directory a mount point or not): the
 // report is checked against what opening the store then does. It opens exactly when no line says
 // it does not, formats or creates in place of lost files exactly those said to be, and opens
 // without exactly those said to be left out. The report restates the open's rules in words, so
@@ -155,6 +155,15 @@ TEST_F(InspectTest, WhatTheReportSaysOfRandomMixesIsWhatOpeningDoes) {
       if (state == 2) std::filesystem::remove(dir_.file(name));
       if (state == 3) overwrite_start(name, '\0');
       if (state == 4) overwrite_start(name, 'x');
+    }
+    // At most one file whose every request fails (a dead drive): unreadable. Only one with bytes
+    // to read: of a deleted or empty one a dry run reads nothing, and cannot know that
+    // formatting it will fail (the store then opens without it).
+    const uint32_t dead = rng() % 6;
+    if (dead < names.size() && std::filesystem::exists(dir_.file(names[dead])) &&
+        std::filesystem::file_size(dir_.file(names[dead])) > 0) {
+      faults_->fail_file(names[dead]);
+      mix += ", d" + std::to_string(dead) + " dead";
     }
     const bool mount_point = rng() % 2 == 0;
     if (mount_point) faults_->treat_as_mount_point(dir_.path());
