@@ -38,7 +38,9 @@ class HungDriveTest : public FaultTest, public ::testing::WithParamInterface<Han
     if (GetParam() == HangsIn::kSystemCall) faults_->hang_in_system_calls();
     store_ = open_with(hung_options());
     ASSERT_NE(store_, nullptr);
-    if (GetParam() == HangsIn::kSystemCall) ASSERT_EQ(store_->io_kind(), "sync");
+    if (GetParam() == HangsIn::kSystemCall) {
+      ASSERT_EQ(store_->io_kind(), "sync");
+    }
   }
   // The store cannot close while the drive holds requests (their memory is in use): the drive
   // answers before the base fixture audits the store.

@@ -65,7 +65,9 @@ class PosixIoBackendTest : public ::testing::Test {
 TEST_F(PosixIoBackendTest, TellsAMountPointFromAPlainDirectory) {
   auto io = posix_io_backend();
   EXPECT_TRUE(io->is_mount_point("/").value_or(false));
-  if (fs::exists("/proc/self")) EXPECT_TRUE(io->is_mount_point("/proc").value_or(false));
+  if (fs::exists("/proc/self")) {
+    EXPECT_TRUE(io->is_mount_point("/proc").value_or(false));
+  }
   const std::string plain = dir_.file("drive2");
   fs::create_directory(plain);
   auto p = io->is_mount_point(plain);
