@@ -117,10 +117,10 @@
 // goes on until then (the kernel's own timeout bounds that), unless its caller set
 // on_buffers_released: it then fails at its timeout like a write (kDeadlineExceeded), its extent
 // stays counted as read, and its buffers are released when the drive answers, whatever it read
-// dropped unverified. The scheduler does so, and holds the host frames until then: one hung
-// read no longer stalls a step until its wait_timeout. At open, a header read
-// past its timeout counts as unreadable, so a store opens past a hung drive. Closing the store
-// waits for every answer. TransferStats counts io_timeouts and requests_unanswered.
+// dropped unverified. The scheduler does so, and holds the host frames until then, so a hung
+// read fails its step at the I/O timeout, not at wait_timeout. At open, a header read past its
+// timeout counts as unreadable, so a store opens past a hung drive. Closing the store waits for
+// every answer. TransferStats counts io_timeouts and requests_unanswered.
 //
 // Writing a key again: a block already readable is refused with kAlreadyExists (equal keys mean
 // equal bytes; callers count that as present). A block still being written is not written twice:

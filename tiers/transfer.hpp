@@ -24,8 +24,9 @@
 // on_buffers_released accepts that: such a request then completes at its timeout (an error), and
 // on_buffers_released runs once the drive has answered, when the buffers are the caller's again.
 // For every other transfer that sets it, it runs right after on_complete. Either way it runs
-// exactly once, on the engine thread, after on_complete. A transfer without it completes only
-// when its buffers are free (a read past its timeout waits for the drive).
+// exactly once, on the engine thread, after on_complete. A read without it completes only when
+// its buffers are free (past its timeout it waits for the drive); a write past its timeout
+// completes then anyway, its pages still mapped for the drive to read (nvme_store.hpp).
 //
 // A Transfer is move-only. Its destructor waits for the transfer (the buffers it names must stay
 // valid until then); `detach()` gives that up for fire-and-forget use with a callback — the engine
@@ -98,8 +99,9 @@ class TransferState {
   void complete(const Status& status) noexcept;
 
   // Engine side of "Buffers held past completion": before complete(), hold_buffers() says the
-  // buffers stay in use after it (only when options().on_buffers_released is set); the engine
-  // calls release_buffers() once they are free. Otherwise complete() releases them itself.
+  // buffers stay in use after it, and the engine calls release_buffers() once they are free;
+  // otherwise complete() releases them itself. may_hold_buffers(): whether the caller accepts a
+  // read completed before then (it set on_buffers_released).
   bool may_hold_buffers() const { return static_cast<bool>(options_.on_buffers_released); }
   void hold_buffers() { buffers_held_.store(true, std::memory_order_relaxed); }
   void release_buffers() noexcept;
