@@ -109,7 +109,8 @@ void SimTransferPort::schedule_read(const BlockKey& key, uint64_t bytes, Transfe
   if (hang_reads_ > 0) {
     --hang_reads_;
     auto abandoned = [this, key, done = std::move(done),
-                      released = std::move(released)](const Status&) mutable {
+                      released = std::move(released)](const Status& modeled) mutable {
+      modeled.ignore();  // the modeled failure stands for the timeout
       hung_releases_.push_back(std::move(released));
       done(deadline_exceeded("read of block " + to_string(key) +
                              " unanswered past the I/O timeout; abandoned, its frames stay the "
