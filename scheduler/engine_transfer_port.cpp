@@ -68,8 +68,9 @@ TransferOptions EngineTransferPort::options_for(Link link, uint64_t bytes, Trans
 TransferOptions EngineTransferPort::read_options(uint64_t bytes, TransferDone done,
                                                  FramesReleased released) {
   TransferOptions options = options_for(Link::kNvmeToHost, bytes, std::move(done));
-  options.on_buffers_released = [this, released = std::move(released)] {
-    if (released) loop_.post(released);  // after the completion's post: the loop runs in order
+  options.on_buffers_released = [this, released = std::move(released)](const Status& s) {
+    // After the completion's post (the loop runs in order); a read that succeeded holds nothing.
+    if (!s.ok() && released) loop_.post(released);
   };
   return options;
 }

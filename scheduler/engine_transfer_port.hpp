@@ -51,8 +51,9 @@ class EngineTransferPort final : public TransferPort {
 
  private:
   TransferOptions options_for(Link link, uint64_t bytes, TransferDone done);
-  // A read's options: options_for's, and `released` posted to the loop when the store lets the
-  // frames go (so a read the drive holds past its I/O timeout completes then, kDeadlineExceeded).
+  // A read's options: options_for's, and, for a read that failed, `released` posted to the loop
+  // when the store lets the frames go (so a read the drive holds past its I/O timeout completes
+  // then, kDeadlineExceeded).
   TransferOptions read_options(uint64_t bytes, TransferDone done, FramesReleased released);
   void record(Link link, uint64_t bytes, Nanos submitted, Nanos completed);
 

@@ -395,8 +395,8 @@ uint64_t Scheduler::frames_kept_in_memory(const KeptBlocks& batch, uint64_t wind
   const uint64_t host = parts_.host->capacity();
   const uint64_t trade_frames = batch.trades ? 1 : 0;
   // Frames reads a hung drive holds (FailedRead) are out of use until it answers.
-  const uint64_t unusable =
-      reserve_frames(Tier::kHost) + trade_frames + parts_.table->held_frames(Tier::kHost);
+  const uint64_t unusable = reserve_frames(Tier::kHost) + trade_frames +
+                            stats_.host_frames_held.load(std::memory_order_relaxed);
   const uint64_t host_room = host - std::min(host, unusable);
   return pages > host_room ? pages - host_room : 0;
 }

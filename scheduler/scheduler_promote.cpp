@@ -403,7 +403,7 @@ void Scheduler::hold_read_frames(FailedRead& read, const BlockKey& key, uint32_t
 }
 
 void Scheduler::release_read_frames(FailedRead& read) {
-  if (read.frames.empty()) return;  // the read succeeded: its frames hold its pages
+  if (read.frames.empty()) return;  // no copy was given up (it was gone already)
   for (uint32_t frame : read.frames) {
     parts_.table->release_held_frame(Tier::kHost, frame).ignore();
   }

@@ -125,8 +125,9 @@ void SimTransferPort::schedule_read(const BlockKey& key, uint64_t bytes, Transfe
     on_bad_extents_.insert(key);
   }
   auto then_release = [done = std::move(done), released = std::move(released)](const Status& s) {
+    const bool failed = !s.ok();
     done(s);
-    if (released) released();
+    if (failed && released) released();
   };
   schedule(Link::kNvmeToHost, bytes, std::move(then_release), nullptr, bad_extent);
 }

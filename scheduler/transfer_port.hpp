@@ -32,10 +32,11 @@ struct FrameMove {
 
 // Runs on the scheduler's loop with the transfer's final Status.
 using TransferDone = std::function<void(const Status&)>;
-// Runs on the scheduler's loop, after the read's TransferDone, once the read no longer writes its
-// host frames: at once, except for a read abandoned while its drive holds it (an NVMe read past
-// tiers.nvme.io_timeout_ms: its TransferDone had kDeadlineExceeded), when the drive answers. The
-// frames may be reused only then. Never runs when the submit call fails.
+// Runs on the scheduler's loop, after the TransferDone of a read that failed, once the read no
+// longer writes its host frames: at once, except for a read abandoned while its drive holds it
+// (an NVMe read past tiers.nvme.io_timeout_ms: its TransferDone had kDeadlineExceeded), when the
+// drive answers. The frames may be reused only then. Never runs for a read that succeeded (its
+// frames hold its pages) or when the submit call fails.
 using FramesReleased = std::function<void()>;
 
 struct LinkModel {

@@ -1,7 +1,6 @@
 #include "tiers/converting_store.hpp"
 
 #include <cstring>
-#include <functional>
 #include <string>
 #include <utility>
 
@@ -57,7 +56,7 @@ namespace {
 // stack shuts down).
 TransferCallback decode_then(const PageFormat& format, std::size_t stride,
                              std::vector<std::byte*> pages, std::shared_ptr<std::byte> staging,
-                             TransferCallback then, std::function<void()> released) {
+                             TransferCallback then, TransferCallback released) {
   return [format, stride, pages = std::move(pages), staging = std::move(staging),
           then = std::move(then), released = std::move(released)](const Status& s) {
     if (s.ok()) {
@@ -66,7 +65,7 @@ TransferCallback decode_then(const PageFormat& format, std::size_t stride,
       }
     }
     if (then) then(s);
-    if (released) released();
+    if (released) released(s);
   };
 }
 
@@ -79,7 +78,7 @@ TransferOptions staged_read_options(TransferOptions options, const PageFormat& f
   options.on_complete =
       decode_then(format, stride, std::move(pages), std::move(staging),
                   std::move(options.on_complete), std::move(options.on_buffers_released));
-  options.on_buffers_released = [] {};
+  options.on_buffers_released = [](const Status&) {};
   return options;
 }
 

@@ -112,7 +112,14 @@ void TransferState::release_buffers() noexcept {
         "transfer " + std::to_string(id_) + " released its buffers twice; ignored");
     return;
   }
-  if (options_.on_buffers_released) options_.on_buffers_released();
+  if (!options_.on_buffers_released) return;
+  Status outcome;  // recorded before on_complete ran
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (code_ != StatusCode::kOk) outcome = Status(code_, message_);
+  }
+  options_.on_buffers_released(outcome);
+  outcome.ignore();
 }
 
 void TransferState::set_device_event(void* event, std::shared_ptr<void> keepalive) {

@@ -24,9 +24,10 @@
 // on_buffers_released accepts that: such a request then completes at its timeout (an error), and
 // on_buffers_released runs once the drive has answered, when the buffers are the caller's again.
 // For every other transfer that sets it, it runs right after on_complete. Either way it runs
-// exactly once, on the engine thread, after on_complete. A read without it completes only when
-// its buffers are free (past its timeout it waits for the drive); a write past its timeout
-// completes then anyway, its pages still mapped for the drive to read (nvme_store.hpp).
+// exactly once, on the engine thread, after on_complete, given the same final Status. A read
+// without it completes only when its buffers are free (past its timeout it waits for the drive); a
+// write past its timeout completes then anyway, its pages still mapped for the drive to read
+// (nvme_store.hpp).
 //
 // A Transfer is move-only. Its destructor waits for the transfer (the buffers it names must stay
 // valid until then); `detach()` gives that up for fire-and-forget use with a callback — the engine
@@ -58,8 +59,9 @@ struct TransferOptions {
   // stream's "K/V written" event. Ignored by emulated copies and NVMe I/O.
   void* wait_device_event = nullptr;
   // Runs once the engine no longer touches the transfer's buffers (see "Buffers held past
-  // completion" above). Setting it lets the engine complete a hung request before then.
-  std::function<void()> on_buffers_released;
+  // completion" above), given the transfer's final Status. Setting it lets the engine complete a
+  // hung request before then.
+  TransferCallback on_buffers_released;
 };
 
 // An eventfd that becomes readable when any transfer of an engine completes. The scheduler's loop

@@ -26,15 +26,27 @@ using testing::pause_after;
 using testing::SimSetup;
 using testing::SimWorld;
 
-TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
+// 16 HBM frames, 16 host frames and 64 NVMe extents.
+SimSetup small_tiers_with_nvme() {
   SimSetup setup;
   setup.hbm_frames = 16;
   setup.host_frames = 16;
   setup.nvme_extents = 64;
-  SimWorld w(setup);
-  std::vector<std::vector<BlockKey>> prompts;
+  return setup;
+}
+
+// Eight 4-block prompts computed over small_tiers_with_nvme(): the first one's blocks are on
+// NVMe only.
+void compute_eight_prompts(SimWorld& w, std::vector<std::vector<BlockKey>>& prompts) {
   ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
   ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
+}
+
+TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
+  const SimSetup setup = small_tiers_with_nvme();
+  SimWorld w(setup);
+  std::vector<std::vector<BlockKey>> prompts;
+  ASSERT_NO_FATAL_FAILURE(compute_eight_prompts(w, prompts));
   w.port().fail_next(Link::kNvmeToHost, 1000);
   auto s = w.scheduler().open_sequence(prompts[0]);
   ASSERT_TRUE(s.ok());
@@ -55,14 +67,10 @@ TEST(SchedulerSim, AFailedLoadFailsTheLayerAndTheBlockIsNeverServed) {
 // then rather than waiting for the drive; the read's host frames stay held, out of every plan,
 // until the drive answers, and only then are they free again.
 TEST(SchedulerSim, AReadAHungDriveHoldsFailsTheStepAndHoldsItsFramesUntilTheDriveAnswers) {
-  SimSetup setup;
-  setup.hbm_frames = 16;
-  setup.host_frames = 16;
-  setup.nvme_extents = 64;
+  const SimSetup setup = small_tiers_with_nvme();
   SimWorld w(setup);
   std::vector<std::vector<BlockKey>> prompts;
-  ASSERT_TRUE(w.compute_prompts(8, 4, kNanosPerMicro, prompts).ok());
-  ASSERT_EQ(w.scheduler().match(prompts[0]).by_tier[tier_index(Tier::kNvme)], 4u);
+  ASSERT_NO_FATAL_FAILURE(compute_eight_prompts(w, prompts));
   w.port().hang_next_reads(1);
   auto s = w.scheduler().open_sequence(prompts[0]);
   ASSERT_TRUE(s.ok());

@@ -170,7 +170,7 @@ TEST(Fp8OffloadStore, AReadTheDriveHoldsCompletesAtItsTimeoutWithTheCallersPages
     std::atomic<int> released_at{0};
     TransferOptions o;
     o.on_complete = [&](const Status&) { ++events; };
-    if (caller_releases) o.on_buffers_released = [&] { released_at = ++events; };
+    if (caller_releases) o.on_buffers_released = [&](const Status&) { released_at = ++events; };
     auto t = s.engine->read_block(key, into, std::move(o));
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     ASSERT_TRUE(testing::eventually([&] { return t->done(); })) << "the read waits for the drive";

@@ -138,7 +138,7 @@ TEST_P(HungDriveTest, AHungReadWhoseCallerTakesItsBuffersBackLaterFailsAtItsTime
     std::atomic<int> released_at{0};
     TransferOptions options;
     options.on_complete = [&](const Status&) { completed_at = ++events; };
-    options.on_buffers_released = [&] { released_at = ++events; };
+    options.on_buffers_released = [&](const Status&) { released_at = ++events; };
     auto t = store_->read_block(test_key(id), p.pages(), std::move(options));
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     ASSERT_TRUE(eventually([&] { return completed_at.load() != 0; }))
@@ -174,7 +174,7 @@ TEST_P(HungDriveTest, AHungWriteReleasesItsPagesOnlyWhenTheDriveAnswers) {
   p.fill(1, kGeom.page_bytes());
   std::atomic<bool> released{false};
   TransferOptions options;
-  options.on_buffers_released = [&] { released = true; };
+  options.on_buffers_released = [&](const Status&) { released = true; };
   auto t = store_->write_block(test_key(1), p.const_pages(), std::move(options));
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_EQ(t->wait().code(), StatusCode::kDeadlineExceeded);

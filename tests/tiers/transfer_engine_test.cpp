@@ -172,7 +172,7 @@ TEST(TransferEngine, BuffersAreReleasedAfterTheCallbackOrWhenTheEngineLetsThemGo
   const auto options = [&] {
     TransferOptions o;
     o.on_complete = [&](const Status& st) { events.push_back("complete " + st.to_string()); };
-    o.on_buffers_released = [&] { events.push_back("released"); };
+    o.on_buffers_released = [&](const Status&) { events.push_back("released"); };
     return o;
   };
   TransferState at_once(Link::kNvmeToHost, 0, options(), nullptr, nullptr);
