@@ -44,11 +44,25 @@ struct Scrape {
   double io_timeouts = -1;
   double unanswered = -1;
   double writes_pending = -1;  // bytes queued or in flight host -> NVMe
+  double reads_pending = -1;   // bytes queued or in flight NVMe -> host
   double probes = -1;
   double readmitted = -1;
   double replaced = -1;
   double frames_held = -1;  // host frames failed NVMe reads hold
 };
+
+// Bytes a link has queued (at any priority) or in flight, from a scrape; -1 if it has no gauge.
+double pending_bytes(const std::string& body, const std::string& src, const std::string& dst) {
+  const std::string link = "src=\"" + src + "\",dst=\"" + dst + "\"";
+  double pending =
+      testing::sample_value(body, "kvtier_link_inflight_bytes{" + link + "}").value_or(-1);
+  for (const char* priority : kQueuePriorityNames) {
+    const std::string series =
+        "kvtier_link_queued_bytes{" + link + ",priority=\"" + priority + "\"}";
+    pending += testing::sample_value(body, series).value_or(0);
+  }
+  return pending;
+}
 
 Scrape scrape(const Runtime& rt) {
   const testing::HttpResponse r = testing::http_get(rt.metrics_port(), "/metrics");
@@ -69,14 +83,8 @@ Scrape scrape(const Runtime& rt) {
   s.probes = testing::sample_value(r.body, "kvtier_nvme_probes_total").value_or(-1);
   s.readmitted = testing::sample_value(r.body, "kvtier_nvme_files_readmitted_total").value_or(-1);
   s.replaced = testing::sample_value(r.body, "kvtier_nvme_files_replaced_total").value_or(-1);
-  s.writes_pending =
-      testing::sample_value(r.body, "kvtier_link_inflight_bytes{src=\"host\",dst=\"nvme\"}")
-          .value_or(-1);
-  for (const char* priority : kQueuePriorityNames) {
-    const std::string series = std::string("kvtier_link_queued_bytes{src=\"host\",dst=\"nvme\",") +
-                               "priority=\"" + priority + "\"}";
-    s.writes_pending += testing::sample_value(r.body, series).value_or(0);
-  }
+  s.writes_pending = pending_bytes(r.body, "host", "nvme");
+  s.reads_pending = pending_bytes(r.body, "nvme", "host");
   return s;
 }
 
@@ -368,8 +376,12 @@ TEST_F(RuntimeNvmeFailures, ADiskThatFailsEveryReadIsPausedAndPromptsRecompute) 
   const Status first = prefill_prompt(*rt_, 1, /*must_run=*/false);
   EXPECT_TRUE(first.ok() || first.code() == StatusCode::kIoError) << first.to_string();
   EXPECT_GE(faults_->injected(), 2u);
-  Scrape s = scrape_until(*rt_, [](const Scrape& now) { return now.reads_paused == 1.0; });
+  // The step's other reads were sent with the two that failed, and may reach the disk after the
+  // pause: counted once they end.
+  Scrape s = scrape_until(
+      *rt_, [](const Scrape& now) { return now.reads_paused == 1.0 && now.reads_pending == 0.0; });
   ASSERT_EQ(s.reads_paused, 1.0);
+  ASSERT_EQ(s.reads_pending, 0.0);
   EXPECT_EQ(s.read_pauses, 1.0);
   const uint64_t reads = faults_->requests(IoOpcode::kRead);
   for (uint32_t seed = 2; seed <= 10; ++seed) ASSERT_TRUE(prefill_prompt(*rt_, seed).ok());
