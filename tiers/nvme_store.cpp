@@ -224,7 +224,7 @@ Status NvmeStore::open_files() {
     scan_at_open_[i] = exists && o.sb && !o.formatted_now ? 1 : 0;
     File f;
     f.path = o.path;
-    f.fd = std::move(o.fd);
+    f.fd = SharedFd(std::move(o.fd));
     f.extent_count = per_file[i];
     files_.push_back(std::move(f));
   }
@@ -448,7 +448,7 @@ Status NvmeStore::recover() {
     op->kind = Op::Kind::kScan;
     op->extent = e;
     op->file = loc.file;
-    op->fd = files_[loc.file].fd.get();
+    op->fd = files_[loc.file].fd;
     op->extent_offset = loc.offset;
     op->scan = &batch;
     post(std::move(op));
@@ -560,7 +560,7 @@ Result<Transfer> NvmeStore::write_block(const BlockKey& key,
     }
     op->extent = *extent;
     op->file = loc->file;
-    op->fd = files_[loc->file].fd.get();
+    op->fd = files_[loc->file].fd;
     op->extent_offset = loc->offset;
     op->generation = next_generation_++;
     Entry e;
@@ -613,7 +613,7 @@ Result<const NvmeStore::Entry*> NvmeStore::claim_for_read(const BlockKey& key,
   KVTIER_RETURN_IF_ERROR(refuse_on_a_hung_drive_locked(loc.file, what));
   op.extent = it->second.extent;
   op.file = loc.file;
-  op.fd = files_[loc.file].fd.get();
+  op.fd = files_[loc.file].fd;
   op.extent_offset = loc.offset;
   op.generation = it->second.generation;
   ++readers_[op.extent];

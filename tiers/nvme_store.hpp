@@ -91,7 +91,7 @@
 // superblock goes: a new or discarded drive, a file created by hand) in place of one of an
 // existing store is formatted as that file, empty, and used: at open, or by its probe while the
 // store runs (the probe opens the path afresh, so a new file system mounted there is seen; the
-// old descriptor stays open, unused, until the store closes). A block device is always probed
+// old descriptor closes when the last operation made with it ends). A block device is always probed
 // through its name opened afresh, kept only if the probe readmits it: a drive hot-swapped under
 // the same name often gets the old one's device number, so nothing else tells them apart, and
 // the old descriptor would reach the removed drive for ever. A missing file is created only
@@ -224,7 +224,7 @@ class NvmeStore final : public BlockStore {
   struct Op;
   struct File {
     std::string path;
-    ScopedFd fd;
+    SharedFd fd;  // shared with the operations made with it
     uint64_t extent_count = 0;
   };
   // "tiers.nvme.paths[index]", as errors name a file's config entry.
@@ -395,11 +395,12 @@ class NvmeStore final : public BlockStore {
   // Replacing a drive while the store runs (nvme_store_replace.cpp). Under index_mu_: opens the
   // path of `file` afresh, for its probe. One that names another file than the store holds (a
   // replaced drive's file system mounted there) takes its place; a missing one is created only
-  // where may_create_lost_file allows. A block device is the probe's own (Op::probe_fd), returned,
-  // and the file's only once the probe readmits it; null when the probe uses the file's.
-  Result<std::shared_ptr<ScopedFd>> reopen_for_probe_locked(uint32_t file);
-  // Under index_mu_: `fd` becomes the descriptor of `file` for every operation made from now on.
-  void adopt_locked(uint32_t file, ScopedFd fd);
+  // where may_create_lost_file allows. A block device is the probe's own (Op::adopt_fd), returned,
+  // and the file's only once the probe readmits it; empty when the probe uses the file's.
+  Result<SharedFd> reopen_for_probe_locked(uint32_t file);
+  // Under index_mu_: `fd` becomes the descriptor of `file` for every operation made from now on;
+  // the one it replaces closes when the last operation made with it ends.
+  void adopt_locked(uint32_t file, SharedFd fd);
   // The probe read `probe` ended with `read`: whether it found the file blank (its superblock
   // region all zeros, or a regular file of no bytes).
   bool found_blank(const Op& probe, const Status& read) const;
@@ -420,9 +421,6 @@ class NvmeStore final : public BlockStore {
   // headers (a new store's files, and those formatted or left out at open, are not read).
   std::vector<uint8_t> scan_at_open_;
   std::vector<File> files_;
-  // Descriptors of files a probe found replaced, kept open for the operations that hold them;
-  // guarded by index_mu_.
-  std::vector<ScopedFd> replaced_fds_;
   std::unique_ptr<ExtentAllocator> extents_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_worker_{0};

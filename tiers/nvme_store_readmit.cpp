@@ -24,7 +24,7 @@ void NvmeStore::post_due_probes_locked() {
   for (uint32_t file : file_health_.probes_due(NvmeFileHealth::Clock::now())) {
     // Its path is opened afresh: a replaced drive's file system may be mounted there now
     // (nvme_store_replace.cpp).
-    Result<std::shared_ptr<ScopedFd>> opened = reopen_for_probe_locked(file);
+    Result<SharedFd> opened = reopen_for_probe_locked(file);
     if (!opened.ok()) {
       stats_->nvme_probes.fetch_add(1, std::memory_order_relaxed);
       probe_finished_locked(file, opened.status(), /*formatted=*/false, /*extents=*/0);
@@ -33,8 +33,8 @@ void NvmeStore::post_due_probes_locked() {
     auto op = std::make_unique<Op>();
     op->kind = Op::Kind::kProbe;
     op->file = file;
-    op->probe_fd = std::move(opened).value();
-    op->fd = op->probe_fd ? op->probe_fd->get() : files_[file].fd.get();
+    op->adopt_fd = opened->valid();
+    op->fd = op->adopt_fd ? std::move(opened).value() : files_[file].fd;
     op->probe_bytes = probe_bytes();
     op->probe_buffer = new_probe_buffer();
     if (!op->probe_buffer) {
@@ -61,7 +61,7 @@ Result<uint64_t> NvmeStore::check_probe(const Op& op) const {
     return failed_precondition(path + " is a file of a store of " + std::to_string(sb->file_count) +
                                " files; this one has " + std::to_string(files_.size()));
   }
-  KVTIER_ASSIGN_OR_RETURN(FileInfo info, options_.backend->stat(op.fd, path));
+  KVTIER_ASSIGN_OR_RETURN(FileInfo info, options_.backend->stat(op.fd.get(), path));
   const uint64_t needed = sb->first_offset + sb->extent_count * layout_.extent_bytes;
   if (info.size < needed) {
     return data_loss(path + " is truncated: " + std::to_string(info.size) +
@@ -115,7 +115,7 @@ void NvmeStore::post_probe_write(const Op& probe, AlignedBytes superblock, bool 
   op->kind = Op::Kind::kProbe;
   op->file = probe.file;
   op->fd = probe.fd;
-  op->probe_fd = probe.probe_fd;
+  op->adopt_fd = probe.adopt_fd;
   op->probe_writes = true;
   op->probe_formats = formats;
   op->probe_extents = extents;
@@ -128,9 +128,7 @@ void NvmeStore::probe_finished(const Op& op, const Status& result) {
   std::lock_guard<std::mutex> lock(index_mu_);
   // A block device the probe opened afresh is the file's from now on (before the extents it
   // readmits are handed out): the old descriptor may reach a drive removed under the same name.
-  if (result.ok() && op.probe_fd && op.probe_fd->valid()) {
-    adopt_locked(op.file, ScopedFd(op.probe_fd->release()));
-  }
+  if (result.ok() && op.adopt_fd) adopt_locked(op.file, op.fd);
   probe_finished_locked(op.file, result, op.probe_formats, op.probe_extents);
 }
 

@@ -14,7 +14,7 @@
 // for that file in the probe's place, like any request (timeout, refusal while the drive holds
 // requests unanswered), and a success readmits the file with every extent, the old drive's
 // bad-sector marks forgotten. A block device's probe goes through a descriptor of its own, the
-// name opened afresh, which the file adopts when the probe readmits it (Op::probe_fd): its device
+// name opened afresh, which the file adopts when the probe readmits it (Op::adopt_fd): its device
 // number cannot tell a replaced drive from the removed one.
 #include <fcntl.h>
 
@@ -112,7 +112,7 @@ Status NvmeStore::replace_lost_files(std::vector<OpenedFile>& opened, const Supe
   return Status();
 }
 
-Result<std::shared_ptr<ScopedFd>> NvmeStore::reopen_for_probe_locked(uint32_t file) {
+Result<SharedFd> NvmeStore::reopen_for_probe_locked(uint32_t file) {
   File& f = files_[file];
   IoBackend& io = *options_.backend;
   const int flags = O_RDWR | (direct_io_ ? O_DIRECT : 0);
@@ -126,27 +126,25 @@ Result<std::shared_ptr<ScopedFd>> NvmeStore::reopen_for_probe_locked(uint32_t fi
   } else if (!fd.ok()) {
     // The path cannot be opened now (EACCES, EIO): the probe tries the file the store holds.
     if (!f.fd.valid()) return fd.status();
-    return std::shared_ptr<ScopedFd>();
+    return SharedFd();
   }
   if (f.fd.valid()) {
     Result<FileInfo> now = io.stat(fd->get(), f.path);
     if (now.ok() && now->block_device) {
-      return std::make_shared<ScopedFd>(std::move(fd).value());  // adopted if it readmits
+      return SharedFd(std::move(fd).value());  // adopted if it readmits
     }
     Result<FileInfo> before = io.stat(f.fd.get(), f.path);
     if (before.ok() && now.ok() && same_file(*before, *now)) {
-      return std::shared_ptr<ScopedFd>();  // the same file
+      return SharedFd();  // the same file
     }
   }
-  adopt_locked(file, std::move(fd).value());
-  return std::shared_ptr<ScopedFd>();
+  adopt_locked(file, SharedFd(std::move(fd).value()));
+  return SharedFd();
 }
 
-void NvmeStore::adopt_locked(uint32_t file, ScopedFd fd) {
-  File& f = files_[file];
-  // Operations made before hold the old descriptor: it stays open until the store closes.
-  if (f.fd.valid()) replaced_fds_.push_back(std::move(f.fd));
-  f.fd = std::move(fd);
+void NvmeStore::adopt_locked(uint32_t file, SharedFd fd) {
+  // Operations made before hold the old descriptor: it closes when the last of them ends.
+  files_[file].fd = std::move(fd);
 }
 
 bool NvmeStore::found_blank(const Op& probe, const Status& read) const {
@@ -154,14 +152,14 @@ bool NvmeStore::found_blank(const Op& probe, const Status& read) const {
     return blank_superblock(std::span<const std::byte>(probe.probe_buffer.get(), kSuperblockBytes));
   }
   // A regular file emptied or just created: its read ended at the end of the file.
-  Result<FileInfo> info = options_.backend->stat(probe.fd, files_[probe.file].path);
+  Result<FileInfo> info = options_.backend->stat(probe.fd.get(), files_[probe.file].path);
   return info.ok() && !info->block_device && info->size == 0;
 }
 
 Status NvmeStore::post_format(const Op& probe) {
   const uint32_t file = probe.file;
   const File& f = files_[file];  // its path and extent count, which never change
-  KVTIER_ASSIGN_OR_RETURN(FileInfo info, options_.backend->stat(probe.fd, f.path));
+  KVTIER_ASSIGN_OR_RETURN(FileInfo info, options_.backend->stat(probe.fd.get(), f.path));
   KVTIER_ASSIGN_OR_RETURN(ExtentLocation first, place(extents_->first_extent_of(file)));
   std::string why_not;
   // A block device smaller than the lost one holds fewer extents: it is formatted with those.
@@ -169,7 +167,7 @@ Status NvmeStore::post_format(const Op& probe) {
   if (fits == 0) return failed_precondition(f.path + " is blank but " + why_not);
   const uint64_t size = first.offset + fits * layout_.extent_bytes;
   if (!info.block_device && info.size < size) {
-    KVTIER_RETURN_IF_ERROR(options_.backend->allocate(probe.fd, f.path, size));
+    KVTIER_RETURN_IF_ERROR(options_.backend->allocate(probe.fd.get(), f.path, size));
   }
   AlignedBytes superblock = new_probe_buffer();
   if (!superblock) return resource_exhausted("no memory for a superblock buffer");

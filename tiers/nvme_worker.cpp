@@ -347,7 +347,7 @@ void NvmeStore::Worker::submit_ready() {
       IoRequest r;
       r.tag = reinterpret_cast<uint64_t>(s);
       r.opcode = s->opcode;
-      r.fd = op.fd;
+      r.fd = op.fd.get();
       r.offset = s->offset;
       r.iov = s->iov.data() + s->iov_first;
       r.iovcnt = static_cast<uint32_t>(s->iov.size() - s->iov_first);

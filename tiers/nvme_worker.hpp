@@ -74,9 +74,10 @@ struct NvmeStore::Op {
   BlockKey key;
   uint32_t extent = 0;
   uint32_t file = 0;
-  // The file's descriptor when the operation was made: a probe may give the file a new one (a
-  // replaced drive), and the old one stays open until the store closes.
-  int fd = -1;
+  // The file's descriptor when the operation was made, held open by the operation: a probe may
+  // give the file a new one (a replaced drive), and the old one closes after the last operation
+  // made with it.
+  SharedFd fd;
   uint64_t extent_offset = 0;
   uint64_t generation = 0;
   uint32_t layer = 0;
@@ -93,11 +94,11 @@ struct NvmeStore::Op {
   bool probe_writes = false;
   bool probe_formats = false;
   uint64_t probe_extents = 0;  // probe_writes: the file's extents in service once it lands
-  // kProbe of a block device: the path opened afresh, `fd` here, and the file's own descriptor
-  // once the probe readmits it. A device replaced under its name has the old one's number as
-  // often as not (the kernel reuses freed minors), so no identity check can tell it apart; the
-  // old descriptor would reach the removed drive for ever. A probe that fails closes it.
-  std::shared_ptr<ScopedFd> probe_fd;
+  // kProbe of a block device: `fd` is its path opened afresh, the file's own descriptor once the
+  // probe readmits it. A device replaced under its name has the old one's number as often as not
+  // (the kernel reuses freed minors), so no identity check can tell it apart; the old descriptor
+  // would reach the removed drive for ever. A probe that fails closes it.
+  bool adopt_fd = false;
 
   // Owned by the I/O thread from here on.
   int slot = -1;

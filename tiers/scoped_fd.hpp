@@ -1,14 +1,18 @@
-// ScopedFd: sole owner of one file descriptor.
+// ScopedFd: sole owner of one file descriptor. SharedFd: one descriptor several owners hold.
 //
-// Move-only; the destructor closes without throwing and logs a failed close (on Linux the fd is
-// gone either way, so close is never retried — a retry could close a descriptor another thread has
-// just been given). `release()` hands the descriptor back to the caller. -1 means empty.
+// ScopedFd is move-only; the destructor closes without throwing and logs a failed close (on Linux
+// the fd is gone either way, so close is never retried — a retry could close a descriptor another
+// thread has just been given). `release()` hands the descriptor back to the caller. -1 means
+// empty. SharedFd is a copyable handle to a ScopedFd, closed when the last copy goes: a file and
+// the operations made with it share one, so a descriptor the file replaces stays open exactly as
+// long as an operation still uses it.
 #pragma once
 
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -47,6 +51,19 @@ class ScopedFd {
 
  private:
   int fd_ = -1;
+};
+
+class SharedFd {
+ public:
+  SharedFd() = default;
+  explicit SharedFd(ScopedFd fd)
+      : fd_(fd.valid() ? std::make_shared<const ScopedFd>(std::move(fd)) : nullptr) {}
+
+  int get() const { return fd_ ? fd_->get() : -1; }
+  bool valid() const { return fd_ != nullptr; }
+
+ private:
+  std::shared_ptr<const ScopedFd> fd_;
 };
 
 }  // namespace kvtier

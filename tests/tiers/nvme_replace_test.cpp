@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "tests/tiers/fault_store_fixture.hpp"
@@ -55,6 +57,12 @@ class ReplaceTest : public FourDrivesTest {
     }
   }
 };
+
+// The descriptors this process holds open.
+std::ptrdiff_t open_fd_count() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                       std::filesystem::directory_iterator{});
+}
 
 std::vector<uint64_t> ids(uint64_t from, uint64_t to) {
   std::vector<uint64_t> v;
@@ -248,15 +256,41 @@ TEST_F(ReplaceTest, TheProbesOfADeadBlockDeviceLeaveNoDescriptorOpen) {
   take_out_d2(/*hang=*/false);
   ASSERT_NE(store_, nullptr);
   faults_->treat_as_block_device("d2.kvs");
-  const auto open_fds = [] {
-    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
-                         std::filesystem::directory_iterator{});
-  };
   ASSERT_TRUE(writing_until(500, [&] { return probes() == 1; }));
-  const auto after_one = open_fds();
+  const auto after_one = open_fd_count();
   ASSERT_TRUE(writing_until(500, [&] { return probes() == 4; }));
   EXPECT_EQ(out(), 1u);
-  EXPECT_EQ(open_fds(), after_one) << "a failed probe left its descriptor open";
+  EXPECT_EQ(open_fd_count(), after_one) << "a failed probe left its descriptor open";
+}
+
+// A flapping block device, taken out and readmitted again and again, holds one descriptor: each
+// readmission gives the file the one its probe opened, and the one it replaces closes once no
+// operation made with it is left (they are all done here), not when the store closes.
+TEST_F(ReplaceTest, ADeviceReadmittedAgainAndAgainHoldsOneDescriptor) {
+  take_out_d2(/*hang=*/false);
+  ASSERT_NE(store_, nullptr);
+  faults_->treat_as_block_device("d2.kvs");
+  const auto held = open_fd_count();  // d2's own among them
+  uint64_t id = 1000;
+  for (uint64_t round = 1; round <= 4; ++round) {
+    if (round > 1) {
+      faults_->fail_file("d2.kvs");
+      std::vector<uint64_t> written;  // elsewhere, erased once d2 is out: the store stays as full
+      for (const uint64_t last = id + 64; id < last && out() == 0; ++id) {
+        if (write(id, id).ok()) written.push_back(id);
+      }
+      ASSERT_EQ(out(), 1u) << "round " << round;
+      for (uint64_t w : written) EXPECT_TRUE(store_->erase(test_key(w)).ok()) << w;
+    }
+    faults_->clear();
+    ASSERT_TRUE(writing_until(500, [&] { return readmitted() == round; })) << "round " << round;
+    // A probe's operation may end just after it counts.
+    EXPECT_TRUE(eventually([&] { return open_fd_count() == held; }))
+        << "round " << round << ": " << open_fd_count() - held << " more descriptors open";
+  }
+  const std::vector<uint64_t> on_d2 = write_blocks(2000, 2032, "d2.kvs");
+  EXPECT_FALSE(on_d2.empty());
+  expect_readable(on_d2);
 }
 
 // A block device is formatted into the store only when blank: after a replacement its name may
