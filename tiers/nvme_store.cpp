@@ -16,6 +16,7 @@
 #include "tiers/aligned_bytes.hpp"
 #include "tiers/checksum.hpp"
 #include "tiers/key_text.hpp"
+#include "tiers/nvme_open_plan.hpp"
 #include "tiers/nvme_worker.hpp"
 #include "tiers/sys_error.hpp"
 
@@ -88,17 +89,16 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const PageFormat& format,
 Status NvmeStore::check_listed_once(const std::vector<OpenedFile>& opened, std::size_t index,
                                     const std::string& path, const FileInfo& info) {
   for (std::size_t j = 0; j < opened.size(); ++j) {
-    if (j != index && opened[j].fd.valid() && same_file(opened[j].info, info)) {
-      return invalid_argument(path_key(j) + " (" + opened[j].path + ") and " + path_key(index) +
-                              " (" + path + ") are the same file; list each store file once");
+    if (j != index && opened[j].fd.valid() && same_file(opened[j].report.info, info)) {
+      return invalid_argument(path_key(j) + " (" + opened[j].report.path + ") and " +
+                              path_key(index) + " (" + path + ") are the same file; list each " +
+                              "store file once");
     }
   }
   return Status();
 }
 
-std::string NvmeStore::path_key(std::size_t index) {
-  return "tiers.nvme.paths[" + std::to_string(index) + "]";
-}
+std::string NvmeStore::path_key(std::size_t index) { return store_path_key(index); }
 
 Result<ScopedFd> NvmeStore::open_store_path(const std::string& path, const std::string& key,
                                             bool create) {
@@ -126,56 +126,18 @@ Result<ScopedFd> NvmeStore::open_store_path(const std::string& path, const std::
 
 Result<NvmeStore::OpenedFile> NvmeStore::open_store_file(uint32_t index,
                                                          const std::vector<OpenedFile>& before) {
-  IoBackend& io = *options_.backend;
   OpenedFile o;
-  o.path = options_.config.paths[index];
-  const std::string key = path_key(index);
+  const std::string& path = options_.config.paths[index];
   // Never created here: a file of an existing store is created only where its drive is mounted
-  // (replace_lost_files), and those of a new store once none is found to exist.
-  auto fd = open_store_path(o.path, key, /*create=*/false);
-  if (!fd.ok() && fd.status().code() == StatusCode::kNotFound) {
-    o.missing = true;
-    o.absent = fd.status().message();
-    return o;
+  // (the plan says), and those of a new store once none is found to exist.
+  Result<ScopedFd> fd = open_store_path(path, path_key(index), /*create=*/false);
+  o.report = classify_store_path(*options_.backend, path, fd);
+  if (fd.ok()) {
+    // (An unstatted file's info identifies nothing.)
+    KVTIER_RETURN_IF_ERROR(check_listed_once(before, index, path, o.report.info));
+    o.fd = std::move(fd).value();
   }
-  if (!fd.ok()) return std::move(fd).status().with_context(key);
-  o.fd = std::move(fd).value();
-  auto info = io.stat(o.fd.get(), o.path);
-  if (!info.ok()) return std::move(info).status().with_context(key);
-  o.info = *info;
-  KVTIER_RETURN_IF_ERROR(check_listed_once(before, index, o.path, o.info));
-  if (o.info.size == 0 && !o.info.block_device) {
-    o.blank = true;
-    return o;
-  }
-  auto buf = aligned_bytes(4096, kSuperblockBytes);
-  if (!buf) return resource_exhausted("no memory for a superblock buffer");
-  const std::span<const std::byte> region(buf.get(), kSuperblockBytes);
-  Status r = o.info.size < kSuperblockBytes
-                 ? not_found(o.path + " is too small for a superblock")
-                 : io.read_at(o.fd.get(), o.path, buf.get(), kSuperblockBytes, 0);
-  if (!r.ok() && r.code() != StatusCode::kNotFound) {
-    o.absent = r.message();  // a dead drive: the store may open without it (open_files decides)
-    return o;
-  }
-  if (r.ok() && blank_superblock(region)) {
-    o.blank = true;
-    return o;
-  }
-  auto sb = r.ok() ? decode_superblock(region, o.path) : Result<Superblock>(std::move(r));
-  if (sb.ok()) {
-    o.sb = *sb;
-    return o;
-  }
-  // A block device with something else on it: formatted only as a new store's file
-  // (adopt_existing_store refuses it in place of a lost one).
-  if (sb.status().code() == StatusCode::kNotFound && o.info.block_device) return o;
-  if (sb.status().code() == StatusCode::kNotFound) {
-    return failed_precondition(key + ": " + o.path + " is not empty (" +
-                               std::to_string(o.info.size) +
-                               " bytes) and is not a kvtier store; refusing to overwrite it");
-  }
-  return std::move(sb).status().with_context(key);
+  return o;
 }
 
 Superblock NvmeStore::superblock_of(uint32_t index, uint64_t extent_count,
@@ -209,21 +171,25 @@ Status NvmeStore::open_files() {
     KVTIER_ASSIGN_OR_RETURN(OpenedFile o, open_store_file(i, opened));
     opened.push_back(std::move(o));
   }
-  const bool exists =
-      std::any_of(opened.begin(), opened.end(), [](const OpenedFile& o) { return o.sb; });
+  std::vector<StoreFileReport> reports;
+  for (const OpenedFile& o : opened) reports.push_back(o.report);
+  const StoreOpenPlan plan = plan_store_open(reports, format_, direct_io_);
+  KVTIER_RETURN_IF_ERROR(plan.refusal());
+  const bool exists = plan.first.has_value();
   std::vector<uint32_t> per_file;
   uint64_t first_offset = 0;
   if (exists) {
-    KVTIER_ASSIGN_OR_RETURN(per_file, adopt_existing_store(opened, first_offset));
+    KVTIER_ASSIGN_OR_RETURN(per_file, adopt_existing_store(opened, plan));
+    first_offset = plan.first->first_offset;
   } else {
-    KVTIER_ASSIGN_OR_RETURN(per_file, format_new_store(opened, first_offset));
+    KVTIER_ASSIGN_OR_RETURN(per_file, format_new_store(opened, plan, first_offset));
   }
   scan_at_open_.assign(opened.size(), 0);
   for (std::size_t i = 0; i < opened.size(); ++i) {
     OpenedFile& o = opened[i];
-    scan_at_open_[i] = exists && o.sb && !o.formatted_now ? 1 : 0;
+    scan_at_open_[i] = exists && o.absent.empty() && !o.formatted_now ? 1 : 0;
     File f;
-    f.path = o.path;
+    f.path = o.report.path;
     f.fd = SharedFd(std::move(o.fd));
     f.extent_count = per_file[i];
     files_.push_back(std::move(f));
@@ -248,30 +214,20 @@ Status NvmeStore::open_files() {
 }
 
 Result<std::vector<uint32_t>> NvmeStore::format_new_store(std::vector<OpenedFile>& opened,
+                                                          const StoreOpenPlan& plan,
                                                           uint64_t& first_offset) {
   const NvmeTierConfig& c = options_.config;
   IoBackend& io = *options_.backend;
-  // Missing paths are created; a path that is there but unreadable fails the store.
   for (uint32_t i = 0; i < opened.size(); ++i) {
-    OpenedFile& o = opened[i];
-    if (o.absent.empty()) continue;
-    const std::string key = path_key(i);
-    if (!o.missing) return io_error(o.absent).with_context(key);
-    auto fd = open_store_path(o.path, key, /*create=*/true);
-    if (!fd.ok()) return std::move(fd).status().with_context(key);
-    auto info = io.stat(fd->get(), o.path);
-    if (!info.ok()) return std::move(info).status().with_context(key);
-    KVTIER_RETURN_IF_ERROR(check_listed_once(opened, i, o.path, *info));
-    o.fd = std::move(fd).value();
-    o.info = *info;
-    o.missing = false;
-    o.absent.clear();
+    if (plan.files[i].fate != FileFate::kCreate) continue;
+    KVTIER_ASSIGN_OR_RETURN(CreatedPath created, create_path(i));
+    KVTIER_RETURN_IF_ERROR(take_created(opened, i, std::move(created)));
   }
   // An assumed block size (logical_block_known false) matters only to O_DIRECT.
   uint32_t io_align = 512;
   for (const OpenedFile& o : opened) {
-    if (direct_io_ || o.info.logical_block_known) {
-      io_align = std::max(io_align, o.info.logical_block);
+    if (direct_io_ || o.report.info.logical_block_known) {
+      io_align = std::max(io_align, o.report.info.logical_block);
     }
   }
   KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, io_align));
@@ -280,54 +236,60 @@ Result<std::vector<uint32_t>> NvmeStore::format_new_store(std::vector<OpenedFile
   std::vector<uint32_t> per_file;
   for (uint32_t i = 0; i < opened.size(); ++i) {
     OpenedFile& o = opened[i];
+    const FileInfo& info = o.report.info;
+    const std::string& path = o.report.path;
     uint64_t count = c.capacity_bytes / opened.size() / layout_.extent_bytes;
-    if (o.info.block_device) {
-      log(LogLevel::kInfo, "formatting block device " + o.path + " as a kvtier store");
-      count = std::min(count, o.info.size > first_offset
-                                  ? (o.info.size - first_offset) / layout_.extent_bytes
-                                  : 0);
+    if (info.block_device) {
+      log(LogLevel::kInfo, "formatting block device " + path + " as a kvtier store");
+      count = std::min(
+          count, info.size > first_offset ? (info.size - first_offset) / layout_.extent_bytes : 0);
     }
     count = std::min<uint64_t>(count, FrameAllocator::kMaxFrames / opened.size());
     if (count == 0) {
       return invalid_argument("tiers.nvme.capacity_bytes " + std::to_string(c.capacity_bytes) +
                               " leaves less than one extent (" +
-                              std::to_string(layout_.extent_bytes) + " bytes) for " + o.path);
+                              std::to_string(layout_.extent_bytes) + " bytes) for " + path);
     }
-    if (!o.info.block_device) {
-      Status a = io.allocate(o.fd.get(), o.path, first_offset + count * layout_.extent_bytes);
+    if (!info.block_device) {
+      Status a = io.allocate(o.fd.get(), path, first_offset + count * layout_.extent_bytes);
       if (!a.ok()) return a.with_context(path_key(i));
     }
     KVTIER_RETURN_IF_ERROR(
-        write_superblock(o.fd.get(), o.path, superblock_of(i, count, first_offset)));
+        write_superblock(o.fd.get(), path, superblock_of(i, count, first_offset)));
     per_file.push_back(static_cast<uint32_t>(count));
   }
   return per_file;
 }
 
+Result<NvmeStore::CreatedPath> NvmeStore::create_path(uint32_t index) {
+  const std::string& path = options_.config.paths[index];
+  const std::string key = path_key(index);
+  CreatedPath created;
+  KVTIER_ASSIGN_OR_RETURN(created.fd, open_store_path(path, key, /*create=*/true));
+  Result<FileInfo> info = options_.backend->stat(created.fd.get(), path);
+  if (!info.ok()) return std::move(info).status().with_context(key);
+  created.info = *info;
+  return created;
+}
+
+Status NvmeStore::take_created(std::vector<OpenedFile>& opened, uint32_t index,
+                               CreatedPath created) {
+  OpenedFile& o = opened[index];
+  // Two paths naming one missing file (a/b and a//b) would both create it.
+  KVTIER_RETURN_IF_ERROR(check_listed_once(opened, index, o.report.path, created.info));
+  o.fd = std::move(created.fd);
+  o.report.info = created.info;
+  o.report.holds = StoreFileReport::Holds::kBlank;
+  return Status();
+}
+
 Result<std::vector<uint32_t>> NvmeStore::adopt_existing_store(std::vector<OpenedFile>& opened,
-                                                              uint64_t& first_offset) {
+                                                              const StoreOpenPlan& plan) {
   const NvmeTierConfig& c = options_.config;
-  const Superblock first =
-      *std::find_if(opened.begin(), opened.end(), [](const OpenedFile& o) { return o.sb; })->sb;
+  const Superblock& first = *plan.first;
   store_id_ = first.store_id;
-  first_offset = first.first_offset;
-  KVTIER_ASSIGN_OR_RETURN(layout_, ExtentLayout::make(format_, first.layout.io_align));
-  for (uint32_t i = 0; i < opened.size(); ++i) {
-    const OpenedFile& o = opened[i];
-    if (!o.sb) {
-      // A device name may now name another drive: only a blank one is formatted into the store.
-      if (o.absent.empty() && !o.blank) {
-        return failed_precondition(
-            path_key(i) + ": " + o.path + " holds neither a kvtier store nor zeros in its first " +
-            std::to_string(kSuperblockBytes) + " bytes; refusing to format it as file " +
-            std::to_string(i) + " of store " + hex64(store_id_) +
-            ": if it is the drive that replaced that file, discard it first (blkdiscard)");
-      }
-      continue;
-    }
-    KVTIER_RETURN_IF_ERROR(check_store_file(o, i, first));
-  }
-  KVTIER_RETURN_IF_ERROR(replace_lost_files(opened, first));
+  layout_ = plan.layout;
+  KVTIER_RETURN_IF_ERROR(replace_lost_files(opened, plan));
   std::vector<uint32_t> per_file;
   uint64_t total = 0;
   bool differs = false;
@@ -336,8 +298,8 @@ Result<std::vector<uint32_t>> NvmeStore::adopt_existing_store(std::vector<Opened
     if (!o.absent.empty()) {
       // Out of service from the start, with as many extents as the store's first file (files
       // are made equal unless a block device was smaller); a probe checks that count.
-      log(LogLevel::kError, "NVMe store: " + path_key(i) + " (" + o.path + ") is not usable (" +
-                                o.absent + "); the store opens without it, out of service" +
+      log(LogLevel::kError, "NVMe store: " + o.absent +
+                                "; the store opens without it, out of service" +
                                 (c.readmit_after_ms == 0
                                      ? std::string(" until a restart")
                                      : ", and probes it in " + std::to_string(c.readmit_after_ms) +
@@ -345,58 +307,19 @@ Result<std::vector<uint32_t>> NvmeStore::adopt_existing_store(std::vector<Opened
       per_file.push_back(static_cast<uint32_t>(first.extent_count));
       continue;
     }
-    per_file.push_back(static_cast<uint32_t>(o.sb->extent_count));
-    total += o.sb->extent_count * layout_.extent_bytes;
-    differs |= o.sb->extent_count != c.capacity_bytes / opened.size() / layout_.extent_bytes;
+    const uint64_t extents = o.report.superblock->extent_count;  // used or formatted now
+    per_file.push_back(static_cast<uint32_t>(extents));
+    total += extents * layout_.extent_bytes;
+    differs |= extents != c.capacity_bytes / opened.size() / layout_.extent_bytes;
   }
   if (differs) {
-    log_once(LogLevel::kInfo, "nvme.capacity." + opened[0].path,
-             "NVMe store " + opened[0].path + " keeps its existing size (" + std::to_string(total) +
+    const std::string& path = opened[0].report.path;
+    log_once(LogLevel::kInfo, "nvme.capacity." + path,
+             "NVMe store " + path + " keeps its existing size (" + std::to_string(total) +
                  " bytes of extents); tiers.nvme.capacity_bytes " +
                  std::to_string(c.capacity_bytes) + " applies to new stores");
   }
   return per_file;
-}
-
-Status NvmeStore::check_store_file(const OpenedFile& o, uint32_t index,
-                                   const Superblock& first) const {
-  const Superblock& sb = *o.sb;
-  const std::size_t count = options_.config.paths.size();
-  if (sb.fingerprint != fingerprint_ || !(sb.geometry == geometry_)) {
-    return failed_precondition(
-        o.path + " holds a kvtier store for geometry " + describe_geometry(sb.geometry) +
-        (sb.fingerprint != fingerprint_ && sb.geometry == geometry_
-             ? std::string(format_.encodes() ? " without" : " with") + " per-page fp8 scales"
-             : std::string()) +
-        " but the configured geometry is " + describe_page_format(format_) +
-        "; point tiers.nvme.paths elsewhere or remove the file");
-  }
-  if (sb.store_id != store_id_ || sb.file_count != count || sb.file_index != index) {
-    return failed_precondition(o.path + " is file " + std::to_string(sb.file_index) + " of " +
-                               std::to_string(sb.file_count) + " of store " + hex64(sb.store_id) +
-                               ", but is listed as " + path_key(index) + " of " +
-                               std::to_string(count) + " (store " + hex64(store_id_) + ")");
-  }
-  KVTIER_ASSIGN_OR_RETURN(ExtentLayout expect, ExtentLayout::make(format_, sb.layout.io_align));
-  if (expect.header_bytes != sb.layout.header_bytes ||
-      expect.page_stride != sb.layout.page_stride ||
-      expect.extent_bytes != sb.layout.extent_bytes || sb.first_offset != first.first_offset ||
-      sb.layout.io_align != first.layout.io_align) {
-    return data_loss("superblock of " + o.path + " describes an inconsistent extent layout");
-  }
-  // Only a reported block size refuses a store: with an assumed one, a store written at a
-  // finer alignment is used as it is (its I/O would fail, each one reported, were it wrong).
-  if (direct_io_ && o.info.logical_block_known && sb.layout.io_align % o.info.logical_block != 0) {
-    return failed_precondition(o.path + " was written with " + std::to_string(sb.layout.io_align) +
-                               "-byte alignment; its device needs " +
-                               std::to_string(o.info.logical_block));
-  }
-  const uint64_t needed = sb.first_offset + sb.extent_count * sb.layout.extent_bytes;
-  if (o.info.size < needed) {
-    return data_loss(o.path + " is truncated: " + std::to_string(o.info.size) +
-                     " bytes, its superblock describes " + std::to_string(needed));
-  }
-  return Status();
 }
 
 Status NvmeStore::start_workers() {

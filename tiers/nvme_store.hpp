@@ -79,13 +79,13 @@
 // still fails goes out again after as many failed requests as the first time, and waits longer for
 // its next probe.
 //
-// Opening without a file: a store of several files opens without one whose path is missing or
-// whose superblock cannot be read (a dead drive at start), as long as another file holds the
-// store's superblock. That file is out of service from the start, with as many extents as the
-// store's first file; its headers are not scanned, and it is probed like any other (the probe
-// opens its path afresh; a file that holds fewer extents, a smaller block device, comes back with
-// those, the rest of its place retired until a restart). With one file, a dead one still fails
-// the open.
+// Opening without a file: a store of several files opens without one whose path is missing,
+// cannot be opened, or whose superblock cannot be read (a dead drive at start), as long as another
+// file holds the store's superblock. That file is out of service from the start, with as many
+// extents as the store's first file; its headers are not scanned, and it is probed like any other
+// (the probe opens its path afresh; a file that holds fewer extents, a smaller block device, comes
+// back with those, the rest of its place retired until a restart). With one file, a dead one
+// still fails the open. nvme_open_plan.hpp states every rule of the open.
 //
 // Replacing a drive (nvme_store_replace.cpp): a file that is blank (empty, or zeros where the
 // superblock goes: a new or discarded drive, a file created by hand) in place of one of an
@@ -152,6 +152,7 @@
 #include "tiers/io_backend.hpp"
 #include "tiers/nvme_file_health.hpp"
 #include "tiers/nvme_format.hpp"
+#include "tiers/nvme_open_plan.hpp"
 
 namespace kvtier {
 
@@ -243,24 +244,25 @@ class NvmeStore final : public BlockStore {
     std::vector<std::shared_ptr<TransferState>> joined;
   };
 
-  // A store file as open_files found it.
+  // A store file as open_files found it (the report), and what the open made of it.
   struct OpenedFile {
-    std::string path;
+    StoreFileReport report;
+    ScopedFd fd;  // invalid while missing, or when it could not be opened
+    // Why the store opens without this file (the plan's reason, or a format that failed); empty
+    // when it is in service.
+    std::string absent;
+    bool formatted_now = false;  // formatted by this open: it has no headers to scan
+  };
+  // A missing path just created.
+  struct CreatedPath {
     ScopedFd fd;
     FileInfo info;
-    std::optional<Superblock> sb;
-    // Why the store may open without this file (its path is missing, its superblock unreadable);
-    // empty when it is there.
-    std::string absent;
-    bool missing = false;  // its path does not exist
-    // Holds no superblock and nothing else: empty, or its first 4 KiB read as zeros (a new drive,
-    // a discarded one, a file just created or preallocated).
-    bool blank = false;
-    bool formatted_now = false;  // formatted by this open: it has no headers to scan
   };
 
   NvmeStore(const PageFormat& format, NvmeStoreOptions options);
 
+  // Opening (nvme_open_plan.hpp states the rules): each path is opened and classified, the plan
+  // made from what they all hold, and carried out.
   Status open_files();
   // Opens `path` read-write, O_DIRECT unless the file system refuses it (then every file is
   // opened buffered: direct_io_ becomes false). Created, with its directory, only when `create`.
@@ -271,40 +273,32 @@ class NvmeStore final : public BlockStore {
   // kInvalidArgument when `info` is the same file as one of `opened` other than `index`.
   static Status check_listed_once(const std::vector<OpenedFile>& opened, std::size_t index,
                                   const std::string& path, const FileInfo& info);
-  // Reads and classifies file `index` of tiers.nvme.paths (missing, unreadable, blank, a store
-  // file, a block device holding something else); refuses a regular file that holds something
-  // else, or one of `before` again.
+  // Opens file `index` of tiers.nvme.paths, never creating it, and classifies what it holds;
+  // refuses one of `before` again.
   Result<OpenedFile> open_store_file(uint32_t index, const std::vector<OpenedFile>& before);
-  // No file holds a superblock: creates the missing ones and formats them all (store_id_,
-  // layout_); returns each file's extent count and sets the first extent's offset.
+  // Creates missing path `index`, and its directory.
+  Result<CreatedPath> create_path(uint32_t index);
+  // `created` becomes file `index`, blank; refused when it is one of the others again.
+  Status take_created(std::vector<OpenedFile>& opened, uint32_t index, CreatedPath created);
+  // A new store (no file holds a superblock): creates the missing files and formats them all
+  // (store_id_, layout_); returns each file's extent count and sets the first extent's offset.
   Result<std::vector<uint32_t>> format_new_store(std::vector<OpenedFile>& opened,
-                                                 uint64_t& first_offset);
-  // Some file holds one: checks each that does against the store (check_store_file), replaces
-  // the lost ones that may be (replace_lost_files); returns each file's extent count (the first
-  // store file's for one left absent) and sets the first extent's offset.
+                                                 const StoreOpenPlan& plan, uint64_t& first_offset);
+  // An existing store: its files as the plan checked them, the lost ones replaced where the plan
+  // says (replace_lost_files); returns each file's extent count (the first file's for one left
+  // out).
   Result<std::vector<uint32_t>> adopt_existing_store(std::vector<OpenedFile>& opened,
-                                                     uint64_t& first_offset);
-  // `o`, listed as file `index`, is a file of this store like `first`: same geometry, store,
-  // place in the list, layout and alignment, and as long as its superblock says.
-  Status check_store_file(const OpenedFile& o, uint32_t index, const Superblock& first) const;
+                                                     const StoreOpenPlan& plan);
   // The superblock of file `index` of this store (store_id_, layout_, fingerprint_, geometry_).
   Superblock superblock_of(uint32_t index, uint64_t extent_count, uint64_t first_offset) const;
   // Writes `sb` at the start of the file and syncs it.
   Status write_superblock(int fd, const std::string& path, const Superblock& sb);
 
-  // Replacing a drive (nvme_store_replace.cpp). At open of an existing store, each file without a
-  // superblock that may be formatted (blank, or missing where a drive is mounted) is formatted as
-  // that file of the store, like `first`, the first file that has one; one that cannot be is
-  // left absent (opened without, out of service), with the reason.
-  Status replace_lost_files(std::vector<OpenedFile>& opened, const Superblock& first);
-  // Whether a missing file of an existing store may be created at `path`: its directory is a
-  // mount point (its drive's file system is there). `why_not` says why not.
-  bool may_create_lost_file(const std::string& path, std::string& why_not);
-  // The extents a replacement for file `index` gets: `count` (the slot's), fewer when a block
-  // device holds fewer; 0 (with `why_not`) when it cannot hold one, or its sectors do not fit
-  // the store's alignment.
-  uint64_t replacement_extents(const FileInfo& info, const std::string& path, uint64_t count,
-                               uint64_t first_offset, std::string& why_not) const;
+  // Replacing a drive (nvme_store_replace.cpp). At open of an existing store, each file the plan
+  // formats or creates is formatted as that file of the store; one whose format fails is left
+  // out (opened without, out of service), with the reason, as are those the plan leaves out.
+  // Fails only when a created file is one of the others again.
+  Status replace_lost_files(std::vector<OpenedFile>& opened, const StoreOpenPlan& plan);
   Status start_workers();
   Status recover();
   void post(std::unique_ptr<Op> op);

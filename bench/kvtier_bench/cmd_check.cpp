@@ -63,8 +63,8 @@ class CheckCommand final : public Command {
         ctx.out << "nvme store files:\n"
                 << describe_store_files(
                        inspect_store_files(*posix_io_backend(), ctx.config.tiers.nvme.paths),
-                       store_fingerprint(
-                           ctx.config.tiers.nvme_page_format(ctx.config.model.geometry)));
+                       ctx.config.tiers.nvme_page_format(ctx.config.model.geometry),
+                       ctx.config.tiers.nvme.direct_io);
       }
     } else {
       ctx.out << "allocator nvme: disabled\n";

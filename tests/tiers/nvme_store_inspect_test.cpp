@@ -30,8 +30,8 @@ class InspectTest : public FourDrivesTest {
   // The lines of describe_store_files, one per file.
   std::vector<std::string> lines(const std::vector<StoreFileReport>& reports) {
     std::vector<std::string> out;
-    std::istringstream in(
-        describe_store_files(reports, store_fingerprint(PageFormat::as_computed(kGeom))));
+    std::istringstream in(describe_store_files(reports, PageFormat::as_computed(kGeom),
+                                               four_drives().config.direct_io));
     for (std::string line; std::getline(in, line);) out.push_back(line);
     return out;
   }
@@ -40,6 +40,16 @@ class InspectTest : public FourDrivesTest {
     const std::string bytes(kSuperblockBytes, byte);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
+  // Flips a byte within the superblock's fields: its magic stays, its checksum fails.
+  void damage_superblock(const std::string& name) {
+    std::fstream f(dir_.file(name), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(64);
+    char byte = 0;
+    f.get(byte);
+    f.seekp(64);
+    f.put(static_cast<char>(byte ^ 0x5a));
+  }
+  uint64_t replaced() const { return store_->stats().files_replaced.load(); }
 };
 
 TEST_F(InspectTest, BeforeAStoreIsMadeEveryFileIsMissingAndNothingIsCreated) {
@@ -72,7 +82,7 @@ TEST_F(InspectTest, EachFileIsDescribedAsOpeningTheStoreThenTreatsIt) {
   EXPECT_EQ(r[0].superblock->file_index, 0u);
   EXPECT_EQ(r[1].holds, Holds::kBlank);
   EXPECT_EQ(r[2].holds, Holds::kMissing);
-  EXPECT_TRUE(r[2].mount_point);
+  EXPECT_TRUE(r[2].detail.ok()) << "its directory is a mount point: " << r[2].detail.to_string();
   EXPECT_EQ(r[3].holds, Holds::kOther);
   std::vector<std::string> l = lines(r);
   EXPECT_THAT(l[0], HasSubstr("file 0 of 4 of store"));
@@ -80,9 +90,9 @@ TEST_F(InspectTest, EachFileIsDescribedAsOpeningTheStoreThenTreatsIt) {
   // Configured for another geometry, the same file would refuse the open.
   Geometry other = kGeom;
   other.layers += 1;
-  EXPECT_THAT(describe_store_files(r, store_fingerprint(PageFormat::as_computed(other))),
-              HasSubstr("another geometry or page format than configured: the store does not "
-                        "open"));
+  EXPECT_THAT(
+      describe_store_files(r, PageFormat::as_computed(other), four_drives().config.direct_io),
+      HasSubstr("32 extents; the store does not open: holds a kvtier store for geometry"));
   EXPECT_THAT(l[1], HasSubstr("blank file; formatted as file 1 of store"));
   EXPECT_THAT(l[2], HasSubstr("created and formatted as file 2"));
   EXPECT_THAT(l[3], HasSubstr("holds something else (no kvtier superblock); the store does not "
@@ -111,10 +121,11 @@ TEST_F(InspectTest, AFileTheStoreOpensWithoutIsSaidSo) {
   faults_->fail_file("d3.kvs", EIO);
   const std::vector<StoreFileReport> r = inspect();
   EXPECT_EQ(r[2].holds, Holds::kMissing);
-  EXPECT_FALSE(r[2].mount_point);
+  EXPECT_FALSE(r[2].detail.ok()) << "its directory is not a mount point";
   EXPECT_EQ(r[3].holds, Holds::kUnreadable);
   const std::vector<std::string> l = lines(r);
-  EXPECT_THAT(l[2], HasSubstr("its directory not a mount point; the store opens without it"));
+  EXPECT_THAT(l[2], HasSubstr("missing; the store opens without it, out of service: not created"));
+  EXPECT_THAT(l[2], HasSubstr("is not a mount point"));
   EXPECT_THAT(l[3], HasSubstr("unreadable ("));
   EXPECT_THAT(l[3], HasSubstr("the store opens without it"));
   store_ = open_with(four_drives());
@@ -122,13 +133,73 @@ TEST_F(InspectTest, AFileTheStoreOpensWithoutIsSaidSo) {
   EXPECT_EQ(out(), 2u);
 }
 
+// Cases where the open once decided otherwise than its dry run said, or was never tested: a
+// path that cannot be opened (EACCES) is left out of an existing store as an unreadable one is;
+// a blank device too small for an extent is left out, not formatted; a store file cut short or
+// a damaged superblock refuses the open. The report and the open agree on each.
+TEST_F(InspectTest, WhatCannotBeOpenedTooSmallTruncatedOrDamagedIsSaidAndDone) {
+  reopen(four_drives());
+  ASSERT_NE(store_, nullptr);
+  store_.reset();
+  const std::string d0 = dir_.file("d0.kvs");
+  const auto full_size = std::filesystem::file_size(d0);
+
+  faults_->fail_open("d2.kvs", EACCES);
+  std::vector<StoreFileReport> r = inspect();
+  EXPECT_EQ(r[2].holds, Holds::kUnreadable);
+  EXPECT_THAT(lines(r)[2], HasSubstr("errno 13"));
+  EXPECT_THAT(lines(r)[2], HasSubstr("the store opens without it"));
+  faults_->fail_open("d2.kvs", EACCES);
+  store_ = open_with(four_drives());
+  ASSERT_NE(store_, nullptr) << "one path of four that cannot be opened refused the open";
+  EXPECT_EQ(out(), 1u);
+  store_.reset();
+
+  faults_->treat_as_block_device("d3.kvs");
+  std::filesystem::resize_file(dir_.file("d3.kvs"), 0);
+  std::filesystem::resize_file(dir_.file("d3.kvs"), 2 * kSuperblockBytes);  // zeros
+  r = inspect();
+  EXPECT_EQ(r[3].holds, Holds::kBlank);
+  EXPECT_THAT(lines(r)[3], HasSubstr("blank device; the store opens without it, out of service: "
+                                     "not formatted in place of the file it lost"));
+  EXPECT_THAT(lines(r)[3], HasSubstr("cannot hold one extent"));
+  store_ = open_with(four_drives());
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(out(), 1u);
+  EXPECT_EQ(replaced(), 0u);
+  store_.reset();
+
+  std::filesystem::resize_file(d0, full_size / 2);
+  r = inspect();
+  EXPECT_EQ(r[0].holds, Holds::kStoreFile);
+  EXPECT_THAT(lines(r)[0], HasSubstr("the store does not open: is truncated"));
+  auto truncated = NvmeStore::create(kGeom, four_drives());
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_EQ(truncated.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(truncated.status().message(), HasSubstr("tiers.nvme.paths[0]"));
+  EXPECT_THAT(truncated.status().message(), HasSubstr("is truncated"));
+
+  std::filesystem::resize_file(d0, full_size);
+  damage_superblock("d0.kvs");
+  r = inspect();
+  EXPECT_EQ(r[0].holds, Holds::kDamaged);
+  EXPECT_THAT(lines(r)[0], HasSubstr("a damaged kvtier superblock ("));
+  EXPECT_THAT(lines(r)[0], HasSubstr("fails its checksum"));
+  EXPECT_THAT(lines(r)[0], HasSubstr("the store does not open"));
+  auto damaged = NvmeStore::create(kGeom, four_drives());
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(damaged.status().message(), HasSubstr("d0.kvs"));
+}
+
 // Mixes of what four files may hold, drawn at random (untouched, emptied, deleted, zeroed where
-// the superblock goes, overwritten with other bytes; one of them a block device or none, one a
-// dead drive or none; the directory a mount point or not): the
+// the superblock goes, overwritten with other bytes, cut to half its size, its superblock
+// damaged; one of them a block device or none, one a dead drive or none; the directory a mount
+// point or not): the
 // report is checked against what opening the store then does. It opens exactly when no line says
 // it does not, formats or creates in place of lost files exactly those said to be, and opens
-// without exactly those said to be left out. The report restates the open's rules in words, so
-// this is what keeps the two from drifting apart.
+// without exactly those said to be left out. Both follow one plan (plan_store_open), so this
+// checks that the open carries it out, and that the report reads it right.
 TEST_F(InspectTest, WhatTheReportSaysOfRandomMixesIsWhatOpeningDoes) {
   std::mt19937 rng(20261207);
   const std::vector<std::string> names = {"d0.kvs", "d1.kvs", "d2.kvs", "d3.kvs"};
@@ -148,13 +219,18 @@ TEST_F(InspectTest, WhatTheReportSaysOfRandomMixesIsWhatOpeningDoes) {
     std::string mix = device < names.size() ? "d" + std::to_string(device) + " a device, " : "";
     for (uint32_t i = 0; i < names.size(); ++i) {
       const std::string& name = names[i];
-      const uint32_t drawn = rng() % 5;
+      const uint32_t drawn = rng() % 7;
       const uint32_t state = i == device && (drawn == 1 || drawn == 2) ? 0 : drawn;
       mix += std::to_string(state);
       if (state == 1) std::filesystem::resize_file(dir_.file(name), 0);
       if (state == 2) std::filesystem::remove(dir_.file(name));
       if (state == 3) overwrite_start(name, '\0');
       if (state == 4) overwrite_start(name, 'x');
+      if (state == 5) {
+        std::filesystem::resize_file(dir_.file(name),
+                                     std::filesystem::file_size(dir_.file(name)) / 2);
+      }
+      if (state == 6) damage_superblock(name);
     }
     // At most one file whose every request fails (a dead drive): unreadable. Only one with bytes
     // to read: of a deleted or empty one a dry run reads nothing, and cannot know that

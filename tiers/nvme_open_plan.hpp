@@ -1,0 +1,107 @@
+// How opening an NVMe store treats each of its paths, stated once for the open and its dry run.
+//
+// Two steps. classify_store_path says what a path holds, reading it and writing nothing: a file
+// of a kvtier store, blank (empty, or zeros where the superblock goes: a new or discarded drive),
+// missing, unreadable, a damaged kvtier superblock, or something else. plan_store_open then
+// decides, from what all of them hold, what opening does with each: use it, format it, create
+// and format it, open without it (out of service, probed later), or refuse to open. NvmeStore's
+// open carries the plan out; describe_store_files (`kvtier-bench check --store`) reports it.
+//
+// The rules (nvme_store.hpp says why):
+// - No path holds a store file (a new store): missing paths are created, blank files and block
+//   devices are formatted; a regular file holding anything else, an unreadable path or a damaged
+//   superblock refuses the open.
+// - Some path does (an existing store, that of the first one): every store file must belong to
+//   it, in its place in the list, for the configured page format, with its layout, an alignment
+//   its device takes (with O_DIRECT), and all the bytes its superblock describes. A blank file or
+//   device in place of a lost one is formatted as that file when it holds an extent and its
+//   sectors suit the store; a missing one is created where its directory is a mount point; else,
+//   as an unreadable one, the store opens without it. Anything else refuses the open: a device
+//   name may name another drive after a replacement, so a device holding anything is never
+//   formatted into an existing store (blkdiscard it first).
+//
+// What a plan cannot know is how carrying it out goes: a format write that fails, or a file just
+// created whose sectors do not suit the store, leaves that file out of service (the open logs
+// why), and a new store needs capacity_bytes to give each file an extent.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvtier/status.hpp"
+#include "kvtier/types.hpp"
+#include "tiers/io_backend.hpp"
+#include "tiers/nvme_format.hpp"
+#include "tiers/scoped_fd.hpp"
+
+namespace kvtier {
+
+struct StoreFileReport {
+  enum class Holds { kStoreFile, kBlank, kMissing, kUnreadable, kDamaged, kOther };
+  std::string path;
+  Holds holds = Holds::kOther;
+  FileInfo info;                         // all but kMissing and an unopenable kUnreadable
+  std::optional<Superblock> superblock;  // kStoreFile
+  // kMissing: OK where a lost file may be created (may_create_lost_file); kUnreadable: the error;
+  // kDamaged: what is wrong with the superblock; kOther: what the path holds.
+  Status detail;
+};
+
+// What `path` holds: `opened` is how opening it went (kNotFound: missing), read through `io`
+// (its stat and first kSuperblockBytes, into a buffer aligned for O_DIRECT). Writes nothing.
+StoreFileReport classify_store_path(IoBackend& io, const std::string& path,
+                                    const Result<ScopedFd>& opened);
+
+// OK where a lost file of an existing store may be created at `path`: its directory is a mount
+// point, so its drive's file system is there, not the one beneath (which a path missing because
+// that file system did not mount would otherwise get). Else why not.
+Status may_create_lost_file(IoBackend& io, const std::string& path);
+
+// How many of `count` extents a blank file or device gets in place of a lost file: all of them
+// for a regular file (allocated to size), as many as fit from `first_offset` on for a device.
+// 0, with why not, when its sectors do not suit `layout` (under O_DIRECT) or it holds no extent.
+Result<uint64_t> replacement_extents(const FileInfo& info, const std::string& path,
+                                     const ExtentLayout& layout, uint64_t count,
+                                     uint64_t first_offset, bool direct_io);
+
+enum class FileFate : uint8_t {
+  kUse,          // a file of the store, in its place
+  kFormat,       // formatted: a new store's file, or a blank one in place of a lost file
+  kCreate,       // missing: created and formatted
+  kOpenWithout,  // the store opens without it, out of service (probed later)
+  kRefuse,       // the store does not open
+};
+
+struct FilePlan {
+  FileFate fate = FileFate::kRefuse;
+  // kUse: its superblock's extents; kFormat in place of a lost file: those it gets.
+  uint64_t extents = 0;
+  // kOpenWithout and kRefuse: why, of the file ("holds ...", "is truncated: ...").
+  Status why;
+  std::string name;  // "tiers.nvme.paths[i] (path)"
+
+  // `why`, naming the file: as the open reports it.
+  Status named_why() const;
+};
+
+struct StoreOpenPlan {
+  // An existing store: the superblock of its first file, and its extent layout.
+  std::optional<Superblock> first;
+  ExtentLayout layout;
+  std::vector<FilePlan> files;
+
+  // Why the store does not open (the first file's reason to refuse, named); OK when it opens.
+  Status refusal() const;
+};
+
+// The plan for a store over `files` (in config order), for the configured `format`, with its
+// files opened O_DIRECT or not.
+StoreOpenPlan plan_store_open(const std::vector<StoreFileReport>& files, const PageFormat& format,
+                              bool direct_io);
+
+// "tiers.nvme.paths[index]", as errors name a file's config entry.
+std::string store_path_key(std::size_t index);
+
+}  // namespace kvtier
