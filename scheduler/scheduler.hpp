@@ -492,6 +492,14 @@ class Scheduler {
   void ensure_block_in_host(const BlockKey& key, TransferPriority prio, bool hinted = false);
   // What a read from NVMe that the store would not start fails with (see the definition).
   Status nvme_read_not_started(const BlockKey& key, const Status& why);
+  // A read from NVMe of layers [first_layer, first_layer + count) of `key` whose turn on the link
+  // comes while reads are paused, and that only prefetches wait for (a hint, a pinned prefix,
+  // the next step's first layers): it ends unstarted, `finished` called, its host frames back,
+  // the block's NVMe copy kept (a failed read would drop it), and its waiters told it was
+  // cancelled. Returns false, doing nothing, for any other read: a step, or a sequence just
+  // opened, has no other way to its block.
+  bool skip_paused_prefetch(const BlockKey& key, uint32_t first_layer, uint32_t count,
+                            const std::function<void()>& finished);
   // The host frames of a read from NVMe that failed. Its copies are given up at once, and the
   // table holds their frames until the port says the read no longer writes them (FramesReleased:
   // a read a hung drive holds fails at the I/O timeout and lets them go when the drive answers).

@@ -1,7 +1,8 @@
 // Scheduler: how it answers a failing disk. Writes that keep failing pause writing to NVMe, and
 // resume (NvmeHealth decides; this carries the decision into the placement, the stats and the
 // open steps). Reads that keep failing pause reading from NVMe: compute-or-load and the hints
-// read there only while nvme_readable(). Extents the store retires after media errors leave the
+// read there only while nvme_readable(), and prefetches queued before the pause end unstarted
+// when their turn comes (skip_paused_prefetch). Extents the store retires after media errors leave the
 // table's count, and blocks it lost with a dead drive leave the table.
 #include <iterator>
 #include <string>

@@ -354,11 +354,12 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
         const JobId job = links_.enqueue(
             Link::kNvmeToHost, prio, parts_.port->nvme_page_bytes(),
             [this, key, layer, pk, host_frame](std::function<void()> finished) {
+              if (skip_paused_prefetch(key, layer, 1, finished)) return;
               auto read = std::make_shared<FailedRead>();
               auto on_done = [this, key, layer, pk, finished, read](const Status& s) {
+                note_nvme_read(s);  // first: a pause it starts holds back the reads queued
                 finished();
                 if (--reading_[key] == 0) reading_.erase(key);
-                note_nvme_read(s);
                 if (s.ok()) {
                   Status c = parts_.table->complete_fill(key, CopyId::host(layer));
                   stats_.promotions[tier_index(Tier::kHost)].fetch_add(1,
@@ -391,6 +392,27 @@ void Scheduler::ensure_in_host(const BlockKey& key, uint32_t layer, TransferPrio
         if (auto again = ops_.find(pk); again != ops_.end()) again->second->job = job;
       },
       FrameUse::kNvmeRead);
+}
+
+bool Scheduler::skip_paused_prefetch(const BlockKey& key, uint32_t first_layer, uint32_t count,
+                                     const std::function<void()>& finished) {
+  if (nvme_readable()) return false;  // the common case
+  std::vector<PageKey> pages;
+  for (uint32_t l = first_layer; l < first_layer + count; ++l) {
+    auto it = ops_.find(PageKey{key, l, Tier::kHost});
+    if (it == ops_.end() || !it->second->prefetch || it->second->admitted) return false;
+    pages.push_back(it->first);
+  }
+  finished();
+  if (--reading_[key] == 0) reading_.erase(key);
+  for (uint32_t l = first_layer; l < first_layer + count; ++l) {
+    parts_.table->abort_fill(key, CopyId::host(l)).ignore();
+  }
+  finish_ops(pages, cancelled("prefetch of " + to_string(key) +
+                              " from nvme not started: reads from NVMe are paused"));
+  after_change(key);
+  serve_memory_waiters();  // its frames are free, and the block a victim again
+  return true;
 }
 
 void Scheduler::hold_read_frames(FailedRead& read, const BlockKey& key, uint32_t first_layer,
@@ -529,11 +551,12 @@ void Scheduler::ensure_block_in_host(const BlockKey& key, TransferPriority prio,
           const JobId job = links_.enqueue(
               Link::kNvmeToHost, queue_at, nvme_block_bytes(),
               [this, key, layers, g, fail_all](std::function<void()> finished) {
+                if (skip_paused_prefetch(key, 0, layers, finished)) return;
                 auto read = std::make_shared<FailedRead>();
                 auto on_done = [this, key, layers, fail_all, finished, read](const Status& s) {
+                  note_nvme_read(s);  // first: a pause it starts holds back the reads queued
                   finished();
                   if (--reading_[key] == 0) reading_.erase(key);
-                  note_nvme_read(s);
                   if (s.ok()) {
                     for (uint32_t j = 0; j < layers; ++j) {
                       parts_.table->complete_fill(key, CopyId::host(j)).ignore();

@@ -27,7 +27,9 @@ constexpr uint32_t kPromptBlocks = 4;
 // Prompts of four blocks computed until the first few are cached on NVMe only.
 class FailingDisk {
  public:
-  explicit FailingDisk(const NvmePauseOptions& pause = {}) : w_(setup(pause)) {
+  explicit FailingDisk(const NvmePauseOptions& pause = {},
+                       uint64_t max_inflight_bytes = SimSetup{}.max_inflight_bytes)
+      : w_(setup(pause, max_inflight_bytes)) {
     EXPECT_TRUE(w_.compute_prompts(8, kPromptBlocks, kNanosPerMicro, prompts_).ok());
     for (uint32_t p = 0; p < 4; ++p) {
       EXPECT_EQ(w_.scheduler().match(prompts_[p]).by_tier[tier_index(Tier::kNvme)], kPromptBlocks)
@@ -69,6 +71,23 @@ class FailingDisk {
   void wait(Nanos t) { w_.loop().run_until(w_.loop().clock().now() + t); }
   uint64_t pauses() { return w_.scheduler().stats().nvme_read_pauses.load(); }
   bool paused() { return w_.scheduler().stats().nvme_reads_paused.load() != 0; }
+  // Blocks of the first `prompts` prompts the table has a ready NVMe copy of.
+  uint64_t nvme_copies(uint32_t prompts) {
+    uint64_t n = 0;
+    for (uint32_t p = 0; p < prompts; ++p) {
+      for (const BlockKey& key : prompts_[p]) {
+        bool ready = false;
+        w_.table()
+            .visit(
+                key,
+                [&](const EntryView& v) { ready = v.state(CopyId::nvme()) == CopyState::kReady; })
+            .ignore();
+        n += ready;
+      }
+    }
+    return n;
+  }
+
   uint64_t lost() { return w_.scheduler().stats().nvme_blocks_lost.load(); }
   // Every block the table has a ready NVMe copy of is on the simulated disk.
   void expect_nvme_copies_on_disk() {
@@ -80,8 +99,9 @@ class FailingDisk {
   }
 
  private:
-  static SimSetup setup(const NvmePauseOptions& pause) {
+  static SimSetup setup(const NvmePauseOptions& pause, uint64_t max_inflight_bytes) {
     SimSetup s;
+    s.max_inflight_bytes = max_inflight_bytes;
     s.hbm_frames = 16;
     s.host_frames = 16;
     s.nvme_extents = 64;
@@ -133,6 +153,32 @@ TEST(SchedulerSim, ReadsThatKeepFailingPauseAndPromptsRecomputeInstead) {
   EXPECT_EQ(never.pauses(), 0u);
   never.world().settle();
   expect_consistent(never.world());
+}
+
+// Hints queue sixteen block reads behind one another (the link takes one at a time) on a disk
+// that fails every read. The first two fail and pause reading; the fourteen still queued end
+// unstarted: they never reach the disk, and their blocks keep their NVMe copies for after the
+// pause (each failed read drops its block's). Without the pause all sixteen are read and lost.
+TEST(SchedulerSim, PrefetchesQueuedWhenReadsPauseNeverReachTheDisk) {
+  for (const bool pause : {true, false}) {
+    SCOPED_TRACE(pause ? "reads pause" : "reads never pause");
+    FailingDisk r(pause_after(pause ? 2 : 0), /*max_inflight_bytes=*/1);
+    ASSERT_EQ(r.nvme_copies(4), 4 * kPromptBlocks);
+    r.world().port().fail_next(Link::kNvmeToHost, 1'000'000);
+    std::vector<HintedRequest> waiting;
+    for (uint32_t p = 0; p < 4; ++p) {
+      const std::span<const BlockKey> keys = r.prompt(p);
+      waiting.push_back({p, 0, std::vector<BlockKey>(keys.begin(), keys.end())});
+    }
+    ASSERT_TRUE(r.world().scheduler().hint(waiting).ok());
+    r.world().settle();
+    const uint64_t read = pause ? 2 : 4 * kPromptBlocks;
+    EXPECT_EQ(r.pauses(), pause ? 1u : 0u);
+    EXPECT_EQ(r.reads(), read) << "reads that reached the disk";
+    EXPECT_EQ(r.nvme_copies(4), 4 * kPromptBlocks - read) << "blocks that kept their NVMe copy";
+    r.expect_nvme_copies_on_disk();
+    expect_consistent(r.world());
+  }
 }
 
 // A disk that recovers: its first four reads fail (the first prompt's), and past the pause the
