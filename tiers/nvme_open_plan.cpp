@@ -65,7 +65,7 @@ FilePlan plan_store_file(const StoreFileReport& r, std::size_t index, std::size_
   }
   p.fate = FileFate::kUse;
   p.extents = sb.extent_count;
-  p.why = Status();
+  p.why = Reason();
   return p;
 }
 
@@ -232,7 +232,7 @@ Result<uint64_t> replacement_extents(const FileInfo& info, const std::string& pa
   return std::min(count, fits);
 }
 
-Status FilePlan::named_why() const { return why.with_context(name); }
+Status FilePlan::named_why() const { return why.status().with_context(name); }
 
 Status StoreOpenPlan::refusal() const {
   for (const FilePlan& f : files) {
@@ -255,7 +255,7 @@ StoreOpenPlan plan_store_open(const std::vector<StoreFileReport>& files, const P
     for (std::size_t i = 0; i < files.size(); ++i) {
       const StoreFileReport& r = files[i];
       if (!layout.ok()) {
-        plan.files.push_back({FileFate::kRefuse, 0, layout.status(), ""});
+        plan.files.push_back({FileFate::kRefuse, 0, Reason(layout.status()), ""});
       } else if (r.superblock) {
         plan.files.push_back(
             plan_store_file(r, i, files.size(), *plan.first, *layout, format, direct_io));

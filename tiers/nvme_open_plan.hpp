@@ -38,6 +38,20 @@
 
 namespace kvtier {
 
+// A Status kept as data, in reports and plans that are copied and dropped freely: a Status must
+// be looked at before it goes (checked statuses), a Reason need not. status() makes the Status
+// again, code and all.
+struct Reason {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+
+  Reason() = default;
+  Reason(const Status& s) : code(s.code()), message(s.message()) {}  // NOLINT: implicit by design
+  bool ok() const { return code == StatusCode::kOk; }
+  Status status() const { return Status(code, message); }
+  std::string to_string() const { return status().to_string(); }
+};
+
 struct StoreFileReport {
   enum class Holds { kStoreFile, kBlank, kMissing, kUnreadable, kDamaged, kOther };
   std::string path;
@@ -46,7 +60,7 @@ struct StoreFileReport {
   std::optional<Superblock> superblock;  // kStoreFile
   // kMissing: OK where a lost file may be created (may_create_lost_file); kUnreadable: the error;
   // kDamaged: what is wrong with the superblock; kOther: what the path holds.
-  Status detail;
+  Reason detail;
 };
 
 // What `path` holds: `opened` is how opening it went (kNotFound: missing), read through `io`
@@ -79,7 +93,7 @@ struct FilePlan {
   // kUse: its superblock's extents; kFormat in place of a lost file: those it gets.
   uint64_t extents = 0;
   // kOpenWithout and kRefuse: why, of the file ("holds ...", "is truncated: ...").
-  Status why;
+  Reason why;
   std::string name;  // "tiers.nvme.paths[i] (path)"
 
   // `why`, naming the file: as the open reports it.

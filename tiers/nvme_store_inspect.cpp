@@ -23,10 +23,10 @@ std::string what_it_holds(const StoreFileReport& r) {
     case Holds::kBlank: return r.info.block_device ? "blank device" : "blank file";
     case Holds::kMissing: return "missing";
     case Holds::kUnreadable: return "unreadable (" + r.detail.to_string() + ")";
-    case Holds::kDamaged: return "a damaged kvtier superblock (" + r.detail.message() + ")";
+    case Holds::kDamaged: return "a damaged kvtier superblock (" + r.detail.message + ")";
     case Holds::kOther:
       return std::string(r.info.block_device ? "a device that holds" : "holds") +
-             " something else (" + r.detail.message() + ")";
+             " something else (" + r.detail.message + ")";
   }
   return "";
 }
@@ -35,7 +35,7 @@ std::string what_opening_does(const StoreFileReport& r, const FilePlan& p, std::
                               const StoreOpenPlan& plan) {
   // An unreadable file or a damaged superblock is its own reason, said already.
   const bool said = r.holds == Holds::kUnreadable || r.holds == Holds::kDamaged;
-  const std::string why = said ? "" : ": " + p.why.message();
+  const std::string why = said ? "" : ": " + p.why.message;
   const std::string as_file =
       plan.first ? "as file " + std::to_string(index) + " of store " + hex64(plan.first->store_id)
                  : "";
