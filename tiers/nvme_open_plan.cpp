@@ -65,7 +65,6 @@ FilePlan plan_store_file(const StoreFileReport& r, std::size_t index, std::size_
   }
   p.fate = FileFate::kUse;
   p.extents = sb.extent_count;
-  p.why = Reason();
   return p;
 }
 

@@ -75,7 +75,8 @@ Status may_create_lost_file(IoBackend& io, const std::string& path);
 
 // How many of `count` extents a blank file or device gets in place of a lost file: all of them
 // for a regular file (allocated to size), as many as fit from `first_offset` on for a device.
-// 0, with why not, when its sectors do not suit `layout` (under O_DIRECT) or it holds no extent.
+// kFailedPrecondition, saying why, when its sectors do not suit `layout` (under O_DIRECT) or it
+// holds no extent.
 Result<uint64_t> replacement_extents(const FileInfo& info, const std::string& path,
                                      const ExtentLayout& layout, uint64_t count,
                                      uint64_t first_offset, bool direct_io);
