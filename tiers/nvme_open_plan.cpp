@@ -90,11 +90,9 @@ FilePlan plan_lost_file(const StoreFileReport& r, std::size_t index, const Super
       p.why = r.detail;
       return p;
     case Holds::kUnreadable:
-      p.fate = FileFate::kOpenWithout;
-      p.why = r.detail;
-      return p;
     case Holds::kDamaged:
-      p.fate = FileFate::kRefuse;
+      // Never formatted over: a probe finds it as it is, until someone discards the drive.
+      p.fate = FileFate::kOpenWithout;
       p.why = r.detail;
       return p;
     case Holds::kOther:

@@ -16,9 +16,9 @@
 //   its device takes (with O_DIRECT), and all the bytes its superblock describes. A blank file or
 //   device in place of a lost one is formatted as that file when it holds an extent and its
 //   sectors suit the store; a missing one is created where its directory is a mount point; else,
-//   as an unreadable one, the store opens without it. Anything else refuses the open: a device
-//   name may name another drive after a replacement, so a device holding anything is never
-//   formatted into an existing store (blkdiscard it first).
+//   as an unreadable one or one whose superblock is damaged, the store opens without it. Anything
+//   else refuses the open: a device name may name another drive after a replacement, so a device
+//   holding anything is never formatted into an existing store (blkdiscard it first).
 //
 // What a plan cannot know is how carrying it out goes: a format write that fails, or a file just
 // created whose sectors do not suit the store, leaves that file out of service (the open logs

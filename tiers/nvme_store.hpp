@@ -80,12 +80,12 @@
 // its next probe.
 //
 // Opening without a file: a store of several files opens without one whose path is missing,
-// cannot be opened, or whose superblock cannot be read (a dead drive at start), as long as another
-// file holds the store's superblock. That file is out of service from the start, with as many
-// extents as the store's first file; its headers are not scanned, and it is probed like any other
-// (the probe opens its path afresh; a file that holds fewer extents, a smaller block device, comes
-// back with those, the rest of its place retired until a restart). With one file, a dead one
-// still fails the open. nvme_open_plan.hpp states every rule of the open.
+// cannot be opened, or whose superblock cannot be read (a dead drive at start) or is damaged, as
+// long as another file holds the store's superblock. That file is out of service from the start,
+// with as many extents as the store's first file; its headers are not scanned, and it is probed
+// like any other (the probe opens its path afresh; a file that holds fewer extents, a smaller block
+// device, comes back with those, the rest of its place retired until a restart). With one file, a
+// dead one still fails the open. nvme_open_plan.hpp states every rule of the open.
 //
 // Replacing a drive (nvme_store_replace.cpp): a file that is blank (empty, or zeros where the
 // superblock goes: a new or discarded drive, a file created by hand) in place of one of an

@@ -134,9 +134,10 @@ TEST_F(InspectTest, AFileTheStoreOpensWithoutIsSaidSo) {
 }
 
 // Cases where the open once decided otherwise than its dry run said, or was never tested: a
-// path that cannot be opened (EACCES) is left out of an existing store as an unreadable one is;
-// a blank device too small for an extent is left out, not formatted; a store file cut short or
-// a damaged superblock refuses the open. The report and the open agree on each.
+// path that cannot be opened (EACCES) is left out of an existing store as an unreadable one is,
+// and so is a file whose superblock is damaged (never formatted over; a store of that file alone
+// refuses); a blank device too small for an extent is left out, not formatted; a store file cut
+// short refuses the open. The report and the open agree on each.
 TEST_F(InspectTest, WhatCannotBeOpenedTooSmallTruncatedOrDamagedIsSaidAndDone) {
   reopen(four_drives());
   ASSERT_NE(store_, nullptr);
@@ -185,11 +186,21 @@ TEST_F(InspectTest, WhatCannotBeOpenedTooSmallTruncatedOrDamagedIsSaidAndDone) {
   EXPECT_EQ(r[0].holds, Holds::kDamaged);
   EXPECT_THAT(lines(r)[0], HasSubstr("a damaged kvtier superblock ("));
   EXPECT_THAT(lines(r)[0], HasSubstr("fails its checksum"));
-  EXPECT_THAT(lines(r)[0], HasSubstr("the store does not open"));
-  auto damaged = NvmeStore::create(kGeom, four_drives());
-  ASSERT_FALSE(damaged.ok());
-  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(damaged.status().message(), HasSubstr("d0.kvs"));
+  EXPECT_THAT(lines(r)[0], HasSubstr("the store opens without it, out of service"));
+  store_ = open_with(four_drives());
+  ASSERT_NE(store_, nullptr) << "one damaged superblock of four refused the open";
+  EXPECT_EQ(out(), 2u) << "d0 and d3 (the small device)";
+  EXPECT_EQ(replaced(), 0u) << "a damaged superblock is never formatted over";
+  store_.reset();
+
+  // A store of one file whose superblock is damaged has no other to open with: refused.
+  NvmeStoreOptions one = options();
+  one.config.paths = {d0};
+  auto alone = NvmeStore::create(kGeom, one);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_EQ(alone.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(alone.status().message(), HasSubstr("d0.kvs"));
+  EXPECT_THAT(alone.status().message(), HasSubstr("fails its checksum"));
 }
 
 // Mixes of what four files may hold, drawn at random (untouched, emptied, deleted, zeroed where
