@@ -16,55 +16,10 @@ using Holds = StoreFileReport::Holds;
 FilePlan plan_store_file(const StoreFileReport& r, std::size_t index, std::size_t count,
                          const Superblock& first, const ExtentLayout& layout,
                          const PageFormat& format, bool direct_io) {
-  const Superblock& sb = *r.superblock;
   FilePlan p;
-  p.fate = FileFate::kRefuse;
-  const Geometry stored = format.stored_geometry();
-  if (sb.fingerprint != store_fingerprint(format) || !(sb.geometry == stored)) {
-    const bool fp8_differs = sb.fingerprint != store_fingerprint(format) && sb.geometry == stored;
-    p.why = failed_precondition(
-        "holds a kvtier store for geometry " + describe_geometry(sb.geometry) +
-        (fp8_differs ? std::string(format.encodes() ? " without" : " with") + " per-page fp8 scales"
-                     : std::string()) +
-        " but the configured geometry is " + describe_page_format(format) +
-        "; point tiers.nvme.paths elsewhere or remove the file");
-    return p;
-  }
-  if (sb.store_id != first.store_id || sb.file_count != count || sb.file_index != index) {
-    p.why = failed_precondition("is file " + std::to_string(sb.file_index) + " of " +
-                                std::to_string(sb.file_count) + " of store " + hex64(sb.store_id) +
-                                ", but is listed as file " + std::to_string(index) + " of " +
-                                std::to_string(count) + " (store " + hex64(first.store_id) + ")");
-    return p;
-  }
-  Result<ExtentLayout> expect = ExtentLayout::make(format, sb.layout.io_align);
-  if (!expect.ok()) {
-    p.why = expect.status();
-    return p;
-  }
-  if (expect->header_bytes != sb.layout.header_bytes ||
-      expect->page_stride != sb.layout.page_stride ||
-      expect->extent_bytes != sb.layout.extent_bytes || sb.first_offset != first.first_offset ||
-      sb.layout.io_align != layout.io_align) {
-    p.why = data_loss("its superblock describes an inconsistent extent layout");
-    return p;
-  }
-  // Only a reported block size refuses a store: with an assumed one, a store written at a finer
-  // alignment is used as it is (its I/O would fail, each one reported, were it wrong).
-  if (direct_io && r.info.logical_block_known && sb.layout.io_align % r.info.logical_block != 0) {
-    p.why = failed_precondition("was written with " + std::to_string(sb.layout.io_align) +
-                                "-byte alignment; its device needs " +
-                                std::to_string(r.info.logical_block));
-    return p;
-  }
-  const uint64_t needed = sb.first_offset + sb.extent_count * sb.layout.extent_bytes;
-  if (r.info.size < needed) {
-    p.why = data_loss("is truncated: " + std::to_string(r.info.size) +
-                      " bytes, its superblock describes " + std::to_string(needed));
-    return p;
-  }
-  p.fate = FileFate::kUse;
-  p.extents = sb.extent_count;
+  p.why = check_store_file(r, index, count, first, layout, format, direct_io);
+  p.fate = p.why.ok() ? FileFate::kUse : FileFate::kRefuse;
+  p.extents = r.superblock->extent_count;
   return p;
 }
 
@@ -138,6 +93,51 @@ FilePlan plan_new_file(const StoreFileReport& r) {
 
 std::string store_path_key(std::size_t index) {
   return "tiers.nvme.paths[" + std::to_string(index) + "]";
+}
+
+Reason check_store_file(const StoreFileReport& r, std::size_t index, std::size_t count,
+                        const Superblock& first, const ExtentLayout& layout,
+                        const PageFormat& format, bool direct_io) {
+  const Superblock& sb = *r.superblock;
+  const Geometry stored = format.stored_geometry();
+  if (sb.fingerprint != store_fingerprint(format) || !(sb.geometry == stored)) {
+    const bool fp8_differs = sb.fingerprint != store_fingerprint(format) && sb.geometry == stored;
+    return failed_precondition(
+        "holds a kvtier store for geometry " + describe_geometry(sb.geometry) +
+        (fp8_differs ? std::string(format.encodes() ? " without" : " with") + " per-page fp8 scales"
+                     : std::string()) +
+        " but the configured geometry is " + describe_page_format(format) +
+        "; point tiers.nvme.paths elsewhere or remove the file");
+  }
+  if (sb.store_id != first.store_id || sb.file_count != count || sb.file_index != index) {
+    return failed_precondition("is file " + std::to_string(sb.file_index) + " of " +
+                               std::to_string(sb.file_count) + " of store " + hex64(sb.store_id) +
+                               ", but is listed as file " + std::to_string(index) + " of " +
+                               std::to_string(count) + " (store " + hex64(first.store_id) + ")");
+  }
+  Result<ExtentLayout> expect = ExtentLayout::make(format, sb.layout.io_align);
+  if (!expect.ok()) {
+    return expect.status();
+  }
+  if (expect->header_bytes != sb.layout.header_bytes ||
+      expect->page_stride != sb.layout.page_stride ||
+      expect->extent_bytes != sb.layout.extent_bytes || sb.first_offset != first.first_offset ||
+      sb.layout.io_align != layout.io_align) {
+    return data_loss("its superblock describes an inconsistent extent layout");
+  }
+  // Only a reported block size refuses a store: with an assumed one, a store written at a finer
+  // alignment is used as it is (its I/O would fail, each one reported, were it wrong).
+  if (direct_io && r.info.logical_block_known && sb.layout.io_align % r.info.logical_block != 0) {
+    return failed_precondition("was written with " + std::to_string(sb.layout.io_align) +
+                               "-byte alignment; its device needs " +
+                               std::to_string(r.info.logical_block));
+  }
+  const uint64_t needed = sb.first_offset + sb.extent_count * sb.layout.extent_bytes;
+  if (r.info.size < needed) {
+    return data_loss("is truncated: " + std::to_string(r.info.size) +
+                     " bytes, its superblock describes " + std::to_string(needed));
+  }
+  return Reason();
 }
 
 StoreFileReport classify_store_path(IoBackend& io, const std::string& path,

@@ -81,6 +81,15 @@ Result<uint64_t> replacement_extents(const FileInfo& info, const std::string& pa
                                      const ExtentLayout& layout, uint64_t count,
                                      uint64_t first_offset, bool direct_io);
 
+// Why file `index` of a store of `count` files, as `r` found it (its superblock and stat), is not
+// a usable file of the store whose first file has superblock `first` and extent `layout`: another
+// page format, store or place in the list, an inconsistent layout, an alignment its device
+// refuses (under O_DIRECT), fewer bytes than its superblock describes. OK when it is usable. The
+// open checks each store file so, and a probe the file it would readmit.
+Reason check_store_file(const StoreFileReport& r, std::size_t index, std::size_t count,
+                        const Superblock& first, const ExtentLayout& layout,
+                        const PageFormat& format, bool direct_io);
+
 enum class FileFate : uint8_t {
   kUse,          // a file of the store, in its place
   kFormat,       // formatted: a new store's file, or a blank one in place of a lost file

@@ -48,29 +48,22 @@ void NvmeStore::post_due_probes_locked() {
 }
 
 Result<uint64_t> NvmeStore::check_probe(const Op& op) const {
-  const std::string& path = files_[op.file].path;
-  Result<Superblock> sb =
-      decode_superblock(std::span<const std::byte>(op.probe_buffer.get(), kSuperblockBytes), path);
-  if (!sb.ok()) return sb.status();
-  if (sb->store_id != store_id_ || sb->file_index != op.file || sb->fingerprint != fingerprint_) {
-    return failed_precondition(path + " now holds file " + std::to_string(sb->file_index) +
-                               " of store " + hex64(sb->store_id) + ", not file " +
-                               std::to_string(op.file) + " of store " + hex64(store_id_));
-  }
-  if (sb->file_count != files_.size()) {
-    return failed_precondition(path + " is a file of a store of " + std::to_string(sb->file_count) +
-                               " files; this one has " + std::to_string(files_.size()));
-  }
-  KVTIER_ASSIGN_OR_RETURN(FileInfo info, options_.backend->stat(op.fd.get(), path));
-  const uint64_t needed = sb->first_offset + sb->extent_count * layout_.extent_bytes;
-  if (info.size < needed) {
-    return data_loss(path + " is truncated: " + std::to_string(info.size) +
-                     " bytes, its superblock describes " + std::to_string(needed));
-  }
+  StoreFileReport r;
+  r.path = files_[op.file].path;
+  KVTIER_ASSIGN_OR_RETURN(
+      r.superblock,
+      decode_superblock(std::span<const std::byte>(op.probe_buffer.get(), kSuperblockBytes),
+                        r.path));
+  KVTIER_ASSIGN_OR_RETURN(r.info, options_.backend->stat(op.fd.get(), r.path));
+  // The same checks as the open's, against the store as it opened.
+  const Reason unfit =
+      check_store_file(r, op.file, files_.size(), superblock_of(0, 0, extents_->first_offset()),
+                       layout_, format_, direct_io_);
+  if (!unfit.ok()) return unfit.status().with_context(r.path);
   // A file the store opened without was given as many extents as its first file: one that holds
   // fewer (a smaller block device) uses those, one that holds more the store's count, until a
   // restart sizes it by its own superblock.
-  return std::min<uint64_t>(sb->extent_count, files_[op.file].extent_count);
+  return std::min<uint64_t>(r.superblock->extent_count, files_[op.file].extent_count);
 }
 
 void NvmeStore::probe_answered(const Op& op, const Status& result) {
