@@ -2,8 +2,8 @@
 // resume (NvmeHealth decides; this carries the decision into the placement, the stats and the
 // open steps). Reads that keep failing pause reading from NVMe: compute-or-load and the hints
 // read there only while nvme_readable(), and prefetches queued before the pause end unstarted
-// when their turn comes (skip_paused_prefetch). Extents the store retires after media errors leave the
-// table's count, and blocks it lost with a dead drive leave the table.
+// when their turn comes (skip_paused_prefetch). Extents the store retires after media errors leave
+// the table's count, and blocks it lost with a dead drive leave the table.
 #include <iterator>
 #include <string>
 #include <vector>

@@ -19,7 +19,6 @@ FilePlan plan_store_file(const StoreFileReport& r, std::size_t index, std::size_
   FilePlan p;
   p.why = check_store_file(r, index, count, first, layout, format, direct_io);
   p.fate = p.why.ok() ? FileFate::kUse : FileFate::kRefuse;
-  p.extents = r.superblock->extent_count;
   return p;
 }
 
@@ -211,6 +210,10 @@ Status may_create_lost_file(IoBackend& io, const std::string& path) {
   return Status();
 }
 
+uint64_t extents_on_device(uint64_t device_bytes, uint64_t first_offset, uint64_t extent_bytes) {
+  return device_bytes > first_offset ? (device_bytes - first_offset) / extent_bytes : 0;
+}
+
 Result<uint64_t> replacement_extents(const FileInfo& info, const std::string& path,
                                      const ExtentLayout& layout, uint64_t count,
                                      uint64_t first_offset, bool direct_io) {
@@ -220,8 +223,7 @@ Result<uint64_t> replacement_extents(const FileInfo& info, const std::string& pa
                                std::to_string(layout.io_align));
   }
   if (!info.block_device) return count;  // allocated to size
-  const uint64_t fits =
-      info.size > first_offset ? (info.size - first_offset) / layout.extent_bytes : 0;
+  const uint64_t fits = extents_on_device(info.size, first_offset, layout.extent_bytes);
   if (fits == 0) {
     return failed_precondition(path + " (" + std::to_string(info.size) +
                                " bytes) cannot hold one extent");

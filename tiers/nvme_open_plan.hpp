@@ -73,6 +73,10 @@ StoreFileReport classify_store_path(IoBackend& io, const std::string& path,
 // that file system did not mount would otherwise get). Else why not.
 Status may_create_lost_file(IoBackend& io, const std::string& path);
 
+// How many whole extents of `extent_bytes` a block device of `device_bytes` holds from
+// `first_offset` on.
+uint64_t extents_on_device(uint64_t device_bytes, uint64_t first_offset, uint64_t extent_bytes);
+
 // How many of `count` extents a blank file or device gets in place of a lost file: all of them
 // for a regular file (allocated to size), as many as fit from `first_offset` on for a device.
 // kFailedPrecondition, saying why, when its sectors do not suit `layout` (under O_DIRECT) or it
@@ -100,7 +104,7 @@ enum class FileFate : uint8_t {
 
 struct FilePlan {
   FileFate fate = FileFate::kRefuse;
-  // kUse: its superblock's extents; kFormat in place of a lost file: those it gets.
+  // kFormat in place of a lost file: the extents it gets (replacement_extents).
   uint64_t extents = 0;
   // kOpenWithout and kRefuse: why, of the file ("holds ...", "is truncated: ...").
   Reason why;

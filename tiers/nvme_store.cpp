@@ -241,8 +241,7 @@ Result<std::vector<uint32_t>> NvmeStore::format_new_store(std::vector<OpenedFile
     uint64_t count = c.capacity_bytes / opened.size() / layout_.extent_bytes;
     if (info.block_device) {
       log(LogLevel::kInfo, "formatting block device " + path + " as a kvtier store");
-      count = std::min(
-          count, info.size > first_offset ? (info.size - first_offset) / layout_.extent_bytes : 0);
+      count = std::min(count, extents_on_device(info.size, first_offset, layout_.extent_bytes));
     }
     count = std::min<uint64_t>(count, FrameAllocator::kMaxFrames / opened.size());
     if (count == 0) {
